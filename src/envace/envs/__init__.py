@@ -1,0 +1,47 @@
+"""Environments: the protocol, the registries, the built-in suites and the benchmark adapters."""
+from __future__ import annotations
+
+import importlib
+
+from .base import ENVS, SUITES, CheckReport, Environment, Score, ToolError, call_with_timeout, check_env, load_tasks, make_env, replay
+
+# Modules that register environments / suites, by name prefix. Optional adapters are imported lazily so that
+# a missing extra only matters when that environment is asked for.
+_PROVIDERS: dict[str, str] = {
+    "builtin": "envace.envs.builtin",
+    "bank": "envace.envs.builtin",
+    "shop": "envace.envs.builtin",
+    "files": "envace.envs.builtin",
+    "bfcl": "envace.envs.bfcl",
+    "tau2": "envace.envs.tau2",
+    "mcp": "envace.envs.mcp",
+}
+_EXTRAS = {"bfcl": "bfcl", "tau2": "tau2", "mcp": "mcp"}
+
+
+class MissingExtraError(ImportError):
+    pass
+
+
+def ensure_registered(spec: str) -> None:
+    """Import the module that provides ``spec``'s environment; a missing optional package names the extra."""
+    prefix = spec.split(":", 1)[0]
+    module = _PROVIDERS.get(prefix)
+    if module is None or prefix in ENVS:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        extra = _EXTRAS.get(prefix)
+        if extra and not module.endswith(str(getattr(e, "name", "")) or "\0"):
+            raise MissingExtraError(
+                f"environment {prefix!r} needs optional packages that are not installed ({e}); "
+                f"install them with: pip install 'envace[{extra}]'"
+            ) from e
+        raise
+
+
+__all__ = [
+    "ENVS", "SUITES", "CheckReport", "Environment", "Score", "ToolError", "call_with_timeout", "check_env",
+    "ensure_registered", "load_tasks", "make_env", "replay", "MissingExtraError",
+]

@@ -1,0 +1,181 @@
+"""The environment protocol, in the spirit of Gymnasium's ``Env`` and verifiers' ``env_response``.
+
+An :class:`Environment` is the *real* world of one task: it is created from the task, executes tool calls
+(returning observations; tool exceptions and timeouts become error observations and never escape), exposes a
+JSON snapshot of its state, and scores a finished trajectory.
+
+Environments are created by name through :data:`ENVS` (``task.env``, e.g. ``"bank"`` or ``"tau2:retail"``;
+the part before ``:`` selects the factory) and task sets are loaded through :data:`SUITES`.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..parsing import validate_call
+from ..registry import Registry
+from ..types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
+
+MAX_OBS_CHARS = 20_000  # observations larger than this become a too_large error
+
+
+class ToolError(Exception):
+    """Raised by a tool to report an expected failure (becomes a ``tool_error`` observation)."""
+
+
+@dataclass
+class Score:
+    """Outcome of a finished trajectory. ``success`` is the task's own success check; ``reward`` in [0, 1]."""
+
+    success: bool
+    reward: float
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class Environment(ABC):
+    """The real environment of one task."""
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.n_calls = 0
+        self.faults: dict[str, int] = {}
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        return self.task.tools
+
+    def call(self, call: ToolCall) -> Any:
+        """Validate and execute one call; always returns an observation (a JSON value), never raises."""
+        self.n_calls += 1
+        err = validate_call(call, self.tools)
+        if err is not None:
+            return err
+        try:
+            obs = self._execute(call)
+        except ToolError as e:
+            obs = error_obs("tool_error", str(e))
+        except Exception as e:  # noqa: BLE001 - a tool failure is an observation, not a crash
+            self._fault("tool_exception")
+            obs = error_obs("tool_exception", f"{type(e).__name__}: {str(e)[:300]}")
+        return self._bound(obs)
+
+    def _fault(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+
+    def _bound(self, obs: Any) -> Any:
+        try:
+            text = json.dumps(obs, ensure_ascii=False, default=str)
+        except (TypeError, ValueError, RecursionError) as e:
+            self._fault("non_json")
+            return error_obs("tool_exception", f"tool returned a non-JSON value: {type(e).__name__}")
+        if len(text) > MAX_OBS_CHARS:
+            self._fault("too_large")
+            return error_obs("too_large", f"observation of {len(text)} characters exceeds {MAX_OBS_CHARS}")
+        return json.loads(text)  # normalise (tuples -> lists, non-JSON scalars -> str)
+
+    @abstractmethod
+    def _execute(self, call: ToolCall) -> Any:
+        """Run a validated call and return its JSON-able result; raise :class:`ToolError` for expected failures."""
+
+    @abstractmethod
+    def state(self) -> dict[str, Any]:
+        """A JSON snapshot of the environment's state."""
+
+    @abstractmethod
+    def score(self, traj: Trajectory) -> Score:
+        """Apply the task's own success check to a finished trajectory run against this environment."""
+
+    def close(self) -> None:
+        pass
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
+    """Run ``fn`` in a worker thread; return its result, or a timeout error observation after ``timeout_s``.
+    (A Python thread cannot be killed: a hung tool keeps its thread, but the rollout goes on.)"""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        return error_obs("timeout", f"tool did not return within {timeout_s:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+# name -> factory(task) -> Environment. The name is the part of ``task.env`` before ':'.
+ENVS: Registry[Callable[[Task], Environment]] = Registry("environment")
+# name -> loader(spec, split, n, seed) -> list[Task]. ``spec`` is the full string (e.g. "bfcl:multi_turn_base").
+SUITES: Registry[Callable[..., list[Task]]] = Registry("task suite")
+
+
+def make_env(task: Task) -> Environment:
+    from . import ensure_registered
+
+    ensure_registered(task.env)
+    return ENVS.get(task.env.split(":", 1)[0])(task)
+
+
+def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+    """Load ``n`` tasks of a suite (``"builtin"``, ``"bank"``, ``"bfcl:multi_turn_base"``, ...) and split."""
+    from . import ensure_registered
+
+    ensure_registered(spec)
+    return SUITES.get(spec.split(":", 1)[0])(spec, split=split, n=n, seed=seed)
+
+
+def replay(task: Task, calls: list[ToolCall]) -> tuple[Environment, list[Any]]:
+    """Execute calls in a fresh real environment of the task; return the environment and the observations."""
+    env = make_env(task)
+    return env, [env.call(c) for c in calls]
+
+
+@dataclass
+class CheckReport:
+    ok: bool
+    problems: list[str]
+
+
+def check_env(task: Task, calls: list[ToolCall] | None = None, factory: Callable[[Task], Environment] | None = None) -> CheckReport:
+    """Check an environment the way rehearsal fidelity needs it: two fresh environments given the same calls
+    return the same observations and end in the same state; states and observations are JSON; tool errors
+    come back as error observations. ``calls`` defaults to the task's gold actions."""
+    factory = factory or make_env
+    calls = task.flat_gold() if calls is None else calls
+    problems: list[str] = []
+    runs = []
+    for _ in range(2):
+        env = factory(task)
+        try:
+            obs = [env.call(c) for c in calls]
+            # a call to an unknown tool must come back as an error, not raise
+            bogus = env.call(ToolCall(name="__no_such_tool__", arguments={}))
+            if not is_error_obs(bogus) or bogus["error"]["kind"] != "unknown_tool":
+                problems.append(f"unknown tool gave {bogus!r}, expected an unknown_tool error")
+            state = env.state()
+            json.dumps(state)
+            json.dumps(obs)
+        except Exception as e:  # noqa: BLE001
+            problems.append(f"{type(e).__name__}: {e}")
+            return CheckReport(False, problems)
+        finally:
+            env.close()
+        runs.append((obs, state))
+    (o1, s1), (o2, s2) = runs
+    for i, (a, b) in enumerate(zip(o1, o2)):
+        if a != b:
+            problems.append(f"call {i} ({calls[i].name}) not deterministic: {a!r} != {b!r}")
+    if s1 != s2:
+        problems.append("final state differs between two identical runs")
+    return CheckReport(not problems, problems)

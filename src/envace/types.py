@@ -1,0 +1,351 @@
+"""The core data model: tools, calls, messages, tasks, rows and trajectories.
+
+Everything here is a plain dataclass that round-trips through JSON (``to_dict`` / ``from_dict``) so that
+tasks, trajectories and rows can be written as JSON lines and read back by a person or a later process.
+
+Observations are JSON values. An error observation is ``{"error": {"kind": KIND, "message": TEXT}}`` with
+KIND one of :data:`ERROR_KINDS`; the same shape is used by real environments, by the Rehearse role and by
+the parsers, so a rehearsed error can be compared with a real one.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Role = Literal["act", "rehearse", "reflect", "memory", "judge", "user"]
+ROLES: tuple[str, ...] = ("act", "rehearse", "reflect", "memory", "judge", "user")
+
+# Error kinds shared by parsers, real environments and rehearsed observations.
+ERROR_KINDS: tuple[str, ...] = (
+    "bad_format",  # the text is not a well-formed tool call / observation
+    "unknown_tool",  # the call names a tool the task does not offer
+    "bad_arguments",  # the arguments violate the tool's JSON schema
+    "tool_error",  # the tool ran and reported a failure (e.g. insufficient funds)
+    "tool_exception",  # the tool raised an unexpected exception
+    "timeout",  # the tool did not return within its time limit
+    "too_large",  # the observation exceeded the size limit
+)
+
+
+def error_obs(kind: str, message: str) -> dict[str, Any]:
+    """A structured error observation; ``kind`` must be one of :data:`ERROR_KINDS`."""
+    if kind not in ERROR_KINDS:
+        raise ValueError(f"unknown error kind {kind!r}; valid: {', '.join(ERROR_KINDS)}")
+    return {"error": {"kind": kind, "message": str(message)}}
+
+
+def is_error_obs(obs: Any) -> bool:
+    return isinstance(obs, dict) and set(obs) == {"error"} and isinstance(obs["error"], dict) and "kind" in obs["error"]
+
+
+def dumps(obj: Any) -> str:
+    """Canonical compact JSON used everywhere an observation or arguments are shown to a model."""
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(", ", ": "))
+
+
+@dataclass
+class ToolSpec:
+    """One tool in OpenAI function-calling form: a name, a description and a JSON schema for arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ToolSpec":
+        if "function" in d:  # OpenAI wrapper
+            d = d["function"]
+        return cls(name=d["name"], description=d.get("description", ""), parameters=d.get("parameters") or {"type": "object", "properties": {}})
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    def key(self) -> str:
+        """Canonical string identifying the call (name + sorted arguments); used for matching and caching."""
+        return f"{self.name}({dumps(self.arguments)})"
+
+    def to_text(self) -> str:
+        """The Act output format for this call."""
+        return "<tool_call>" + json.dumps({"name": self.name, "arguments": self.arguments}, ensure_ascii=False) + "</tool_call>"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ToolCall":
+        return cls(name=d["name"], arguments=dict(d.get("arguments") or {}))
+
+
+@dataclass
+class Message:
+    """A chat message. ``role`` is system / user / assistant / tool. Assistant messages may carry tool calls;
+    tool messages carry the observation of one call in ``content`` (JSON text)."""
+
+    role: str
+    content: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [c.to_dict() for c in self.tool_calls]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Message":
+        return cls(role=d["role"], content=d.get("content", ""), tool_calls=[ToolCall.from_dict(c) for c in d.get("tool_calls", [])])
+
+
+@dataclass
+class ReferenceExample:
+    """A recorded real call and the result it returned (grounding for Rehearse; may be served as a cache hit)."""
+
+    call: ToolCall
+    result: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"call": self.call.to_dict(), "result": self.result}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ReferenceExample":
+        return cls(call=ToolCall.from_dict(d["call"]), result=d["result"])
+
+
+@dataclass
+class ChecklistItem:
+    """One item of a task's checklist. ``rule`` is a machine-checkable rule (see ``envace.rewards``), or None
+    for items that only an LLM judge can check."""
+
+    description: str
+    rule: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ChecklistItem":
+        return cls(description=d["description"], rule=d.get("rule"))
+
+
+@dataclass
+class Task:
+    """A tool-use task.
+
+    ``env`` names the environment factory (see ``envace.envs``) and ``env_config`` is what it needs to build
+    the task's real environment (e.g. the initial state). ``user_turns`` are the scripted user messages; the
+    next one arrives whenever Act answers with text. ``gold_actions[i]`` are the calls expected after user
+    turn i; ``gold_replies[i]`` (optional) a reference text reply closing turn i.
+    """
+
+    id: str
+    env: str
+    system_prompt: str
+    user_turns: list[str]
+    tools: list[ToolSpec]
+    env_config: dict[str, Any] = field(default_factory=dict)
+    references: list[ReferenceExample] = field(default_factory=list)
+    gold_actions: list[list[ToolCall]] = field(default_factory=list)
+    gold_replies: list[str] = field(default_factory=list)
+    checklist: list[ChecklistItem] = field(default_factory=list)
+    expected_outputs: list[str] = field(default_factory=list)  # facts the final replies must communicate
+    split: str = "train"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def domain(self) -> str:
+        return self.env.split(":", 1)[0]
+
+    def tool(self, name: str) -> ToolSpec | None:
+        for t in self.tools:
+            if t.name == name:
+                return t
+        return None
+
+    def flat_gold(self) -> list[ToolCall]:
+        return [c for turn in self.gold_actions for c in turn]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "env": self.env,
+            "system_prompt": self.system_prompt,
+            "user_turns": list(self.user_turns),
+            "tools": [t.to_dict() for t in self.tools],
+            "env_config": self.env_config,
+            "references": [r.to_dict() for r in self.references],
+            "gold_actions": [[c.to_dict() for c in turn] for turn in self.gold_actions],
+            "gold_replies": list(self.gold_replies),
+            "checklist": [c.to_dict() for c in self.checklist],
+            "expected_outputs": list(self.expected_outputs),
+            "split": self.split,
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Task":
+        return cls(
+            id=d["id"],
+            env=d["env"],
+            system_prompt=d.get("system_prompt", ""),
+            user_turns=list(d.get("user_turns", [])),
+            tools=[ToolSpec.from_dict(t) for t in d.get("tools", [])],
+            env_config=d.get("env_config", {}),
+            references=[ReferenceExample.from_dict(r) for r in d.get("references", [])],
+            gold_actions=[[ToolCall.from_dict(c) for c in turn] for turn in d.get("gold_actions", [])],
+            gold_replies=list(d.get("gold_replies", [])),
+            checklist=[ChecklistItem.from_dict(c) for c in d.get("checklist", [])],
+            expected_outputs=list(d.get("expected_outputs", [])),
+            split=d.get("split", "train"),
+            metadata=d.get("metadata", {}),
+        )
+
+
+@dataclass
+class Row:
+    """One generation: the unit that training operates on.
+
+    ``prompt_ids`` is everything the model conditioned on, ``completion_ids`` what it generated (including the
+    stop / end-of-turn token that closed it), ``old_logprobs`` the sampling log-probs of the completion
+    tokens (same length). ``role`` decides which losses see the row.
+    """
+
+    role: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]
+    task_id: str
+    traj_id: str
+    group_id: str
+    step: int = 0
+    truncated: bool = False  # generation hit max_new_tokens without a stop
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Row":
+        return cls(**d)
+
+
+ObsSource = Literal["rehearsed", "real", "simulator", "cache", "validation"]
+
+
+@dataclass
+class Step:
+    """One Act generation and what followed it.
+
+    ``calls`` are the parsed tool calls (empty for a text reply or a parse failure); ``observations[i]`` is the
+    observation fed back for ``calls[i]`` and ``sources[i]`` where it came from. ``shadow[i]`` holds the real
+    observation recorded next to a rehearsed one in shadow mode (never shown to the policy).
+    """
+
+    user_turn: int
+    action_text: str
+    calls: list[ToolCall] = field(default_factory=list)
+    reply: str | None = None  # text reply to the user, if Act answered with text
+    parse_error: dict[str, Any] | None = None
+    observations: list[Any] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    shadow: list[Any] = field(default_factory=list)
+    rehearse_texts: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["calls"] = [c.to_dict() for c in self.calls]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Step":
+        d = dict(d)
+        d["calls"] = [ToolCall.from_dict(c) for c in d.get("calls", [])]
+        return cls(**d)
+
+
+@dataclass
+class Trajectory:
+    """A finished (or truncated) episode of one task: the Act chat, the steps, the rows and the outcome."""
+
+    id: str
+    task_id: str
+    group_id: str
+    mode: str
+    messages: list[Message] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)
+    reward: float | None = None  # None = unscored (e.g. a judge failure): masked out of the update
+    reward_info: dict[str, Any] = field(default_factory=dict)
+    truncated: str | None = None  # None, or why the episode was cut ("max_steps", "max_steps_per_turn", "context")
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    def calls(self) -> list[ToolCall]:
+        return [c for s in self.steps for c in s.calls]
+
+    def replies(self) -> list[str]:
+        return [s.reply for s in self.steps if s.reply is not None]
+
+    def to_dict(self, with_rows: bool = True) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "mode": self.mode,
+            "reward": self.reward,
+            "reward_info": self.reward_info,
+            "truncated": self.truncated,
+            "counters": self.counters,
+            "messages": [m.to_dict() for m in self.messages],
+            "steps": [s.to_dict() for s in self.steps],
+            "rows": [r.to_dict() for r in self.rows] if with_rows else [],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
+        return cls(
+            id=d["id"],
+            task_id=d["task_id"],
+            group_id=d["group_id"],
+            mode=d["mode"],
+            messages=[Message.from_dict(m) for m in d.get("messages", [])],
+            steps=[Step.from_dict(s) for s in d.get("steps", [])],
+            rows=[Row.from_dict(r) for r in d.get("rows", [])],
+            reward=d.get("reward"),
+            reward_info=d.get("reward_info", {}),
+            truncated=d.get("truncated"),
+            counters=d.get("counters", {}),
+        )
+
+
+def write_jsonl(path: str, items: list[Any], fsync: bool = True) -> None:
+    """Append items (dataclasses with ``to_dict`` or plain dicts) as JSON lines, fsync'd."""
+    import os
+
+    with open(path, "a", encoding="utf-8") as f:
+        for it in items:
+            d = it.to_dict() if hasattr(it, "to_dict") else it
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+        f.flush()
+        if fsync:
+            os.fsync(f.fileno())
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                out.append(json.loads(line))
+    return out
