@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..parsing import validate_call
 from ..registry import Registry
-from ..types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
+from ..types import Message, Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
 
 MAX_OBS_CHARS = 20_000  # observations larger than this become a too_large error
 
@@ -179,3 +179,24 @@ def check_env(task: Task, calls: list[ToolCall] | None = None, factory: Callable
     if s1 != s2:
         problems.append("final state differs between two identical runs")
     return CheckReport(not problems, problems)
+
+
+class UserSimulator(ABC):
+    """Produces the user's messages of a conversation. The first call (no assistant reply yet) gives the
+    opening message; later calls follow each text reply of Act. ``None`` ends the conversation."""
+
+    @abstractmethod
+    def reply(self, task: Task, messages: list["Message"], turn: int) -> str | None:
+        """The user's message for ``turn`` (0-based) given the Act chat so far, or None when done."""
+
+
+class ScriptedUser(UserSimulator):
+    """Plays ``task.user_turns`` in order: the default for every built-in and BFCL task."""
+
+    def reply(self, task: Task, messages: list["Message"], turn: int) -> str | None:
+        return task.user_turns[turn] if turn < len(task.user_turns) else None
+
+
+# name -> factory(task, **kw) -> UserSimulator ("scripted" is built in; benchmark adapters may add e.g. "llm").
+USERS: Registry[Callable[..., UserSimulator]] = Registry("user simulator")
+USERS.add("scripted", lambda task, **kw: ScriptedUser())

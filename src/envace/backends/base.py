@@ -1,0 +1,81 @@
+"""The generation backend protocol.
+
+A backend generates completions for a batch of prompts given as token ids (so the rows a trainer sees hold
+exactly the tokens that were sampled) and returns token ids with per-token log-probs. Backends that serve a
+frozen model (an external simulator, an LLM judge, a user simulator) are also asked for plain chat replies
+with :meth:`Backend.chat`.
+
+``sessions`` lets a caller say that a prompt continues an earlier one (one Act or Rehearse context of one
+trajectory): a backend may keep that context's KV cache and only encode the new tokens.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from ..registry import Registry
+
+
+@dataclass
+class SamplingParams:
+    """Sampling settings of one generation call."""
+
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 disables top-k."""
+    max_new_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    """Generation stops after the first completed occurrence of any of these strings (it is kept in the output)."""
+    seed: int | None = None
+    """Seed of this call's sampling; with the same seed, prompts and weights a CPU backend is deterministic."""
+
+    def with_(self, **kw: Any) -> "SamplingParams":
+        return replace(self, **kw)
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (a stop string), "eos" (end-of-turn token), or "length" (max_new_tokens)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from a kept KV cache instead of being encoded again
+
+
+class BackendError(RuntimeError):
+    """A backend could not produce a generation (server down, retries exhausted, ...)."""
+
+
+class Backend(ABC):
+    tokenizer: Any = None
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: Sequence[list[int]],
+        params: SamplingParams,
+        sessions: Sequence[str | None] | None = None,
+    ) -> list[Generation]:
+        """Generate one completion per prompt (token ids). All prompts step together in one batch."""
+
+    def chat(self, conversations: Sequence[list[dict[str, str]]], params: SamplingParams) -> list[str]:
+        """Reply to each chat (a list of ``{"role", "content"}``); default: apply the chat template, generate."""
+        from ..prompts import ChatFormat
+
+        fmt = ChatFormat.for_tokenizer(self.tokenizer)
+        prompts = [fmt.render(conv, add_generation_prompt=True) for conv in conversations]
+        return [g.text for g in self.generate(prompts, params)]
+
+    def release(self, sessions: Sequence[str]) -> None:
+        """Forget kept caches of these sessions (no-op by default)."""
+
+    def sync_weights(self, model: Any) -> None:
+        """Load new policy weights (for backends that do not share the trainer's model object)."""
+
+
+# name -> factory(**kwargs) -> Backend
+BACKENDS: Registry[Any] = Registry("backend")
