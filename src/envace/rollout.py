@@ -1,0 +1,382 @@
+"""World-rehearsal rollouts: K trajectories for each of B tasks, generated in lockstep batches.
+
+One loop serves every mode; the mode only decides where observations come from (an :class:`Observer`):
+
+- ``rehearsal`` (EnvACE): the policy's own weights, in a separate Rehearse context, produce the observation;
+  those generations are rows with role ``rehearse`` and are trained on.
+- ``per_role``: a second model plays Rehearse (rows are still role ``rehearse``; the trainer routes them).
+- ``simulator``: a separate frozen model produces observations (external-simulator baseline; no rows).
+- ``real``: the task's real environment answers (real-env GRPO; observations are not trained on).
+
+All Act generations of all live trajectories go to the backend as one batch; then all pending calls of all
+trajectories are observed as one batch per call index. A format error (Act output that does not parse) is
+answered by the parser's structured error; with ``validate_in_code`` unknown tools and schema violations are
+too, else the Rehearse role must produce those errors itself (METHOD.md section 1). With ``reference_cache``
+a call identical to a recorded reference call is answered from the record (counted). ``shadow`` executes each
+rehearsed call in a copy of the real environment and records the real observation next to the rehearsed one
+(for fidelity evaluation only; never shown to the policy).
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from .backends.base import Backend, SamplingParams
+from .envs import USERS, Environment, UserSimulator, make_env
+from .parsing import format_observation, parse_act, parse_observation, validate_call
+from .prompts import ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
+from .registry import Registry
+from .types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
+
+
+@dataclass
+class RolloutConfig:
+    """How trajectories are unrolled."""
+
+    mode: str = "rehearsal"
+    """Where observations come from: rehearsal | real | simulator | per_role (see module docstring)."""
+    group_size: int = 4
+    """K: trajectories per task (one GRPO group)."""
+    max_steps: int = 8
+    """Act generations per trajectory in total; past it the trajectory is truncated ("max_steps")."""
+    max_steps_per_turn: int = 5
+    """Act generations within one user turn before it is truncated ("max_steps_per_turn")."""
+    max_context_tokens: int = 4096
+    """An Act or Rehearse context that would exceed this (prompt + max_new_tokens) truncates the trajectory."""
+    act: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=160))
+    rehearse: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=160, stop=["</observation>"]))
+    validate_in_code: bool = False
+    """Answer unknown-tool / schema errors by code instead of asking Rehearse (format errors always are)."""
+    reference_cache: bool = False
+    """Answer a call identical to a recorded reference call from the record (counted as rehearse/cache_hits)."""
+    shadow: bool = False
+    """Also run each rehearsed call in a real environment copy and record its observation (evaluation only)."""
+    user: str = "scripted"
+    """User simulator name (envace.envs.USERS)."""
+    seed: int = 0
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in OBSERVERS:
+            OBSERVERS.get(self.mode)  # raises with the valid names
+        if self.group_size < 1 or self.max_steps < 1 or self.max_steps_per_turn < 1:
+            raise ValueError("group_size, max_steps and max_steps_per_turn must be >= 1")
+
+
+@dataclass
+class _Live:
+    """The state of one trajectory being unrolled."""
+
+    task: Task
+    traj: Trajectory
+    act_ids: list[int]
+    reh_ids: list[int]
+    reh_messages: list[dict[str, str]]
+    user: UserSimulator
+    env: Environment | None = None  # real env (real mode) or shadow copy
+    turn: int = 0
+    steps_in_turn: int = 0
+    reh_pending: list[str] = field(default_factory=list)  # transcript lines not yet shown to Rehearse
+    done: bool = False
+    calls: list[ToolCall] = field(default_factory=list)  # calls of the current step awaiting observations
+
+
+class Observer(ABC):
+    """Produces observations for a batch of (live trajectory, call) pairs."""
+
+    needs_env = False
+    trained_role: str | None = None  # role of the rows it produces, or None
+
+    @abstractmethod
+    def observe(self, engine: "RolloutEngine", items: list[tuple[_Live, ToolCall]]) -> list[tuple[Any, str]]:
+        """Return (observation, source) per item."""
+
+
+OBSERVERS: Registry[Callable[..., Observer]] = Registry("rollout mode")
+
+
+class RealObserver(Observer):
+    needs_env = True
+
+    def observe(self, engine, items):
+        return [(lv.env.call(call), "real") for lv, call in items]
+
+
+class RehearseObserver(Observer):
+    """The Rehearse role of a token-level backend (the policy itself, or a second model in per_role mode)."""
+
+    trained_role = "rehearse"
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    def observe(self, engine, items):
+        prompts, sessions = [], []
+        for lv, call in items:
+            prompts.append(engine.rehearse_prompt(lv, call))
+            sessions.append(lv.traj.id + "/rehearse")
+        gens = self.backend.generate(prompts, engine.params("rehearse"), sessions)
+        out = []
+        for (lv, call), g, prompt in zip(items, gens, prompts):
+            lv.traj.rows.append(engine.row("rehearse", lv, prompt, g))
+            obs, err = parse_observation(g.text)
+            if err:
+                lv.traj.count("rehearse/parse_errors")
+            if g.finish_reason == "length":
+                lv.traj.count("rehearse/truncated")
+            lv.reh_ids = prompt + g.token_ids + engine.fmt.close_completion(g.token_ids)
+            lv.reh_messages.append({"role": "assistant", "content": g.text})
+            lv.traj.steps[-1].rehearse_texts.append(g.text)
+            out.append((obs, "rehearsed"))
+        return out
+
+
+class SimulatorObserver(Observer):
+    """A separate frozen model answers through ``chat`` (any backend: HF, HTTP ...). No rows."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    def observe(self, engine, items):
+        convs = []
+        for lv, call in items:
+            engine.rehearse_prompt(lv, call)  # appends the user message to lv.reh_messages
+            convs.append(list(lv.reh_messages))
+        texts = self.backend.chat(convs, engine.params("rehearse"))
+        out = []
+        for (lv, call), text in zip(items, texts):
+            obs, err = parse_observation(text)
+            if err:
+                lv.traj.count("simulator/parse_errors")
+            lv.reh_messages.append({"role": "assistant", "content": text})
+            lv.traj.steps[-1].rehearse_texts.append(text)
+            out.append((obs, "simulator"))
+        return out
+
+
+OBSERVERS.add("real", lambda policy, **kw: RealObserver())
+OBSERVERS.add("rehearsal", lambda policy, **kw: RehearseObserver(policy))
+
+
+def _per_role(policy: Backend, rehearser: Backend | None = None, **kw: Any) -> Observer:
+    if rehearser is None:
+        raise ValueError("mode 'per_role' needs a second backend for the Rehearse role (rehearser=...)")
+    return RehearseObserver(rehearser)
+
+
+def _simulator(policy: Backend, simulator: Backend | None = None, **kw: Any) -> Observer:
+    if simulator is None:
+        raise ValueError("mode 'simulator' needs a frozen simulator backend (simulator=...)")
+    return SimulatorObserver(simulator)
+
+
+OBSERVERS.add("per_role", _per_role)
+OBSERVERS.add("simulator", _simulator)
+
+
+class RolloutEngine:
+    """Unrolls trajectories for a batch of tasks. ``policy`` plays Act (and Rehearse in rehearsal mode)."""
+
+    def __init__(self, policy: Backend, cfg: RolloutConfig, rehearser: Backend | None = None, simulator: Backend | None = None, memory: dict[str, str] | None = None):
+        self.policy = policy
+        self.cfg = cfg
+        self.fmt = ChatFormat.for_tokenizer(policy.tokenizer)
+        self.observer = OBSERVERS.get(cfg.mode)(policy, rehearser=rehearser, simulator=simulator)
+        self.memory = memory or {}  # task id -> rehearsal memory shown to Act (test-time scaling)
+        self._calls = 0
+
+    # -- sampling seeds: each generate call gets its own, derived from the run seed ------------------------
+    def params(self, role: str) -> SamplingParams:
+        self._calls += 1
+        base = self.cfg.act if role == "act" else self.cfg.rehearse
+        return base.with_(seed=(self.cfg.seed * 1_000_003 + self._calls) % (2**63))
+
+    def row(self, role: str, lv: _Live, prompt: list[int], g: Any) -> Row:
+        return Row(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=lv.task.id, traj_id=lv.traj.id, group_id=lv.traj.group_id, step=len(lv.traj.steps) - 1, truncated=g.finish_reason == "length")
+
+    # -- contexts ---------------------------------------------------------------------------------------------
+    def _start(self, task: Task, k: int, group_id: str) -> _Live:
+        traj = Trajectory(id=f"{group_id}/{k}", task_id=task.id, group_id=group_id, mode=self.cfg.mode)
+        system = act_system(task, self.memory.get(task.id))
+        traj.messages.append(Message("system", system))
+        rsys = rehearse_system(task)
+        lv = _Live(task=task, traj=traj, act_ids=self.fmt.message("system", system), reh_ids=self.fmt.message("system", rsys), reh_messages=[{"role": "system", "content": rsys}], user=USERS.get(self.cfg.user)(task))
+        if self.observer.needs_env or self.cfg.shadow:
+            lv.env = make_env(task)
+        self._next_user_turn(lv)
+        return lv
+
+    def _next_user_turn(self, lv: _Live) -> None:
+        text = lv.user.reply(lv.task, lv.traj.messages, lv.turn)
+        if text is None:
+            lv.done = True
+            return
+        lv.traj.messages.append(Message("user", text))
+        lv.act_ids += self.fmt.message("user", text)
+        lv.reh_pending.append(f"[user] {text.strip()}")
+        lv.steps_in_turn = 0
+
+    def rehearse_prompt(self, lv: _Live, call: ToolCall) -> list[int]:
+        content = rehearse_user_message(lv.reh_pending, call, lv.task.tool(call.name))
+        lv.reh_pending = []
+        lv.reh_messages.append({"role": "user", "content": content})
+        return lv.reh_ids + self.fmt.message("user", content) + self.fmt.generation_prompt()
+
+    def _truncate(self, lv: _Live, why: str) -> None:
+        lv.traj.truncated = why
+        lv.traj.count(f"truncated/{why}")
+        lv.done = True
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+    def run(self, tasks: list[Task], group_prefix: str = "g") -> list[Trajectory]:
+        """Roll out ``group_size`` trajectories for each task; returns them grouped task by task."""
+        lives = [self._start(t, k, f"{group_prefix}{i}:{t.id}") for i, t in enumerate(tasks) for k in range(self.cfg.group_size)]
+        bar = tqdm(total=len(lives), desc=f"rollout[{self.cfg.mode}]", disable=not self.cfg.progress, leave=False)
+        finished = sum(lv.done for lv in lives)
+        while True:
+            live = [lv for lv in lives if not lv.done]
+            if not live:
+                break
+            # context guard before generating
+            for lv in live:
+                if len(lv.act_ids) + self.cfg.act.max_new_tokens + 2 > self.cfg.max_context_tokens:
+                    self._truncate(lv, "context")
+            live = [lv for lv in live if not lv.done]
+            if not live:
+                break
+            self._act(live)
+            self._observe([lv for lv in live if lv.calls])
+            for lv in live:
+                if not lv.done and len(lv.traj.steps) >= self.cfg.max_steps:
+                    self._truncate(lv, "max_steps")
+                elif not lv.done and lv.steps_in_turn >= self.cfg.max_steps_per_turn:
+                    self._truncate(lv, "max_steps_per_turn")
+            now = sum(lv.done for lv in lives)
+            bar.update(now - finished)
+            finished = now
+        bar.close()
+        sessions = [s for lv in lives for s in (lv.traj.id + "/act", lv.traj.id + "/rehearse")]
+        self.policy.release(sessions)
+        if isinstance(self.observer, RehearseObserver) and self.observer.backend is not self.policy:
+            self.observer.backend.release(sessions)
+        for lv in lives:
+            if lv.env is not None:
+                lv.env.close()
+        return [lv.traj for lv in lives]
+
+    def _act(self, live: list[_Live]) -> None:
+        prompts = [lv.act_ids + self.fmt.generation_prompt() for lv in live]
+        gens = self.policy.generate(prompts, self.params("act"), [lv.traj.id + "/act" for lv in live])
+        for lv, prompt, g in zip(live, prompts, gens):
+            tr = lv.traj
+            tr.rows.append(Row(role="act", prompt_ids=prompt, completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=lv.task.id, traj_id=tr.id, group_id=tr.group_id, step=len(tr.steps), truncated=g.finish_reason == "length"))
+            lv.act_ids = prompt + g.token_ids + self.fmt.close_completion(g.token_ids)
+            lv.steps_in_turn += 1
+            tr.count("act/steps")
+            if g.finish_reason == "length":
+                tr.count("act/truncated")
+            parsed = parse_act(g.text)
+            step = Step(user_turn=lv.turn, action_text=g.text, calls=parsed.calls, reply=parsed.reply, parse_error=parsed.error)
+            tr.steps.append(step)
+            lv.calls = []
+            if parsed.error is not None:
+                tr.count("act/parse_errors")
+                tr.messages.append(Message("assistant", g.text))
+                self._feed(lv, [(ToolCall(name="(unparsed)"), parsed.error, "validation", None)], raw=True)
+            elif parsed.calls:
+                tr.count("act/tool_calls", len(parsed.calls))
+                tr.messages.append(Message("assistant", g.text, tool_calls=parsed.calls))
+                lv.calls = parsed.calls
+            else:
+                tr.count("act/replies")
+                tr.messages.append(Message("assistant", parsed.reply or ""))
+                lv.reh_pending.append(f"[assistant] {(parsed.reply or '').strip()}")
+                lv.turn += 1
+                self._next_user_turn(lv)
+
+    def _observe(self, live: list[_Live]) -> None:
+        results: dict[int, list[tuple[ToolCall, Any, str, Any]]] = {id(lv): [] for lv in live}
+        width = max((len(lv.calls) for lv in live), default=0)
+        for j in range(width):  # call j of every trajectory, batched; calls of one step stay in order
+            todo: list[tuple[_Live, ToolCall]] = []
+            for lv in live:
+                if j >= len(lv.calls):
+                    continue
+                call = lv.calls[j]
+                obs, source = self._answer_without_model(lv, call)
+                if obs is not None:
+                    shadow = lv.env.call(call) if (self.cfg.shadow and lv.env is not None and not self.observer.needs_env) else None
+                    results[id(lv)].append((call, obs, source, shadow))
+                    lv.reh_pending += [f"[assistant] {call.key()}", f"[tool] {tool_message_content(obs)}"]
+                else:
+                    todo.append((lv, call))
+            if todo:
+                answers = self.observer.observe(self, todo)
+                for (lv, call), (obs, source) in zip(todo, answers):
+                    shadow = lv.env.call(call) if (self.cfg.shadow and lv.env is not None and not self.observer.needs_env) else None
+                    results[id(lv)].append((call, obs, source, shadow))
+        for lv in live:
+            self._feed(lv, results[id(lv)])
+            lv.calls = []
+
+    def _answer_without_model(self, lv: _Live, call: ToolCall) -> tuple[Any, str]:
+        if self.observer.needs_env:
+            return None, ""  # the real environment validates and answers itself
+        if self.cfg.validate_in_code:
+            err = validate_call(call, lv.task.tools)
+            if err is not None:
+                lv.traj.count("rehearse/validation_errors")
+                return err, "validation"
+        if self.cfg.reference_cache:
+            for ref in lv.task.references:
+                if ref.call.key() == call.key():
+                    lv.traj.count("rehearse/cache_hits")
+                    return ref.result, "cache"
+        return None, ""
+
+    def _feed(self, lv: _Live, results: list[tuple[ToolCall, Any, str, Any]], raw: bool = False) -> None:
+        """Append observations as tool messages to the Act chat and context."""
+        step = lv.traj.steps[-1]
+        for call, obs, source, shadow in results:
+            step.observations.append(obs)
+            step.sources.append(source)
+            step.shadow.append(shadow)
+            content = tool_message_content(obs)
+            lv.traj.messages.append(Message("tool", content))
+            lv.act_ids += self.fmt.message("tool", content)
+            if raw:
+                lv.reh_pending += ["[assistant] (malformed tool call)", f"[tool] {content}"]
+
+
+def rollout(policy: Backend, tasks: list[Task], cfg: RolloutConfig, **kw: Any) -> list[Trajectory]:
+    """Convenience wrapper: one :class:`RolloutEngine` run."""
+    return RolloutEngine(policy, cfg, **kw).run(tasks)
+
+
+def group_by_task(trajs: list[Trajectory]) -> dict[str, list[Trajectory]]:
+    out: dict[str, list[Trajectory]] = {}
+    for t in trajs:
+        out.setdefault(t.group_id, []).append(t)
+    return out
+
+
+def format_trajectory(traj: Trajectory) -> str:
+    """A readable transcript of a trajectory (Act chat with observation sources and shadow observations)."""
+    lines = [f"# trajectory {traj.id}  task={traj.task_id}  mode={traj.mode}  reward={traj.reward}  truncated={traj.truncated}"]
+    for s in traj.steps:
+        lines.append(f"[act] {s.action_text.strip()}")
+        for i, obs in enumerate(s.observations):
+            src = s.sources[i] if i < len(s.sources) else "?"
+            lines.append(f"  [{src}] {json.dumps(obs, ensure_ascii=False)[:500]}")
+            if i < len(s.shadow) and s.shadow[i] is not None:
+                lines.append(f"  [real ] {json.dumps(s.shadow[i], ensure_ascii=False)[:500]}")
+    if traj.counters:
+        lines.append("counters: " + json.dumps(traj.counters, sort_keys=True))
+    return "\n".join(lines)
+
+
+__all__ = ["RolloutConfig", "RolloutEngine", "Observer", "OBSERVERS", "rollout", "group_by_task", "format_trajectory", "format_observation", "error_obs"]

@@ -1,0 +1,121 @@
+"""From rows to log-probs with gradient: packing, micro-batching and the forward pass.
+
+Rows of one context (the Act chat of a trajectory, or its Rehearse context) are prefixes of each other: the
+prompt of step t+1 is the prompt of step t, its completion, and what came back. Such a chain is *packed* into
+one sequence and run through the model once; each row's completion log-probs are read off at its own positions.
+This is exact for a causal model and removes both the re-encoding of shared prefixes and most padding.
+Logits are computed only at completion positions (the LM head is applied to the selected hidden states).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import torch
+
+from .types import Row
+
+
+@dataclass
+class Pack:
+    ids: list[int]
+    segments: list[tuple[int, int, int]] = field(default_factory=list)  # (row index, start, end) of completion tokens
+
+
+def pack_rows(rows: list[Row]) -> list[Pack]:
+    """Chain rows whose token sequence extends the previous row's (same trajectory and role) into packs."""
+    by_ctx: dict[tuple[str, str], list[int]] = {}
+    for i, r in enumerate(rows):
+        by_ctx.setdefault((r.traj_id, r.role), []).append(i)
+    packs: list[Pack] = []
+    for idxs in by_ctx.values():
+        idxs.sort(key=lambda i: (rows[i].step, len(rows[i].prompt_ids)))
+        cur: Pack | None = None
+        for i in idxs:
+            r = rows[i]
+            full = r.prompt_ids + r.completion_ids
+            if cur is not None and len(r.prompt_ids) >= len(cur.ids) and r.prompt_ids[: len(cur.ids)] == cur.ids:
+                cur.ids = full
+            else:
+                cur = Pack(ids=list(full))
+                packs.append(cur)
+            cur.segments.append((i, len(r.prompt_ids), len(full)))
+    return packs
+
+
+def micro_batches(packs: list[Pack], max_tokens: int) -> list[list[Pack]]:
+    """Group packs (longest first) so each micro-batch's padded size ``n * max_len`` stays within max_tokens."""
+    order = sorted(packs, key=lambda p: -len(p.ids))
+    out: list[list[Pack]] = []
+    cur: list[Pack] = []
+    for p in order:
+        if cur and (len(cur) + 1) * len(cur[0].ids) > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(p)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _trunk_and_head(model: Any) -> tuple[Any, Any] | None:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    trunk = getattr(base, "model", None)
+    if head is None or trunk is None:
+        return None
+    return trunk, head
+
+
+def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperatures: dict[str, float], bf16: bool = False) -> dict[int, torch.Tensor]:
+    """Log-probs (with grad) of each row's completion tokens under ``model``: row index -> (n_completion,).
+
+    ``temperatures[role]`` divides the logits, matching how the rows were sampled.
+    """
+    dev = next(model.parameters()).device
+    S = max(len(p.ids) for p in packs)
+    pad = 0
+    ids = torch.full((len(packs), S), pad, dtype=torch.long, device=dev)
+    attn = torch.zeros((len(packs), S), dtype=torch.long, device=dev)
+    for b, p in enumerate(packs):
+        ids[b, : len(p.ids)] = torch.tensor(p.ids, dtype=torch.long)
+        attn[b, : len(p.ids)] = 1
+    # positions whose logits predict a completion token: for tokens [start, end) read logits at [start-1, end-1)
+    sel_b, sel_t, tgt, owner = [], [], [], []
+    for b, p in enumerate(packs):
+        for (i, s, e) in p.segments:
+            sel_b += [b] * (e - s)
+            sel_t += list(range(s - 1, e - 1))
+            tgt += p.ids[s:e]
+            owner.append((i, e - s, temperatures.get(rows[i].role, 1.0)))
+    sb = torch.tensor(sel_b, device=dev)
+    st = torch.tensor(sel_t, device=dev)
+    tg = torch.tensor(tgt, device=dev)
+    ctx = torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device_type=dev.type, enabled=False)
+    with ctx:
+        th = _trunk_and_head(model)
+        if th is not None:
+            trunk, head = th
+            hidden = trunk(input_ids=ids, attention_mask=attn).last_hidden_state  # (P, S, H)
+            logits = head(hidden[sb, st])  # (N, V) only where needed
+        else:
+            logits = model(input_ids=ids, attention_mask=attn).logits[sb, st]
+    logits = logits.float()
+    temps = torch.cat([torch.full((n,), t, device=dev) for (_, n, t) in owner]) if owner else torch.ones(0, device=dev)
+    logits = logits / temps[:, None]
+    lp = logits.gather(-1, tg[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (N,)
+    out: dict[int, torch.Tensor] = {}
+    off = 0
+    for (i, n, _) in owner:
+        out[i] = lp[off : off + n]
+        off += n
+    return out
+
+
+def pad_rows(values: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad 1-D tensors (keeping their graph) into (rows, T), with a bool mask of the real entries."""
+    vals = list(values)
+    out = torch.nn.utils.rnn.pad_sequence(vals, batch_first=True)  # (rows, T)
+    lens = torch.tensor([v.shape[0] for v in vals], device=out.device)
+    mask = torch.arange(out.shape[1], device=out.device)[None, :] < lens[:, None]  # (rows, T)
+    return out, mask
