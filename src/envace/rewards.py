@@ -1,0 +1,451 @@
+"""Rewards: registered, composable functions over a finished trajectory (METHOD.md section 2).
+
+Every reward in :data:`REWARDS` is ``fn(task, traj, ctx) -> RewardResult``. ``RewardResult.value`` is a float,
+or ``None`` for UNSCORED: the reward could not be computed (the judge failed, the task has no gold label,
+...). An unscored trajectory is masked out of the update and counted; it is never silently a reward of 0.
+
+Built-in rewards:
+
+- ``"gold_exact"``: the flattened, ordered calls equal the task's gold calls (name + canonical arguments).
+- ``"gold_f1"``: multiset F1 of called vs gold calls (see :func:`call_prf`).
+- ``"checklist"``: fraction of the task's rule-checked checklist items that hold (rules in :data:`RULES`).
+- ``"checklist_judge"``: fraction of checklist items that an LLM judge (``ctx.judge``) says hold.
+- ``"grounded"``: **uses the real environment**: replays the trajectory's calls in a fresh real environment
+  of the task and applies the environment's own success check. It is the only reward here that runs the
+  world; use it for evaluation or for the real-env GRPO baseline, not when training must be env-free.
+
+:func:`make_reward` builds a weighted sum of rewards from a spec (``"gold_f1"``, ``["gold_exact", ...]`` or
+``{"gold_exact": 0.5, "checklist": 0.5}``); :func:`score_trajectories` writes ``traj.reward`` /
+``traj.reward_info`` for a group and counts the unscored ones. :func:`call_prf` and :func:`tool_name_prf`
+are the pure metrics the evaluation harness reuses.
+
+Argument comparisons are canonical: two values match when their canonical JSON (:func:`envace.types.dumps`,
+sorted keys) is equal, the same rule as :meth:`envace.types.ToolCall.key`. So ``1`` and ``1.0`` differ.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from .backends.base import Backend, SamplingParams
+from .registry import Registry
+from .types import Task, ToolCall, Trajectory, dumps, is_error_obs
+
+
+@dataclass
+class RewardResult:
+    value: float | None
+    """The reward, or None = unscored (masked out of the update and counted)."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Details for logs and inspection (JSON-able)."""
+
+
+@dataclass
+class RewardContext:
+    """What a reward may need besides the task and the trajectory."""
+
+    judge: Backend | None = None
+    """The frozen model that answers ``"checklist_judge"`` (None: that reward cannot be used)."""
+    judge_params: SamplingParams | None = None
+    """Sampling settings of the judge; None: greedy, up to :data:`JUDGE_MAX_NEW_TOKENS` tokens."""
+
+
+RewardFn = Callable[[Task, Trajectory, RewardContext], RewardResult]
+REWARDS: Registry[RewardFn] = Registry("reward")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Pure metrics (shared with evaluation)
+# --------------------------------------------------------------------------------------------------------
+
+
+def _prf(tp: int, n_pred: int, n_gold: int) -> tuple[float, float, float]:
+    """Precision, recall, F1 from counts. Both empty -> (1, 1, 1); exactly one empty -> (0, 0, 0)."""
+    if n_pred == 0 and n_gold == 0:
+        return 1.0, 1.0, 1.0
+    if n_pred == 0 or n_gold == 0:
+        return 0.0, 0.0, 0.0
+    p, r = tp / n_pred, tp / n_gold
+    f1 = 0.0 if tp == 0 else 2 * p * r / (p + r)
+    return p, r, f1
+
+
+def call_prf(pred_calls: Sequence[ToolCall], gold_calls: Sequence[ToolCall]) -> tuple[float, float, float]:
+    """Precision, recall and F1 of predicted vs gold calls as *multisets* of (name, canonical arguments).
+
+    Order is ignored; a call repeated twice counts twice on either side (true positives are the multiset
+    intersection). Edge cases: both empty -> (1, 1, 1); exactly one side empty -> (0, 0, 0).
+    """
+    pred, gold = Counter(c.key() for c in pred_calls), Counter(c.key() for c in gold_calls)
+    tp = sum((pred & gold).values())
+    return _prf(tp, sum(pred.values()), sum(gold.values()))
+
+
+def tool_name_prf(pred_calls: Sequence[ToolCall], gold_calls: Sequence[ToolCall]) -> tuple[float, float, float]:
+    """Precision, recall and F1 over the *set* of called tool names vs the set of gold tool names
+    (FinMCP-Bench's per-task tool F1, "TF1"). Same edge cases as :func:`call_prf`."""
+    pred, gold = {c.name for c in pred_calls}, {c.name for c in gold_calls}
+    return _prf(len(pred & gold), len(pred), len(gold))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Gold-call rewards
+# --------------------------------------------------------------------------------------------------------
+
+
+def _no_gold(task: Task) -> RewardResult | None:
+    # ``gold_actions == []`` means "not annotated"; a task whose answer is "make no call" has ``[[]]``.
+    if not task.gold_actions:
+        return RewardResult(None, {"unscored": f"task {task.id!r} has no gold actions"})
+    return None
+
+
+@REWARDS.register("gold_exact")
+def gold_exact(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """1 if the trajectory's calls, flattened in order, equal the task's gold calls (name + canonical
+    arguments), else 0. Unscored when the task has no gold actions."""
+    if (missing := _no_gold(task)) is not None:
+        return missing
+    pred, gold = [c.key() for c in traj.calls()], [c.key() for c in task.flat_gold()]
+    first = next((i for i, (a, b) in enumerate(zip(pred, gold)) if a != b), min(len(pred), len(gold)))
+    ok = pred == gold
+    return RewardResult(1.0 if ok else 0.0, {"n_calls": len(pred), "n_gold": len(gold), "first_mismatch": None if ok else first})
+
+
+@REWARDS.register("gold_f1")
+def gold_f1(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """Multiset F1 of (name, arguments) of the trajectory's calls vs the gold calls (:func:`call_prf`)."""
+    if (missing := _no_gold(task)) is not None:
+        return missing
+    p, r, f1 = call_prf(traj.calls(), task.flat_gold())
+    return RewardResult(f1, {"precision": p, "recall": r, "f1": f1})
+
+
+# --------------------------------------------------------------------------------------------------------
+# Rule-checked checklist
+# --------------------------------------------------------------------------------------------------------
+
+# rule type -> check(rule, traj) -> bool. A rule is a dict ``{"type": TYPE, ...fields}``.
+RULES: Registry[Callable[[dict[str, Any], Trajectory], bool]] = Registry("checklist rule type")
+
+
+def _args_match(subset: Mapping[str, Any], arguments: Mapping[str, Any]) -> bool:
+    return all(k in arguments and dumps(arguments[k]) == dumps(v) for k, v in subset.items())
+
+
+@RULES.register("called")
+def _rule_called(rule: dict[str, Any], traj: Trajectory) -> bool:
+    """Some call names ``rule["tool"]`` and has every argument of ``rule.get("arguments", {})`` (a subset)."""
+    tool, subset = rule["tool"], rule.get("arguments") or {}
+    return any(c.name == tool and _args_match(subset, c.arguments) for c in traj.calls())
+
+
+@RULES.register("not_called")
+def _rule_not_called(rule: dict[str, Any], traj: Trajectory) -> bool:
+    """No call names ``rule["tool"]``."""
+    return all(c.name != rule["tool"] for c in traj.calls())
+
+
+@RULES.register("reply_contains")
+def _rule_reply_contains(rule: dict[str, Any], traj: Trajectory) -> bool:
+    """Some text reply contains ``rule["text"]`` (case-insensitive)."""
+    needle = str(rule["text"]).lower()
+    return any(needle in r.lower() for r in traj.replies())
+
+
+@RULES.register("max_calls")
+def _rule_max_calls(rule: dict[str, Any], traj: Trajectory) -> bool:
+    """At most ``rule["n"]`` calls in the whole trajectory."""
+    return len(traj.calls()) <= int(rule["n"])
+
+
+def check_rule(rule: dict[str, Any], traj: Trajectory) -> bool:
+    """Apply one checklist rule; an unknown type or a missing field raises a ValueError that says which."""
+    if not isinstance(rule, dict) or "type" not in rule:
+        raise ValueError(f"a checklist rule must be a dict with a 'type' (one of {', '.join(RULES.names())}); got {rule!r}")
+    check = RULES.get(rule["type"])  # UnknownNameError lists the valid types
+    try:
+        return bool(check(rule, traj))
+    except KeyError as e:
+        raise ValueError(f"checklist rule {rule!r} lacks the field {e.args[0]!r}") from None
+
+
+@REWARDS.register("checklist")
+def checklist(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """Fraction of the task's checklist items with a rule that the trajectory satisfies. Items without a rule
+    (judge-only) are skipped and listed in ``info["skipped"]``; no checkable item -> unscored."""
+    items, skipped = [], []
+    for i, item in enumerate(task.checklist):
+        if item.rule is None:
+            skipped.append(i)
+            continue
+        items.append({"index": i, "satisfied": check_rule(item.rule, traj)})
+    info: dict[str, Any] = {"items": items, "skipped": skipped}
+    if not items:
+        info["unscored"] = f"task {task.id!r} has no rule-checked checklist item"
+        return RewardResult(None, info)
+    return RewardResult(sum(it["satisfied"] for it in items) / len(items), info)
+
+
+# --------------------------------------------------------------------------------------------------------
+# LLM checklist judge
+# --------------------------------------------------------------------------------------------------------
+
+JUDGE_MAX_NEW_TOKENS = 1024
+JUDGE_OBS_CHARS = 2000  # each observation / message is cut to this many characters in the judge prompt
+
+JUDGE_SYSTEM = (
+    "You are a strict evaluator of a tool-using assistant. You are given a task, a checklist of numbered "
+    "items and the assistant's trajectory (its tool calls, the tool results it saw and its replies). For each "
+    "checklist item decide whether the trajectory satisfies it. Judge only from the trajectory; when in doubt, "
+    "answer false.\n"
+    "Answer with a single JSON object and nothing else, exactly of this form:\n"
+    '{"items": [{"index": 0, "satisfied": true}, {"index": 1, "satisfied": false}, ...]}\n'
+    "with one entry for every checklist item, its index as shown, and satisfied a JSON boolean."
+)
+
+
+class JudgeError(ValueError):
+    """The judge's verdict could not be used (malformed, incomplete, ...)."""
+
+
+def _cut(text: str, n: int = JUDGE_OBS_CHARS) -> str:
+    return text if len(text) <= n else text[:n] + f" ...[{len(text) - n} more characters]"
+
+
+def serialize_trajectory(task: Task, traj: Trajectory) -> str:
+    """A readable transcript of the trajectory for a judge: user turns, calls, observations, replies.
+    Uses the Act chat (``traj.messages``, system prompt left out) when present, else the steps and the
+    task's scripted user turns. Long texts are cut to :data:`JUDGE_OBS_CHARS` characters."""
+    lines: list[str] = []
+    if traj.messages:
+        for m in traj.messages:
+            if m.role == "system":
+                continue
+            if m.role == "assistant":
+                for c in m.tool_calls:
+                    lines.append(f"[assistant calls] {c.name}({_cut(dumps(c.arguments))})")
+                if m.content and not m.tool_calls:
+                    lines.append(f"[assistant] {_cut(m.content)}")
+            else:
+                lines.append(f"[{m.role}] {_cut(m.content)}")
+        return "\n".join(lines)
+    turn = -1
+    for s in traj.steps:
+        if s.user_turn != turn and 0 <= s.user_turn < len(task.user_turns):
+            turn = s.user_turn
+            lines.append(f"[user] {_cut(task.user_turns[turn])}")
+        for i, c in enumerate(s.calls):
+            lines.append(f"[assistant calls] {c.name}({_cut(dumps(c.arguments))})")
+            if i < len(s.observations):
+                lines.append(f"[tool] {_cut(dumps(s.observations[i]))}")
+        if s.reply is not None:
+            lines.append(f"[assistant] {_cut(s.reply)}")
+        if s.parse_error is not None:
+            lines.append(f"[assistant, unparseable output] {_cut(s.action_text)}")
+    return "\n".join(lines)
+
+
+def judge_prompt(task: Task, traj: Trajectory) -> list[dict[str, str]]:
+    """The judge conversation for one trajectory: the checklist (0-based indices) and the transcript."""
+    checklist_text = "\n".join(f"{i}. {item.description}" for i, item in enumerate(task.checklist))
+    user = (
+        "Task (the user's requests):\n" + "\n".join(f"- {_cut(t)}" for t in task.user_turns) + "\n\n"
+        f"Checklist:\n{checklist_text}\n\n"
+        f"Trajectory:\n{serialize_trajectory(task, traj)}\n\n"
+        f"Give the JSON verdict for all {len(task.checklist)} items (indices 0 to {len(task.checklist) - 1})."
+    )
+    return [{"role": "system", "content": JUDGE_SYSTEM}, {"role": "user", "content": user}]
+
+
+_THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+def parse_verdict(text: str, n_items: int) -> list[bool]:
+    """Parse a judge verdict strictly: the first ``{...}`` JSON object of the text (after removing
+    ``<think>...</think>`` blocks) is read with ``json`` (never evaluated) and must be
+    ``{"items": [{"index": i, "satisfied": bool}, ...]}`` answering each index 0..n_items-1 exactly once.
+    Raises :class:`JudgeError` otherwise."""
+    if not isinstance(text, str):
+        raise JudgeError(f"judge output is not text: {type(text).__name__}")
+    body = _THINK_RE.sub("", text)
+    start = body.find("{")
+    if start < 0:
+        raise JudgeError("no JSON object in the judge output")
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(body, start)
+    except json.JSONDecodeError as e:
+        raise JudgeError(f"the first {{...}} block is not valid JSON: {e}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("items"), list):
+        raise JudgeError('verdict must be an object with an "items" list')
+    out: list[bool | None] = [None] * n_items
+    for it in obj["items"]:
+        if not isinstance(it, dict):
+            raise JudgeError(f"verdict item is not an object: {it!r:.100}")
+        idx, sat = it.get("index"), it.get("satisfied")
+        if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < n_items:
+            raise JudgeError(f"verdict index {idx!r:.50} is not an integer in [0, {n_items})")
+        if not isinstance(sat, bool):
+            raise JudgeError(f"verdict for item {idx} is not a boolean: {sat!r:.50}")
+        if out[idx] is not None:
+            raise JudgeError(f"item {idx} is answered twice")
+        out[idx] = sat
+    missing = [i for i, v in enumerate(out) if v is None]
+    if missing:
+        raise JudgeError(f"items {missing} are not answered")
+    return [bool(v) for v in out]
+
+
+@REWARDS.register("checklist_judge")
+def checklist_judge(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """Fraction of the task's checklist items (all of them, with or without a rule) that an LLM judge says the
+    trajectory satisfies. One ``ctx.judge.chat`` call per trajectory. Any failure (backend exception,
+    malformed or incomplete verdict) -> unscored with ``info["judge_error"]``."""
+    if ctx.judge is None:
+        raise ValueError("the 'checklist_judge' reward needs a judge backend: set RewardContext(judge=...)")
+    n = len(task.checklist)
+    if n == 0:
+        return RewardResult(None, {"unscored": f"task {task.id!r} has no checklist"})
+    params = ctx.judge_params or SamplingParams(temperature=0.0, max_new_tokens=JUDGE_MAX_NEW_TOKENS)
+    conversation = judge_prompt(task, traj)
+    text: Any = None
+    try:
+        replies = ctx.judge.chat([conversation], params)
+        if len(replies) != 1:
+            raise JudgeError(f"judge returned {len(replies)} replies for 1 conversation")
+        text = replies[0]
+        verdict = parse_verdict(text, n)
+    except Exception as e:  # noqa: BLE001 - a judge failure is an unscored trajectory, counted, never a crash
+        raw = _cut(text, 500) if isinstance(text, str) else None
+        return RewardResult(None, {"judge_error": f"{type(e).__name__}: {str(e)[:300]}", "judge_raw": raw})
+    return RewardResult(sum(verdict) / n, {"items": [{"index": i, "satisfied": v} for i, v in enumerate(verdict)]})
+
+
+# --------------------------------------------------------------------------------------------------------
+# Grounded reward (runs the REAL environment)
+# --------------------------------------------------------------------------------------------------------
+
+
+@REWARDS.register("grounded")
+def grounded(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """USES THE REAL ENVIRONMENT. Replays the trajectory's calls, in order, in a fresh real environment of the
+    task (:func:`envace.envs.replay`) and applies the environment's own ``score(traj)``: 1 on success, else
+    0. Note the policy chose later calls after *rehearsed* observations; the replay executes them as they
+    were, so a call that only made sense after a hallucinated observation fails here, as it would in the
+    world. An environment that cannot be built raises; a crash of its scorer -> unscored with ``info["grounded_error"]``."""
+    from .envs import replay
+
+    calls = traj.calls()
+    env, observations = replay(task, calls)  # an unknown environment is a configuration error: it raises
+    try:
+        score = env.score(traj)
+    except Exception as e:  # noqa: BLE001 - counted as unscored, with the reason
+        return RewardResult(None, {"grounded_error": f"{type(e).__name__}: {str(e)[:300]}"})
+    finally:
+        env.close()
+    info = {
+        "success": bool(score.success),
+        "env_reward": float(score.reward),
+        "details": score.details,
+        "n_replayed": len(calls),
+        "n_error_obs": sum(is_error_obs(o) for o in observations),
+    }
+    return RewardResult(1.0 if score.success else 0.0, info)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Composition
+# --------------------------------------------------------------------------------------------------------
+
+RewardSpec = str | Sequence[str | Mapping[str, float]] | Mapping[str, float]
+
+
+def parse_reward_spec(spec: RewardSpec) -> dict[str, float]:
+    """``"name"`` | ``["a", "b"]`` (weight 1 each) | ``[{"a": 0.5}, {"b": 0.5}]`` | ``{"a": 0.5, "b": 0.5}``
+    -> ``{name: weight}``. Names are checked against :data:`REWARDS`; weights must be finite numbers."""
+    weights: dict[str, float] = {}
+
+    def add(name: Any, w: Any) -> None:
+        if not isinstance(name, str):
+            raise ValueError(f"reward name must be a string, got {name!r}")
+        REWARDS.get(name)  # raises, listing the valid names
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+            raise ValueError(f"weight of reward {name!r} must be a finite number, got {w!r}")
+        if name in weights:
+            raise ValueError(f"reward {name!r} appears twice in the spec")
+        weights[name] = float(w)
+
+    if isinstance(spec, str):
+        add(spec, 1.0)
+    elif isinstance(spec, Mapping):
+        for k, w in spec.items():
+            add(k, w)
+    elif isinstance(spec, Sequence):
+        for entry in spec:
+            if isinstance(entry, str):
+                add(entry, 1.0)
+            elif isinstance(entry, Mapping):
+                for k, w in entry.items():
+                    add(k, w)
+            else:
+                raise ValueError(f"reward spec entries must be names or {{name: weight}}, got {entry!r}")
+    else:
+        raise ValueError(f"reward spec must be a name, a list or a {{name: weight}} mapping, got {spec!r}")
+    if not weights:
+        raise ValueError("empty reward spec")
+    return weights
+
+
+def make_reward(spec: RewardSpec) -> RewardFn:
+    """A reward that is the weighted sum of the rewards named by ``spec`` (see :func:`parse_reward_spec`).
+
+    The value is None (unscored) if any component is None. ``info["components"]`` maps each name to its
+    value, ``info["weights"]`` to its weight, ``info["unscored_by"]`` lists the None components, and
+    ``info[name]`` holds each component's own info.
+    """
+    weights = parse_reward_spec(spec)
+    fns = {name: REWARDS.get(name) for name in weights}
+
+    def reward(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+        info: dict[str, Any] = {"components": {}, "weights": dict(weights), "unscored_by": []}
+        total: float | None = 0.0
+        for name, fn in fns.items():
+            res = fn(task, traj, ctx)
+            info["components"][name] = res.value
+            info[name] = res.info
+            if res.value is None:
+                info["unscored_by"].append(name)
+                total = None
+            elif total is not None:
+                total += weights[name] * float(res.value)
+        return RewardResult(total, info)
+
+    reward.__name__ = "reward[" + "+".join(f"{w:g}*{n}" for n, w in weights.items()) + "]"
+    return reward
+
+
+def score_trajectories(
+    task: Task, trajs: Sequence[Trajectory], reward_fn: RewardFn, ctx: RewardContext | None = None
+) -> dict[str, float]:
+    """Score every trajectory of a group: set ``traj.reward`` (None = unscored) and ``traj.reward_info``.
+
+    Returns metrics: ``reward/n``, ``reward/unscored`` (the count of None rewards) and ``reward/mean`` (over
+    the scored trajectories; 0 when none is scored).
+    """
+    ctx = ctx or RewardContext()
+    scored: list[float] = []
+    for traj in trajs:
+        res = reward_fn(task, traj, ctx)
+        traj.reward = None if res.value is None else float(res.value)
+        traj.reward_info = res.info
+        if traj.reward is not None:
+            scored.append(traj.reward)
+    return {
+        "reward/n": float(len(trajs)),
+        "reward/unscored": float(len(trajs) - len(scored)),
+        "reward/mean": sum(scored) / len(scored) if scored else 0.0,
+    }

@@ -1,0 +1,332 @@
+"""Hand-computed values for the math of role-wise GRPO (envace.algos), plus loop references on random data."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from envace.algos import ADVANTAGES, AGGREGATIONS, aggregate, kl_k3, loss_normalizer, policy_loss, sft_loss, token_logprobs
+from envace.registry import UnknownNameError
+
+ACT, REH = 0, 1
+
+
+def _example_group():
+    """Group 0 of the brief: trajectory a (R=1): 3 act rows + 1 rehearse row; trajectory b (R=0): 1 act row +
+    2 rehearse rows. Group 1: two trajectories (R=0.5 and R=0.0), one act row each, far from group 0."""
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.5, 0.0])
+    groups = torch.tensor([0, 0, 0, 0, 0, 0, 0, 1, 1])
+    roles = torch.tensor([ACT, ACT, ACT, REH, ACT, REH, REH, ACT, ACT])
+    return rewards, groups, roles
+
+
+def test_registries_list_the_valid_names():
+    assert ADVANTAGES.names() == ["pooled", "pooled_std", "rolewise", "rolewise_std"]
+    assert AGGREGATIONS.names() == ["seq_mean", "token_mean"]
+    with pytest.raises(UnknownNameError, match="rolewise"):
+        ADVANTAGES.get("nope")
+
+
+def test_rolewise_baseline_is_row_weighted_per_group_and_role():
+    rewards, groups, roles = _example_group()
+    adv, m = ADVANTAGES.get("rolewise")(rewards, groups, roles)
+    # group 0: act mu = (1+1+1+0)/4 = 0.75, rehearse mu = (1+0+0)/3 = 1/3; group 1 act mu = 0.25
+    expected = [0.25, 0.25, 0.25, 2 / 3, -0.75, -1 / 3, -1 / 3, 0.25, -0.25]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-6)
+    assert m["n_cells"] == 3 and m["n_valid_rows"] == 9 and m["n_invalid_rows"] == 0
+
+
+def test_rolewise_std_divides_by_population_std_of_the_cell():
+    rewards, groups, roles = _example_group()
+    adv, _ = ADVANTAGES.get("rolewise_std")(rewards, groups, roles, eps=0.0)
+    # act cell of group 0: std = sqrt(0.1875) -> +0.25/std = 1/sqrt(3), -0.75/std = -sqrt(3)
+    # rehearse cell: std = sqrt(2)/3 -> (2/3)/std = sqrt(2), (-1/3)/std = -1/sqrt(2)
+    # group 1: std = 0.25 -> +1, -1
+    s3, s2 = math.sqrt(3), math.sqrt(2)
+    expected = [1 / s3, 1 / s3, 1 / s3, s2, -s3, -1 / s2, -1 / s2, 1.0, -1.0]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-5)
+
+
+def test_pooled_uses_one_baseline_over_all_roles_of_the_group():
+    rewards, groups, roles = _example_group()
+    adv, m = ADVANTAGES.get("pooled")(rewards, groups, roles)
+    # group 0: mu = 4/7 over 7 rows
+    expected = [3 / 7] * 4 + [-4 / 7] * 3 + [0.25, -0.25]
+    assert adv.tolist() == pytest.approx(expected, abs=1e-6)
+    assert m["n_cells"] == 2
+    adv_std, _ = ADVANTAGES.get("pooled_std")(rewards, groups, roles, eps=0.0)
+    # std = sqrt(4/7 * 3/7) = sqrt(12)/7 -> 3/sqrt(12) = sqrt(3)/2, -4/sqrt(12)
+    expected_std = [math.sqrt(3) / 2] * 4 + [-4 / math.sqrt(12)] * 3 + [1.0, -1.0]
+    assert adv_std.tolist() == pytest.approx(expected_std, abs=1e-5)
+
+
+def test_invalid_rows_are_excluded_from_the_baseline_and_get_zero():
+    rewards, groups, roles = _example_group()
+    # an unscored trajectory in group 0 with 2 act rows and 1 rehearse row; its reward is NaN
+    rewards = torch.cat([rewards, torch.tensor([float("nan")] * 3)])
+    groups = torch.cat([groups, torch.tensor([0, 0, 0])])
+    roles = torch.cat([roles, torch.tensor([ACT, ACT, REH])])
+    valid = torch.tensor([True] * 9 + [False] * 3)
+    for name in ADVANTAGES:
+        adv, m = ADVANTAGES.get(name)(rewards, groups, roles, valid)
+        ref, _ = ADVANTAGES.get(name)(rewards[:9], groups[:9], roles[:9])
+        assert torch.isfinite(adv).all(), name
+        assert adv[9:].tolist() == [0.0, 0.0, 0.0], name
+        assert torch.allclose(adv[:9], ref), name
+        assert m["n_invalid_rows"] == 3 and m["n_valid_rows"] == 9
+
+
+def test_constant_or_singleton_cells_give_zero_advantage_not_nan():
+    rewards = torch.tensor([1.0, 1.0, 0.3])
+    groups = torch.tensor([0, 0, 1])
+    roles = torch.tensor([ACT, ACT, REH])
+    for name in ADVANTAGES:
+        adv, m = ADVANTAGES.get(name)(rewards, groups, roles)
+        assert adv.tolist() == [0.0, 0.0, 0.0], name
+        assert m["adv_zero_frac"] == 1.0
+
+
+def test_a_cell_with_only_invalid_rows_and_an_empty_batch():
+    adv, m = ADVANTAGES.get("rolewise")(torch.tensor([0.7, 0.2]), torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([True, False]))
+    assert adv.tolist() == [0.0, 0.0] and m["n_cells"] == 1
+    empty = torch.zeros(0)
+    adv, m = ADVANTAGES.get("rolewise_std")(empty, empty.long(), empty.long())
+    assert adv.shape == (0,) and m["n_valid_rows"] == 0
+
+
+def test_advantage_inputs_must_share_one_shape():
+    with pytest.raises(ValueError, match="roles"):
+        ADVANTAGES.get("rolewise")(torch.zeros(3), torch.zeros(3, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+
+
+def _loop_advantages(rewards, groups, roles, valid, by_role, scale, eps):
+    """Readable reference: dictionaries of lists, one row at a time."""
+    cells: dict[tuple, list[float]] = {}
+    for r, g, ro, v in zip(rewards.tolist(), groups.tolist(), roles.tolist(), valid.tolist()):
+        if v:
+            cells.setdefault((g, ro) if by_role else (g,), []).append(r)
+    out = []
+    for r, g, ro, v in zip(rewards.tolist(), groups.tolist(), roles.tolist(), valid.tolist()):
+        if not v:
+            out.append(0.0)
+            continue
+        xs = cells[(g, ro) if by_role else (g,)]
+        mu = sum(xs) / len(xs)
+        a = r - mu
+        if scale:
+            std = math.sqrt(sum((x - mu) ** 2 for x in xs) / len(xs))
+            a = a / (std + eps)
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("name,by_role,scale", [("rolewise", True, False), ("rolewise_std", True, True), ("pooled", False, False), ("pooled_std", False, True)])
+def test_vectorised_advantages_match_the_loop_reference(name, by_role, scale):
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n = int(torch.randint(1, 60, (1,), generator=g))
+        rewards = torch.randint(0, 3, (n,), generator=g).double() / 2  # ties are common, as with 0/1 rewards
+        groups = torch.randint(0, 5, (n,), generator=g) * 7  # non-contiguous group ids
+        roles = torch.randint(0, 3, (n,), generator=g)
+        valid = torch.rand(n, generator=g, dtype=torch.float64) > 0.2
+        adv, _ = ADVANTAGES.get(name)(rewards, groups, roles, valid, eps=1e-6)
+        assert adv.tolist() == pytest.approx(_loop_advantages(rewards, groups, roles, valid, by_role, scale, 1e-6), abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- policy loss
+
+
+def _clip_case():
+    """Row 0 has A=+1, row 1 has A=-1; token ratios are [1.5, 0.5] in both rows; eps = 0.2.
+    Per-token loss -min(rho*A, clip(rho)*A):
+      row 0: rho=1.5 -> -1.2 (clipped, no grad); rho=0.5 -> -0.5 (unclipped, d/dlogp = -0.5)
+      row 1: rho=1.5 -> +1.5 (unclipped, d/dlogp = +1.5); rho=0.5 -> +0.8 (clipped, no grad)
+    A third, masked token with a wild ratio must change nothing."""
+    old = torch.log(torch.tensor([[0.2, 0.4, 0.5], [0.2, 0.4, 0.5]]))
+    new = torch.log(torch.tensor([[0.3, 0.2, 0.9999], [0.3, 0.2, 1e-9]]))
+    logp = new.clone().requires_grad_(True)
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]], dtype=torch.bool)
+    return logp, old, adv, mask
+
+
+def test_clipped_surrogate_hand_values_and_gradients():
+    logp, old, adv, mask = _clip_case()
+    loss, m = policy_loss(logp, old, adv, mask, clip_eps=0.2)
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 1.5 + 0.8) / 4, abs=1e-6)  # 0.15
+    loss.backward()
+    expected_grad = [[0.0, -0.5 / 4, 0.0], [1.5 / 4, 0.0, 0.0]]
+    assert logp.grad.flatten().tolist() == pytest.approx(sum(expected_grad, []), abs=1e-6)
+    assert m["clip_frac"] == pytest.approx(0.5)
+    assert m["ratio_mean"] == pytest.approx(1.0)
+    assert m["ratio_max"] == pytest.approx(1.5)
+    # k3 of KL(old||new): (1.5 - 1 - ln 1.5) = 0.0945349, (0.5 - 1 + ln 2) = 0.1931472
+    assert m["approx_kl"] == pytest.approx((0.0945349 + 0.1931472) / 2, abs=1e-6)
+    assert m["n_tokens"] == 4
+
+
+def test_clip_higher_widens_only_the_upper_bound():
+    logp, old, adv, mask = _clip_case()
+    loss, m = policy_loss(logp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.6)
+    # row 0 token 0: rho = 1.5 < 1.6 is no longer clipped: -1.5 instead of -1.2
+    assert loss.item() == pytest.approx((-1.5 - 0.5 + 1.5 + 0.8) / 4, abs=1e-6)
+    assert m["clip_frac"] == pytest.approx(0.25)
+
+
+def test_token_mean_and_seq_mean_weigh_rows_differently():
+    logp, old, adv, _ = _clip_case()
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)  # row 1 keeps one token
+    tok, _ = policy_loss(logp, old, adv, mask, agg="token_mean")
+    seq, _ = policy_loss(logp, old, adv, mask, agg="seq_mean")
+    assert tok.item() == pytest.approx((-1.2 - 0.5 + 1.5) / 3, abs=1e-6)  # -0.0666...
+    assert seq.item() == pytest.approx(((-1.2 - 0.5) / 2 + 1.5 / 1) / 2, abs=1e-6)  # 0.325
+
+
+def test_zero_advantage_gives_zero_loss_and_zero_gradient():
+    logp, old, _, mask = _clip_case()
+    loss, _ = policy_loss(logp, old, torch.zeros(2), mask)
+    loss.backward()
+    assert loss.item() == 0.0 and logp.grad.abs().sum().item() == 0.0
+
+
+def test_on_policy_gradient_is_minus_advantage_over_token_count():
+    # ratio = 1 everywhere: d loss / d logp = -A / n_tokens on every unmasked token
+    logp = torch.full((2, 3), -1.0, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    loss, m = policy_loss(logp, logp.detach().clone(), torch.tensor([2.0, -1.0]), mask)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-0.5, -0.5, -0.5, 0.25, 0.0, 0.0])
+    assert m["clip_frac"] == 0.0 and m["approx_kl"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+def test_micro_batch_losses_with_the_batch_normalizer_sum_to_the_full_batch_loss(agg):
+    g = torch.Generator().manual_seed(1)
+    rows, T = 6, 7
+    logp0 = -torch.rand(rows, T, generator=g) * 3
+    old = logp0 + 0.3 * torch.randn(rows, T, generator=g)
+    adv = torch.randn(rows, generator=g)
+    lengths = torch.tensor([7, 1, 4, 0, 5, 2])  # one empty row
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+
+    full_logp = logp0.clone().requires_grad_(True)
+    full, _ = policy_loss(full_logp, old, adv, mask, agg=agg)
+    full.backward()
+
+    parts = [slice(0, 2), slice(2, 3), slice(3, 6)]
+    norm = sum(loss_normalizer(mask[s], agg) for s in parts)
+    assert norm == loss_normalizer(mask, agg) == (19.0 if agg == "token_mean" else 5.0)  # 7+1+4+0+5+2 tokens, 5 non-empty rows
+    acc_logp = logp0.clone().requires_grad_(True)
+    total = 0.0
+    for s in parts:
+        part, _ = policy_loss(acc_logp[s], old[s], adv[s], mask[s], agg=agg, normalizer=norm)
+        part.backward()
+        total += part.item()
+    assert total == pytest.approx(full.item(), abs=1e-6)
+    assert torch.allclose(acc_logp.grad, full_logp.grad, atol=1e-7)
+    # without the batch normalizer the micro-batch means do NOT add up (the trap the normalizer avoids)
+    naive = sum(policy_loss(logp0[s], old[s], adv[s], mask[s], agg=agg)[0].item() for s in parts)
+    assert naive != pytest.approx(full.item(), abs=1e-3)
+
+
+def _loop_policy_loss(logp, old, adv, mask, eps, eps_high, agg):
+    """Readable reference: one token at a time."""
+    row_means, tok_sum, n_tok = [], 0.0, 0
+    for i in range(logp.shape[0]):
+        s, n = 0.0, 0
+        for t in range(logp.shape[1]):
+            if not mask[i, t]:
+                continue
+            rho = math.exp(logp[i, t].item() - old[i, t].item())
+            a = adv[i].item()
+            obj = min(rho * a, min(max(rho, 1 - eps), 1 + eps_high) * a)
+            s += -obj
+            n += 1
+        tok_sum += s
+        n_tok += n
+        if n:
+            row_means.append(s / n)
+    if agg == "token_mean":
+        return tok_sum / max(n_tok, 1)
+    return sum(row_means) / max(len(row_means), 1)
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean"])
+def test_vectorised_policy_loss_matches_the_loop_reference(agg):
+    g = torch.Generator().manual_seed(2)
+    for _ in range(10):
+        rows, T = int(torch.randint(1, 6, (1,), generator=g)), int(torch.randint(1, 9, (1,), generator=g))
+        logp = -torch.rand(rows, T, generator=g, dtype=torch.float64) * 2
+        old = logp + 0.5 * torch.randn(rows, T, generator=g, dtype=torch.float64)
+        adv = torch.randn(rows, generator=g, dtype=torch.float64)
+        mask = torch.rand(rows, T, generator=g) > 0.3
+        loss, _ = policy_loss(logp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28, agg=agg)
+        assert loss.item() == pytest.approx(_loop_policy_loss(logp, old, adv, mask, 0.2, 0.28, agg), abs=1e-10)
+
+
+def test_policy_loss_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="adv"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="mask"):
+        policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.ones(2, 2))
+
+
+def test_aggregate_rejects_a_non_positive_normalizer_and_unknown_names():
+    with pytest.raises(ValueError, match="normalizer"):
+        aggregate(torch.ones(1, 2), torch.ones(1, 2), "token_mean", normalizer=0.0)
+    with pytest.raises(UnknownNameError, match="seq_mean, token_mean"):
+        aggregate(torch.ones(1, 2), torch.ones(1, 2), "sum")
+
+
+# ---------------------------------------------------------------------------------------------- KL, SFT, log-probs
+
+
+def test_k3_hand_values():
+    logp = torch.log(torch.tensor([[0.5, 0.2, 0.4]]))
+    ref = torch.log(torch.tensor([[0.5, 0.4, 0.2]]))
+    # d = ref - logp: 0 -> 0;  ln 2 -> 2 - ln2 - 1 = 0.3068528;  -ln 2 -> 0.5 + ln2 - 1 = 0.1931472
+    assert kl_k3(logp, ref)[0].tolist() == pytest.approx([0.0, 0.3068528, 0.1931472], abs=1e-6)
+
+
+def test_k3_is_non_negative_and_its_gradient_vanishes_at_the_reference():
+    g = torch.Generator().manual_seed(3)
+    logp = torch.randn(4, 5, generator=g).requires_grad_(True)
+    ref = torch.randn(4, 5, generator=g)
+    assert (kl_k3(logp, ref) >= 0).all()
+    at_ref = ref.clone().requires_grad_(True)
+    kl_k3(at_ref, ref).sum().backward()
+    assert at_ref.grad.abs().max().item() == 0.0
+
+
+def test_sft_loss_is_masked_negative_log_likelihood():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.9], [0.125, 0.9, 0.9]])).requires_grad_(True)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    loss, m = sft_loss(logp, mask)
+    # (ln 2 + ln 4 + ln 8) / 3 = 6 ln2 / 3 = 2 ln 2
+    assert loss.item() == pytest.approx(2 * math.log(2), abs=1e-6)
+    assert m["n_tokens"] == 3 and m["nll"] == pytest.approx(2 * math.log(2), abs=1e-6)
+    seq, _ = sft_loss(logp, mask, agg="seq_mean")
+    assert seq.item() == pytest.approx(((math.log(2) + math.log(4)) / 2 + math.log(8)) / 2, abs=1e-6)
+
+
+def test_token_logprobs_matches_log_softmax_gather_in_any_chunking():
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(3, 4, 11, generator=g)
+    targets = torch.randint(0, 11, (3, 4), generator=g)
+    ref = torch.log_softmax(logits, -1).gather(-1, targets[..., None])[..., 0]
+    for chunk in (1, 2, 5):
+        assert torch.allclose(token_logprobs(logits, targets, chunk_rows=chunk), ref, atol=1e-6)
+    # bf16 logits are upcast; an ignore index (-100) does not crash
+    out = token_logprobs(logits.bfloat16(), targets.masked_fill(targets == targets[0, 0], -100))
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    # hand value: uniform logits over 4 tokens -> ln(1/4)
+    assert token_logprobs(torch.zeros(1, 1, 4), torch.tensor([[2]])).item() == pytest.approx(-math.log(4))
+
+
+def test_token_logprobs_gradient_flows_to_the_logits():
+    logits = torch.zeros(1, 1, 4, requires_grad=True)
+    token_logprobs(logits, torch.tensor([[2]])).sum().backward()
+    # d log softmax_2 / d z = onehot(2) - softmax = [-0.25, -0.25, 0.75, -0.25]
+    assert logits.grad[0, 0].tolist() == pytest.approx([-0.25, -0.25, 0.75, -0.25])
+
