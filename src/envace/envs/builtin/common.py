@@ -1,0 +1,373 @@
+"""Shared machinery of the built-in environments: the ``@tool`` decorator, the :class:`ToolEnv` base class,
+the :class:`TaskBuilder` that turns a scripted episode into a :class:`~envace.types.Task`, the split logic and
+:func:`check_rule` for checklist rules.
+
+A domain is a :class:`ToolEnv` subclass whose tools are methods decorated with ``@tool``; the ToolSpecs the
+model sees are derived from those decorators, and ``_execute`` calls the bound method with the (already
+schema-validated) arguments as keywords. Nothing is ever evaluated. The whole state is one JSON dict
+(``self.s``), deep-copied from ``task.env_config``, so a fresh environment of a task always starts the same.
+
+Task generation runs the gold calls on a live environment while the episode is scripted, so gold replies,
+expected outputs and references quote real observations, and every gold call is known to behave as intended
+(succeed, or fail where the template says it should).
+"""
+from __future__ import annotations
+
+import copy
+import posixpath
+import random
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...registry import Registry
+from ...types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, dumps, is_error_obs
+from ..base import Environment, Score, ToolError, replay
+
+SPLITS: tuple[str, ...] = ("train", "test")
+DEFAULT_N = 2000  # tasks a suite returns when n is None
+INDEX_SPACE = 1_000_000  # task indices of one split; seed > 0 samples n of them
+TEST_SHARE = 5  # one in TEST_SHARE parameter combinations belongs to the test split, the rest to train
+MONEY_RE = re.compile(r"\$\d+(?:\.\d+)?")
+MAX_ATTEMPTS = 200  # sub-seeds tried per task index before giving up (never reached in practice)
+
+
+# ----------------------------------------------------------------------------------------------- tools
+
+
+def tool(description: str, parameters: dict[str, dict[str, Any]] | None = None, optional: tuple[str, ...] = (), mutates: bool = False):
+    """Mark a method as a tool. ``parameters`` maps argument names to JSON schemas; every argument not in
+    ``optional`` is required, and no other argument is allowed. ``mutates`` says whether the tool can change
+    the state (read-only tasks forbid these tools in their checklists)."""
+    props = dict(parameters or {})
+    unknown = set(optional) - set(props)
+    if unknown:
+        raise ValueError(f"optional names unknown parameters: {sorted(unknown)}")
+    schema: dict[str, Any] = {"type": "object", "properties": props, "required": [k for k in props if k not in optional], "additionalProperties": False}
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.__tool__ = (ToolSpec(name=fn.__name__, description=description, parameters=schema), mutates)  # type: ignore[attr-defined]
+        return fn
+
+    return deco
+
+
+class ToolEnv(Environment):
+    """An environment whose tools are ``@tool`` methods and whose state is the JSON dict ``self.s``."""
+
+    domain: str = ""
+    system_prompt: str = ""
+    _specs: dict[str, ToolSpec] = {}
+    _mutating: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        specs: dict[str, ToolSpec] = {}
+        mutating = set()
+        for klass in reversed(cls.__mro__):
+            for name, fn in vars(klass).items():
+                meta = getattr(fn, "__tool__", None)
+                if meta is not None:
+                    specs[name] = meta[0]
+                    if meta[1]:
+                        mutating.add(name)
+        cls._specs, cls._mutating = specs, frozenset(mutating)
+
+    def __init__(self, task: Task):
+        super().__init__(task)
+        self.s: dict[str, Any] = copy.deepcopy(task.env_config)
+
+    @classmethod
+    def tool_specs(cls) -> list[ToolSpec]:
+        """The domain's tools in definition order (fresh copies: callers may not alter the class's specs)."""
+        return [copy.deepcopy(s) for s in cls._specs.values()]
+
+    @classmethod
+    def mutating_tools(cls) -> list[str]:
+        return [n for n in cls._specs if n in cls._mutating]
+
+    def _execute(self, call: ToolCall) -> Any:
+        if call.name not in self._specs:  # the task offered a tool this domain does not implement
+            raise ToolError(f"tool {call.name!r} is not implemented here")
+        return getattr(self, call.name)(**call.arguments)
+
+    def state(self) -> dict[str, Any]:
+        return copy.deepcopy(self.s)
+
+    def outcome_state(self) -> dict[str, Any]:
+        """The part of the state that decides success. Defaults to the whole state; domains drop generated ids
+        and counters so that the same effects in another order (two transfers swapped) still count."""
+        return self.state()
+
+    def score(self, traj: Trajectory) -> Score:
+        """Success = this env's outcome state equals the one after replaying the gold actions in a fresh env,
+        and every expected output appears (case-insensitively) in the text replies."""
+        gold_env, _ = replay(self.task, self.task.flat_gold())
+        want, got = gold_env.outcome_state(), self.outcome_state()
+        gold_env.close()
+        diffs = json_diff(want, got)
+        text = "\n".join(traj.replies()).lower()
+        missing = [o for o in self.task.expected_outputs if o.lower() not in text]
+        success = not diffs and not missing
+        details = {"state_match": not diffs, "state_diff": diffs[:10], "n_state_diff": len(diffs), "missing_outputs": missing}
+        return Score(success=success, reward=1.0 if success else 0.0, details=details)
+
+
+def json_diff(want: Any, got: Any, path: str = "$") -> list[str]:
+    """Human-readable differences between two JSON values: ``"$.accounts.rent.balance_cents: want 100, got 80"``."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        out: list[str] = []
+        for k in sorted(set(want) | set(got), key=str):
+            if k not in got:
+                out.append(f"{path}.{k}: missing (want {_short(want[k])})")
+            elif k not in want:
+                out.append(f"{path}.{k}: unexpected {_short(got[k])}")
+            else:
+                out.extend(json_diff(want[k], got[k], f"{path}.{k}"))
+        return out
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        return [d for i, (a, b) in enumerate(zip(want, got)) for d in json_diff(a, b, f"{path}[{i}]")]
+    if want != got:
+        return [f"{path}: want {_short(want)}, got {_short(got)}"]
+    return []
+
+
+def _short(x: Any, n: int = 120) -> str:
+    s = dumps(x)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+# ------------------------------------------------------------------------------------------ small helpers
+
+
+def cents(amount: float) -> int:
+    return int(round(float(amount) * 100))
+
+
+def money(c: int) -> str:
+    """Cents as the dollar string used in observations and replies: 14250 -> "142.50"."""
+    sign = "-" if c < 0 else ""
+    c = abs(c)
+    return f"{sign}{c // 100}.{c % 100:02d}"
+
+
+def norm_path(path: str) -> str:
+    if not path.startswith("/"):
+        raise ToolError(f"path must be absolute (start with /): {path!r}")
+    p = posixpath.normpath(path)
+    return "/" if p.startswith("//") else p
+
+
+# ------------------------------------------------------------------------------------------ checklist
+
+
+def check_rule(rule: dict[str, Any], traj: Trajectory) -> bool:
+    """Evaluate one machine checklist rule against a trajectory.
+
+    ``called`` (a call of ``tool`` whose arguments include ``arguments``), ``not_called``, ``reply_contains``
+    (case-insensitive, any text reply) and ``max_calls`` (total calls <= n)."""
+    kind = rule.get("type")
+    calls = traj.calls()
+    if kind == "called":
+        want = rule.get("arguments") or {}
+        return any(c.name == rule["tool"] and all(k in c.arguments and c.arguments[k] == v for k, v in want.items()) for c in calls)
+    if kind == "not_called":
+        return all(c.name != rule["tool"] for c in calls)
+    if kind == "reply_contains":
+        return any(rule["text"].lower() in r.lower() for r in traj.replies())
+    if kind == "max_calls":
+        return len(calls) <= int(rule["n"])
+    raise ValueError(f"unknown checklist rule type {kind!r}; valid: called, not_called, reply_contains, max_calls")
+
+
+# ------------------------------------------------------------------------------------------ task building
+
+
+class GenerationError(RuntimeError):
+    """A template drew parameters it cannot use (the generator moves on to the next sub-seed)."""
+
+
+class TaskBuilder:
+    """Scripts one episode against a live environment and turns it into a Task.
+
+    ``user(text)`` opens a turn; ``call(name, **args)`` runs a gold call and returns its observation (it must
+    succeed unless ``fails=True``, and then it must fail); ``reply(text, expect=...)`` closes the turn with the
+    gold reply and the facts the agent's replies must contain.
+    """
+
+    def __init__(self, env_cls: type[ToolEnv], config: dict[str, Any], rng: random.Random):
+        self.env_cls = env_cls
+        self.config = copy.deepcopy(config)
+        self.rng = rng
+        self.tools = env_cls.tool_specs()
+        self.env = env_cls(self._task("draft", "train"))
+        self.user_turns: list[str] = []
+        self.gold: list[list[ToolCall]] = []
+        self.replies: list[str] = []
+        self.expected: list[str] = []
+        # gold calls the checklist asks for, with the argument names that must match (None: all); failing
+        # gold calls are not required (the agent may find out another way)
+        self.required: list[tuple[ToolCall, tuple[str, ...] | None]] = []
+        self.checks: list[ChecklistItem] = []
+        self.extra_refs: list[ToolCall] = []  # plausible calls a template suggests as references
+
+    def _task(self, task_id: str, split: str) -> Task:
+        return Task(id=task_id, env=self.env_cls.domain, system_prompt=self.env_cls.system_prompt, user_turns=[], tools=self.tools, env_config=copy.deepcopy(self.config), split=split)
+
+    def user(self, text: str) -> None:
+        if len(self.replies) != len(self.user_turns):
+            raise RuntimeError("a turn must be closed with reply() before the next user() turn")
+        self.user_turns.append(text)
+        self.gold.append([])
+
+    def call(self, name: str, fails: bool = False, check_keys: tuple[str, ...] | None = None, **args: Any) -> Any:
+        c = ToolCall(name=name, arguments=args)
+        obs = self.env.call(c)
+        if is_error_obs(obs) != fails:
+            raise GenerationError(f"gold call {c.key()} gave {obs!r} (fails={fails})")
+        if fails and obs["error"]["kind"] != "tool_error":
+            raise GenerationError(f"gold call {c.key()} should fail as a tool_error, gave {obs!r}")
+        self.gold[-1].append(c)
+        if not fails:
+            self.required.append((c, check_keys))
+        return obs
+
+    def reply(self, text: str, expect: tuple[str, ...] | list[str] = ()) -> None:
+        if len(self.replies) != len(self.user_turns) - 1:
+            raise RuntimeError("reply() without an open user() turn")
+        self.replies.append(text)
+        for e in expect:
+            if e.lower() not in text.lower():
+                raise RuntimeError(f"gold reply {text!r} does not contain expected output {e!r}")
+            if e not in self.expected:
+                self.expected.append(e)
+
+    def suggest(self, name: str, **args: Any) -> None:
+        """Offer a plausible (non-gold) call as a reference candidate; it may fail (an error record)."""
+        self.extra_refs.append(ToolCall(name=name, arguments=args))
+
+    def check(self, description: str, rule: dict[str, Any] | None) -> None:
+        self.checks.append(ChecklistItem(description, rule))
+
+    def split_key(self, template: str) -> str:
+        """The parameter combination that decides the split: the template and the user's words with dollar
+        amounts blanked, so identical requests never land in both splits and an (accounts, phrasing) combo
+        of the test split is never seen in training with another amount."""
+        return template + "|" + MONEY_RE.sub("$#", "\n".join(self.user_turns))
+
+    def build(self, task_id: str, split: str, template: str) -> Task:
+        if not self.user_turns or len(self.replies) != len(self.user_turns):
+            raise RuntimeError("every user turn needs a gold reply")
+        task = self._task(task_id, split)
+        task.user_turns = list(self.user_turns)
+        task.gold_actions = [list(t) for t in self.gold]
+        task.gold_replies = list(self.replies)
+        task.expected_outputs = list(self.expected)
+        task.references = self._references(task, self.rng)
+        task.checklist = self._checklist()
+        flat = task.flat_gold()
+        read_only = not any(c.name in self.env_cls._mutating for c in flat)
+        task.metadata = {"template": template, "n_turns": len(self.user_turns), "n_gold_calls": len(flat), "read_only": read_only}
+        return task
+
+    def _references(self, task: Task, rng: random.Random) -> list[ReferenceExample]:
+        """1-3 real call -> result records, each run in a fresh env on the initial state: maybe a gold read
+        call, then plausible calls the template suggested (reads of other entities, an erroring call)."""
+        reads = [c for c, _ in self.required if c.name not in self.env_cls._mutating]
+        pool: list[ToolCall] = []
+        if reads and rng.random() < 0.6:
+            pool.append(rng.choice(reads))
+        extras = list(self.extra_refs)
+        rng.shuffle(extras)
+        pool.extend(extras)
+        if not pool:  # a mutating gold call as a last resort
+            pool.append(task.flat_gold()[0])
+        seen, chosen = set(), []
+        for c in pool:
+            if c.key() not in seen:
+                seen.add(c.key())
+                chosen.append(c)
+        chosen = chosen[: rng.randint(1, 3)]
+        refs = []
+        for c in chosen:
+            env = self.env_cls(task)
+            refs.append(ReferenceExample(call=ToolCall(c.name, dict(c.arguments)), result=env.call(c)))
+        return refs
+
+    def _checklist(self) -> list[ChecklistItem]:
+        items = []
+        seen = set()
+        for c, keys in self.required:
+            want = {k: v for k, v in c.arguments.items() if keys is None or k in keys}
+            key = ToolCall(c.name, want).key()
+            if key in seen:
+                continue
+            seen.add(key)
+            args = ", ".join(f"{k}={dumps(v)}" for k, v in want.items())
+            items.append(ChecklistItem(f"Calls {c.name}({args})", {"type": "called", "tool": c.name, "arguments": want}))
+        if not any(c.name in self.env_cls._mutating for t in self.gold for c in t):
+            for name in self.env_cls.mutating_tools():
+                items.append(ChecklistItem(f"Does not call {name} (the user only asked a question)", {"type": "not_called", "tool": name}))
+        for e in self.expected:
+            items.append(ChecklistItem(f"Tells the user {e!r}", {"type": "reply_contains", "text": e}))
+        items.extend(self.checks)
+        n = sum(len(t) for t in self.gold)
+        items.append(ChecklistItem(f"Uses at most {2 * n + 2} tool calls", {"type": "max_calls", "n": 2 * n + 2}))
+        return items
+
+
+# ------------------------------------------------------------------------------------------ domains and splits
+
+Template = Callable[[random.Random], TaskBuilder]
+
+
+@dataclass
+class Domain:
+    """A domain: its environment class and its task templates (name -> function of an rng)."""
+
+    env_cls: type[ToolEnv]
+    templates: Registry[Template] = field(default_factory=lambda: Registry("task template"))
+
+    @property
+    def name(self) -> str:
+        return self.env_cls.domain
+
+    def template(self, name: str) -> Callable[[Template], Template]:
+        return self.templates.register(name)
+
+    def make_task(self, split: str, index: int) -> Task:
+        """Task ``index`` of ``split``: a pure function of (domain, split, index). Sub-seeds are tried until a
+        template yields a task whose parameter combination belongs to the split."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+        names = self.templates.names()
+        for attempt in range(MAX_ATTEMPTS):
+            rng = random.Random(f"{self.name}/{split}/{index}/{attempt}")
+            template = rng.choice(names)
+            try:
+                b = self.templates.get(template)(rng)
+            except GenerationError:
+                continue
+            if split_of(b.split_key(template)) != split:
+                continue
+            return b.build(f"{self.name}-{split}-{index:06d}", split, template)
+        raise RuntimeError(f"could not generate {self.name} task {split}/{index} in {MAX_ATTEMPTS} attempts")
+
+    def load(self, spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        return [self.make_task(split, i) for i in split_indices(n, seed)]
+
+
+def split_of(key: str) -> str:
+    """The split a parameter combination belongs to (stable across runs and Python versions)."""
+    return "test" if zlib.crc32(key.encode("utf-8")) % TEST_SHARE == 0 else "train"
+
+
+def split_indices(n: int | None, seed: int) -> list[int]:
+    """Which task indices a suite returns: 0..n-1 for seed 0, else n indices sampled with the seed."""
+    n = DEFAULT_N if n is None else int(n)
+    if n < 0 or n > INDEX_SPACE:
+        raise ValueError(f"n must be in [0, {INDEX_SPACE}], got {n}")
+    if seed == 0:
+        return list(range(n))
+    return random.Random(f"indices/{seed}").sample(range(INDEX_SPACE), n)
