@@ -8,8 +8,9 @@ import json
 import pytest
 
 from envace.envs import ENVS, SUITES, check_env, load_tasks, make_env, replay
-from envace.envs.builtin import DEFAULT_N, DOMAINS, BankEnv, FilesEnv, ShopEnv, check_rule, make_task
+from envace.envs.builtin import DEFAULT_N, DOMAINS, BankEnv, FilesEnv, ShopEnv, make_task
 from envace.envs.builtin.common import MONEY_RE, split_of
+from envace.rewards import check_rule
 from envace.types import Step, Task, ToolCall, Trajectory, is_error_obs
 
 DOMAIN_NAMES = ["bank", "shop", "files"]

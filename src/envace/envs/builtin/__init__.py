@@ -13,7 +13,7 @@ from __future__ import annotations
 from ...types import Task
 from ..base import ENVS, SUITES
 from .bank import BANK, BankEnv
-from .common import DEFAULT_N, SPLITS, Domain, TaskBuilder, ToolEnv, check_rule, split_indices, tool
+from .common import DEFAULT_N, SPLITS, Domain, TaskBuilder, ToolEnv, split_indices, tool
 from .files import FILES, FilesEnv
 from .shop import SHOP, ShopEnv
 
@@ -37,4 +37,4 @@ for _name, _domain in DOMAINS.items():
 SUITES.add("builtin", load_mix)
 
 __all__ = ["BankEnv", "ShopEnv", "FilesEnv", "ToolEnv", "Domain", "TaskBuilder", "DOMAINS", "SPLITS", "DEFAULT_N",
-           "check_rule", "load_mix", "make_task", "tool"]
+           "load_mix", "make_task", "tool"]

@@ -1,6 +1,7 @@
 """Shared machinery of the built-in environments: the ``@tool`` decorator, the :class:`ToolEnv` base class,
-the :class:`TaskBuilder` that turns a scripted episode into a :class:`~envace.types.Task`, the split logic and
-:func:`check_rule` for checklist rules.
+the :class:`TaskBuilder` that turns a scripted episode into a :class:`~envace.types.Task`, and the split logic.
+Checklist rules (``called`` / ``not_called`` / ``reply_contains`` / ``max_calls``) are produced here and
+checked by :func:`envace.rewards.check_rule`.
 
 A domain is a :class:`ToolEnv` subclass whose tools are methods decorated with ``@tool``; the ToolSpecs the
 model sees are derived from those decorators, and ``_execute`` calls the bound method with the (already
@@ -157,28 +158,6 @@ def norm_path(path: str) -> str:
         raise ToolError(f"path must be absolute (start with /): {path!r}")
     p = posixpath.normpath(path)
     return "/" if p.startswith("//") else p
-
-
-# ------------------------------------------------------------------------------------------ checklist
-
-
-def check_rule(rule: dict[str, Any], traj: Trajectory) -> bool:
-    """Evaluate one machine checklist rule against a trajectory.
-
-    ``called`` (a call of ``tool`` whose arguments include ``arguments``), ``not_called``, ``reply_contains``
-    (case-insensitive, any text reply) and ``max_calls`` (total calls <= n)."""
-    kind = rule.get("type")
-    calls = traj.calls()
-    if kind == "called":
-        want = rule.get("arguments") or {}
-        return any(c.name == rule["tool"] and all(k in c.arguments and c.arguments[k] == v for k, v in want.items()) for c in calls)
-    if kind == "not_called":
-        return all(c.name != rule["tool"] for c in calls)
-    if kind == "reply_contains":
-        return any(rule["text"].lower() in r.lower() for r in traj.replies())
-    if kind == "max_calls":
-        return len(calls) <= int(rule["n"])
-    raise ValueError(f"unknown checklist rule type {kind!r}; valid: called, not_called, reply_contains, max_calls")
 
 
 # ------------------------------------------------------------------------------------------ task building
