@@ -119,3 +119,43 @@ def pad_rows(values: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
     lens = torch.tensor([v.shape[0] for v in vals], device=out.device)
     mask = torch.arange(out.shape[1], device=out.device)[None, :] < lens[:, None]  # (rows, T)
     return out, mask
+
+
+LossFn = Any  # (logp (rows,T), mask (rows,T), row_indices list[int], normalizer float) -> (loss, metrics)
+
+
+def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn, *, agg: str, micro_batch_tokens: int, temperatures: dict[str, float], max_grad_norm: float, bf16: bool = False) -> dict[str, float]:
+    """One optimizer step over ``rows``: packed micro-batches, gradient accumulation, clipping, step.
+
+    The loss of every micro-batch is divided by the whole batch's normalizer (algos.loss_normalizer semantics:
+    completion tokens for token_mean, rows for seq_mean), so the accumulated gradient is the full-batch one.
+    """
+    if not rows:
+        return {}
+    normalizer = float(sum(len(r.completion_ids) for r in rows)) if agg == "token_mean" else float(sum(1 for r in rows if r.completion_ids))
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, float] = {}
+    n_mb = 0
+    for mb in micro_batches(pack_rows(rows), micro_batch_tokens):
+        lp = completion_logprobs(model, mb, rows, temperatures, bf16=bf16)
+        idxs = sorted(lp)
+        logp, mask = pad_rows([lp[i] for i in idxs])
+        loss, m = loss_fn(logp, mask, idxs, normalizer)
+        loss.backward()
+        n_mb += 1
+        for k, v in m.items():
+            if k.endswith("_max"):
+                sums[k] = max(sums.get(k, float("-inf")), float(v))
+            else:
+                sums[k] = sums.get(k, 0.0) + float(v) * (float(m.get("n_tokens", 1.0)) if k != "n_tokens" else 1.0)
+    n_tok = sums.get("n_tokens", 0.0) or 1.0
+    metrics = {k: (v / n_tok if (k != "n_tokens" and not k.endswith("_max")) else v) for k, v in sums.items()}
+    params = [p for p in model.parameters() if p.requires_grad]
+    gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    metrics["grad_norm"] = float(gn)
+    metrics["micro_batches"] = float(n_mb)
+    return metrics

@@ -1,0 +1,214 @@
+"""The ``envace`` command line.
+
+    envace demo                      SFT warm-up -> EnvACE training -> before/after evaluation (embedded defaults)
+    envace sft   [--config F] [--set key=value ...]
+    envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set rollout.group_size=4
+    envace eval  --model M --suite S [--split test] [-n 20] [--samples 1]
+    envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
+    envace tasks --suite S [--split test] [-n 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+def _common_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted for nested: rollout.group_size=4)")
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from .config import SFTConfig, load_config
+    from .sft import sft
+
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    res = sft(cfg)
+    last = res.metrics[-1] if res.metrics else {}
+    print(f"SFT done: {len(res.metrics)} steps, final nll {last.get('sft/nll', float('nan')):.3f}; checkpoint: {res.checkpoint}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .config import TrainConfig, load_config
+    from .trainer import train
+
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    res = train(cfg)
+    print(f"training done at step {res.step}; checkpoint: {res.checkpoint}; metrics: {os.path.join(res.out_dir, 'metrics.jsonl')}")
+    return 0
+
+
+def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0, max_steps: int = 8) -> Any:
+    from .backends.hf import HFBackend
+    from .envs import load_tasks
+    from .evaluation import evaluate
+    from .models import load
+    from .rollout import RolloutConfig
+    from .backends.base import SamplingParams
+
+    m, tok = load(model)
+    tasks = load_tasks(suite, split, n=n, seed=seed)
+    rc = RolloutConfig(mode="real", max_steps=max_steps, act=SamplingParams(temperature=0.0 if samples == 1 else 0.7, max_new_tokens=160), seed=seed, progress=True)
+    return evaluate(HFBackend(m, tok), tasks, samples=samples, rollout=rc)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluation import save_result
+
+    res = _eval(args.model, args.suite, args.split, args.n, args.samples, args.seed)
+    print(res.table())
+    if args.out:
+        save_result(res, args.out)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from .backends.base import SamplingParams
+    from .backends.hf import HFBackend
+    from .envs import load_tasks
+    from .models import load
+    from .rollout import RolloutConfig, RolloutEngine, format_trajectory
+    from .types import write_jsonl
+
+    m, tok = load(args.model)
+    tasks = load_tasks(args.suite, args.split, n=args.n, seed=args.seed)
+    cfg = RolloutConfig(mode=args.mode, group_size=args.k, max_steps=args.max_steps, seed=args.seed, shadow=args.shadow, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=args.max_new_tokens, stop=["</observation>"]))
+    extra = {}
+    if args.mode == "simulator":
+        extra["simulator"] = HFBackend(*load(args.simulator or args.model))
+    if args.mode == "per_role":
+        extra["rehearser"] = HFBackend(*load(args.rehearser or args.model))
+    t0 = time.perf_counter()
+    trajs = RolloutEngine(HFBackend(m, tok), cfg, **extra).run(tasks)
+    dt = time.perf_counter() - t0
+    if os.path.exists(args.out):
+        os.remove(args.out)
+    write_jsonl(args.out, trajs)
+    for t in trajs[: args.show]:
+        print(format_trajectory(t))
+        print()
+    n_tok = sum(len(r.completion_ids) for t in trajs for r in t.rows)
+    print(f"{len(trajs)} trajectories, {n_tok} generated tokens in {dt:.1f}s ({n_tok / dt:.1f} tok/s); wrote {args.out}")
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from .envs import load_tasks
+
+    for t in load_tasks(args.suite, args.split, n=args.n, seed=args.seed):
+        print(json.dumps(t.to_dict(), indent=1, ensure_ascii=False))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """SFT warm-up, EnvACE training, before/after evaluation on held-out tasks, as a table."""
+    from .config import SFTConfig, TrainConfig
+    from .models import DEFAULT_MODEL
+    from .rollout import RolloutConfig
+    from .backends.base import SamplingParams
+    from .sft import sft
+    from .trainer import train
+
+    out = args.out
+    quick = args.quick
+    t_start = time.perf_counter()
+    print(f"[demo] model {args.model}; output in {out}", flush=True)
+    print("[demo] 1/4 evaluating the untrained model on held-out tasks", flush=True)
+    before = _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1)
+    print("[demo] 2/4 SFT warm-up on gold trajectories", flush=True)
+    s = sft(SFTConfig(model=args.model, suite=args.suite, n_tasks=64 if quick else 256, steps=4 if quick else args.sft_steps, batch_tasks=8, lr=1e-4 if args.model == DEFAULT_MODEL else 1e-3, out_dir=os.path.join(out, "sft"), tensorboard=False))
+    print("[demo] 3/4 evaluating after SFT", flush=True)
+    mid = _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1)
+    print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
+    rc = RolloutConfig(group_size=4, max_steps=6, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=96, stop=["</observation>"]))
+    tr = train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1", iterations=2 if quick else args.rl_iterations, batch_tasks=2 if quick else 4, lr=2e-6, rollout=rc, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False))
+    after = _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1)
+    rows = [("untrained", before.metrics), ("after SFT", mid.metrics), ("after SFT + EnvACE", after.metrics)]
+    keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
+    print()
+    print(f"Held-out {args.suite} test tasks: {args.eval_tasks}, greedy, real environment")
+    print("| model | " + " | ".join(keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for name, m in rows:
+        print(f"| {name} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |")
+    print(f"\n[demo] total time {time.perf_counter() - t_start:.0f}s")
+    with open(os.path.join(out, "demo_results.json"), "w", encoding="utf-8") as f:
+        json.dump({name: m for name, m in rows}, f, indent=1)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="envace", description="EnvACE: world-rehearsal RL for tool-using LLM agents")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="SFT warm-up, EnvACE training and before/after evaluation on the embedded defaults")
+    d.add_argument("--model", default="SmolLM2-135M-Instruct")
+    d.add_argument("--suite", default="builtin")
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--eval-tasks", type=int, default=30)
+    d.add_argument("--sft-steps", type=int, default=60)
+    d.add_argument("--rl-iterations", type=int, default=8)
+    d.add_argument("--quick", action="store_true", help="a few steps of everything (smoke run)")
+    d.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("sft", help="supervised warm-up on gold trajectories")
+    _common_config_args(s)
+    s.set_defaults(fn=cmd_sft)
+
+    t = sub.add_parser("train", help="role-wise GRPO training (any variant)")
+    _common_config_args(t)
+    t.set_defaults(fn=cmd_train)
+
+    e = sub.add_parser("eval", help="evaluate a model in the real environment")
+    e.add_argument("--model", default="SmolLM2-135M-Instruct")
+    e.add_argument("--suite", default="builtin")
+    e.add_argument("--split", default="test")
+    e.add_argument("-n", type=int, default=20)
+    e.add_argument("--samples", type=int, default=1)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--out")
+    e.set_defaults(fn=cmd_eval)
+
+    r = sub.add_parser("rollout", help="roll out one batch and write the trajectories as JSON lines")
+    r.add_argument("--model", default="SmolLM2-135M-Instruct")
+    r.add_argument("--suite", default="builtin")
+    r.add_argument("--split", default="train")
+    r.add_argument("--mode", default="rehearsal")
+    r.add_argument("--simulator")
+    r.add_argument("--rehearser")
+    r.add_argument("-n", type=int, default=2)
+    r.add_argument("-k", type=int, default=4)
+    r.add_argument("--max-steps", type=int, default=4)
+    r.add_argument("--max-new-tokens", type=int, default=96)
+    r.add_argument("--shadow", action="store_true")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--show", type=int, default=2)
+    r.add_argument("--out", default="trajectories.jsonl")
+    r.set_defaults(fn=cmd_rollout)
+
+    k = sub.add_parser("tasks", help="print tasks of a suite")
+    k.add_argument("--suite", default="builtin")
+    k.add_argument("--split", default="train")
+    k.add_argument("-n", type=int, default=2)
+    k.add_argument("--seed", type=int, default=0)
+    k.set_defaults(fn=cmd_tasks)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, KeyError, FileNotFoundError, ImportError) as e:
+        print(f"envace {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""Typed configs (dataclasses, one docstring per field), loadable from YAML and overridable from the CLI.
+
+Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (see :data:`VARIANTS`);
+the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewise_std`` | ``pooled`` | ...).
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from .backends.base import SamplingParams
+from .registry import Registry
+from .rollout import RolloutConfig
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A method variant: rollout mode, which roles are trained, and whether Rehearse has its own model."""
+
+    mode: str
+    train_roles: tuple[str, ...]
+    doc: str
+
+
+VARIANTS: Registry[Variant] = Registry("variant")
+VARIANTS.add("envace", Variant("rehearsal", ("act", "rehearse"), "EnvACE: shared weights play Act and Rehearse; both trained"))
+VARIANTS.add("real_env", Variant("real", ("act",), "standard GRPO: real environment in the loop, Act only"))
+VARIANTS.add("simulator", Variant("simulator", ("act",), "external frozen simulator model answers; Act trained"))
+VARIANTS.add("per_role", Variant("per_role", ("act", "rehearse"), "two models, one per role, each trained on its own rows"))
+VARIANTS.add("caller_frozen", Variant("rehearsal", ("rehearse",), "rehearsal rollouts, only Rehearse trained"))
+VARIANTS.add("caller_only", Variant("rehearsal", ("act",), "rehearsal rollouts, Rehearse not trained"))
+
+
+@dataclass
+class TrainConfig:
+    """Role-wise GRPO training (METHOD.md section 2)."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    """Policy model: the embedded default, "tiny-random", a local HF folder or a cached HF id, or a checkpoint folder."""
+    suite: str = "builtin"
+    """Task suite for training (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
+    n_train_tasks: int | None = None
+    """How many training tasks to load (None: the suite's default)."""
+    variant: str = "envace"
+    """envace | real_env | simulator | per_role | caller_frozen | caller_only (envace.config.VARIANTS)."""
+    advantage: str = "rolewise"
+    """Baseline estimator (envace.algos.ADVANTAGES): rolewise (paper), rolewise_std, pooled, pooled_std."""
+    reward: Any = "gold_f1"
+    """Reward spec (envace.rewards): a name, or {name: weight}. "grounded" uses the real environment."""
+    iterations: int = 10
+    """Training iterations (one batch of B tasks x K trajectories each)."""
+    batch_tasks: int = 4
+    """B: tasks per iteration."""
+    lr: float = 1e-6
+    """AdamW learning rate, both roles (reference: 1e-6 for Qwen3-8B; small models need more)."""
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_eps: float = 0.2
+    """PPO clip range."""
+    loss_agg: str = "token_mean"
+    """Loss aggregation (envace.algos.AGGREGATIONS): token_mean (reference) or seq_mean."""
+    kl_coef: float = 0.0
+    """KL to the frozen initial model (k3); 0 = off (reference). 1e-4 if on."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens per micro-batch in the update (gradient accumulation over micro-batches)."""
+    lora_r: int = 0
+    """LoRA rank; 0 = full fine-tuning."""
+    lora_alpha: int = 32
+    bf16: bool = False
+    """bf16 autocast for rollouts and update."""
+    simulator_model: str | None = None
+    """Frozen model for the simulator variant (None: the initial policy weights)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    out_dir: str = "runs/train"
+    """Where metrics, trajectories and checkpoints go."""
+    save_every: int = 5
+    """Checkpoint every N iterations (and at the end)."""
+    keep_checkpoints: int = 2
+    seed: int = 0
+    tensorboard: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        from .algos import ADVANTAGES, AGGREGATIONS
+
+        v = VARIANTS.get(self.variant)
+        ADVANTAGES.get(self.advantage)
+        AGGREGATIONS.get(self.loss_agg)
+        if isinstance(self.rollout, dict):
+            self.rollout = from_dict(RolloutConfig, self.rollout)
+        self.rollout.mode = v.mode  # derived: the variant decides the rollout mode
+        self.rollout.__post_init__()
+        if self.iterations < 0 or self.batch_tasks < 1 or self.lr <= 0:
+            raise ValueError("iterations >= 0, batch_tasks >= 1 and lr > 0 are required")
+
+    @property
+    def train_roles(self) -> tuple[str, ...]:
+        return VARIANTS.get(self.variant).train_roles
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm-up on gold trajectories: Act rows on gold calls and replies, Rehearse rows on the real
+    environment's observations."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    suite: str = "builtin"
+    n_tasks: int = 256
+    """Gold trajectories to train on (training split)."""
+    steps: int = 60
+    """Optimizer steps."""
+    batch_tasks: int = 8
+    """Gold trajectories per step."""
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 8192
+    roles: tuple[str, ...] = ("act", "rehearse")
+    """Which roles' rows are trained."""
+    lora_r: int = 0
+    lora_alpha: int = 32
+    bf16: bool = False
+    out_dir: str = "runs/sft"
+    seed: int = 0
+    tensorboard: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.roles = tuple(self.roles)
+        if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0:
+            raise ValueError("steps >= 0, batch_tasks >= 1 and lr > 0 are required")
+
+
+def _coerce(tp: Any, value: Any) -> Any:
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return from_dict(tp, value)
+    origin = typing.get_origin(tp)
+    if tp in (int, float, str) and isinstance(value, str):
+        return tp(value)
+    if tp is bool and isinstance(value, str):
+        if value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"not a boolean: {value!r}")
+    if origin is typing.Union or str(origin) == "types.UnionType":
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if isinstance(value, str) and value.lower() in ("none", "null"):
+            return None
+        if len(args) == 1:
+            return _coerce(args[0], value)
+    if origin in (tuple, list) and isinstance(value, str):
+        return tuple(x for x in value.split(",") if x) if origin is tuple else [x for x in value.split(",") if x]
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def from_dict(cls: type, d: dict[str, Any]) -> Any:
+    """Build a config dataclass from a dict; unknown keys are an error that lists the valid ones."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; valid: {sorted(names)}")
+    return cls(**{k: _coerce(hints[k], v) for k, v in d.items()})
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``key=value`` overrides (dotted keys reach nested configs; values are parsed as YAML)."""
+    d = dict(d)
+    for ov in overrides:
+        if "=" not in ov:
+            raise ValueError(f"override {ov!r} is not key=value")
+        key, raw = ov.split("=", 1)
+        val = yaml.safe_load(raw)
+        node = d
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node[p] = dict(node.get(p) or {})
+            node = node[p]
+        node[parts[-1]] = val
+    return d
+
+
+def load_config(cls: type, path: str | None = None, overrides: list[str] | None = None) -> Any:
+    """A config from an optional YAML file plus ``key=value`` overrides."""
+    d: dict[str, Any] = {}
+    if path:
+        with open(path, encoding="utf-8") as f:
+            d = yaml.safe_load(f) or {}
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: a config file must hold a mapping")
+    d = apply_overrides(d, overrides or [])
+    if "rollout" in d and isinstance(d["rollout"], dict):
+        r = dict(d["rollout"])
+        for k in ("act", "rehearse"):
+            if isinstance(r.get(k), dict):
+                r[k] = from_dict(SamplingParams, r[k])
+        d["rollout"] = from_dict(RolloutConfig, r)
+    return from_dict(cls, d)

@@ -1,0 +1,125 @@
+"""SFT warm-up on gold trajectories (the 135M default cannot emit tool calls before it).
+
+Gold trajectories are produced by the rollout engine itself, in rehearsal mode, with a :class:`GoldTeacher`
+backend in place of the model: Act answers with the task's gold calls (one per step) and gold replies, and
+Rehearse answers with what the *real* environment returned for that call. The rows therefore have exactly the
+contexts that training and inference use: Act rows are trained on gold actions and final replies, Rehearse rows
+on real observations.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import algos
+from .backends.base import Backend, Generation, SamplingParams
+from .checkpoint import save_checkpoint
+from .config import SFTConfig, to_dict
+from .envs import load_tasks, make_env
+from .logging import MetricsLogger
+from .parsing import format_observation
+from .rollout import RolloutConfig, RolloutEngine
+from .types import Row, Task, Trajectory
+
+
+class GoldTeacher(Backend):
+    """Plays the gold script of each task. Sessions (``<traj id>/act`` or ``/rehearse``) identify the trajectory;
+    the trajectory id starts with its group id ``<prefix>:<task id>``."""
+
+    def __init__(self, tokenizer: Any, tasks: list[Task], default_reply: str = "Done."):
+        self.tokenizer = tokenizer
+        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.tasks = {t.id: t for t in tasks}
+        self.default_reply = default_reply
+        self._act: dict[str, list[str]] = {}
+        self._obs: dict[str, list[str]] = {}
+
+    def _script(self, task: Task) -> tuple[list[str], list[str]]:
+        acts, obs = [], []
+        env = make_env(task)
+        try:
+            for i, _ in enumerate(task.user_turns):
+                for call in task.gold_actions[i] if i < len(task.gold_actions) else []:
+                    acts.append(call.to_text())
+                    obs.append(format_observation(env.call(call)))
+                acts.append(task.gold_replies[i] if i < len(task.gold_replies) and task.gold_replies[i] else self.default_reply)
+        finally:
+            env.close()
+        return acts, obs
+
+    def _queue(self, session: str, kind: str) -> list[str]:
+        traj_id = session.rsplit("/", 1)[0]
+        store = self._act if kind == "act" else self._obs
+        if traj_id not in store:
+            task_id = traj_id.split(":", 1)[1].rsplit("/", 1)[0]
+            self._act[traj_id], self._obs[traj_id] = self._script(self.tasks[task_id])
+        return store[traj_id]
+
+    def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
+        out = []
+        for p, s in zip(prompts, sessions or [None] * len(prompts)):
+            if s is None:
+                raise ValueError("GoldTeacher needs session ids")
+            q = self._queue(s, "act" if s.endswith("/act") else "rehearse")
+            text = q.pop(0) if q else self.default_reply
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id]
+            out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="eos", prompt_tokens=len(p)))
+        return out
+
+
+def gold_trajectories(tokenizer: Any, tasks: list[Task], rollout: RolloutConfig | None = None) -> list[Trajectory]:
+    """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine."""
+    n_steps = max((sum(len(g) for g in t.gold_actions) + len(t.user_turns) for t in tasks), default=1)
+    cfg = rollout or RolloutConfig(mode="rehearsal", group_size=1, max_steps=n_steps + 1, max_steps_per_turn=n_steps + 1, max_context_tokens=1 << 20)
+    cfg.group_size = 1
+    return RolloutEngine(GoldTeacher(tokenizer, tasks), cfg).run(tasks, group_prefix="gold")
+
+
+@dataclass
+class SFTResult:
+    out_dir: str
+    checkpoint: str | None
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+def sft(cfg: SFTConfig) -> SFTResult:
+    """Supervised warm-up; writes a checkpoint folder usable as ``TrainConfig.model``."""
+    from .trainer import build_model, make_optimizer, seed_everything
+    from .update import optimizer_step
+
+    seed_everything(cfg.seed)
+    model, tok = build_model(cfg.model, cfg.lora_r, cfg.lora_alpha)
+    opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    tasks = load_tasks(cfg.suite, "train", n=cfg.n_tasks, seed=cfg.seed)
+    trajs = gold_trajectories(tok, tasks)
+    rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
+    logger = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard)
+    rng = np.random.default_rng(cfg.seed)
+    result = SFTResult(cfg.out_dir, None)
+
+    def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
+        return algos.sft_loss(logp, mask, "token_mean", normalizer)
+
+    order: list[int] = []
+    for step in tqdm(range(1, cfg.steps + 1), desc="sft", disable=not cfg.progress):
+        t0 = time.perf_counter()
+        if len(order) < cfg.batch_tasks:
+            order += rng.permutation(len(trajs)).tolist()
+        pick, order = order[: cfg.batch_tasks], order[cfg.batch_tasks :]
+        rows: list[Row] = [r for i in pick for r in rows_by_traj[i]]
+        m = optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=cfg.micro_batch_tokens, temperatures={}, max_grad_norm=cfg.max_grad_norm, bf16=cfg.bf16)
+        m = {f"sft/{k}": v for k, v in m.items()} | {"perf/step_s": time.perf_counter() - t0}
+        logger.log(step, m)
+        result.metrics.append({"step": step, **m})
+    logger.close()
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()  # the warm-up checkpoint is a plain model, ready for RL or LoRA
+    result.checkpoint = save_checkpoint(os.path.join(cfg.out_dir, "checkpoints"), cfg.steps, {"policy": model}, {}, {"config": to_dict(cfg)}, tokenizer=tok, keep=1)
+    result.checkpoint = os.path.join(result.checkpoint, "policy")
+    return result

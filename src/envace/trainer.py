@@ -1,0 +1,221 @@
+"""Role-wise GRPO training (METHOD.md section 2). The loop in :func:`train` reads top to bottom:
+sample B tasks -> roll out K trajectories each -> score -> advantages per (group, role) -> update -> log -> checkpoint.
+
+Departures from the paper / reference code:
+- Old log-probs are the sampling log-probs recorded by the backend (one update epoch per batch, as in the
+  reference, so the ratio starts at ~1; batched vs packed numerics differ by ~1e-6).
+- Rows of one context are packed into one sequence for the update (exact for a causal LM; see envace.update).
+- A trajectory whose reward is None (unscored, e.g. a judge failure) is masked out and counted.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import algos
+from .backends.hf import HFBackend
+from .checkpoint import latest_checkpoint, load_optimizers, load_rng, load_state, save_checkpoint
+from .config import TrainConfig, to_dict
+from .envs import load_tasks
+from .logging import MetricsLogger
+from .models import load
+from .rewards import RewardContext, make_reward
+from .rollout import RolloutEngine
+from .types import Row, Trajectory, write_jsonl
+from .update import optimizer_step
+
+ROLE_INDEX = {"act": 0, "rehearse": 1}
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_model(name: str, lora_r: int = 0, lora_alpha: int = 32, adapter: str | None = None) -> tuple[Any, Any]:
+    """Load a policy (full fine-tuning, or LoRA when lora_r > 0; ``adapter`` resumes a saved LoRA adapter)."""
+    model, tok = load(name)
+    if lora_r > 0 or adapter:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if adapter:
+            model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+        else:
+            model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model.eval()
+    return model, tok
+
+
+def make_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+
+
+def rows_with_advantages(trajs: list[Trajectory], estimator: str, roles: tuple[str, ...]) -> tuple[list[Row], torch.Tensor, dict[str, float]]:
+    """All rows of the trained roles, and their advantages from the group baselines (per role by default).
+
+    Statistics use every row of every scored trajectory (so a role that is not trained still sees the same
+    baseline definition); unscored trajectories get advantage 0 and are left out."""
+    rows = [r for t in trajs for r in t.rows if r.role in ROLE_INDEX]
+    if not rows:
+        return [], torch.zeros(0), {}
+    reward_of = {t.id: t.reward for t in trajs}
+    groups = {g: i for i, g in enumerate(sorted({r.group_id for r in rows}))}
+    rewards = torch.tensor([reward_of[r.traj_id] if reward_of[r.traj_id] is not None else float("nan") for r in rows], dtype=torch.float32)
+    valid = ~torch.isnan(rewards)
+    g = torch.tensor([groups[r.group_id] for r in rows])
+    ro = torch.tensor([ROLE_INDEX[r.role] for r in rows])
+    adv, m = algos.ADVANTAGES.get(estimator)(torch.nan_to_num(rewards), g, ro, valid)
+    keep = [i for i, r in enumerate(rows) if r.role in roles and bool(valid[i]) and r.completion_ids]
+    return [rows[i] for i in keep], adv[keep], m
+
+
+@dataclass
+class TrainResult:
+    out_dir: str
+    step: int
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint: str | None = None
+
+
+def _success(t: Trajectory) -> bool:
+    """Success from a grounded component when there is one, else a full reward."""
+    g = t.reward_info.get("grounded") if isinstance(t.reward_info.get("grounded"), dict) else t.reward_info
+    return bool(g.get("success", t.reward is not None and t.reward >= 1.0))
+
+
+def _summarise(trajs: list[Trajectory], n_unscored: int) -> dict[str, float]:
+    scored = [t.reward for t in trajs if t.reward is not None]
+    m: dict[str, float] = {
+        "reward/mean": float(np.mean(scored)) if scored else 0.0,
+        "reward/unscored": float(n_unscored),
+        "reward/success_rate": float(np.mean([_success(t) for t in trajs])) if trajs else 0.0,
+    }
+    totals: dict[str, int] = {}
+    for t in trajs:
+        for k, v in t.counters.items():
+            totals[k] = totals.get(k, 0) + v
+    for k, v in totals.items():
+        m[k if "/" in k else f"rollout/{k}"] = v / max(1, len(trajs))
+    m["act/rows"] = float(sum(r.role == "act" for t in trajs for r in t.rows))
+    m["rehearse/rows"] = float(sum(r.role == "rehearse" for t in trajs for r in t.rows))
+    m["act/tokens"] = float(sum(len(r.completion_ids) for t in trajs for r in t.rows if r.role == "act"))
+    m["rehearse/tokens"] = float(sum(len(r.completion_ids) for t in trajs for r in t.rows if r.role == "rehearse"))
+    return m
+
+
+def score(trajs: list[Trajectory], tasks_by_id: dict[str, Any], reward_fn: Any, ctx: RewardContext) -> int:
+    """Set each trajectory's reward; return how many are unscored (None)."""
+    unscored = 0
+    for t in trajs:
+        res = reward_fn(tasks_by_id[t.task_id], t, ctx)
+        t.reward, t.reward_info = res.value, res.info
+        unscored += res.value is None
+    return unscored
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Run (or resume) role-wise GRPO training as configured."""
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    ckpt_root = os.path.join(cfg.out_dir, "checkpoints")
+    ckpt = latest_checkpoint(ckpt_root)
+    seed_everything(cfg.seed)
+    # -- models: the policy, plus a second Rehearse model (per_role) or a frozen simulator ------------------
+    lora = cfg.lora_r > 0
+    policy, tok = build_model(os.path.join(ckpt, "policy") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "policy") if (ckpt and lora) else None)
+    models = {"policy": policy}
+    if cfg.variant == "per_role":
+        models["rehearser"] = build_model(os.path.join(ckpt, "rehearser") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "rehearser") if (ckpt and lora) else None)[0]
+    optimizers = {name: make_optimizer(m, cfg.lr, cfg.weight_decay) for name, m in models.items()}
+    ref_model = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 else None
+    backend = HFBackend(policy, tok, bf16=cfg.bf16)
+    extra: dict[str, Any] = {}
+    if "rehearser" in models:
+        extra["rehearser"] = HFBackend(models["rehearser"], tok, bf16=cfg.bf16)
+    if cfg.variant == "simulator":
+        sim_model, sim_tok = load(cfg.simulator_model) if cfg.simulator_model else (copy.deepcopy(policy).eval(), tok)
+        extra["simulator"] = HFBackend(sim_model, sim_tok, bf16=cfg.bf16)
+    role_model = {"act": "policy", "rehearse": "rehearser" if "rehearser" in models else "policy"}
+    # -- data, reward, state -------------------------------------------------------------------------------
+    tasks = load_tasks(cfg.suite, "train", n=cfg.n_train_tasks, seed=cfg.seed)
+    tasks_by_id = {t.id: t for t in tasks}
+    order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
+    reward_fn, ctx = make_reward(cfg.reward), RewardContext()
+    start = 0
+    if ckpt:
+        state = load_state(ckpt)
+        start = int(state["step"])
+        load_optimizers(ckpt, optimizers)
+        load_rng(ckpt)
+    logger = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard, resume_step=start if ckpt else None)
+    temps = {"act": cfg.rollout.act.temperature or 1.0, "rehearse": cfg.rollout.rehearse.temperature or 1.0}
+    result = TrainResult(cfg.out_dir, start)
+    bar = tqdm(range(start, cfg.iterations), desc=f"train[{cfg.variant}]", disable=not cfg.progress, initial=start, total=cfg.iterations)
+    for it in bar:
+        t0 = time.perf_counter()
+        # 1. a batch of B tasks (data position it * B in a fixed permutation)
+        batch = [tasks[order[(it * cfg.batch_tasks + j) % len(tasks)]] for j in range(cfg.batch_tasks)]
+        # 2. K trajectories per task in the variant's rollout mode
+        rcfg = copy.copy(cfg.rollout)
+        rcfg.seed = cfg.seed * 100_003 + it
+        trajs = RolloutEngine(backend, rcfg, **extra).run(batch, group_prefix=f"i{it}-")
+        t_roll = time.perf_counter() - t0
+        # 3. rewards (shared by both roles of a trajectory)
+        n_unscored = score(trajs, tasks_by_id, reward_fn, ctx)
+        write_jsonl(os.path.join(cfg.out_dir, "trajectories.jsonl"), [t.to_dict(with_rows=False) | {"iteration": it} for t in trajs])
+        # 4. advantages per (group, role), then one update per model over the rows of its roles
+        rows, adv, adv_m = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
+        metrics = _summarise(trajs, n_unscored) | {f"adv/{k}": v for k, v in adv_m.items()}
+        t1 = time.perf_counter()
+        for name, model in models.items():
+            mine = [i for i, r in enumerate(rows) if role_model[r.role] == name]
+            if not mine:
+                continue
+            sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
+            ref = ref_model if name == "policy" else None
+            um = optimizer_step(model, optimizers[name], sub_rows, _grpo_loss(model, sub_rows, sub_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=cfg.bf16)
+            metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}
+        for b in [backend, *extra.values()]:
+            b.release_all()
+        # 5. log and checkpoint
+        step = it + 1
+        metrics |= {"perf/rollout_s": t_roll, "perf/update_s": time.perf_counter() - t1, "perf/iteration_s": time.perf_counter() - t0, "perf/gen_tokens": float(backend.stats["generated_tokens"])}
+        logger.log(step, metrics)
+        result.metrics.append({"step": step, **metrics})
+        bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
+        if step % cfg.save_every == 0 or step == cfg.iterations:
+            result.checkpoint = save_checkpoint(ckpt_root, step, models, optimizers, {"data_position": step * cfg.batch_tasks, "config": to_dict(cfg)}, tokenizer=tok, keep=cfg.keep_checkpoints)
+        result.step = step
+    logger.close()
+    if result.checkpoint is None:
+        result.checkpoint = latest_checkpoint(ckpt_root)
+    return result
+
+
+def _grpo_loss(model: Any, rows: list[Row], adv: torch.Tensor, cfg: TrainConfig, ref_model: Any, temps: dict[str, float]):
+    """The loss of one micro-batch: clipped surrogate (+ optional k3 KL to the reference)."""
+    from .update import completion_logprobs, pack_rows, pad_rows
+
+    def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
+        old, _ = pad_rows([torch.tensor(rows[i].old_logprobs, dtype=torch.float32) for i in idxs])  # (n, T)
+        a = adv[idxs]  # (n,)
+        loss, m = algos.policy_loss(logp, old, a, mask, clip_eps=cfg.clip_eps, agg=cfg.loss_agg, normalizer=normalizer)
+        if ref_model is not None and cfg.kl_coef > 0:
+            sub = [rows[i] for i in idxs]
+            with torch.no_grad():
+                ref_lp = completion_logprobs(ref_model, pack_rows(sub), sub, temps)
+            ref, _ = pad_rows([ref_lp[j] for j in range(len(sub))])
+            kl = algos.aggregate(algos.kl_k3(logp, ref), mask, cfg.loss_agg, normalizer)
+            loss = loss + cfg.kl_coef * kl
+            m = m | {"kl": float(kl)}
+        return loss, m | {"loss": float(loss) * normalizer / max(1.0, float(mask.sum()))}
+
+    return loss_fn

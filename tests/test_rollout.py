@@ -1,0 +1,188 @@
+"""Rollout modes: role-tagged rows, what each role sees, the rehearsal firewall, limits and counters."""
+import json
+
+import pytest
+
+from envace.backends.base import SamplingParams
+from envace.backends.hf import HFBackend
+from envace.backends.scripted import ScriptedBackend
+from envace.envs import ENVS, load_tasks, make_env
+from envace.prompts import REHEARSE_SYSTEM
+from envace.rollout import RolloutConfig, RolloutEngine
+from envace.types import ToolCall, Trajectory, read_jsonl, write_jsonl
+
+REAL_CALLS = []
+
+
+def _probe_factory(task):
+    """A bank environment whose every executed call is recorded (to prove rehearsal never touches it)."""
+    env = ENVS.get("bank")(task)
+    inner = env._execute
+
+    def spy(call):
+        REAL_CALLS.append(call.key())
+        return inner(call)
+
+    env._execute = spy
+    return env
+
+
+@pytest.fixture
+def bank_tasks():
+    make_env(load_tasks("bank", "train", n=1)[0])  # registers the built-in environments
+    if "probe" not in ENVS:
+        ENVS.add("probe", _probe_factory)
+    tasks = load_tasks("bank", "train", n=4)
+    for t in tasks:
+        t.env = "probe"
+    REAL_CALLS.clear()
+    return tasks
+
+
+def gold_policy(tasks):
+    """Act: the task's first gold call, then a text reply; Rehearse: a fixed observation."""
+    by_user = {t.user_turns[0]: t for t in tasks}
+
+    def respond(prompt: str) -> str:
+        if REHEARSE_SYSTEM[:40] in prompt:
+            return '<observation>{"rehearsed": true}</observation>'
+        task = next(t for u, t in by_user.items() if u in prompt)
+        n_tool_msgs = prompt.count("<|im_start|>tool")
+        gold = task.flat_gold()
+        if n_tool_msgs < min(1, len(gold)):
+            return gold[0].to_text()
+        return "All done."
+
+    return respond
+
+
+def cfg(mode="rehearsal", **kw):
+    return RolloutConfig(mode=mode, group_size=2, max_steps=6, **kw)
+
+
+def test_rehearsal_rows_are_role_tagged_and_never_touch_the_real_env(tokenizer, bank_tasks):
+    be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
+    trajs = RolloutEngine(be, cfg()).run(bank_tasks)
+    assert len(trajs) == 8
+    assert REAL_CALLS == []  # the firewall: no real call while rehearsing
+    for tr in trajs:
+        roles = [r.role for r in tr.rows]
+        assert roles[:3] == ["act", "rehearse", "act"]
+        assert tr.steps[0].sources == ["rehearsed"]
+        assert tr.steps[0].observations == [{"rehearsed": True}]
+        assert tr.steps[-1].reply == "All done."
+
+
+def test_each_role_sees_what_the_method_says(tokenizer, bank_tasks):
+    be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
+    tr = RolloutEngine(be, cfg()).run(bank_tasks[:1])[0]
+    task = bank_tasks[0]
+    act0, reh0, act1 = (tokenizer.decode(r.prompt_ids) for r in tr.rows[:3])
+    # Act: system prompt with tool schemas, the user turn; no simulator instructions
+    assert task.system_prompt.strip() in act0 and '"name": "get_balance"' in act0 and task.user_turns[0] in act0
+    assert "tool simulator" not in act0
+    # Rehearse: its own context (simulator system prompt, schemas, references, conversation, current call)
+    assert reh0.startswith("<|im_start|>system\nYou are a precise tool simulator")
+    call = task.flat_gold()[0]
+    assert f"name: {call.name}" in reh0 and "schema: " in reh0 and f"[user] {task.user_turns[0]}" in reh0
+    for ref in task.references:
+        assert ref.call.key() in reh0
+    assert "<|im_start|>assistant\n" + call.to_text() not in reh0  # not a continuation of the Act chat
+    # Act at step 1 sees its call and the rehearsed observation as a tool message, token for token
+    assert act1.startswith(tokenizer.decode(tr.rows[0].prompt_ids + tr.rows[0].completion_ids))
+    assert '<|im_start|>tool\n{"rehearsed": true}<|im_end|>' in act1
+
+
+def test_real_mode_observations_equal_the_environment_and_have_no_rehearse_rows(tokenizer, bank_tasks):
+    be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
+    trajs = RolloutEngine(be, cfg("real")).run(bank_tasks)
+    for tr in trajs:
+        task = next(t for t in bank_tasks if t.id == tr.task_id)
+        assert {r.role for r in tr.rows} == {"act"}
+        env = ENVS.get("bank")(task)
+        assert tr.steps[0].observations == [env.call(c) for c in tr.steps[0].calls]
+        assert tr.steps[0].sources == ["real"]
+    assert len(REAL_CALLS) == len(trajs)
+
+
+def test_shadow_records_the_real_observation_without_showing_it(tokenizer, bank_tasks):
+    be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
+    tr = RolloutEngine(be, cfg(shadow=True)).run(bank_tasks[:1])[0]
+    task = bank_tasks[0]
+    real = ENVS.get("bank")(task).call(task.flat_gold()[0])
+    assert tr.steps[0].shadow == [real] and tr.steps[0].observations == [{"rehearsed": True}]
+    act_prompts = "".join(tokenizer.decode(r.prompt_ids) for r in tr.rows if r.role == "act")
+    assert json.dumps(real) not in act_prompts  # the policy never sees the shadow observation
+
+
+def test_reference_cache_hits_are_answered_from_the_record_and_counted(tokenizer, bank_tasks):
+    task = bank_tasks[0]
+    ref = task.references[0]
+
+    def respond(prompt):
+        if "tool simulator" in prompt:
+            return '<observation>{"rehearsed": true}</observation>'
+        return ref.call.to_text() if "<|im_start|>tool" not in prompt else "ok"
+
+    tr = RolloutEngine(ScriptedBackend(tokenizer, respond), cfg(reference_cache=True)).run([task])[0]
+    assert tr.steps[0].observations == [ref.result] and tr.steps[0].sources == ["cache"]
+    assert tr.counters["rehearse/cache_hits"] == 1
+    assert {r.role for r in tr.rows} == {"act"}
+
+
+def test_parse_errors_and_truncation_are_counted_not_silent(tokenizer, bank_tasks):
+    be = ScriptedBackend(tokenizer, lambda p: '<tool_call>{"name": broken</tool_call>')
+    tr = RolloutEngine(be, RolloutConfig(group_size=1, max_steps=3, max_steps_per_turn=5)).run(bank_tasks[:1])[0]
+    assert tr.counters["act/parse_errors"] == 3
+    assert tr.truncated == "max_steps" and tr.counters["truncated/max_steps"] == 1
+    assert tr.steps[0].observations[0]["error"]["kind"] == "bad_format"
+    assert tr.steps[0].sources == ["validation"]
+    tr2 = RolloutEngine(be, RolloutConfig(group_size=1, max_steps=9, max_steps_per_turn=2)).run(bank_tasks[:1])[0]
+    assert tr2.truncated == "max_steps_per_turn"
+
+
+def test_validation_in_code_answers_unknown_tools_without_rehearse(tokenizer, bank_tasks):
+    be = ScriptedBackend(tokenizer, lambda p: ToolCall("launch_rocket", {}).to_text() if "<|im_start|>tool" not in p else "no")
+    tr = RolloutEngine(be, cfg(validate_in_code=True)).run(bank_tasks[:1])[0]
+    assert tr.steps[0].observations[0]["error"]["kind"] == "unknown_tool"
+    assert {r.role for r in tr.rows} == {"act"} and tr.counters["rehearse/validation_errors"] >= 1
+
+
+def test_multi_turn_tasks_get_the_next_user_turn_after_a_text_reply(tokenizer):
+    tasks = [t for t in load_tasks("bank", "train", n=60) if len(t.user_turns) >= 2][:1]
+    assert tasks, "the bank suite should have multi-turn tasks"
+    be = ScriptedBackend(tokenizer, lambda p: "Sure.")
+    tr = RolloutEngine(be, cfg("real")).run(tasks)[0]
+    assert [m.content for m in tr.messages if m.role == "user"] == tasks[0].user_turns
+    assert tr.truncated is None and tr.counters["act/replies"] == len(tasks[0].user_turns)
+
+
+def test_per_role_and_simulator_modes_route_rehearse_to_the_other_backend(tokenizer, bank_tasks):
+    act = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
+    other = ScriptedBackend(tokenizer, lambda p: '<observation>{"other": 1}</observation>')
+    tr = RolloutEngine(act, cfg("per_role"), rehearser=other).run(bank_tasks[:1])[0]
+    assert tr.steps[0].observations == [{"other": 1}] and [r.role for r in tr.rows][:2] == ["act", "rehearse"]
+    tr = RolloutEngine(act, cfg("simulator"), simulator=other).run(bank_tasks[:1])[0]
+    assert tr.steps[0].observations == [{"other": 1}] and tr.steps[0].sources == ["simulator"]
+    assert {r.role for r in tr.rows} == {"act"}
+    assert REAL_CALLS == []
+
+
+def test_unknown_mode_lists_the_valid_ones():
+    with pytest.raises(KeyError, match="per_role, real, rehearsal, simulator"):
+        RolloutConfig(mode="magic")
+
+
+def test_tiny_model_rehearsal_batch_is_deterministic_and_round_trips_as_jsonl(tiny, bank_tasks, tmp_path):
+    model, tok = tiny
+    c = RolloutConfig(group_size=4, max_steps=2, seed=7, act=SamplingParams(max_new_tokens=12), rehearse=SamplingParams(max_new_tokens=12, stop=["</observation>"]))
+    a = RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:2])
+    b = RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:2])
+    assert [r.completion_ids for t in a for r in t.rows] == [r.completion_ids for t in b for r in t.rows]
+    for t in a:
+        for r in t.rows:
+            assert len(r.completion_ids) == len(r.old_logprobs) and r.role in ("act", "rehearse")
+    path = tmp_path / "t.jsonl"
+    write_jsonl(str(path), a)
+    back = [Trajectory.from_dict(d) for d in read_jsonl(str(path))]
+    assert [t.to_dict() for t in back] == [t.to_dict() for t in a]
