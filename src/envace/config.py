@@ -44,7 +44,7 @@ class TrainConfig:
     suite: str = "builtin"
     """Task suite for training (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
     n_train_tasks: int | None = None
-    """How many training tasks to load (None: the suite's default)."""
+    """How many training tasks to load (None: as many as the run visits, at least 64)."""
     variant: str = "envace"
     """envace | real_env | simulator | per_role | caller_frozen | caller_only (envace.config.VARIANTS)."""
     advantage: str = "rolewise"

@@ -68,10 +68,11 @@ def rows_with_advantages(trajs: list[Trajectory], estimator: str, roles: tuple[s
     if not rows:
         return [], torch.zeros(0), {}
     reward_of = {t.id: t.reward for t in trajs}
-    groups = {g: i for i, g in enumerate(sorted({r.group_id for r in rows}))}
+    group_of = {t.id: t.group_id for t in trajs}  # the trajectory decides its group
+    groups = {g: i for i, g in enumerate(sorted(set(group_of.values())))}
     rewards = torch.tensor([reward_of[r.traj_id] if reward_of[r.traj_id] is not None else float("nan") for r in rows], dtype=torch.float32)
     valid = ~torch.isnan(rewards)
-    g = torch.tensor([groups[r.group_id] for r in rows])
+    g = torch.tensor([groups[group_of[r.traj_id]] for r in rows])
     ro = torch.tensor([ROLE_INDEX[r.role] for r in rows])
     adv, m = algos.ADVANTAGES.get(estimator)(torch.nan_to_num(rewards), g, ro, valid)
     keep = [i for i, r in enumerate(rows) if r.role in roles and bool(valid[i]) and r.completion_ids]
@@ -145,7 +146,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         extra["simulator"] = HFBackend(sim_model, sim_tok, bf16=cfg.bf16)
     role_model = {"act": "policy", "rehearse": "rehearser" if "rehearser" in models else "policy"}
     # -- data, reward, state -------------------------------------------------------------------------------
-    tasks = load_tasks(cfg.suite, "train", n=cfg.n_train_tasks, seed=cfg.seed)
+    n_tasks = cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks)  # what the run will visit, at least
+    tasks = load_tasks(cfg.suite, "train", n=n_tasks, seed=cfg.seed)
     tasks_by_id = {t.id: t for t in tasks}
     order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
     reward_fn, ctx = make_reward(cfg.reward), RewardContext()
@@ -215,7 +217,7 @@ def _grpo_loss(model: Any, rows: list[Row], adv: torch.Tensor, cfg: TrainConfig,
             ref, _ = pad_rows([ref_lp[j] for j in range(len(sub))])
             kl = algos.aggregate(algos.kl_k3(logp, ref), mask, cfg.loss_agg, normalizer)
             loss = loss + cfg.kl_coef * kl
-            m = m | {"kl": float(kl)}
-        return loss, m | {"loss": float(loss) * normalizer / max(1.0, float(mask.sum()))}
+            m = m | {"kl": float(kl.detach())}
+        return loss, m | {"loss": float(loss.detach()) * normalizer / max(1.0, float(mask.sum()))}
 
     return loss_fn

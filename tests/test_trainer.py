@@ -1,0 +1,137 @@
+"""Trainer: masks by role, one step changes the parameters, every variant runs, kill and resume continues."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from envace.backends.base import SamplingParams
+from envace.backends.scripted import ScriptedBackend
+from envace.config import VARIANTS, TrainConfig, load_config
+from envace.envs import load_tasks
+from envace.logging import read_metrics
+from envace.rollout import RolloutConfig, RolloutEngine
+from envace.sft import gold_trajectories
+from envace.trainer import rows_with_advantages, train
+from envace.update import completion_logprobs, optimizer_step, pack_rows, pad_rows
+from envace import algos
+
+
+def _scored_group(tokenizer, mode):
+    tasks = load_tasks("bank", "train", n=2)
+    trajs = gold_trajectories(tokenizer, tasks)
+    if mode == "real":
+        for t in trajs:
+            t.rows = [r for r in t.rows if r.role == "act"]
+    for i, t in enumerate(trajs):
+        t.group_id = "g"
+        t.reward = float(i % 2)
+    return trajs
+
+
+def test_loss_rows_hold_both_roles_in_rehearsal_and_only_act_in_real_mode(tokenizer):
+    trajs = _scored_group(tokenizer, "rehearsal")
+    rows, adv, _ = rows_with_advantages(trajs, "rolewise", VARIANTS.get("envace").train_roles)
+    assert {r.role for r in rows} == {"act", "rehearse"} and len(adv) == len(rows)
+    rows, _, _ = rows_with_advantages(trajs, "rolewise", VARIANTS.get("real_env").train_roles)
+    assert {r.role for r in rows} == {"act"}
+    rows, _, _ = rows_with_advantages(trajs, "rolewise", VARIANTS.get("caller_frozen").train_roles)
+    assert {r.role for r in rows} == {"rehearse"}
+
+
+def test_unscored_trajectories_are_left_out_of_the_update(tokenizer):
+    trajs = _scored_group(tokenizer, "rehearsal")
+    trajs[0].reward = None
+    rows, _, _ = rows_with_advantages(trajs, "rolewise", ("act", "rehearse"))
+    assert trajs[0].id not in {r.traj_id for r in rows}
+
+
+def test_packed_logprobs_equal_row_by_row_logprobs(tiny):
+    model, tok = tiny
+    rows = [r for t in gold_trajectories(tok, load_tasks("bank", "train", n=2)) for r in t.rows]
+    packs = pack_rows(rows)
+    assert len(packs) < len(rows)  # chains of one context share one sequence
+    packed = completion_logprobs(model, packs, rows, {"act": 1.0, "rehearse": 0.6})
+    for i, r in enumerate(rows):
+        with torch.no_grad():
+            logits = model(torch.tensor([r.prompt_ids + r.completion_ids])).logits[0].float()
+        t = 1.0 if r.role == "act" else 0.6
+        lp = torch.log_softmax(logits[len(r.prompt_ids) - 1 : -1] / t, -1).gather(-1, torch.tensor(r.completion_ids)[:, None]).squeeze(-1)
+        assert torch.allclose(packed[i].detach(), lp, atol=1e-4), r.role
+
+
+def test_one_update_step_changes_the_trainable_parameters(tiny):
+    import copy
+
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    trajs = gold_trajectories(tok, load_tasks("bank", "train", n=2))
+    for i, t in enumerate(trajs):
+        t.group_id, t.reward = "g", float(i)
+    rows, adv, _ = rows_with_advantages(trajs, "rolewise", ("act", "rehearse"))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def loss_fn(logp, mask, idxs, normalizer):
+        old, _ = pad_rows([logp[j].detach()[: mask[j].sum()] for j in range(len(idxs))])
+        return algos.policy_loss(logp, old, adv[idxs], mask, normalizer=normalizer)
+
+    m = optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=256, temperatures={}, max_grad_norm=1.0)
+    assert m["micro_batches"] > 1  # gradient accumulation over several micro-batches
+    changed = [n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert changed and m["grad_norm"] > 0
+
+
+def _tiny_cfg(tmp_path, variant, **kw):
+    rc = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=8), rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]))
+    return TrainConfig(model="tiny-random", suite="bank", variant=variant, iterations=1, batch_tasks=1, lr=1e-3, rollout=rc, out_dir=str(tmp_path / variant), tensorboard=False, progress=False, save_every=1, **kw)
+
+
+@pytest.mark.parametrize("variant", VARIANTS.names())
+def test_every_variant_runs_a_short_cpu_training(tmp_path, variant):
+    res = train(_tiny_cfg(tmp_path, variant))
+    assert res.step == 1 and os.path.isdir(os.path.join(res.checkpoint, "policy"))
+    m = read_metrics(res.out_dir)[-1]
+    assert m["step"] == 1 and "reward/mean" in m and "perf/iteration_s" in m
+    assert m["rehearse/rows"] == 0 or VARIANTS.get(variant).mode in ("rehearsal", "per_role")
+
+
+def test_lora_and_pooled_baseline_and_kl_are_config_values(tmp_path):
+    res = train(_tiny_cfg(tmp_path, "envace", lora_r=4, advantage="pooled", kl_coef=1e-4))
+    assert os.path.exists(os.path.join(res.checkpoint, "policy", "adapter_config.json"))
+
+
+def test_config_loads_from_yaml_with_cli_overrides_and_rejects_unknown_fields(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("variant: real_env\nrollout:\n  group_size: 3\n  act: {temperature: 0.7}\n")
+    cfg = load_config(TrainConfig, str(p), ["lr=1e-5", "rollout.max_steps=3"])
+    assert cfg.variant == "real_env" and cfg.rollout.mode == "real" and cfg.rollout.group_size == 3
+    assert cfg.rollout.act.temperature == 0.7 and cfg.lr == 1e-5 and cfg.rollout.max_steps == 3
+    with pytest.raises(ValueError, match="unknown TrainConfig field"):
+        load_config(TrainConfig, None, ["learning_rate=1"])
+    with pytest.raises(KeyError, match="valid names"):
+        load_config(TrainConfig, None, ["variant=magic"])
+
+
+def test_killed_training_resumes_from_the_last_checkpoint_without_gaps(tmp_path):
+    out = tmp_path / "run"
+    args = [sys.executable, "-m", "envace.cli", "train", "--set", "model=tiny-random", "--set", "suite=bank", "--set", "iterations=4", "--set", "batch_tasks=1", "--set", "save_every=1", "--set", "rollout.group_size=2", "--set", "rollout.max_steps=2", "--set", "rollout.act.max_new_tokens=8", "--set", "rollout.rehearse.max_new_tokens=8", "--set", "tensorboard=false", "--set", "progress=false", "--set", f"out_dir={out}", "--set", "lr=1e-3"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = out / "checkpoints" / "latest"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if latest.exists() and latest.read_text().strip() >= "step-000002":
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = int(latest.read_text().strip().split("-")[1])
+    assert 2 <= killed_at < 4, "the run should be killed mid-way (raise the iteration count if it finished)"
+    subprocess.run(args, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    steps = [m["step"] for m in read_metrics(str(out))]
+    assert steps == [1, 2, 3, 4]
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step-000004"
