@@ -6,6 +6,7 @@
     envace eval  --model M --suite S [--split test] [-n 20] [--samples 1]
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]
+    envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory model|concat]
 """
 from __future__ import annotations
 
@@ -95,6 +96,31 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         print()
     n_tok = sum(len(r.completion_ids) for t in trajs for r in t.rows)
     print(f"{len(trajs)} trajectories, {n_tok} generated tokens in {dt:.1f}s ({n_tok / dt:.1f} tok/s); wrote {args.out}")
+    return 0
+
+
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    """Test-time scaling on one task: N private attempts + reflections -> memory -> one real execution."""
+    from .backends.base import SamplingParams
+    from .backends.hf import HFBackend
+    from .envs import load_tasks
+    from .models import load
+    from .rollout import RolloutConfig
+    from .tts import TTSConfig, format_record, run_tts
+
+    m, tok = load(args.model)
+    tasks = load_tasks(args.suite, args.split, n=args.index + 1, seed=args.seed)
+    if args.index >= len(tasks):
+        raise ValueError(f"suite {args.suite!r} split {args.split!r} has only {len(tasks)} tasks")
+    gen = SamplingParams(temperature=args.temperature, top_p=1.0, max_new_tokens=args.max_new_tokens)
+    rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=args.max_steps, seed=args.seed, act=gen, rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=args.max_new_tokens, stop=["</observation>"]))
+    cfg = TTSConfig(n=args.N, mode=args.mode, memory=args.memory, memory_max_tokens=args.memory_max_tokens, reflect_sampling=gen.with_(temperature=0.7), memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=args.memory_max_tokens), rollout=rc, final_act=gen.with_(temperature=0.0))
+    rec = run_tts(HFBackend(m, tok), [tasks[args.index]], cfg)[0]
+    print(format_record(rec))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(rec.to_dict(), f, ensure_ascii=False)
+        print(f"wrote {args.out}")
     return 0
 
 
@@ -191,6 +217,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--show", type=int, default=2)
     r.add_argument("--out", default="trajectories.jsonl")
     r.set_defaults(fn=cmd_rollout)
+
+    h = sub.add_parser("rehearse", help="test-time scaling on one task: private rehearsal, memory, one real run")
+    h.add_argument("--model", default="SmolLM2-135M-Instruct")
+    h.add_argument("--suite", default="builtin")
+    h.add_argument("--split", default="test")
+    h.add_argument("--index", type=int, default=0, help="which task of the suite/split")
+    h.add_argument("-N", type=int, default=2, help="rehearsal budget: attempts before the real run (0 = plain acting)")
+    h.add_argument("--mode", default="parallel", help="parallel | sequential")
+    h.add_argument("--memory", default="model", help="model | concat")
+    h.add_argument("--memory-max-tokens", type=int, default=256)
+    h.add_argument("--max-steps", type=int, default=6)
+    h.add_argument("--max-new-tokens", type=int, default=128)
+    h.add_argument("--temperature", type=float, default=1.0, help="Act sampling temperature of the attempts (the real run is greedy)")
+    h.add_argument("--seed", type=int, default=0)
+    h.add_argument("--out", help="write the full record as JSON")
+    h.set_defaults(fn=cmd_rehearse)
 
     k = sub.add_parser("tasks", help="print tasks of a suite")
     k.add_argument("--suite", default="builtin")

@@ -1,0 +1,533 @@
+"""Test-time scaling by private rehearsal (METHOD.md section 3).
+
+Before it touches the real environment, the policy rehearses the task N times in its own head, reflects on
+each attempt, distills what it learnt into a bounded rehearsal memory m_x, and then, with m_x in its context,
+runs the task **once** for real:
+
+1. **Attempts** are rehearsal-mode rollouts (:class:`envace.rollout.RolloutEngine`, mode ``rehearsal``): the
+   policy's Rehearse role imagines every tool result. ``parallel``: the N attempts of all tasks are one
+   lockstep batch (group_size=N). ``sequential``: N batches of one attempt per task; attempt n's Act system
+   prompt carries attempts 1..n-1 and their reflections.
+2. **Reflection** (role ``reflect``): after each attempt, one generation in its own chat (:data:`REFLECT_SYSTEM`;
+   the task + the attempt transcript) says what worked, what failed, what to change.
+3. **Memory** (role ``memory``): ``model`` distills all attempts and reflections in one generation
+   (:data:`MEMORY_SYSTEM`); ``concat`` is the deterministic alternative that concatenates the reflections
+   (each gets an equal share of the budget). An empty model memory falls back to ``concat`` and is counted.
+   Either way m_x is capped at ``memory_max_tokens`` tokens.
+4. **The real execution**: :func:`envace.evaluation.evaluate` (real mode, memory={task.id: m_x}) runs each task
+   once against its real environment and scores it.
+
+**The firewall.** :func:`rehearse` (steps 1-3) receives only the policy, the tasks and the config; it builds
+rehearsal-mode engines only (checked: the observer needs no environment, shadow is off) and this module
+never imports an environment factory. The real environment first exists inside the final ``evaluate`` call.
+
+**Where things go in prompts.** Reflections, earlier attempts (sequential) and m_x reach Act through the
+"Notes from private rehearsal" block of its system prompt (:func:`envace.prompts.act_system`), so N=0 (no
+memory) is exactly plain acting. Reflect and Memory run in their own chats, like Rehearse. Transcripts are
+:func:`envace.prompts.serialize_messages` of the attempt's Act chat, marked as imagined.
+
+**Caps.** Every variable part is capped in tokens (an attempt transcript, the sequential notes block, a whole
+Reflect / Memory prompt, m_x); each cut is recorded in :attr:`RehearsalRecord.cuts` with the text removed.
+
+Choices the paper leaves open: with ``samples`` K > 1, :func:`evaluate_with_tts` rehearses once per task and
+runs the K real trials with the same m_x (so pass^k measures the memory's reliability, not K rehearsals).
+Attempts use seeds derived from ``rollout.seed`` but distinct from the final run's, which uses ``rollout.seed``
+itself (so the final run of N=0 is token for token the plain run with that seed).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Callable
+
+from .backends.base import Backend, SamplingParams
+from .evaluation import EvalResult, evaluate
+from .prompts import ChatFormat, serialize_messages
+from .registry import Registry
+from .rollout import RolloutConfig, RolloutEngine, format_trajectory
+from .types import Row, Task, Trajectory
+
+REFLECT_SYSTEM = (
+    "You review a private rehearsal of a tool-use task. The tool results in it were imagined by a simulator, "
+    "not returned by the real tools, and nothing was executed. In a few short lines say: what worked, what "
+    "went wrong, and what to change next time (which tools to call, in which order, with which arguments)."
+)
+
+MEMORY_SYSTEM = (
+    "You distill private rehearsals of a tool-use task into a short memory for an agent that will now do the "
+    "task for real, once. Write compact notes: the path that worked (tool calls in order, with arguments), "
+    "pitfalls to avoid, and what must be checked because the rehearsed tool results were imagined. "
+    "Do not address the user."
+)
+
+NOTES_HEADER = (
+    "You already rehearsed this task privately (the tool results were imagined; nothing was executed). "
+    "Your earlier attempts and your reflections on them:"
+)
+CONCAT_HEADER = "Lessons from private rehearsals (tool results were imagined):"
+
+
+# --------------------------------------------------------------------------------------------------------
+# Config and record
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TTSConfig:
+    """Test-time scaling by private rehearsal (METHOD.md section 3)."""
+
+    n: int = 2
+    """N: rehearsed attempts per task before the one real run. 0 = plain acting (no rehearsal, no memory).
+    The paper reports an inverted U over N=1..3: N=2 is best, N=3 dips as the context grows."""
+    mode: str = "parallel"
+    """parallel: N independent attempts | sequential: attempt n sees attempts < n and their reflections
+    (paper, tau2 + BFCL: parallel +4.2, sequential +2.4 over the trained policy)."""
+    memory: str = "model"
+    """How m_x is made: model (a Memory-role generation distills attempts and reflections) | concat
+    (deterministic: the reflections concatenated, each with an equal share of memory_max_tokens)."""
+    memory_max_tokens: int = 256
+    """Token cap of m_x as Act sees it; what is cut is recorded. Longer memory = longer real-run context."""
+    transcript_max_tokens: int = 768
+    """Token cap of one attempt's transcript wherever it is shown (Reflect, Memory, sequential notes); the
+    middle is cut so the opening and the ending survive."""
+    notes_max_tokens: int = 1536
+    """Token cap of the notes block a sequential attempt sees (earlier attempts + reflections); the oldest
+    part is cut first."""
+    prompt_max_tokens: int = 3072
+    """Token cap of the user message of a Reflect or Memory prompt (middle cut)."""
+    reflect_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=160))
+    """Sampling of each reflection (role reflect)."""
+    memory_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_new_tokens=256))
+    """Sampling of the distillation (role memory; memory="model" only). Greedy by default: no exploration."""
+    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(group_size=1))
+    """Limits and Act / Rehearse sampling of the attempts, and the limits and seed of the final run. Its mode
+    must be 'rehearsal' and shadow off (attempts never run the world); group_size is ignored (from n)."""
+    final_act: SamplingParams | None = None
+    """Act sampling of the final real run; None = rollout.act (e.g. sample attempts at T=1, act greedily)."""
+
+    def __post_init__(self) -> None:
+        REHEARSAL_MODES.get(self.mode)  # unknown names raise, listing the valid ones
+        MEMORY_BUILDERS.get(self.memory)
+        if self.n < 0:
+            raise ValueError(f"n must be >= 0, got {self.n}")
+        for name in ("memory_max_tokens", "transcript_max_tokens", "notes_max_tokens", "prompt_max_tokens"):
+            if getattr(self, name) < 16:
+                raise ValueError(f"{name} must be >= 16 tokens, got {getattr(self, name)}")
+        if self.rollout.mode != "rehearsal" or self.rollout.shadow:
+            raise ValueError("TTSConfig.rollout must have mode='rehearsal' and shadow=False: attempts are self-rehearsed and never touch the real environment (the final run is always real)")
+
+    def attempt_rollout(self, group_size: int, attempt: int) -> RolloutConfig:
+        """The rollout config of one batch of attempts (``attempt`` numbers sequential batches; 0 for parallel)."""
+        return replace(self.rollout, mode="rehearsal", shadow=False, group_size=group_size, seed=(self.rollout.seed + 1) * 7919 + attempt)
+
+    def final_rollout(self) -> RolloutConfig:
+        """The rollout config of the single real execution (mode and group size are set by evaluate)."""
+        return replace(self.rollout, mode="real", group_size=1, shadow=False, act=self.final_act or self.rollout.act)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Cut:
+    """Text removed to respect a token cap."""
+
+    where: str
+    """transcript | notes | reflect_prompt | memory_prompt | reflection | memory"""
+    attempt: int | None
+    """0-based index of the attempt the text belongs to (for notes: the attempt that was shown them; None for
+    memory / memory_prompt)."""
+    tokens_before: int
+    tokens_after: int
+    cut_text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Cut":
+        return cls(**d)
+
+
+@dataclass
+class RehearsalRecord:
+    """Everything test-time scaling did for one task: attempts, reflections, memory, the real run, counters."""
+
+    task_id: str
+    n: int
+    mode: str
+    memory_mode: str
+    attempts: list[Trajectory] = field(default_factory=list)
+    reflections: list[str] = field(default_factory=list)
+    reflect_rows: list[Row] = field(default_factory=list)
+    memory: str = ""
+    """m_x exactly as shown to Act ("" for N=0)."""
+    memory_raw: str = ""
+    """The memory before the token cap (model output, or the concatenation)."""
+    memory_source: str = "none"
+    """none (N=0) | model | concat | concat_fallback (the model's memory was empty)."""
+    memory_row: Row | None = None
+    final: Trajectory | None = None
+    """The single real execution (None until the real phase ran)."""
+    success: bool | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    cuts: list[Cut] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def count(self, key: str, n: int = 1) -> None:
+        self.counters[key] = self.counters.get(key, 0) + n
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "n": self.n,
+            "mode": self.mode,
+            "memory_mode": self.memory_mode,
+            "attempts": [t.to_dict() for t in self.attempts],
+            "reflections": list(self.reflections),
+            "reflect_rows": [r.to_dict() for r in self.reflect_rows],
+            "memory": self.memory,
+            "memory_raw": self.memory_raw,
+            "memory_source": self.memory_source,
+            "memory_row": self.memory_row.to_dict() if self.memory_row else None,
+            "final": self.final.to_dict() if self.final else None,
+            "success": self.success,
+            "counters": dict(self.counters),
+            "cuts": [c.to_dict() for c in self.cuts],
+            "timing": dict(self.timing),
+            "config": self.config,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RehearsalRecord":
+        return cls(
+            task_id=d["task_id"],
+            n=d["n"],
+            mode=d["mode"],
+            memory_mode=d["memory_mode"],
+            attempts=[Trajectory.from_dict(t) for t in d.get("attempts", [])],
+            reflections=list(d.get("reflections", [])),
+            reflect_rows=[Row.from_dict(r) for r in d.get("reflect_rows", [])],
+            memory=d.get("memory", ""),
+            memory_raw=d.get("memory_raw", ""),
+            memory_source=d.get("memory_source", "none"),
+            memory_row=Row.from_dict(d["memory_row"]) if d.get("memory_row") else None,
+            final=Trajectory.from_dict(d["final"]) if d.get("final") else None,
+            success=d.get("success"),
+            counters=dict(d.get("counters", {})),
+            cuts=[Cut.from_dict(c) for c in d.get("cuts", [])],
+            timing=dict(d.get("timing", {})),
+            config=d.get("config", {}),
+        )
+
+
+RECORD_FIELDS = tuple(f.name for f in fields(RehearsalRecord))
+
+
+# --------------------------------------------------------------------------------------------------------
+# Token caps
+# --------------------------------------------------------------------------------------------------------
+
+
+def cap_tokens(text: str, max_tokens: int, fmt: ChatFormat, keep: str = "head") -> tuple[str, dict[str, Any] | None]:
+    """Cut ``text`` to at most ``max_tokens`` tokens (counted as ``fmt.encode`` counts them, marker included).
+
+    keep: head (cut the end) | tail (cut the start) | middle (keep both ends, cut the middle). Returns the kept
+    text and None, or ``{"tokens_before", "tokens_after", "cut_text"}`` when something was cut.
+    """
+    if keep not in ("head", "tail", "middle"):
+        raise ValueError(f"keep must be head, tail or middle, got {keep!r}")
+    ids = fmt.encode(text)
+    if len(ids) <= max_tokens:
+        return text, None
+    budget = max_tokens - len(fmt.encode(f" [... {len(ids)} tokens cut ...] ")) - 1
+    while True:
+        budget = max(0, budget)
+        h = {"head": budget, "tail": 0, "middle": (budget + 1) // 2}[keep]
+        t = budget - h
+        head_ids, tail_ids, cut_ids = ids[:h], ids[len(ids) - t :] if t else [], ids[h : len(ids) - t]
+        marker = f" [... {len(cut_ids)} tokens cut ...] "
+        kept = (fmt.tokenizer.decode(head_ids) + marker + fmt.tokenizer.decode(tail_ids)).strip()
+        n_kept = len(fmt.encode(kept))
+        if n_kept <= max_tokens or budget == 0:
+            break
+        budget -= max(1, n_kept - max_tokens)
+    if n_kept > max_tokens:  # not even the marker fits
+        kept, n_kept = "", 0
+    return kept, {"tokens_before": len(ids), "tokens_after": n_kept, "cut_text": fmt.tokenizer.decode(cut_ids)}
+
+
+# --------------------------------------------------------------------------------------------------------
+# The rehearsal phase (no environment anywhere below this line until the real phase)
+# --------------------------------------------------------------------------------------------------------
+
+
+class _Rehearsal:
+    """State of one rehearsal phase: the policy, the config and a seed counter. Holds no environment."""
+
+    def __init__(self, policy: Backend, cfg: TTSConfig):
+        self.policy = policy
+        self.cfg = cfg
+        self.fmt = ChatFormat.for_tokenizer(policy.tokenizer)
+        self._calls = 0
+        self._transcripts: dict[str, str] = {}
+
+    def params(self, base: SamplingParams) -> SamplingParams:
+        self._calls += 1
+        return base.with_(seed=(self.cfg.rollout.seed * 1_000_003 + 500_009 + self._calls) % (2**63))
+
+    def cap(self, rec: RehearsalRecord, where: str, attempt: int | None, text: str, max_tokens: int, keep: str) -> str:
+        kept, cut = cap_tokens(text, max_tokens, self.fmt, keep)
+        if cut is not None:
+            rec.cuts.append(Cut(where=where, attempt=attempt, **cut))
+        return kept
+
+    def run_attempts(self, tasks: list[Task], group_size: int, attempt: int, memory: dict[str, str]) -> list[Trajectory]:
+        """One lockstep batch of self-rehearsed attempts for all tasks (grouped task by task)."""
+        engine = RolloutEngine(self.policy, self.cfg.attempt_rollout(group_size, attempt), memory=memory)
+        if engine.observer.needs_env or engine.cfg.shadow:  # the firewall, checked at run time too
+            raise RuntimeError("rehearsal attempts must not use a real environment")
+        return engine.run(tasks, group_prefix=f"tts{attempt}-")
+
+    # -- text shown to Reflect / Memory / later attempts ------------------------------------------------------
+    def transcript(self, rec: RehearsalRecord, k: int) -> str:
+        traj = rec.attempts[k]
+        if traj.id not in self._transcripts:
+            ending = f"(cut off: {traj.truncated})" if traj.truncated else "(the attempt ended)"
+            text = serialize_messages(traj.messages) + "\n" + ending
+            self._transcripts[traj.id] = self.cap(rec, "transcript", k, text, self.cfg.transcript_max_tokens, "middle")
+        return self._transcripts[traj.id]
+
+    def attempt_block(self, rec: RehearsalRecord, k: int, with_reflection: bool = True) -> str:
+        text = f"## Attempt {k + 1} (tool results imagined)\n{self.transcript(rec, k)}"
+        if with_reflection:
+            text += f"\n### Reflection on attempt {k + 1}\n{rec.reflections[k].strip() or '(empty)'}"
+        return text
+
+    def notes(self, rec: RehearsalRecord) -> str:
+        """The notes block a sequential attempt sees: every earlier attempt and its reflection."""
+        body = "\n\n".join(self.attempt_block(rec, k) for k in range(len(rec.attempts)))
+        return NOTES_HEADER + "\n\n" + self.cap(rec, "notes", len(rec.attempts), body, self.cfg.notes_max_tokens, "tail")
+
+    def prompt(self, rec: RehearsalRecord, where: str, attempt: int | None, system: str, task: Task, body: str, ask: str) -> list[int]:
+        user = self.cap(rec, where, attempt, task_header(task) + "\n\n" + body, self.cfg.prompt_max_tokens, "middle") + "\n\n" + ask
+        return self.fmt.render([{"role": "system", "content": system}, {"role": "user", "content": user}])
+
+    # -- generations ------------------------------------------------------------------------------------------
+    def reflect(self, tasks: list[Task], recs: list[RehearsalRecord], ks: list[int]) -> None:
+        """Reflect on attempt ``ks[i]`` of ``recs[i]``: one batch over all tasks."""
+        prompts = [self.prompt(rec, "reflect_prompt", k, REFLECT_SYSTEM, task, self.attempt_block(rec, k, with_reflection=False), "Reflect: what worked, what failed, what to change.") for task, rec, k in zip(tasks, recs, ks)]
+        if not prompts:
+            return
+        gens = self.policy.generate(prompts, self.params(self.cfg.reflect_sampling))
+        for rec, k, prompt, g in zip(recs, ks, prompts, gens):
+            traj = rec.attempts[k]
+            rec.reflect_rows.append(Row(role="reflect", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=traj.id + "/reflect", group_id=traj.group_id, step=k, truncated=g.finish_reason == "length"))
+            rec.reflections.append(g.text.strip())
+            rec.count("reflect/rows")
+            if g.finish_reason == "length":
+                rec.count("reflect/truncated")
+            if not g.text.strip():
+                rec.count("reflect/empty")
+
+
+# A rehearsal mode fills ``attempts`` and ``reflections`` of every record: fn(ctx, tasks, records).
+REHEARSAL_MODES: Registry[Callable[[_Rehearsal, list[Task], list[RehearsalRecord]], None]] = Registry("rehearsal mode")
+
+
+@REHEARSAL_MODES.register("parallel")
+def _parallel(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
+    n = ctx.cfg.n
+    trajs = ctx.run_attempts(tasks, n, 0, memory={})
+    for i, rec in enumerate(recs):
+        rec.attempts = trajs[i * n : (i + 1) * n]
+    for k in range(n):  # one reflection per attempt; all tasks' k-th reflections in one batch
+        ctx.reflect(tasks, recs, [k] * len(recs))
+
+
+@REHEARSAL_MODES.register("sequential")
+def _sequential(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
+    for k in range(ctx.cfg.n):
+        notes = {task.id: ctx.notes(rec) for task, rec in zip(tasks, recs) if rec.attempts}
+        trajs = ctx.run_attempts(tasks, 1, k, memory=notes)
+        for rec, traj in zip(recs, trajs):
+            rec.attempts.append(traj)
+        ctx.reflect(tasks, recs, [k] * len(recs))
+
+
+def _concat(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
+    share = max(16, ctx.cfg.memory_max_tokens // max(1, len(rec.reflections)))
+    lines = [CONCAT_HEADER]
+    for k, r in enumerate(rec.reflections):
+        lines.append(f"- Attempt {k + 1}: " + ctx.cap(rec, "reflection", k, r.strip() or "(empty)", share, "head"))
+    return "\n".join(lines)
+
+
+# A memory builder sets ``memory_raw`` / ``memory_source`` (and ``memory_row``) of every record with attempts.
+MEMORY_BUILDERS: Registry[Callable[[_Rehearsal, list[Task], list[RehearsalRecord]], None]] = Registry("memory builder")
+
+
+@MEMORY_BUILDERS.register("concat")
+def _memory_concat(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
+    for rec in recs:
+        rec.memory_raw, rec.memory_source = _concat(ctx, rec), "concat"
+
+
+@MEMORY_BUILDERS.register("model")
+def _memory_model(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
+    prompts = []
+    for task, rec in zip(tasks, recs):
+        body = "\n\n".join(ctx.attempt_block(rec, k) for k in range(len(rec.attempts)))
+        prompts.append(ctx.prompt(rec, "memory_prompt", None, MEMORY_SYSTEM, task, body, f"Write the memory now (at most about {int(ctx.cfg.memory_max_tokens * 0.7)} words)."))
+    gens = ctx.policy.generate(prompts, ctx.params(ctx.cfg.memory_sampling))
+    for task, rec, prompt, g in zip(tasks, recs, prompts, gens):
+        rec.memory_row = Row(role="memory", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=f"tts-memory:{task.id}", group_id=f"tts-memory:{task.id}", step=0, truncated=g.finish_reason == "length")
+        if g.finish_reason == "length":
+            rec.count("memory/truncated")
+        if g.text.strip():
+            rec.memory_raw, rec.memory_source = g.text.strip(), "model"
+        else:  # counted, never silent
+            rec.count("memory/fallback")
+            rec.memory_raw, rec.memory_source = _concat(ctx, rec), "concat_fallback"
+
+
+def task_header(task: Task) -> str:
+    """The task as Reflect and Memory see it: the agent's instructions, the user turns and the tool names."""
+    users = "\n".join(f"User turn {i + 1}: {u.strip()}" for i, u in enumerate(task.user_turns))
+    return f"## Task\n{task.system_prompt.strip()}\n{users}\nTools: {', '.join(t.name for t in task.tools)}"
+
+
+def rehearse(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[RehearsalRecord]:
+    """The private phase: attempts, reflections and the bounded memory m_x for every task, batched across tasks.
+
+    Receives no environment and builds none: attempts are rehearsal-mode rollouts (observations imagined by
+    the policy's Rehearse role). The records come back with ``final`` unset.
+    """
+    ids = [t.id for t in tasks]
+    if len(set(ids)) != len(ids):
+        raise ValueError("task ids must be unique (the memory is keyed by task id)")
+    t0 = time.perf_counter()
+    ctx = _Rehearsal(policy, cfg)
+    recs = [RehearsalRecord(task_id=t.id, n=cfg.n, mode=cfg.mode, memory_mode=cfg.memory, config=cfg.to_dict()) for t in tasks]
+    if cfg.n > 0 and tasks:
+        REHEARSAL_MODES.get(cfg.mode)(ctx, tasks, recs)
+        MEMORY_BUILDERS.get(cfg.memory)(ctx, tasks, recs)
+    for rec in recs:
+        rec.memory = ctx.cap(rec, "memory", None, rec.memory_raw, cfg.memory_max_tokens, "head") if rec.memory_raw else ""
+        _count_rehearsal(rec, ctx.fmt)
+        rec.timing["rehearsal_s"] = time.perf_counter() - t0  # the phase is batched: shared wall time
+    return recs
+
+
+def _count_rehearsal(rec: RehearsalRecord, fmt: ChatFormat) -> None:
+    rec.count("rehearsal/attempts", len(rec.attempts))
+    rec.count("rehearsal/truncated_attempts", sum(t.truncated is not None for t in rec.attempts))
+    for t in rec.attempts:
+        for key, v in t.counters.items():
+            rec.count(f"rehearsal/{key}", v)
+    rows = [r for t in rec.attempts for r in t.rows] + rec.reflect_rows + ([rec.memory_row] if rec.memory_row else [])
+    for role in ("act", "rehearse", "reflect", "memory"):
+        rec.count(f"tokens/{role}", sum(len(r.completion_ids) for r in rows if r.role == role))
+    rec.count("memory/raw_tokens", len(fmt.encode(rec.memory_raw)) if rec.memory_raw else 0)
+    rec.count("memory/tokens", len(fmt.encode(rec.memory)) if rec.memory else 0)
+    rec.count("cuts", len(rec.cuts))
+    rec.count("cut_tokens", sum(c.tokens_before - c.tokens_after for c in rec.cuts))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The real phase
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TTSEvalResult(EvalResult):
+    """An :class:`envace.evaluation.EvalResult` with ``tts/…`` metrics and the per-task records."""
+
+    records: list[RehearsalRecord] = field(default_factory=list)
+
+
+def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, samples: int = 1) -> TTSEvalResult:
+    """Rehearse privately (once per task), then run every task ``samples`` times for real with m_x.
+
+    The metrics are :func:`envace.evaluation.evaluate`'s (success_rate, pass^k, call_f1, ...) plus ``tts/…``
+    ones; each record's ``final`` is the task's first real run (all runs are in ``trajectories``).
+    """
+    records = rehearse(policy, tasks, cfg)
+    # ---------------- nothing above touched a real environment; the real phase starts here ----------------
+    memory = {r.task_id: r.memory for r in records if r.memory}
+    res = evaluate(policy, tasks, samples=samples, rollout=cfg.final_rollout(), memory=memory)
+    for i, rec in enumerate(records):
+        final = res.trajectories[i * samples]
+        rec.final = final
+        rec.success = None if final.reward is None else bool(final.reward)
+        for key, v in final.counters.items():
+            rec.count(f"final/{key}", v)
+        rec.timing["real_s"] = res.metrics["wall_s"]
+    metrics = {**res.metrics, **tts_metrics(records)}
+    return TTSEvalResult(metrics, res.per_task, res.trajectories, records)
+
+
+def run_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[RehearsalRecord]:
+    """Private rehearsal, then the single real execution of each task; one complete record per task."""
+    return evaluate_with_tts(policy, tasks, cfg, samples=1).records
+
+
+def tts_metrics(records: list[RehearsalRecord]) -> dict[str, float]:
+    n = max(1, len(records))
+
+    def mean(key: str) -> float:
+        return sum(r.counters.get(key, 0) for r in records) / n
+
+    attempts = max(1, sum(len(r.attempts) for r in records))
+    return {
+        "tts/n": float(records[0].n) if records else 0.0,
+        "tts/memory_tokens": mean("memory/tokens"),
+        "tts/memory_cut_rate": sum(any(c.where == "memory" for c in r.cuts) for r in records) / n,
+        "tts/memory_fallback_rate": mean("memory/fallback"),
+        "tts/cuts_per_task": mean("cuts"),
+        "tts/attempt_truncated_rate": sum(r.counters.get("rehearsal/truncated_attempts", 0) for r in records) / attempts,
+        "tts/attempt_tool_calls": sum(r.counters.get("rehearsal/act/tool_calls", 0) for r in records) / attempts,
+        "tts/rehearsal_tokens_per_task": sum(r.counters.get(f"tokens/{role}", 0) for r in records for role in ("act", "rehearse", "reflect", "memory")) / n,
+        "tts/rehearsal_wall_s": max((r.timing.get("rehearsal_s", 0.0) for r in records), default=0.0),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reading and writing
+# --------------------------------------------------------------------------------------------------------
+
+
+def format_record(rec: RehearsalRecord) -> str:
+    """A readable account: each attempt (transcript and reflection), the memory, cuts and the real run."""
+    out = [f"=== task {rec.task_id}: N={rec.n} {rec.mode} rehearsal, memory={rec.memory_mode} ==="]
+    for k, traj in enumerate(rec.attempts):
+        out += [f"--- attempt {k + 1} (private; tool results imagined) ---", format_trajectory(traj)]
+        if k < len(rec.reflections):
+            out += [f"--- reflection {k + 1} ---", rec.reflections[k] or "(empty)"]
+    out += [f"--- memory ({rec.memory_source}, {rec.counters.get('memory/tokens', 0)} tokens) ---", rec.memory or "(none)"]
+    for c in rec.cuts:
+        where = c.where + (f" of attempt {c.attempt + 1}" if c.attempt is not None else "")
+        out.append(f"[cut] {where}: {c.tokens_before} -> {c.tokens_after} tokens")
+    out.append("--- real execution (once) ---")
+    out.append(format_trajectory(rec.final) if rec.final else "(not run)")
+    out.append(f"success: {rec.success}")
+    return "\n".join(out)
+
+
+def save_records(path: str, records: list[RehearsalRecord]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
+
+
+def load_records(path: str) -> list[RehearsalRecord]:
+    with open(path, encoding="utf-8") as f:
+        return [RehearsalRecord.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+__all__ = [
+    "TTSConfig", "RehearsalRecord", "Cut", "TTSEvalResult", "REHEARSAL_MODES", "MEMORY_BUILDERS", "REFLECT_SYSTEM", "MEMORY_SYSTEM",
+    "cap_tokens", "rehearse", "run_tts", "evaluate_with_tts", "tts_metrics", "format_record", "save_records", "load_records", "task_header",
+]

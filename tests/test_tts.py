@@ -1,0 +1,259 @@
+"""Test-time scaling by private rehearsal: the firewall, N=0 = plain acting, what sequential attempts see,
+the memory bound, complete records, the tiny model end to end and the CLI."""
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from envace.backends.base import SamplingParams
+from envace.backends.hf import HFBackend
+from envace.backends.scripted import ScriptedBackend
+from envace.envs import ENVS, load_tasks, make_env
+from envace.evaluation import EvalResult, evaluate
+from envace.prompts import REHEARSE_SYSTEM
+from envace.rollout import RolloutConfig, RolloutEngine
+from envace.tts import (
+    MEMORY_SYSTEM, RECORD_FIELDS, REFLECT_SYSTEM, RehearsalRecord, TTSConfig, cap_tokens, evaluate_with_tts, load_records,
+    rehearse, run_tts, save_records,
+)
+
+EVENTS: list[tuple] = []  # ("env",) when a real environment is built, ("real", key) per real call, ("gen", kind)
+
+
+def _spy_factory(task):
+    """A bank environment that logs its creation and every executed call into EVENTS."""
+    EVENTS.append(("env",))
+    env = ENVS.get("bank")(task)
+    inner = env._execute
+
+    def spy(call):
+        EVENTS.append(("real", call.key()))
+        return inner(call)
+
+    env._execute = spy
+    return env
+
+
+@pytest.fixture
+def tasks():
+    make_env(load_tasks("bank", "train", n=1)[0])  # registers the built-in environments
+    if "tts_spy" not in ENVS:
+        ENVS.add("tts_spy", _spy_factory)
+    ts = load_tasks("bank", "train", n=3)
+    for t in ts:
+        t.env = "tts_spy"
+    EVENTS.clear()
+    return ts
+
+
+def kind_of(prompt: str) -> str:
+    for kind, system in (("reflect", REFLECT_SYSTEM), ("memory", MEMORY_SYSTEM), ("rehearse", REHEARSE_SYSTEM)):
+        if prompt.startswith("<|im_start|>system\n" + system[:40]):
+            return kind
+    return "act"
+
+
+def scripted(tasks, memory_text="Remember: call the gold tool first.", reflection=None):
+    """Act: the first gold call, then a reply naming the attempt (counted from the notes it sees);
+    Rehearse: a fixed observation; Reflect: names the attempt; Memory: ``memory_text``. Logs each generation."""
+
+    def respond(prompt: str) -> str:
+        kind = kind_of(prompt)
+        EVENTS.append(("gen", kind))
+        if kind == "rehearse":
+            return '<observation>{"rehearsed": true}</observation>'
+        if kind == "reflect":
+            k = (re.findall(r"## Attempt (\d+)", prompt) or ["?"])[-1]  # "?" when a tiny prompt cap cut it
+            return reflection if reflection is not None else f"reflection on attempt {k}: call it again"
+        if kind == "memory":
+            return memory_text
+        task = next(t for t in tasks if t.user_turns[0] in prompt)
+        if "<|im_start|>tool" not in prompt:
+            return task.flat_gold()[0].to_text()
+        return f"reply from attempt {prompt.count('## Attempt ') + 1}"
+
+    return respond
+
+
+def tcfg(**kw):
+    base = dict(n=2, rollout=RolloutConfig(group_size=1, max_steps=4, seed=3))
+    return TTSConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+@pytest.mark.parametrize("n", [0, 1, 2, 3])
+def test_firewall_no_real_env_before_the_single_real_execution(tokenizer, tasks, mode, n):
+    be = ScriptedBackend(tokenizer, scripted(tasks))
+    recs = run_tts(be, tasks, tcfg(n=n, mode=mode, memory="model" if n % 2 else "concat"))
+    first_env = EVENTS.index(("env",))
+    before, after = EVENTS[:first_env], EVENTS[first_env:]
+    assert not any(e[0] == "real" for e in before)
+    # every rehearsal-phase generation happened before any real environment existed ...
+    n_private = sum(len(t.rows) for rec in recs for t in rec.attempts) + sum(len(rec.reflect_rows) + (rec.memory_row is not None) for rec in recs)
+    assert len(before) == n_private
+    assert {e[1] for e in before} <= {"act", "rehearse", "reflect", "memory"}
+    # ... and after it only Act generates (the real run), the world answers
+    assert {e[1] for e in after if e[0] == "gen"} == {"act"}
+    for rec in recs:
+        assert len(rec.attempts) == len(rec.reflections) == len(rec.reflect_rows) == n
+        for t in rec.attempts:
+            assert t.mode == "rehearsal" and all(s != "real" for st in t.steps for s in st.sources)
+            assert all(o == {"rehearsed": True} for st in t.steps for o in st.observations)
+        assert rec.final.mode == "real" and rec.final.steps[0].sources == ["real"]
+        assert rec.success is not None
+    # one real execution per task: its calls are the first real calls (scoring replays them afterwards)
+    real_calls = [e[1] for e in after if e[0] == "real"]
+    assert real_calls[: len(tasks)] == [tasks[i].flat_gold()[0].key() for i in range(len(tasks))]
+
+
+def test_zero_budget_equals_plain_acting(tiny, tasks):
+    model, tok = tiny
+    rc = RolloutConfig(group_size=1, max_steps=2, seed=11, act=SamplingParams(temperature=1.0, max_new_tokens=8))
+    rec = run_tts(HFBackend(model, tok), tasks[:2], TTSConfig(n=0, rollout=rc))
+    plain = RolloutEngine(HFBackend(model, tok), dataclasses.replace(rc, mode="real")).run(tasks[:2])
+    ev = evaluate(HFBackend(model, tok), tasks[:2], samples=1, rollout=rc)
+    for r, p, e in zip(rec, plain, ev.trajectories):
+        assert r.attempts == [] and r.memory == "" and r.memory_source == "none" and r.memory_row is None
+        assert "Notes from private rehearsal" not in r.final.messages[0].content
+        assert [m.to_dict() for m in r.final.messages] == [m.to_dict() for m in p.messages] == [m.to_dict() for m in e.messages]
+        assert [(x.prompt_ids, x.completion_ids) for x in r.final.rows] == [(x.prompt_ids, x.completion_ids) for x in p.rows]
+        assert r.success == bool(e.reward)
+
+
+def test_sequential_attempt_sees_earlier_attempts_and_reflections(tokenizer, tasks):
+    be = ScriptedBackend(tokenizer, scripted(tasks))
+    recs = rehearse(be, tasks, tcfg(n=3, mode="sequential"))
+    for rec in recs:
+        assert rec.reflections == [f"reflection on attempt {k}: call it again" for k in (1, 2, 3)]
+        for n, traj in enumerate(rec.attempts):
+            prompt = tokenizer.decode(traj.rows[0].prompt_ids)  # attempt n's first Act prompt
+            for j in range(3):
+                seen = f"reply from attempt {j + 1}" in prompt and f"reflection on attempt {j + 1}" in prompt
+                assert seen == (j < n), (n, j)
+            assert traj.steps[-1].reply == f"reply from attempt {n + 1}"
+    # parallel attempts see nothing of each other
+    recs = rehearse(be, tasks, tcfg(n=3, mode="parallel"))
+    for rec in recs:
+        for traj in rec.attempts:
+            prompt = tokenizer.decode(traj.rows[0].prompt_ids)
+            assert "## Attempt" not in prompt and "Notes from private rehearsal" not in prompt
+
+
+@pytest.mark.parametrize("memory", ["model", "concat"])
+def test_memory_length_bound_is_respected_and_cuts_are_recorded(tokenizer, tasks, memory):
+    long = " ".join(f"note{i}" for i in range(600))
+    be = ScriptedBackend(tokenizer, scripted(tasks, memory_text=long, reflection=long))
+    cfg = tcfg(n=2, memory=memory, memory_max_tokens=64, reflect_sampling=SamplingParams(max_new_tokens=4000), memory_sampling=SamplingParams(max_new_tokens=4000))
+    recs = run_tts(be, tasks, cfg)
+    for rec in recs:
+        n_tok = len(tokenizer.encode(rec.memory, add_special_tokens=False))
+        assert 0 < n_tok <= 64 and rec.counters["memory/tokens"] == n_tok
+        assert rec.counters["memory/raw_tokens"] > 64
+        cut = [c for c in rec.cuts if c.where == "memory"]
+        if memory == "model":
+            assert len(cut) == 1 and cut[0].tokens_before > 64 and cut[0].tokens_after <= 64 and "note599" in cut[0].cut_text
+        else:  # each reflection got an equal share, then the whole was capped
+            assert [c.attempt for c in rec.cuts if c.where == "reflection"] == [0, 1]
+        assert rec.memory in rec.final.messages[0].content  # Act saw exactly m_x
+    # long transcripts and prompts are capped too: a tiny transcript cap cuts every attempt
+    recs = rehearse(be, tasks[:1], dataclasses.replace(cfg, transcript_max_tokens=24, prompt_max_tokens=48))
+    wheres = {c.where for c in recs[0].cuts}
+    assert {"transcript", "reflect_prompt", "memory"} <= wheres
+    for r in recs[0].reflect_rows:
+        assert "tokens cut" in tokenizer.decode(r.prompt_ids)
+
+
+def test_cap_tokens_keeps_head_tail_or_middle_within_the_budget(tokenizer):
+    from envace.prompts import ChatFormat
+
+    fmt = ChatFormat.for_tokenizer(tokenizer)
+    text = " ".join(f"w{i}" for i in range(200))
+    assert cap_tokens("short", 32, fmt) == ("short", None)
+    for keep, start, end in (("head", "w0 ", "cut ...]"), ("tail", "[...", "w199"), ("middle", "w0 ", "w199")):
+        kept, cut = cap_tokens(text, 32, fmt, keep)
+        assert len(fmt.encode(kept)) <= 32 and kept.startswith(start) and kept.endswith(end)
+        assert cut["tokens_before"] == len(fmt.encode(text)) and cut["cut_text"]
+
+
+def test_every_record_is_complete_and_round_trips_through_json(tokenizer, tasks, tmp_path):
+    be = ScriptedBackend(tokenizer, scripted(tasks))
+    recs = run_tts(be, tasks, tcfg(n=2, mode="sequential", memory="model"))
+    path = str(tmp_path / "records.jsonl")
+    save_records(path, recs)
+    back = load_records(path)
+    assert len(back) == len(tasks)
+    for rec, b in zip(recs, back):
+        d = rec.to_dict()
+        assert set(d) == set(RECORD_FIELDS)
+        assert json.loads(json.dumps(d)) == d == b.to_dict()
+        assert rec.final is not None and rec.success is not None and rec.memory and rec.memory_source == "model"
+        assert len(rec.attempts) == len(rec.reflections) == len(rec.reflect_rows) == 2 and rec.memory_row is not None
+        assert {r.role for r in rec.reflect_rows} == {"reflect"} and rec.memory_row.role == "memory"
+        assert rec.config["n"] == 2 and rec.config["mode"] == "sequential"
+        for key in ("rehearsal/attempts", "memory/tokens", "tokens/act", "tokens/rehearse", "tokens/reflect", "tokens/memory", "cuts", "final/act/steps"):
+            assert key in rec.counters, key
+        assert {"rehearsal_s", "real_s"} <= set(rec.timing)
+
+
+@pytest.mark.parametrize("mode", ["parallel", "sequential"])
+def test_tasks_are_batched_in_lockstep(tokenizer, tasks, mode):
+    """The number of backend calls does not grow with the number of tasks (or with N in parallel mode)."""
+
+    def n_generate_calls(ts, n):
+        be = ScriptedBackend(tokenizer, scripted(tasks))
+        calls = []
+        inner = be.generate
+        be.generate = lambda prompts, *a, **k: calls.append(len(prompts)) or inner(prompts, *a, **k)
+        rehearse(be, ts, tcfg(n=n, mode=mode))
+        return calls
+
+    copies = [dataclasses.replace(tasks[0], id=f"copy{i}") for i in range(3)]  # same length, distinct ids
+    one, three = n_generate_calls(copies[:1], 2), n_generate_calls(copies, 2)
+    assert len(one) == len(three) and [3 * c for c in one] == three
+
+
+def test_config_rejects_what_would_break_the_method():
+    with pytest.raises(KeyError, match="parallel, sequential"):
+        TTSConfig(mode="magic")
+    with pytest.raises(KeyError, match="concat, model"):
+        TTSConfig(memory="magic")
+    with pytest.raises(ValueError, match="rehearsal"):
+        TTSConfig(rollout=RolloutConfig(mode="real"))
+    with pytest.raises(ValueError, match="rehearsal"):
+        TTSConfig(rollout=RolloutConfig(shadow=True))
+    with pytest.raises(ValueError):
+        TTSConfig(n=-1)
+
+
+def test_tiny_model_runs_the_whole_pipeline(tiny, tasks):
+    model, tok = tiny
+    small = SamplingParams(temperature=1.0, max_new_tokens=8)
+    rc = RolloutConfig(group_size=1, max_steps=2, seed=5, act=small, rehearse=small.with_(stop=["</observation>"]))
+    cfg = TTSConfig(n=2, mode="sequential", memory="model", transcript_max_tokens=96, notes_max_tokens=192, prompt_max_tokens=384, reflect_sampling=small, memory_sampling=small.with_(temperature=0.0), rollout=rc)
+    be = HFBackend(model, tok)
+    recs = run_tts(be, tasks[:1], cfg)
+    for rec in recs:
+        assert len(rec.attempts) == 2 and rec.final is not None and rec.memory_source in ("model", "concat_fallback")
+        assert rec.memory and rec.memory in rec.final.messages[0].content
+        json.dumps(rec.to_dict())
+    res = evaluate_with_tts(be, tasks[:2], dataclasses.replace(cfg, n=1, mode="parallel", memory="concat"), samples=2)
+    assert isinstance(res, EvalResult) and len(res.trajectories) == 4 and len(res.records) == 2
+    for key in ("success_rate", "pass^1", "pass^2", "call_f1", "tts/n", "tts/memory_tokens", "tts/rehearsal_tokens_per_task"):
+        assert key in res.metrics, key
+    assert all(t.mode == "real" for t in res.trajectories)
+
+
+def test_cli_rehearse_prints_attempts_reflections_memory_and_the_real_run(tmp_path):
+    out = tmp_path / "rec.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "envace.cli", "rehearse", "--model", "tiny-random", "--suite", "bank", "-N", "1", "--mode", "sequential", "--memory", "concat", "--max-steps", "2", "--max-new-tokens", "8", "--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for text in ("attempt 1", "reflection 1", "--- memory", "real execution", "success:"):
+        assert text in p.stdout, text
+    rec = RehearsalRecord.from_dict(json.loads(out.read_text()))
+    assert rec.n == 1 and rec.final is not None
