@@ -1,0 +1,352 @@
+"""Any MCP server over stdio (official ``mcp`` SDK) as a real environment.
+
+``task.env`` is ``"mcp:<command line>"`` (e.g. ``"mcp:python tests/fixtures/mcp_server.py"``; a leading
+``python`` / ``python3`` means this interpreter). Each environment starts its own server subprocess, lists
+its tools and calls them through an MCP ``ClientSession``. The async client runs in a background event-loop
+thread behind a synchronous facade (:class:`MCPClient`); every call has a timeout. A tool result with
+``isError`` becomes a ``tool_error`` observation; a server that cannot be started raises
+:class:`MCPStartupError` with the command and the tail of its stderr. :meth:`MCPEnv.close` ends the
+subprocess.
+
+Suites: ``load_tasks("mcp:<command line>")`` gives one "explore" task (the server's tools, no gold, no
+success check); ``load_tasks("mcp:<tasks.json>")`` reads tasks from a JSON file
+``{"command": "<command line>", "tasks": [{"id": ..., "user_turns": [...], "gold_actions": [[...]],
+"expected_outputs": [...], "split": ...}, ...]}`` (missing tools are taken from the server). Such tasks are
+scored by a generic check: the gold calls appear in order among the trajectory's calls and every expected
+output appears in its replies.
+
+The server's state is not visible from outside, so :meth:`MCPEnv.state` is the command and the history of
+calls with their observations (what the environment knows), which is what determinism checks compare.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime
+import json
+import os
+import random
+import shlex
+import sys
+import tempfile
+import threading
+import weakref
+from typing import Any
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from ..types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
+from .base import ENVS, SUITES, Environment, Score
+
+STARTUP_TIMEOUT_S = 30.0
+CALL_TIMEOUT_S = 30.0
+CLOSE_TIMEOUT_S = 10.0
+SPLITS: tuple[str, ...] = ("train", "test", "all")
+EXPLORE_PROMPT = ("Explore the tools of this server: call them to learn what they do and what they return, "
+                  "then reply with a short summary of what you found.")
+
+
+class MCPStartupError(RuntimeError):
+    """The MCP server could not be started or did not complete the MCP handshake."""
+
+
+def parse_command(command: str | list[str]) -> list[str]:
+    """A command line (string, split like a shell) or argv list; ``python`` / ``python3`` -> this interpreter."""
+    argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+    if not argv:
+        raise ValueError("empty MCP server command")
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    return argv
+
+
+def _leaves(e: BaseException) -> list[BaseException]:
+    """The leaf exceptions of (nested) exception groups, so that a startup error names the real cause."""
+    if isinstance(e, BaseExceptionGroup):
+        return [leaf for sub in e.exceptions for leaf in _leaves(sub)]
+    return [e]
+
+
+def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, closing: asyncio.Event | None,
+              owner: concurrent.futures.Future | None, errfile: Any) -> None:
+    """Ask the owner task to leave its contexts (which ends the subprocess), then stop the loop thread."""
+    if loop.is_closed():
+        return
+    if closing is not None and owner is not None and not owner.done():
+        loop.call_soon_threadsafe(closing.set)
+        try:
+            owner.result(CLOSE_TIMEOUT_S)
+        except BaseException:  # noqa: BLE001 - closing must not raise
+            owner.cancel()
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(CLOSE_TIMEOUT_S)
+    if not thread.is_alive():
+        loop.close()
+    if errfile is not None:
+        try:
+            errfile.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class MCPClient:
+    """A synchronous facade over an MCP ``ClientSession`` to one stdio server.
+
+    One owner task, on an event loop in a daemon thread, enters ``stdio_client`` and ``ClientSession`` and
+    waits until :meth:`close` (anyio needs the same task to enter and leave them); calls are submitted to
+    that loop and waited on with a timeout."""
+
+    def __init__(self, command: str | list[str], env: dict[str, str] | None = None, cwd: str | None = None,
+                 startup_timeout_s: float = STARTUP_TIMEOUT_S, call_timeout_s: float = CALL_TIMEOUT_S):
+        self.argv = parse_command(command)
+        self.call_timeout_s = call_timeout_s
+        self.session: ClientSession | None = None
+        self.tools_raw: list[Any] = []
+        self._errfile = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mcp-client", daemon=True)
+        self._thread.start()
+        self._closing: asyncio.Event | None = None
+        self._ready: concurrent.futures.Future = concurrent.futures.Future()
+        params = StdioServerParameters(command=self.argv[0], args=self.argv[1:], env=env, cwd=cwd)
+        self._owner = asyncio.run_coroutine_threadsafe(self._own(params), self._loop)
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, None, None, self._errfile)
+        try:
+            self._ready.result(startup_timeout_s)
+        except BaseException as e:  # noqa: BLE001 - re-raised as a startup error with the server's stderr
+            timed_out = isinstance(e, concurrent.futures.TimeoutError)
+            if timed_out:
+                reason = f"no MCP handshake within {startup_timeout_s:g}s"
+            else:
+                reason = "; ".join(f"{type(x).__name__}: {x}" for x in _leaves(e))
+            tail = self._stderr_tail()
+            self.close()
+            raise MCPStartupError(
+                f"MCP server {shlex.join(self.argv)!r} did not start ({reason}); stderr tail: {tail!r}"
+            ) from (None if timed_out else e)
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self._closing, self._owner, self._errfile)
+
+    async def _own(self, params: StdioServerParameters) -> None:
+        self._closing = asyncio.Event()
+        try:
+            async with stdio_client(params, errlog=self._errfile) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    self.tools_raw = list((await session.list_tools()).tools)
+                    self.session = session
+                    self._ready.set_result(True)
+                    await self._closing.wait()
+        except BaseException as e:  # noqa: BLE001
+            if not self._ready.done():
+                self._ready.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+            elif not isinstance(e, (asyncio.CancelledError, GeneratorExit)):
+                raise
+        finally:
+            self.session = None
+            if not self._ready.done():
+                self._ready.set_exception(RuntimeError("the server closed the connection during startup"))
+
+    def _stderr_tail(self, n: int = 2000) -> str:
+        try:
+            self._errfile.flush()
+            self._errfile.seek(0)
+            return self._errfile.read()[-n:]
+        except Exception:  # noqa: BLE001
+            return ""
+
+    @property
+    def alive(self) -> bool:
+        return self.session is not None and not self._owner.done()
+
+    def tool_specs(self) -> list[ToolSpec]:
+        return [ToolSpec(name=t.name, description=t.description or "",
+                         parameters=dict(t.inputSchema or {"type": "object", "properties": {}})) for t in self.tools_raw]
+
+    def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> Any:
+        """Call a tool and return an observation (JSON value or error observation); never raises."""
+        timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
+        session = self.session
+        if session is None or self._owner.done():
+            return error_obs("tool_exception", "the MCP server is not running")
+        fut = asyncio.run_coroutine_threadsafe(
+            session.call_tool(name, arguments, read_timeout_seconds=datetime.timedelta(seconds=timeout_s)), self._loop
+        )
+        try:
+            result = fut.result(timeout_s + 1.0)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            return error_obs("timeout", f"tool {name!r} did not return within {timeout_s:g}s")
+        except Exception as e:  # noqa: BLE001 - protocol errors (bad request, server gone, read timeout)
+            msg = str(getattr(getattr(e, "error", None), "message", "") or e)
+            if "timed out" in msg.lower() or "timeout" in type(e).__name__.lower():
+                return error_obs("timeout", f"tool {name!r} did not return within {timeout_s:g}s")
+            return error_obs("tool_exception", f"{type(e).__name__}: {msg[:300]}")
+        return result_observation(result)
+
+    def close(self) -> None:
+        self._finalizer.detach()
+        _shutdown(self._loop, self._thread, self._closing, self._owner, self._errfile)
+
+
+def _content_value(block: Any) -> Any:
+    kind = getattr(block, "type", None)
+    if kind == "text":
+        try:
+            return json.loads(block.text)
+        except (ValueError, TypeError):
+            return block.text
+    if kind in ("image", "audio"):
+        return {"type": kind, "mimeType": getattr(block, "mimeType", None), "data_chars": len(getattr(block, "data", "") or "")}
+    if hasattr(block, "model_dump"):
+        return block.model_dump(mode="json", exclude_none=True)
+    return str(block)
+
+
+def result_observation(result: Any) -> Any:
+    """An MCP ``CallToolResult`` as an observation: ``isError`` -> ``tool_error``; else the structured
+    content if the tool declared one, else the content blocks (text parsed as JSON where it is JSON)."""
+    if getattr(result, "isError", False):
+        texts = [b.text for b in (result.content or []) if getattr(b, "type", None) == "text"]
+        return error_obs("tool_error", "\n".join(texts) or "the tool reported an error")
+    structured = getattr(result, "structuredContent", None)
+    if structured is not None:
+        return structured
+    values = [_content_value(b) for b in (result.content or [])]
+    return values[0] if len(values) == 1 else values
+
+
+# ---------------------------------------------------------------------------------- environment
+
+
+def _server_config(task: Task) -> dict[str, Any]:
+    cfg = dict(task.env_config)
+    if "command" not in cfg:
+        if ":" not in task.env or not task.env.split(":", 1)[1].strip():
+            raise ValueError(f"task {task.id!r}: env {task.env!r} names no MCP server command (expected 'mcp:<command line>')")
+        cfg["command"] = task.env.split(":", 1)[1].strip()
+    return cfg
+
+
+class MCPEnv(Environment):
+    """One task against a fresh MCP server subprocess."""
+
+    def __init__(self, task: Task):
+        super().__init__(task)
+        cfg = _server_config(task)
+        self.client = MCPClient(cfg["command"], env=cfg.get("env"), cwd=cfg.get("cwd"),
+                                call_timeout_s=float(cfg.get("call_timeout_s", CALL_TIMEOUT_S)))
+        self.history: list[dict[str, Any]] = []
+
+    @property
+    def tools(self) -> list[ToolSpec]:
+        return self.task.tools or self.client.tool_specs()
+
+    def _execute(self, call: ToolCall) -> Any:
+        obs = self.client.call_tool(call.name, call.arguments)
+        if is_error_obs(obs) and obs["error"]["kind"] in ("timeout", "tool_exception"):
+            self._fault(obs["error"]["kind"])
+        self.history.append({"call": call.to_dict(), "observation": obs})
+        return obs
+
+    def state(self) -> dict[str, Any]:
+        return {"command": shlex.join(self.client.argv), "history": json.loads(json.dumps(self.history, default=str))}
+
+    def score(self, traj: Trajectory) -> Score:
+        return check_trajectory(self.task, traj)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+ENVS.add("mcp", MCPEnv)
+
+
+def check_trajectory(task: Task, traj: Trajectory) -> Score:
+    """Generic success check: gold calls in order among the trajectory's calls; expected outputs in replies."""
+    details: dict[str, Any] = {}
+    checks: list[bool] = []
+    gold = task.flat_gold()
+    if gold:
+        calls = iter(c.key() for c in traj.calls())
+        ok = all(g.key() in calls for g in gold)  # subsequence test (consumes the iterator)
+        details["gold_calls_in_order"] = ok
+        checks.append(ok)
+    if task.expected_outputs:
+        text = "\n".join(traj.replies()).lower()
+        found = [o.lower() in text for o in task.expected_outputs]
+        details["expected_outputs"] = found
+        checks.extend(found)
+    if not checks:
+        return Score(False, 0.0, {"note": "the task has no success check (explore task)"})
+    reward = sum(checks) / len(checks)
+    return Score(all(checks), reward, details)
+
+
+# ---------------------------------------------------------------------------------- tasks
+
+
+def _list_tools(command: str, cfg: dict[str, Any]) -> list[ToolSpec]:
+    client = MCPClient(command, env=cfg.get("env"), cwd=cfg.get("cwd"))
+    try:
+        return client.tool_specs()
+    finally:
+        client.close()
+
+
+def explore_task(command: str, split: str = "train") -> Task:
+    """One task with the server's tools, an exploration prompt, no gold and no success check."""
+    return Task(
+        id="mcp_explore_" + "_".join(os.path.basename(a) for a in shlex.split(command))[:80],
+        env=f"mcp:{command}",
+        system_prompt="You are a helpful assistant that uses the tools of an MCP server.",
+        user_turns=[EXPLORE_PROMPT],
+        tools=_list_tools(command, {}),
+        env_config={"command": command},
+        split=split,
+        metadata={"source": "mcp", "kind": "explore"},
+    )
+
+
+def tasks_from_file(path: str) -> list[Task]:
+    """Tasks from a JSON file ``{"command": ..., "tasks": [...]}`` (see the module docstring)."""
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    command = doc["command"]
+    server_cfg = {k: doc[k] for k in ("env", "cwd", "call_timeout_s") if k in doc}
+    tools: list[ToolSpec] | None = None
+    out = []
+    for i, d in enumerate(doc["tasks"]):
+        d = dict(d)
+        d.setdefault("id", f"{os.path.splitext(os.path.basename(path))[0]}_{i}")
+        d.setdefault("env", f"mcp:{command}")
+        d.setdefault("system_prompt", doc.get("system_prompt", "You are a helpful assistant that uses the tools of an MCP server."))
+        d["env_config"] = {"command": command, **server_cfg, **d.get("env_config", {})}
+        if not d.get("tools"):
+            if tools is None:
+                tools = _list_tools(command, server_cfg)
+            d["tools"] = [t.to_dict() for t in tools]
+        d.setdefault("metadata", {}).setdefault("source", "mcp")
+        out.append(Task.from_dict(d))
+    return out
+
+
+def load_mcp_tasks(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+    """``mcp:<tasks.json>`` (tasks from a file) or ``mcp:<command line>`` (one explore task, in any split)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} for mcp; valid: {', '.join(SPLITS)}")
+    rest = spec.split(":", 1)[1].strip() if ":" in spec else ""
+    if not rest:
+        raise ValueError("mcp suite needs 'mcp:<command line>' or 'mcp:<tasks.json>'")
+    if rest.endswith(".json") and os.path.isfile(rest):
+        tasks = [t for t in tasks_from_file(rest) if split == "all" or t.split == split]
+    else:
+        tasks = [explore_task(rest, split="train" if split == "all" else split)]
+    if n is not None and n < len(tasks):
+        keep = sorted(random.Random(seed).sample(range(len(tasks)), n))
+        tasks = [tasks[i] for i in keep]
+    return tasks
+
+
+SUITES.add("mcp", load_mcp_tasks)

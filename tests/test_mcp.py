@@ -1,0 +1,124 @@
+"""MCP adapter: a real MCP server (tests/fixtures/mcp_server.py, FastMCP over stdio) started as a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envace.envs import check_env, load_tasks, make_env
+from envace.envs.mcp import MCPClient, MCPStartupError
+from envace.types import Step, ToolCall, Trajectory, is_error_obs
+
+SERVER = Path(__file__).parent / "fixtures" / "mcp_server.py"
+COMMAND = f"{sys.executable} {SERVER}"
+
+
+@pytest.fixture(scope="module")
+def explore_task():
+    (task,) = load_tasks(f"mcp:python {SERVER}", "train")  # "python" means this interpreter
+    return task
+
+
+def _gone(pid: int, within_s: float = 10.0) -> bool:
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_explore_task_lists_the_server_tools(explore_task):
+    names = {t.name for t in explore_task.tools}
+    assert {"increment", "get_count", "add_note", "read_note", "fail", "slow", "server_pid"} <= names
+    assert explore_task.env.startswith("mcp:") and not explore_task.gold_actions
+    inc = explore_task.tool("increment")
+    assert inc.parameters["type"] == "object" and inc.parameters["properties"]["by"]["type"] == "integer"
+
+
+def test_round_trip_errors_and_close(explore_task):
+    env = make_env(explore_task)
+    try:
+        assert env.call(ToolCall("increment", {"by": 2})) == {"result": 2}
+        assert env.call(ToolCall("increment", {})) == {"result": 3}
+        assert env.call(ToolCall("get_count", {})) == {"result": 3}
+        assert env.call(ToolCall("add_note", {"title": "t", "text": "hello"}))["n_notes"] == 1
+        assert env.call(ToolCall("read_note", {"title": "t"})) == {"result": "hello"}
+        # a tool that reports an error (isError) is an error observation, not an exception
+        obs = env.call(ToolCall("fail", {"reason": "broken on purpose"}))
+        assert is_error_obs(obs) and obs["error"]["kind"] == "tool_error" and "broken on purpose" in obs["error"]["message"]
+        obs = env.call(ToolCall("read_note", {"title": "missing"}))
+        assert obs["error"]["kind"] == "tool_error"
+        # arguments are checked against the server's inputSchema before the call
+        assert env.call(ToolCall("increment", {"by": "two"}))["error"]["kind"] == "bad_arguments"
+        assert env.call(ToolCall("no_such_tool", {}))["error"]["kind"] == "unknown_tool"
+        pid = env.call(ToolCall("server_pid", {}))["result"]
+        assert pid != os.getpid()
+        assert json.dumps(env.state())
+    finally:
+        env.close()
+    assert _gone(pid), "the MCP server subprocess outlived env.close()"
+    assert env.call(ToolCall("get_count", {}))["error"]["kind"] == "tool_exception"  # closed: still no exception
+
+
+def test_a_slow_call_times_out_and_the_server_stays_usable(explore_task):
+    client = MCPClient(COMMAND, call_timeout_s=0.5)
+    try:
+        t0 = time.time()
+        obs = client.call_tool("slow", {"seconds": 5})
+        assert obs["error"]["kind"] == "timeout" and time.time() - t0 < 3.0
+        assert client.call_tool("increment", {"by": 5}) == {"result": 5}
+    finally:
+        client.close()
+
+
+def test_a_server_that_cannot_start_raises_a_clear_error():
+    with pytest.raises(MCPStartupError) as err:
+        MCPClient([sys.executable, "-c", "import sys; print('boom on startup', file=sys.stderr); sys.exit(3)"])
+    assert "did not start" in str(err.value) and "boom on startup" in str(err.value)
+    with pytest.raises(MCPStartupError, match="No such file"):
+        load_tasks("mcp:/nonexistent/mcp-server --flag")
+
+
+def test_tasks_from_a_json_file_are_scored_by_gold_calls_and_outputs(tmp_path):
+    spec = {
+        "command": COMMAND,
+        "tasks": [
+            {"id": "count_to_3", "user_turns": ["Add 1 and then 2 to the counter and tell me the total."],
+             "gold_actions": [[{"name": "increment", "arguments": {"by": 1}}, {"name": "increment", "arguments": {"by": 2}}]],
+             "expected_outputs": ["3"], "split": "test"},
+            {"id": "note", "user_turns": ["Save a note 'a' saying 'b'."], "split": "train",
+             "gold_actions": [[{"name": "add_note", "arguments": {"title": "a", "text": "b"}}]]},
+        ],
+    }
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(spec))
+    (task,) = load_tasks(f"mcp:{path}", "test")
+    assert task.id == "count_to_3" and task.tool("increment") is not None
+    assert len(load_tasks(f"mcp:{path}", "all")) == 2
+
+    def play(calls, reply):
+        env = make_env(task)
+        try:
+            steps = [Step(user_turn=0, action_text="", calls=[c], observations=[env.call(c)]) for c in calls]
+            steps.append(Step(user_turn=0, action_text=reply, reply=reply))
+            return env.score(Trajectory(id="t", task_id=task.id, group_id="g", mode="real", steps=steps))
+        finally:
+            env.close()
+
+    good = play(task.flat_gold(), "The counter is at 3.")
+    assert good.success and good.reward == 1.0
+    bad = play([ToolCall("increment", {"by": 3})], "The counter is at 3.")
+    assert not bad.success and bad.details["gold_calls_in_order"] is False
+
+
+def test_check_env_passes(explore_task):
+    calls = [ToolCall("increment", {"by": 2}), ToolCall("add_note", {"title": "x", "text": "y"}), ToolCall("fail", {})]
+    report = check_env(explore_task, calls=calls)
+    assert report.ok, report.problems
