@@ -3,7 +3,9 @@
     envace demo                      SFT warm-up -> EnvACE training -> before/after evaluation (embedded defaults)
     envace sft   [--config F] [--set key=value ...]
     envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set rollout.group_size=4
-    envace eval  --model M --suite S [--split test] [-n 20] [--samples 1]
+    envace eval  --model M --suite S [--split test] [-n 20] [--samples K] [--tts-n N --tts-mode parallel|sequential] [--out F]
+    envace fidelity --model M --suite S [-n 8] [-k 2] [--mode rehearsal|per_role|simulator] [--out F]
+    envace experiment [--config F] [--set key=value ...]  all arms x seeds x budgets -> report.md / report.html
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]
     envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory model|concat]
@@ -45,27 +47,64 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0, max_steps: int = 8) -> Any:
-    from .backends.hf import HFBackend
-    from .envs import load_tasks
-    from .evaluation import evaluate
-    from .models import load
-    from .rollout import RolloutConfig
     from .backends.base import SamplingParams
+    from .evaluation import evaluate_model
+    from .rollout import RolloutConfig
 
-    m, tok = load(model)
-    tasks = load_tasks(suite, split, n=n, seed=seed)
-    rc = RolloutConfig(mode="real", max_steps=max_steps, act=SamplingParams(temperature=0.0 if samples == 1 else 0.7, max_new_tokens=160), seed=seed, progress=True)
-    return evaluate(HFBackend(m, tok), tasks, samples=samples, rollout=rc)
+    return evaluate_model(model, suite, split, n, samples, seed, rollout=RolloutConfig(max_steps=max_steps, act=SamplingParams(max_new_tokens=160)))
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .evaluation import save_result
+    from .backends.base import SamplingParams
+    from .evaluation import evaluate_model, save_result
+    from .rollout import RolloutConfig
 
-    res = _eval(args.model, args.suite, args.split, args.n, args.samples, args.seed)
+    sp = lambda t: SamplingParams(temperature=t, top_p=0.8 if t < 1 else 1.0, max_new_tokens=args.max_new_tokens)  # noqa: E731
+    rc = RolloutConfig(max_steps=args.max_steps, act=sp(1.0), rehearse=sp(0.6).with_(stop=["</observation>"]))
+    res = evaluate_model(args.model, args.suite, args.split, args.n, args.samples, args.seed, tts_n=args.tts_n, tts_mode=args.tts_mode, rollout=rc, temperature=args.temperature, tts_options={"memory": args.tts_memory})
+    print(f"{args.model} on {args.suite}/{args.split}: {len(res.per_task)} tasks x {args.samples} real trials, rehearsal budget N={args.tts_n}" + (f" ({args.tts_mode})" if args.tts_n else ""))
     print(res.table())
     if args.out:
-        save_result(res, args.out)
+        save_result(res, args.out, config={k: v for k, v in vars(args).items() if k != "fn"}, with_trajectories=args.trajectories)
         print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_fidelity(args: argparse.Namespace) -> int:
+    from .backends.base import SamplingParams
+    from .backends.hf import HFBackend
+    from .envs import load_tasks
+    from .evaluation import resolve_model
+    from .fidelity import measure_fidelity
+    from .models import load
+    from .rollout import RolloutConfig, format_trajectory
+
+    policy = HFBackend(*load(resolve_model(args.model)))
+    extra: dict[str, Any] = {}
+    if args.mode == "per_role":
+        extra["rehearser"] = HFBackend(*load(resolve_model(args.rehearser or args.model, "rehearser")))
+    if args.mode == "simulator":
+        extra["simulator"] = HFBackend(*load(resolve_model(args.simulator or args.model)))
+    tasks = load_tasks(args.suite, args.split, n=args.n, seed=args.seed)
+    rc = RolloutConfig(mode=args.mode, group_size=args.k, max_steps=args.max_steps, seed=args.seed, validate_in_code=args.validate_in_code, reference_cache=args.reference_cache, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=args.max_new_tokens, stop=["</observation>"]))
+    res = measure_fidelity(policy, tasks, rc, **extra)
+    for t in res.trajectories[: args.show]:
+        print(format_trajectory(t) + "\n")
+    print(f"rehearsal fidelity of {args.model} ({args.mode}) on {len(tasks)} {args.suite}/{args.split} tasks x {args.k}:")
+    print(res.table())
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(res.to_dict(with_trajectories=True), f, indent=1, default=str)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from .experiment import load_experiment_config, run_experiment
+
+    res = run_experiment(load_experiment_config(args.config, args.overrides))
+    print(f"report: {res.report['html']} (and report.md, trajectories.html, results.json in {res.out_dir})")
     return 0
 
 
@@ -191,15 +230,44 @@ def build_parser() -> argparse.ArgumentParser:
     _common_config_args(t)
     t.set_defaults(fn=cmd_train)
 
-    e = sub.add_parser("eval", help="evaluate a model in the real environment")
-    e.add_argument("--model", default="SmolLM2-135M-Instruct")
+    e = sub.add_parser("eval", help="evaluate a model in the real environment (optionally after private test-time rehearsal)")
+    e.add_argument("--model", default="SmolLM2-135M-Instruct", help="model name, model folder, or training checkpoint / run folder")
     e.add_argument("--suite", default="builtin")
     e.add_argument("--split", default="test")
-    e.add_argument("-n", type=int, default=20)
-    e.add_argument("--samples", type=int, default=1)
+    e.add_argument("-n", type=int, default=20, help="tasks")
+    e.add_argument("--samples", "-k", type=int, default=1, help="real trials per task (pass^k for k <= samples)")
+    e.add_argument("--tts-n", type=int, default=0, help="test-time rehearsal budget N (0: none)")
+    e.add_argument("--tts-mode", default="parallel", help="parallel | sequential")
+    e.add_argument("--tts-memory", default="model", help="model | concat")
+    e.add_argument("--temperature", type=float, help="Act temperature of the real trials (default: 0 for 1 sample, else 0.7)")
+    e.add_argument("--max-steps", type=int, default=8)
+    e.add_argument("--max-new-tokens", type=int, default=160)
     e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--out")
+    e.add_argument("--out", help="write metrics and per-task results as JSON")
+    e.add_argument("--trajectories", action="store_true", help="include the trajectories in --out")
     e.set_defaults(fn=cmd_eval)
+
+    f = sub.add_parser("fidelity", help="rehearsal fidelity: rehearsed vs real observations on shadow rollouts")
+    f.add_argument("--model", default="SmolLM2-135M-Instruct", help="model name, model folder, or training checkpoint / run folder")
+    f.add_argument("--suite", default="builtin")
+    f.add_argument("--split", default="test")
+    f.add_argument("-n", type=int, default=8, help="tasks")
+    f.add_argument("-k", type=int, default=2, help="shadow trajectories per task")
+    f.add_argument("--mode", default="rehearsal", help="rehearsal | per_role (with --rehearser) | simulator (with --simulator)")
+    f.add_argument("--rehearser", help="per_role: the Rehearse model (default: the checkpoint's rehearser/)")
+    f.add_argument("--simulator", help="simulator: the frozen simulator model (default: --model)")
+    f.add_argument("--validate-in-code", action="store_true")
+    f.add_argument("--reference-cache", action="store_true")
+    f.add_argument("--max-steps", type=int, default=8)
+    f.add_argument("--max-new-tokens", type=int, default=160)
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--show", type=int, default=0, help="print this many shadow trajectories")
+    f.add_argument("--out", help="write the summary, every scored pair and the trajectories as JSON")
+    f.set_defaults(fn=cmd_fidelity)
+
+    x = sub.add_parser("experiment", help="the paper's comparison in miniature: all arms x seeds x rehearsal budgets, report folder")
+    _common_config_args(x)
+    x.set_defaults(fn=cmd_experiment)
 
     r = sub.add_parser("rollout", help="roll out one batch and write the trajectories as JSON lines")
     r.add_argument("--model", default="SmolLM2-135M-Instruct")
@@ -233,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--seed", type=int, default=0)
     h.add_argument("--out", help="write the full record as JSON")
     h.set_defaults(fn=cmd_rehearse)
+
 
     k = sub.add_parser("tasks", help="print tasks of a suite")
     k.add_argument("--suite", default="builtin")

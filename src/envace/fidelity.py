@@ -1,0 +1,246 @@
+"""Rehearsal fidelity: how closely rehearsed observations match what the real environment returns.
+
+Trajectories are rolled out in **shadow mode** (``RolloutConfig.shadow``): the policy acts on its own rehearsed
+observations, and each rehearsed call is also executed in a private copy of the real environment, whose answer
+is recorded next to the rehearsed one (``Step.shadow``) and never shown to the policy. The shadow environment
+receives exactly the trajectory's calls in order, so the real observation is "what the world would have said
+to this call after these calls". Only model-made observations are compared (sources ``rehearsed`` and
+``simulator``); cache hits and code validation answers are counted (``n_cache``, ``n_validation``) but not
+scored.
+
+Per (rehearsed, real) pair, in :func:`observation_fidelity` (all in {0, 1} except ``leaf_acc``):
+
+- ``valid``: the rehearsed output parsed as a JSON observation (a ``bad_format`` error = invalid).
+- ``exact``: canonical JSON equal (:func:`envace.types.dumps`, sorted keys; so ``1`` and ``1.0`` differ, the
+  project's rule for arguments as well).
+- ``keys``: the top-level key sets are equal (both objects), or both are non-objects of the same JSON type.
+- ``leaf_acc``: the fraction of the real observation's leaf paths (:func:`leaf_paths`) at which the rehearsed
+  one holds a canonically equal value. Empty objects / arrays are leaves, so every observation has >= 1 leaf.
+- ``outcome``: error-vs-success agreement: both are error observations, or neither is.
+
+An invalid rehearsal reproduces nothing: it scores 0 on every metric (although a ``bad_format`` error is
+formally an error observation, it is not counted as agreeing with a real error).
+
+:func:`aggregate` averages the pairs overall, per domain (``task.env``) and per tool (``domain/tool``).
+:func:`measure_fidelity` runs the shadow rollouts and aggregates.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .backends.base import Backend
+from .rollout import RolloutConfig, RolloutEngine
+from .types import Task, Trajectory, dumps, is_error_obs
+
+METRICS: tuple[str, ...] = ("valid", "exact", "keys", "leaf_acc", "outcome")
+"""The per-pair metrics, in report order."""
+SCORED_SOURCES: tuple[str, ...] = ("rehearsed", "simulator")
+"""Observation sources that a model produced, hence scored."""
+
+Path = tuple[Any, ...]  # keys (str) and list indices (int) from the root
+
+
+# --------------------------------------------------------------------------------------------------------
+# Pure metrics
+# --------------------------------------------------------------------------------------------------------
+
+
+def leaf_paths(obj: Any, prefix: Path = ()) -> dict[Path, Any]:
+    """Flatten a JSON value into ``{path: leaf value}``; objects by key, arrays by index. A scalar, an empty
+    object and an empty array are leaves (a scalar at the root has path ``()``)."""
+    if isinstance(obj, dict) and obj:
+        out: dict[Path, Any] = {}
+        for k, v in obj.items():
+            out |= leaf_paths(v, prefix + (k,))
+        return out
+    if isinstance(obj, list) and obj:
+        out = {}
+        for i, v in enumerate(obj):
+            out |= leaf_paths(v, prefix + (i,))
+        return out
+    return {prefix: obj}
+
+
+def path_str(path: Path) -> str:
+    """``("a", 0, "b")`` -> ``"a[0].b"``; the root is ``"$"``."""
+    s = ""
+    for p in path:
+        s += f"[{p}]" if isinstance(p, int) else (f".{p}" if s else str(p))
+    return s or "$"
+
+
+def _same(a: Any, b: Any) -> bool:
+    return dumps(a) == dumps(b)
+
+
+def _json_type(x: Any) -> str:
+    if isinstance(x, bool) or x is None:
+        return "bool" if isinstance(x, bool) else "null"
+    if isinstance(x, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(x), type(x).__name__)
+
+
+def is_valid_rehearsal(obs: Any) -> bool:
+    """False for the ``bad_format`` error that stands in for an unparsable rehearsed output."""
+    return not (is_error_obs(obs) and obs["error"].get("kind") == "bad_format")
+
+
+def mismatched_leaves(rehearsed: Any, real: Any) -> tuple[set[Path], set[Path]]:
+    """(rehearsed leaf paths whose value differs from, or is absent in, the real observation; real leaf paths
+    the rehearsed observation does not reproduce). Used to highlight a trajectory viewer."""
+    lr, lt = leaf_paths(rehearsed), leaf_paths(real)
+    bad_r = {p for p, v in lr.items() if p not in lt or not _same(v, lt[p])}
+    bad_t = {p for p, v in lt.items() if p not in lr or not _same(v, lr[p])}
+    return bad_r, bad_t
+
+
+def leaf_accuracy(rehearsed: Any, real: Any) -> float:
+    """Fraction of the real observation's leaf paths whose value the rehearsed one reproduces."""
+    lt = leaf_paths(real)
+    lr = leaf_paths(rehearsed)
+    return sum(p in lr and _same(lr[p], v) for p, v in lt.items()) / len(lt)
+
+
+def keys_match(rehearsed: Any, real: Any) -> bool:
+    if isinstance(rehearsed, dict) and isinstance(real, dict):
+        return set(rehearsed) == set(real)
+    return _json_type(rehearsed) == _json_type(real)
+
+
+def observation_fidelity(rehearsed: Any, real: Any) -> dict[str, float]:
+    """The per-pair metrics of the module docstring, as floats in [0, 1]."""
+    if not is_valid_rehearsal(rehearsed):
+        return {k: 0.0 for k in METRICS}
+    return {
+        "valid": 1.0,
+        "exact": float(_same(rehearsed, real)),
+        "keys": float(keys_match(rehearsed, real)),
+        "leaf_acc": leaf_accuracy(rehearsed, real),
+        "outcome": float(is_error_obs(rehearsed) == is_error_obs(real)),
+    }
+
+
+# --------------------------------------------------------------------------------------------------------
+# Pairs from shadow trajectories, and their aggregation
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FidelityPair:
+    """One rehearsed observation next to the real one, and its scores."""
+
+    task_id: str
+    traj_id: str
+    domain: str
+    tool: str
+    step: int
+    index: int
+    source: str
+    rehearsed: Any
+    real: Any
+    scores: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def collect_pairs(trajs: Sequence[Trajectory], tasks: Sequence[Task]) -> tuple[list[FidelityPair], dict[str, int]]:
+    """All scored (rehearsed, real) pairs of shadow trajectories, and counts of what was skipped:
+    ``n_cache`` / ``n_validation`` (answered without a model), ``n_no_shadow`` (no real observation recorded)."""
+    env_of = {t.id: t.env for t in tasks}
+    pairs: list[FidelityPair] = []
+    skipped = {"n_cache": 0, "n_validation": 0, "n_no_shadow": 0}
+    for tr in trajs:
+        domain = env_of.get(tr.task_id, "?")
+        for si, step in enumerate(tr.steps):
+            for i, obs in enumerate(step.observations):
+                src = step.sources[i] if i < len(step.sources) else "?"
+                if src in ("cache", "validation"):
+                    skipped[f"n_{src}"] += 1
+                    continue
+                if src not in SCORED_SOURCES:
+                    continue
+                real = step.shadow[i] if i < len(step.shadow) else None
+                if real is None:
+                    skipped["n_no_shadow"] += 1
+                    continue
+                tool = step.calls[i].name if i < len(step.calls) else "?"
+                pairs.append(FidelityPair(tr.task_id, tr.id, domain, tool, si, i, src, obs, real, observation_fidelity(obs, real)))
+    return pairs, skipped
+
+
+def mean_scores(pairs: Sequence[FidelityPair]) -> dict[str, float]:
+    """``{"n": count, metric: mean}``; the metrics are 0 when there is no pair."""
+    n = len(pairs)
+    return {"n": float(n), **{k: (sum(p.scores[k] for p in pairs) / n if n else 0.0) for k in METRICS}}
+
+
+def aggregate(pairs: Sequence[FidelityPair]) -> dict[str, Any]:
+    """``{"overall": scores, "by_domain": {domain: scores}, "by_tool": {"domain/tool": scores}}``."""
+    by_domain: dict[str, list[FidelityPair]] = {}
+    by_tool: dict[str, list[FidelityPair]] = {}
+    for p in pairs:
+        by_domain.setdefault(p.domain, []).append(p)
+        by_tool.setdefault(f"{p.domain}/{p.tool}", []).append(p)
+    return {
+        "overall": mean_scores(pairs),
+        "by_domain": {k: mean_scores(v) for k, v in sorted(by_domain.items())},
+        "by_tool": {k: mean_scores(v) for k, v in sorted(by_tool.items())},
+    }
+
+
+@dataclass
+class FidelityResult:
+    summary: dict[str, Any]
+    """:func:`aggregate` of the pairs, plus ``skipped`` counts."""
+    pairs: list[FidelityPair] = field(default_factory=list)
+    trajectories: list[Trajectory] = field(default_factory=list)
+
+    def table(self) -> str:
+        return format_fidelity(self.summary)
+
+    def to_dict(self, with_trajectories: bool = False) -> dict[str, Any]:
+        d: dict[str, Any] = {"summary": self.summary, "pairs": [p.to_dict() for p in self.pairs]}
+        if with_trajectories:
+            d["trajectories"] = [t.to_dict(with_rows=False) for t in self.trajectories]
+        return d
+
+
+def format_fidelity(summary: dict[str, Any]) -> str:
+    """A text table: overall, then one line per domain and per tool."""
+    head = f"{'':<32} {'n':>5} " + " ".join(f"{k:>8}" for k in METRICS)
+    lines = [head]
+
+    def line(name: str, s: dict[str, float]) -> str:
+        return f"{name[:32]:<32} {int(s['n']):>5} " + " ".join(f"{s[k]:>8.3f}" for k in METRICS)
+
+    lines.append(line("overall", summary["overall"]))
+    for group in ("by_domain", "by_tool"):
+        for name, s in summary.get(group, {}).items():
+            lines.append(line(("  " if group == "by_tool" else "") + name, s))
+    if summary.get("skipped"):
+        lines.append("skipped: " + ", ".join(f"{k}={v}" for k, v in summary["skipped"].items()))
+    return "\n".join(lines)
+
+
+def measure_fidelity(policy: Backend, tasks: list[Task], rollout_cfg: RolloutConfig | None = None, rehearser: Backend | None = None, simulator: Backend | None = None) -> FidelityResult:
+    """Roll out ``tasks`` in shadow mode (``rollout_cfg.mode``: rehearsal, per_role with ``rehearser`` or
+    simulator with ``simulator``; ``group_size`` trajectories each) and score every rehearsed observation
+    against the real one. Nothing real is shown to the policy."""
+    cfg = dataclasses.replace(rollout_cfg or RolloutConfig(), shadow=True)
+    if cfg.mode == "real":
+        raise ValueError("fidelity needs rehearsed observations: use mode rehearsal, per_role or simulator, not real")
+    trajs = RolloutEngine(policy, cfg, rehearser=rehearser, simulator=simulator).run(tasks, group_prefix="fid")
+    pairs, skipped = collect_pairs(trajs, tasks)
+    summary = aggregate(pairs)
+    summary["skipped"] = skipped
+    return FidelityResult(summary, pairs, trajs)
+
+
+__all__ = [
+    "METRICS", "leaf_paths", "path_str", "is_valid_rehearsal", "mismatched_leaves", "leaf_accuracy", "keys_match", "observation_fidelity",
+    "FidelityPair", "collect_pairs", "mean_scores", "aggregate", "FidelityResult", "format_fidelity", "measure_fidelity",
+]

@@ -1,0 +1,450 @@
+"""The experiment report: tables (mean +- std over seeds), figures and a trajectory viewer, all static files.
+
+:func:`write_report` turns an experiment's ``results.json`` content (envace.experiment) into, in its folder:
+
+- ``report.md`` and ``report.html``: the main table (every arm at N=0), the test-time rehearsal table
+  (success at every budget N and mode), the rehearsal-fidelity table (overall, per domain, per tool) and the
+  figures. The HTML page embeds its figures (base64) and needs nothing from the network.
+- ``curve_reward.png`` (training reward vs step, one line per RL arm, mean +- std band over seeds),
+  ``curve_train_success.png``, ``curve_sft_nll.png`` (the warm-up) and ``tts_budget.png`` (success vs N).
+- ``trajectories.html``: shadow trajectories of each arm, each rehearsed observation beside the real one,
+  mismatching leaves highlighted (envace.fidelity.mismatched_leaves).
+
+Pages set ``document.title`` from a script when they load (tests use it to detect script errors).
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from .fidelity import METRICS as FID_METRICS
+from .fidelity import Path, mismatched_leaves, observation_fidelity
+from .types import Trajectory
+
+MAIN_METRICS: tuple[tuple[str, str], ...] = (
+    ("success_rate", "success"),
+    ("tool_f1", "tool F1"),
+    ("tool_precision", "tool P"),
+    ("tool_recall", "tool R"),
+    ("call_f1", "call F1"),
+    ("format_valid_rate", "format valid"),
+    ("steps_per_traj", "steps"),
+    ("act_tokens_per_traj", "Act tokens"),
+    ("wall_s", "eval s"),
+)
+RATE_METRICS = ("success_rate", "tool_f1", "tool_precision", "tool_recall", "call_f1", "format_valid_rate")
+LOADED_SUFFIX = " [loaded]"
+"""Appended to ``document.title`` by each page's script once it ran."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# Numbers
+# --------------------------------------------------------------------------------------------------------
+
+
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1; 0 for a single value). Empty -> (nan, nan)."""
+    if not len(xs):
+        return float("nan"), float("nan")
+    a = np.asarray(xs, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def fmt_ms(ms: tuple[float, float], digits: int = 3) -> str:
+    m, s = ms
+    if m != m:  # nan
+        return "–"
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def _seeds(results: dict[str, Any], arm: str) -> list[dict[str, Any]]:
+    return [results["runs"][arm][s] for s in sorted(results["runs"].get(arm, {}), key=int)]
+
+
+def eval_values(results: dict[str, Any], arm: str, n: int, mode: str, metric: str) -> list[float]:
+    """The metric of an arm at budget (n, mode), one value per seed."""
+    out = []
+    for rec in _seeds(results, arm):
+        for e in rec["evals"]:
+            if e["n"] == n and (n == 0 or e["mode"] == mode) and metric in e["metrics"]:
+                out.append(float(e["metrics"][metric]))
+    return out
+
+
+def budget_keys(results: dict[str, Any]) -> list[tuple[int, str]]:
+    """Every (N, mode) evaluated, in order."""
+    keys: list[tuple[int, str]] = []
+    for arm in results["arms"]:
+        for rec in _seeds(results, arm):
+            for e in rec["evals"]:
+                k = (int(e["n"]), e["mode"])
+                if k not in keys:
+                    keys.append(k)
+    return sorted(keys)
+
+
+def fidelity_values(results: dict[str, Any], arm: str, group: str = "overall", name: str | None = None) -> dict[str, list[float]]:
+    """Per-seed fidelity metrics of an arm: overall, or one entry of by_domain / by_tool."""
+    out: dict[str, list[float]] = {k: [] for k in ("n", *FID_METRICS)}
+    for rec in _seeds(results, arm):
+        f = rec.get("fidelity")
+        if not f:
+            continue
+        s = f["overall"] if group == "overall" else f.get(group, {}).get(name)
+        if not s or not s.get("n"):
+            continue
+        for k in out:
+            out[k].append(float(s[k]))
+    return out
+
+
+def curve(results: dict[str, Any], arm: str, key: str) -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean, std) of a training metric over seeds, at the steps every seed logged."""
+    per_seed = [{int(m["step"]): float(m[key]) for m in rec.get("curve") or [] if key in m} for rec in _seeds(results, arm)]
+    per_seed = [d for d in per_seed if d]
+    if not per_seed:
+        return [], [], []
+    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+    ms = [mean_std([d[s] for d in per_seed]) for s in steps]
+    return steps, [m for m, _ in ms], [s for _, s in ms]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Tables (rows of cells, rendered as Markdown or HTML)
+# --------------------------------------------------------------------------------------------------------
+
+
+def _budget_label(n: int, mode: str) -> str:
+    return "N=0" if n == 0 else f"N={n} {mode[:3]}"
+
+
+def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    k = int(results["config"].get("eval_samples", 1))
+    metrics = list(MAIN_METRICS)
+    if k > 1:
+        metrics.insert(1, (f"pass^{k}", f"pass^{k}"))
+    head = ["arm", *[lbl for _, lbl in metrics], "fidelity leaf acc", "train s"]
+    rows = []
+    for arm in results["arms"]:
+        row = [arm] + [fmt_ms(mean_std(eval_values(results, arm, 0, "none", m)), 3 if m in RATE_METRICS or m.startswith("pass^") else 1) for m, _ in metrics]
+        row.append(fmt_ms(mean_std(fidelity_values(results, arm)["leaf_acc"])))
+        row.append(fmt_ms(mean_std([r.get("train_s", 0.0) for r in _seeds(results, arm)]), 0))
+        rows.append(row)
+    return head, rows
+
+
+def tts_table(results: dict[str, Any], metric: str = "success_rate") -> tuple[list[str], list[list[str]]]:
+    keys = budget_keys(results)
+    head = ["arm", *[_budget_label(n, m) for n, m in keys]]
+    rows = [[arm, *[fmt_ms(mean_std(eval_values(results, arm, n, m, metric))) for n, m in keys]] for arm in results["arms"]]
+    return head, rows
+
+
+def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[list[str], list[list[str]]]:
+    """Overall: one row per arm. by_domain / by_tool: one row per (arm, domain or tool)."""
+    head = ["arm"] + ([] if group == "overall" else [group[3:]]) + ["pairs", *FID_METRICS]
+    rows = []
+    for arm in results["arms"]:
+        names: list[str | None] = [None]
+        if group != "overall":
+            names = sorted({n for rec in _seeds(results, arm) if rec.get("fidelity") for n in rec["fidelity"].get(group, {})})
+        for name in names:
+            v = fidelity_values(results, arm, group, name)
+            if not v["n"]:
+                if group == "overall":  # keep the arm visible: its Rehearse role was never asked
+                    rows.append([arm, "0"] + ["–"] * len(FID_METRICS))
+                continue
+            rows.append([arm] + ([] if name is None else [name]) + [f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS])
+    return head, rows
+
+
+def md_table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def html_table(head: list[str], rows: list[list[str]], cls: str = "t") -> str:
+    h = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="{cls}"><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>'
+
+
+# --------------------------------------------------------------------------------------------------------
+# Figures
+# --------------------------------------------------------------------------------------------------------
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(results: dict[str, Any], key: str, path: str, title: str, arms: Sequence[str] | None = None) -> str:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
+    drawn = 0
+    for arm in arms if arms is not None else results["arms"]:
+        steps, mean, std = curve(results, arm, key)
+        if not steps:
+            continue
+        m, s = np.asarray(mean), np.asarray(std)
+        ax.plot(steps, m, marker="o", ms=3, label=arm)
+        ax.fill_between(steps, m - s, m + s, alpha=0.2)
+        drawn += 1
+    if not drawn:
+        ax.text(0.5, 0.5, "no training steps logged", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax.legend(fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -> str:
+    """Success vs rehearsal budget N per arm: parallel solid, sequential dashed (both from the N=0 point)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
+    keys = budget_keys(results)
+    modes = sorted({m for n, m in keys if n > 0}) or ["none"]
+    styles = {"parallel": "-", "sequential": "--"}
+    for i, arm in enumerate(results["arms"]):
+        color = f"C{i % 10}"
+        base = mean_std(eval_values(results, arm, 0, "none", metric))
+        for mode in modes:
+            pts = [(0, base)] + [(n, mean_std(eval_values(results, arm, n, mode, metric))) for n, m in keys if n > 0 and m == mode]
+            pts = [(n, v) for n, v in pts if v[0] == v[0]]  # drop budgets without values (nan)
+            if pts:
+                label = arm if mode == "none" else f"{arm} ({mode})"
+                ax.errorbar([n for n, _ in pts], [v[0] for _, v in pts], yerr=[v[1] for _, v in pts], color=color, linestyle=styles.get(mode, ":"), marker="o", ms=3, capsize=2, label=label)
+    ax.set_xlabel("rehearsal budget N")
+    ax.set_ylabel(metric)
+    ax.set_title("Test-time rehearsal budget")
+    ax.set_xticks(sorted({n for n, _ in keys}))
+    if metric in RATE_METRICS:
+        ax.set_ylim(-0.03, 1.03)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------
+# Trajectory viewer
+# --------------------------------------------------------------------------------------------------------
+
+
+def json_html(obj: Any, bad: set[Path], cls: str = "mm", path: Path = ()) -> str:
+    """Compact JSON as HTML; leaves whose path is in ``bad`` are wrapped in ``<span class=cls>``."""
+    if isinstance(obj, dict) and obj:
+        inner = ", ".join(f'<span class="k">{html.escape(json.dumps(k, ensure_ascii=False))}</span>: {json_html(v, bad, cls, path + (k,))}' for k, v in obj.items())
+        return "{" + inner + "}"
+    if isinstance(obj, list) and obj:
+        return "[" + ", ".join(json_html(v, bad, cls, path + (i,)) for i, v in enumerate(obj)) + "]"
+    text = html.escape(json.dumps(obj, ensure_ascii=False))
+    return f'<span class="{cls}">{text}</span>' if path in bad else text
+
+
+def trajectory_html(traj: Trajectory, anchor: str) -> str:
+    """One shadow trajectory: user turns, Act outputs and, per call, the rehearsed vs the real observation."""
+    users = [m.content for m in traj.messages if m.role == "user"]
+    out = [f'<section class="traj" id="{anchor}" data-anchor="{anchor}">']
+    out.append(f"<h3>{html.escape(traj.id)}</h3><p class='meta'>task {html.escape(traj.task_id)} · mode {html.escape(traj.mode)} · truncated {html.escape(str(traj.truncated))}</p>")
+    turn = -1
+    for si, step in enumerate(traj.steps):
+        if step.user_turn != turn and step.user_turn < len(users):
+            turn = step.user_turn
+            out.append(f'<div class="user"><b>user</b> {html.escape(users[turn])}</div>')
+        out.append(f'<div class="act"><b>act · step {si}</b><pre>{html.escape(step.action_text.strip())}</pre></div>')
+        if not step.observations:
+            continue
+        out.append('<table class="obs"><thead><tr><th>call</th><th>rehearsed</th><th>real (shadow)</th><th>scores</th></tr></thead><tbody>')
+        for i, obs in enumerate(step.observations):
+            src = step.sources[i] if i < len(step.sources) else "?"
+            real = step.shadow[i] if i < len(step.shadow) else None
+            call = step.calls[i].key() if i < len(step.calls) else "(unparsed)"
+            if real is None:
+                out.append(f"<tr><td><code>{html.escape(call)}</code></td><td><span class='src'>{html.escape(src)}</span> <code>{json_html(obs, set())}</code></td><td class='na'>not recorded</td><td></td></tr>")
+                continue
+            bad_r, bad_t = mismatched_leaves(obs, real)
+            sc = observation_fidelity(obs, real)
+            cls = "match" if sc["exact"] else "diff"
+            scores = " ".join(f"{k}={sc[k]:.2f}" for k in FID_METRICS)
+            out.append(
+                f"<tr class='{cls}'><td><code>{html.escape(call)}</code></td>"
+                f"<td><span class='src'>{html.escape(src)}</span> <code>{json_html(obs, bad_r, 'mm')}</code></td>"
+                f"<td><code>{json_html(real, bad_t, 'miss')}</code></td><td class='sc'>{scores}</td></tr>"
+            )
+        out.append("</tbody></table>")
+    out.append(f"<p class='meta'>counters: {html.escape(json.dumps(traj.counters, sort_keys=True))}</p></section>")
+    return "\n".join(out)
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:15px}
+table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;vertical-align:top}
+th{background:#f3f3f3}td{font-variant-numeric:tabular-nums;white-space:nowrap}
+.meta{color:#666;font-size:12px}img{max-width:560px;width:48%;border:1px solid #eee;margin:6px}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;word-break:break-word}
+pre{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;padding:6px;margin:4px 0;font-size:12px}
+.mm{background:#ffc9c9}.miss{background:#fff3b0}.k{color:#555}.src{font-size:11px;color:#fff;background:#888;border-radius:3px;padding:0 4px}
+tr.match td{background:#eefbea}.na{color:#999}.sc{font-size:11px;color:#444;white-space:nowrap}
+.user{background:#eef4ff;padding:6px;margin:6px 0}.act{margin:6px 0}.traj{border:1px solid #ddd;padding:10px;margin:12px 0}
+.legend span{padding:0 6px;margin-right:8px}details{margin:6px 0}
+"""
+
+
+def _page(title: str, body: str, script: str = "") -> str:
+    js = f"document.title = document.title + {json.dumps(LOADED_SUFFIX)};"
+    return (
+        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n{body}\n"
+        f"<script>\n(function () {{\n{script}\n{js}\n}})();\n</script>\n</body></html>\n"
+    )
+
+
+def viewer_html(results: dict[str, Any]) -> str:
+    """The trajectory viewer page: a picker and one section per kept shadow trajectory."""
+    sections, options = [], []
+    for arm in results["arms"]:
+        for seed in sorted(results["runs"].get(arm, {}), key=int):
+            for j, d in enumerate(results["runs"][arm][seed].get("examples") or []):
+                traj = Trajectory.from_dict(d)
+                anchor = f"t-{arm}-{seed}-{j}"
+                n_pairs = sum(1 for s in traj.steps for x in s.shadow if x is not None)
+                options.append(f"<option value='{anchor}'>{html.escape(arm)} · seed {seed} · {html.escape(traj.task_id)} · {n_pairs} compared</option>")
+                sections.append(f"<div class='arm-label meta'>arm <b>{html.escape(arm)}</b>, seed {seed}</div>" + trajectory_html(traj, anchor))
+    if not sections:
+        sections = ["<p>No shadow trajectories were kept (fidelity_tasks = 0?).</p>"]
+    body = (
+        "<h1>Rehearsed vs real: shadow trajectories</h1>"
+        "<p>Each row puts the observation the model <i>rehearsed</i> for a call next to what the real environment "
+        "returned for the same call (<i>shadow</i> mode: recorded, never shown to the policy). "
+        "<span class='legend'><span class='mm'>rehearsed leaf that is wrong or invented</span>"
+        "<span class='miss'>real leaf not reproduced</span></span> Rows in green match exactly.</p>"
+        f"<p><label>trajectory: <select id='pick'>{''.join(options)}</select></label> "
+        "<label><input type='checkbox' id='all'> show all</label> · <a href='report.html'>back to the report</a></p>"
+        f"<div id='trajs'>{''.join(sections)}</div>"
+    )
+    script = """
+var pick = document.getElementById('pick'), all = document.getElementById('all');
+function show() {
+  var secs = document.querySelectorAll('section.traj');
+  for (var i = 0; i < secs.length; i++) {
+    var on = all.checked || secs[i].getAttribute('data-anchor') === pick.value;
+    secs[i].style.display = on ? '' : 'none';
+    var lab = secs[i].previousElementSibling;
+    if (lab && lab.className.indexOf('arm-label') >= 0) { lab.style.display = on ? '' : 'none'; }
+  }
+}
+pick.addEventListener('change', show); all.addEventListener('change', show); show();
+"""
+    return _page("envace trajectory viewer", body, script)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------------------
+
+
+def _img_data(path: str) -> str:
+    with open(path, "rb") as f:
+        return "data:image/png;base64," + base64.b64encode(f.read()).decode("ascii")
+
+
+def _config_summary(c: dict[str, Any]) -> str:
+    return (
+        f"model `{c.get('model')}`, suite `{c.get('suite')}`, seeds {list(c.get('seeds', []))}; SFT {c.get('sft_steps')} steps; "
+        f"RL {c.get('iterations')} iterations x B={c.get('batch_tasks')} x K={c.get('group_size')} (lr {c.get('lr')}, reward {c.get('reward')}); "
+        f"evaluation on {c.get('eval_tasks')} `{c.get('eval_split')}` tasks x {c.get('eval_samples')} trials (T={c.get('eval_temperature')}), "
+        f"rehearsal budgets N={list(c.get('tts_budgets', []))} ({', '.join(c.get('tts_modes', []))}); fidelity on "
+        f"{c.get('fidelity_tasks')} tasks x {c.get('fidelity_samples')}."
+    )
+
+
+def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
+    """Write every report file into ``out_dir``; returns kind -> path."""
+    os.makedirs(out_dir, exist_ok=True)
+    p = lambda name: os.path.join(out_dir, name)  # noqa: E731
+    rl_arms = [a for a in results["arms"] if a not in ("base", "sft")]
+    figs = {
+        "curve_reward": plot_curves(results, "reward/mean", p("curve_reward.png"), "Training reward (mean ± std over seeds)", rl_arms),
+        "curve_train_success": plot_curves(results, "reward/success_rate", p("curve_train_success.png"), "Training success rate (on rollouts)", rl_arms),
+        "curve_sft_nll": plot_curves(results, "sft/nll", p("curve_sft_nll.png"), "SFT warm-up NLL", [a for a in results["arms"] if a == "sft"]),
+        "tts_budget": plot_tts(results, p("tts_budget.png")),
+    }
+    c = results["config"]
+    n_seeds = max((len(results["runs"].get(a, {})) for a in results["arms"]), default=0)
+    tables = {
+        "main": main_table(results),
+        "tts": tts_table(results),
+        "fidelity": fidelity_table(results),
+        "fidelity_domain": fidelity_table(results, "by_domain"),
+        "fidelity_tool": fidelity_table(results, "by_tool"),
+    }
+    captions = {
+        "main": f"Held-out tasks in the real environment, no test-time rehearsal (N=0); mean ± std over {n_seeds} seed(s).",
+        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential).",
+        "fidelity": "Rehearsal fidelity of each arm's Rehearse model on shadow rollouts (valid JSON, exact match, key-set match, leaf-value accuracy, error-vs-success agreement).",
+        "fidelity_domain": "Fidelity per domain.",
+        "fidelity_tool": "Fidelity per tool.",
+    }
+    titles = {"main": "Main results", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool"}
+    fig_titles = {"curve_reward": "Training reward", "curve_train_success": "Training success", "curve_sft_nll": "SFT warm-up", "tts_budget": "Rehearsal budget"}
+    docs = results.get("docs", {})
+    arms_md = "\n".join(f"- **{a}**: {docs.get(a, '')}" for a in results["arms"])
+
+    # Markdown
+    md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
+    for key in ("main", "tts"):
+        md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
+    md.append("## Figures\n\n" + "\n\n".join(f"![{fig_titles[k]}]({os.path.basename(v)})" for k, v in figs.items()) + "\n")
+    for key in ("fidelity", "fidelity_domain", "fidelity_tool"):
+        md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
+    md.append("## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: [trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n")
+    if "elapsed_s" in results:
+        md.append(f"Total time: {results['elapsed_s']:.0f} s.\n")
+    with open(p("report.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(md))
+
+    # HTML
+    arms_html = "".join(f"<li><b>{html.escape(a)}</b>: {html.escape(docs.get(a, ''))}</li>" for a in results["arms"])
+    body = [f"<h1>EnvACE experiment in miniature</h1><p>{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"]
+    for key in ("main", "tts"):
+        body.append(f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>{html.escape(captions[key])}</p>{html_table(*tables[key])}")
+    body.append("<h2 id='figures'>Figures</h2>" + "".join(f"<img alt='{html.escape(fig_titles[k])}' src='{_img_data(v)}'>" for k, v in figs.items()))
+    body.append(f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}")
+    for key in ("fidelity_domain", "fidelity_tool"):
+        body.append(f"<details><summary>{titles[key]}</summary>{html_table(*tables[key])}</details>")
+    body.append("<h2 id='trajectories'>Trajectories</h2><p>Rehearsed vs real observations with mismatches highlighted: "
+                "<a href='trajectories.html'>trajectory viewer</a>. Raw numbers: <a href='results.json'>results.json</a>.</p>")
+    if "elapsed_s" in results:
+        body.append(f"<p class='meta'>Total time: {results['elapsed_s']:.0f} s.</p>")
+    with open(p("report.html"), "w", encoding="utf-8") as f:
+        f.write(_page("envace experiment report", "\n".join(body)))
+    with open(p("trajectories.html"), "w", encoding="utf-8") as f:
+        f.write(viewer_html(results))
+    return {"md": p("report.md"), "html": p("report.html"), "viewer": p("trajectories.html"), "results": p("results.json"), **figs}
+
+
+__all__ = [
+    "write_report", "main_table", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
+    "trajectory_html", "json_html", "mean_std", "fmt_ms", "eval_values", "curve", "LOADED_SUFFIX",
+]

@@ -1,0 +1,125 @@
+"""Evaluation harness: pass^k, tool / call F1 and the aggregate metrics by hand; a gold policy scores perfectly;
+test-time rehearsal is reached through the budget; checkpoint folders resolve; the CLI writes its JSON."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from envace.backends.scripted import ScriptedBackend
+from envace.envs import load_tasks
+from envace.evaluation import evaluate, evaluate_at_budget, format_metrics, pass_hat_k, resolve_model, summarize, task_scores
+from envace.rollout import RolloutConfig
+from envace.sft import GoldTeacher
+from envace.types import Step, Task, ToolCall, Trajectory
+
+
+def _traj(calls, reward=0.0, counters=None, tid="t"):
+    tr = Trajectory(id=tid, task_id="x", group_id="g", mode="real", reward=reward, counters=counters or {})
+    tr.steps = [Step(user_turn=0, action_text="", calls=[c]) for c in calls]
+    return tr
+
+
+def test_pass_hat_k_is_the_chance_that_k_draws_without_replacement_all_succeed():
+    s = [True, True, False, False]
+    assert pass_hat_k(s, 1) == pytest.approx(0.5)
+    assert pass_hat_k(s, 2) == pytest.approx(1 / 6)  # C(2,2) / C(4,2)
+    assert pass_hat_k(s, 3) == 0.0
+    assert pass_hat_k([True, True, True], 3) == 1.0
+    assert pass_hat_k([True, True, True, False], 3) == pytest.approx(1 / 4)  # C(3,3) / C(4,3)
+    with pytest.raises(ValueError, match="at least 5 trials"):
+        pass_hat_k(s, 5)
+    with pytest.raises(ValueError, match="k >= 1"):
+        pass_hat_k(s, 0)
+
+
+def test_task_scores_average_tool_and_call_prf_over_the_trials():
+    task = Task(id="x", env="bank", system_prompt="", user_turns=["u"], tools=[],
+                gold_actions=[[ToolCall("get_balance", {"account": "a"}), ToolCall("transfer", {"from_account": "a", "to_account": "b", "amount": 5})]])
+    t1 = _traj([ToolCall("get_balance", {"account": "a"}), ToolCall("get_balance", {"account": "b"})], reward=1.0)
+    t2 = _traj([], reward=0.0)
+    s = task_scores(task, [t1, t2])
+    # t1: names {get_balance} vs {get_balance, transfer}: P=1, R=1/2, F1=2/3; calls: 1 of 2 right each way: 1/2, 1/2, 1/2
+    # t2: no calls vs gold -> 0, 0, 0
+    assert s["successes"] == [True, False]
+    assert s["tool_precision"] == pytest.approx(0.5) and s["tool_recall"] == pytest.approx(0.25) and s["tool_f1"] == pytest.approx(1 / 3)
+    assert s["call_precision"] == pytest.approx(0.25) and s["call_recall"] == pytest.approx(0.25) and s["call_f1"] == pytest.approx(0.25)
+    assert s["domain"] == "bank" and s["steps"] == 1.0
+
+
+def test_summarize_aggregates_success_pass_k_format_and_domains_by_hand():
+    per_task = [
+        {"task_id": "a", "domain": "bank", "successes": [True, False], "tool_precision": 1.0, "tool_recall": 0.5, "tool_f1": 2 / 3, "call_precision": 0.5, "call_recall": 0.5, "call_f1": 0.5},
+        {"task_id": "b", "domain": "shop", "successes": [True, True], "tool_precision": 0.0, "tool_recall": 0.0, "tool_f1": 0.0, "call_precision": 0.0, "call_recall": 0.0, "call_f1": 0.0},
+    ]
+    trajs = [
+        _traj([ToolCall("f")], counters={"act/steps": 3, "act/parse_errors": 1, "act/tool_calls": 1}, tid="1"),
+        _traj([], counters={"act/steps": 1}, tid="2"),
+        _traj([], counters={"act/steps": 0}, tid="3"),
+        _traj([], counters={}, tid="4"),
+    ]
+    trajs[1].truncated = "max_steps"
+    m = summarize(per_task, trajs, samples=2, wall_s=1.5)
+    assert m["success_rate"] == pytest.approx(0.75)
+    assert m["pass^1"] == pytest.approx(0.75) and m["pass^2"] == pytest.approx(0.5)  # (C(1,2)=0 + 1) / 2
+    assert m["tool_f1"] == pytest.approx(1 / 3) and m["tool_recall"] == pytest.approx(0.25) and m["call_f1"] == pytest.approx(0.25)
+    assert m["format_valid_rate"] == pytest.approx(0.75)  # 1 parse error in 4 Act generations
+    assert m["tool_calls_per_traj"] == pytest.approx(0.25) and m["truncated_rate"] == pytest.approx(0.25)
+    assert m["domain/bank/success_rate"] == 0.5 and m["domain/shop/success_rate"] == 1.0 and m["wall_s"] == 1.5
+    text = format_metrics(m)
+    assert text.splitlines()[0].startswith("success_rate") and text.splitlines()[1].startswith("pass^1") and text.splitlines()[2].startswith("pass^2")
+
+
+def test_a_gold_policy_succeeds_everywhere_in_the_real_environment(tokenizer):
+    tasks = load_tasks("bank", "test", n=3)
+    res = evaluate(GoldTeacher(tokenizer, tasks), tasks, samples=2, rollout=RolloutConfig(max_steps=12, max_steps_per_turn=8))
+    m = res.metrics
+    for key in ("success_rate", "pass^1", "pass^2", "tool_f1", "tool_precision", "tool_recall", "call_f1", "format_valid_rate"):
+        assert m[key] == 1.0, key
+    assert m["truncated_rate"] == 0.0 and m["act_tokens_per_traj"] > 0 and m["context_tokens_per_traj"] > m["act_tokens_per_traj"]
+    assert [t.task_id for t in res.trajectories] == [t.id for t in tasks for _ in range(2)]  # task by task, K each
+    assert all(t.mode == "real" and t.reward == 1.0 for t in res.trajectories)
+    assert json.loads(json.dumps(res.to_dict(with_trajectories=True)))["per_task"][0]["successes"] == [True, True]
+
+
+def test_a_rehearsal_budget_runs_private_attempts_and_shows_the_memory_to_the_real_run(tokenizer):
+    tasks = load_tasks("bank", "test", n=2)
+    be = ScriptedBackend(tokenizer, lambda prompt: "All done.")
+    rc = RolloutConfig(max_steps=3, max_steps_per_turn=2)
+    plain = evaluate_at_budget(be, tasks, rollout=rc, n=0)
+    assert plain.metrics["tts/n"] == 0.0 and "Notes from private rehearsal" not in "".join(be.prompts)
+    be.prompts.clear()
+    res = evaluate_at_budget(be, tasks, rollout=rc, n=1, mode="sequential", tts_options={"memory": "concat"})
+    assert res.metrics["tts/n"] == 1.0 and res.metrics["gen_tokens_per_task"] > plain.metrics["gen_tokens_per_task"]
+    assert all(t.mode == "real" for t in res.trajectories) and len(res.trajectories) == 2
+    assert any("Notes from private rehearsal" in p for p in be.prompts)
+    with pytest.raises(ValueError):
+        evaluate_at_budget(be, tasks, rollout=rc, n=-1)
+
+
+def test_resolve_model_finds_the_policy_of_a_checkpoint_or_a_run_folder(tmp_path):
+    ck = tmp_path / "run" / "checkpoints" / "step-000003"
+    for role in ("policy", "rehearser"):
+        (ck / role).mkdir(parents=True)
+        (ck / role / "config.json").write_text("{}")
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("step-000003")
+    assert resolve_model(str(ck)) == str(ck / "policy")
+    assert resolve_model(str(ck), "rehearser") == str(ck / "rehearser")
+    assert resolve_model(str(tmp_path / "run")) == str(ck / "policy")
+    assert resolve_model(str(ck / "policy")) == str(ck / "policy")
+    assert resolve_model("tiny-random") == "tiny-random"
+
+
+def test_eval_cli_writes_metrics_and_per_task_json(tmp_path):
+    out = tmp_path / "eval.json"
+    cmd = [sys.executable, "-m", "envace.cli", "eval", "--model", "tiny-random", "--suite", "bank", "-n", "2", "--samples", "2",
+           "--max-steps", "1", "--max-new-tokens", "4", "--out", str(out), "--trajectories"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "success_rate" in p.stdout and "pass^2" in p.stdout
+    d = json.loads(out.read_text())
+    assert set(d) == {"config", "metrics", "per_task", "trajectories"}
+    assert len(d["per_task"]) == 2 and len(d["trajectories"]) == 4 and d["config"]["samples"] == 2
+    for key in ("success_rate", "pass^1", "pass^2", "tool_f1", "tool_precision", "tool_recall", "call_f1", "format_valid_rate", "steps_per_traj", "act_tokens_per_traj", "wall_s"):
+        assert key in d["metrics"], key

@@ -1,0 +1,276 @@
+"""The experiment in miniature: config checks, report tables by hand from synthetic results, a real end-to-end run
+of every arm with the tiny model through the CLI (every report file), resume, and the HTML pages in headless
+Chromium (no script errors, screenshots).
+
+Chromium is Debian's ``chromium`` package (``apt-get install -y chromium``); without it the browser tests skip."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from envace.config import to_dict
+from envace.envs import load_tasks
+from envace.experiment import ARMS, ExperimentConfig, budgets, load_experiment_config, run_experiment
+from envace.fidelity import measure_fidelity
+from envace.parsing import format_observation
+from envace.report import LOADED_SUFFIX, fmt_ms, json_html, main_table, mean_std, tts_table, write_report
+from envace.rollout import RolloutConfig
+from envace.sft import GoldTeacher
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+REPORT_FILES = ("report.md", "report.html", "trajectories.html", "results.json", "curve_reward.png", "curve_train_success.png", "curve_sft_nll.png", "tts_budget.png")
+ALL_ARMS = ("base", "sft", "real_env", "envace", "per_role", "simulator")
+
+TINY_YAML = """\
+model: tiny-random
+suite: bank
+arms: [base, sft, real_env, envace, per_role, simulator]
+seeds: [0]
+sft_steps: 1
+sft_tasks: 4
+sft_batch_tasks: 2
+sft_lr: 0.001
+iterations: 1
+batch_tasks: 1
+group_size: 2
+lr: 0.001
+rollout:
+  max_steps: 2
+  max_steps_per_turn: 2
+  act: {temperature: 1.0, max_new_tokens: 8}
+  rehearse: {temperature: 0.6, top_p: 0.8, max_new_tokens: 8, stop: ["</observation>"]}
+eval_tasks: 1
+tts_budgets: [0, 1]
+tts_modes: [parallel, sequential]
+tts_memory: concat
+tts_max_new_tokens: 8
+fidelity_tasks: 1
+fidelity_samples: 1
+progress: false
+"""
+
+
+# --------------------------------------------------------------------------------------------------------
+# Config and pure report pieces
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_every_paper_arm_is_registered_and_unknown_names_list_the_valid_ones():
+    for arm in ALL_ARMS + ("caller_frozen", "caller_only"):
+        assert arm in ARMS
+    with pytest.raises(KeyError, match="valid names: .*envace"):
+        ExperimentConfig(arms=("base", "nope"))
+    with pytest.raises(KeyError, match="parallel"):
+        ExperimentConfig(tts_modes=("diagonal",))
+    with pytest.raises(ValueError):
+        ExperimentConfig(arms=("base", "base"))
+
+
+def test_budgets_evaluate_n0_once_and_every_positive_n_in_every_mode():
+    cfg = ExperimentConfig(tts_budgets=(2, 0, 1, 1), tts_modes=("parallel", "sequential"))
+    assert cfg.tts_budgets == (0, 1, 2)
+    assert budgets(cfg) == [(0, "none"), (1, "parallel"), (1, "sequential"), (2, "parallel"), (2, "sequential")]
+
+
+def test_config_loads_from_yaml_with_overrides(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(TINY_YAML)
+    cfg = load_experiment_config(str(path), ["seeds=[3, 4]", "rollout.max_steps=3", "out_dir=/tmp/x"])
+    assert cfg.seeds == (3, 4) and cfg.rollout.max_steps == 3 and cfg.rollout.act.max_new_tokens == 8 and cfg.out_dir == "/tmp/x"
+    assert cfg.arms == ALL_ARMS and cfg.tts_budgets == (0, 1)
+
+
+def test_mean_std_and_formatting_by_hand():
+    assert mean_std([0.5, 1.0]) == pytest.approx((0.75, 0.35355339))  # sample std (ddof=1)
+    assert mean_std([0.4]) == (0.4, 0.0)
+    assert fmt_ms((0.75, 0.3535533)) == "0.750 ± 0.354" and fmt_ms(mean_std([])) == "–"
+
+
+def test_json_html_marks_exactly_the_mismatched_leaves():
+    out = json_html({"a": 1, "b": [2, "x<y"]}, {("b", 1)})
+    assert out.count('class="mm"') == 1 and '<span class="mm">&quot;x&lt;y&quot;</span>' in out
+
+
+class _WrongBalance(GoldTeacher):
+    """Gold acts; rehearsed observations with every balance wrong (so the viewer has mismatches to show)."""
+
+    def _script(self, task):
+        acts, obs = super()._script(task)
+        fixed = []
+        for text in obs:
+            o = json.loads(text[len("<observation>"): -len("</observation>")])
+            if isinstance(o, dict) and "balance" in o:
+                o["balance"] = "999.99"
+            fixed.append(format_observation(o))
+        return acts, fixed
+
+
+def _metrics(success, tool_f1):
+    return {"success_rate": success, "pass^1": success, "tool_f1": tool_f1, "tool_precision": tool_f1, "tool_recall": tool_f1, "call_f1": tool_f1,
+            "format_valid_rate": 1.0, "steps_per_traj": 3.0, "act_tokens_per_traj": 40.0, "wall_s": 2.0}
+
+
+@pytest.fixture(scope="module")
+def synthetic(tokenizer, tmp_path_factory):
+    """Results of two arms x two seeds with hand-chosen numbers and real shadow trajectories, and their report."""
+    tasks = load_tasks("bank", "test", n=2)
+    fid = measure_fidelity(_WrongBalance(tokenizer, tasks), tasks, RolloutConfig(mode="rehearsal", group_size=1, max_steps=12, max_steps_per_turn=8))
+    cfg = ExperimentConfig(arms=("sft", "envace"), seeds=(0, 1), tts_budgets=(0, 1), eval_samples=1)
+    runs = {}
+    for arm, succ in (("sft", (0.25, 0.25)), ("envace", (0.5, 1.0))):
+        runs[arm] = {}
+        for seed, s in zip(("0", "1"), succ):
+            runs[arm][seed] = {
+                "evals": [{"n": 0, "mode": "none", "metrics": _metrics(s, s / 2)},
+                          {"n": 1, "mode": "parallel", "metrics": _metrics(min(1.0, s + 0.25), s)},
+                          {"n": 1, "mode": "sequential", "metrics": _metrics(s, s)}],
+                "fidelity": fid.summary,
+                "examples": [t.to_dict(with_rows=False) for t in fid.trajectories],
+                "curve": [{"step": i, "reward/mean": 0.1 * i + s, "reward/success_rate": s} for i in (1, 2, 3)] if arm == "envace" else [{"step": 1, "sft/nll": 3.0}, {"step": 2, "sft/nll": 2.0}],
+                "train_s": 10.0,
+            }
+    results = {"config": to_dict(cfg), "arms": list(cfg.arms), "docs": {a: ARMS.get(a).doc for a in cfg.arms}, "runs": runs}
+    out = tmp_path_factory.mktemp("synthetic_report")
+    with open(out / "results.json", "w") as f:
+        json.dump(results, f)
+    files = write_report(results, str(out))
+    return results, files
+
+
+def test_report_tables_show_mean_and_std_over_seeds(synthetic):
+    results, files = synthetic
+    head, rows = main_table(results)
+    assert head[:3] == ["arm", "success", "tool F1"]
+    envace = next(r for r in rows if r[0] == "envace")
+    assert envace[1] == "0.750 ± 0.354" and envace[2] == "0.375 ± 0.177"
+    assert next(r for r in rows if r[0] == "sft")[1] == "0.250 ± 0.000"
+    head, rows = tts_table(results)
+    assert head == ["arm", "N=0", "N=1 par", "N=1 seq"]
+    assert next(r for r in rows if r[0] == "envace")[1:] == ["0.750 ± 0.354", "0.875 ± 0.177", "0.750 ± 0.354"]  # N=1 par: min(1, s + 0.25) = 0.75, 1.0
+    md = open(files["md"]).read()
+    assert "| envace | 0.750 ± 0.354 |" in md and "bank/get_balance" in md and "trajectories.html" in md
+    for name in REPORT_FILES:
+        assert os.path.getsize(os.path.join(os.path.dirname(files["md"]), name)) > 0, name
+
+
+def test_viewer_puts_rehearsed_beside_real_and_highlights_wrong_balances(synthetic):
+    _, files = synthetic
+    page = open(files["viewer"]).read()
+    assert page.count('<section class="traj"') == 8  # 2 arms x 2 seeds x 2 shadow trajectories
+    assert '<span class="mm">&quot;999.99&quot;</span>' in page  # the invented balance, highlighted
+    assert 'class="miss"' in page and "tr class='match'" in page  # the real value not reproduced; exact rows marked
+
+
+# --------------------------------------------------------------------------------------------------------
+# Headless Chromium
+# --------------------------------------------------------------------------------------------------------
+
+
+def _chromium(tmp_path, url, *args):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    profile = tmp_path / f"chromium-profile-{len(list(tmp_path.iterdir()))}"
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def check_page_in_chromium(path, tmp_path, shot_name):
+    """The page loads without script errors (its script appends LOADED_SUFFIX to the title) and screenshots."""
+    url = "file://" + os.path.abspath(path)
+    dom = _chromium(tmp_path, url, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    title = re.search(r"<title>(.*?)</title>", dom.stdout, re.S)
+    assert title and title.group(1).endswith(LOADED_SUFFIX), (title and title.group(1), dom.stderr[-2000:])
+    errors = [ln for ln in dom.stderr.splitlines() if "Uncaught" in ln or ("CONSOLE" in ln and "rror" in ln)]
+    assert not errors, errors
+    shot = tmp_path / shot_name
+    res = _chromium(tmp_path, url, f"--screenshot={shot}", "--window-size=1200,900", "--hide-scrollbars")
+    assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(shot))
+    assert img.shape[:2] == (900, 1200) and img[..., :3].std() > 0.01  # not a blank page
+    return dom.stdout
+
+
+def test_no_page_asks_the_network_for_anything(synthetic):
+    _, files = synthetic
+    for key in ("html", "viewer"):
+        page = open(files[key]).read()
+        assert not re.search(r"""(src|href)\s*=\s*['"]?(https?:)?//""", page), key
+
+
+def test_synthetic_report_and_viewer_render_in_headless_chromium(synthetic, tmp_path):
+    _, files = synthetic
+    check_page_in_chromium(files["html"], tmp_path, "synthetic_report.png")
+    dom = check_page_in_chromium(files["viewer"], tmp_path, "synthetic_viewer.png")
+    assert 'style="display: none;"' in dom  # the picker script ran: only the chosen trajectory is shown
+
+
+# --------------------------------------------------------------------------------------------------------
+# End to end with the tiny model
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_experiment(tmp_path_factory):
+    """``envace experiment`` with every arm, 1 seed, 1 iteration, N in {0, 1}, through the CLI."""
+    root = tmp_path_factory.mktemp("experiment")
+    cfg_path = root / "exp.yaml"
+    cfg_path.write_text(TINY_YAML)
+    out = root / "out"
+    cmd = [sys.executable, "-m", "envace.cli", "experiment", "--config", str(cfg_path), "--set", f"out_dir={out}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    return cfg_path, out, p.stdout
+
+
+def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experiment):
+    _, out, stdout = tiny_experiment
+    for name in REPORT_FILES:
+        assert (out / name).stat().st_size > 0, name
+    for name in REPORT_FILES:
+        if name.endswith(".png"):
+            assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "[experiment] [6/6] seed 0 arm simulator" in stdout and "report:" in stdout
+    res = json.loads((out / "results.json").read_text())
+    assert res["arms"] == list(ALL_ARMS)
+    for arm in ALL_ARMS:
+        rec = res["runs"][arm]["0"]
+        assert [(e["n"], e["mode"]) for e in rec["evals"]] == [(0, "none"), (1, "parallel"), (1, "sequential")]
+        for e in rec["evals"]:
+            assert {"success_rate", "pass^1", "tool_f1", "call_f1", "format_valid_rate", "wall_s", "gen_tokens_per_task"} <= set(e["metrics"])
+        assert rec["evals"][1]["metrics"]["tts/n"] == 1.0
+        assert set(rec["fidelity"]) >= {"overall", "by_domain", "by_tool", "skipped"}
+        assert os.path.isfile(os.path.join(rec["models"]["policy"], "config.json")) or rec["models"]["policy"] == "tiny-random"
+    for arm in ("real_env", "envace", "per_role", "simulator"):  # same budget: one iteration each, from the SFT checkpoint
+        assert [m["step"] for m in res["runs"][arm]["0"]["curve"]] == [1]
+    assert res["runs"]["per_role"]["0"]["models"]["rehearser"].endswith("rehearser")
+    assert res["runs"]["simulator"]["0"]["models"]["simulator"] == res["runs"]["sft"]["0"]["models"]["policy"]
+    md = (out / "report.md").read_text()
+    for arm in ALL_ARMS:
+        assert f"| {arm} |" in md
+
+
+def test_a_rerun_with_the_same_config_skips_finished_arms_and_another_config_is_refused(tiny_experiment, capsys):
+    cfg_path, out, _ = tiny_experiment
+    before = json.loads((out / "results.json").read_text())["runs"]
+    res = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}"]))
+    assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
+    assert res.results["runs"] == before and os.path.exists(res.report["html"])
+    with pytest.raises(ValueError, match="another config"):
+        run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}", "iterations=2"]))
+
+
+def test_tiny_experiment_report_renders_in_headless_chromium(tiny_experiment, tmp_path):
+    _, out, _ = tiny_experiment
+    dom = check_page_in_chromium(out / "report.html", tmp_path, "report.png")
+    for arm in ALL_ARMS:
+        assert f"<td>{arm}</td>" in dom
+    assert dom.count("<img") == 4
+    check_page_in_chromium(out / "trajectories.html", tmp_path, "trajectories.png")

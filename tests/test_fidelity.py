@@ -1,0 +1,169 @@
+"""Rehearsal fidelity: the pure metrics by hand, pair collection and aggregation, and shadow rollouts with a
+perfect and a corrupted rehearser."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from envace.backends.scripted import ScriptedBackend
+from envace.envs import load_tasks
+from envace.fidelity import (
+    METRICS, FidelityPair, aggregate, collect_pairs, format_fidelity, keys_match, leaf_accuracy, leaf_paths, measure_fidelity,
+    mismatched_leaves, observation_fidelity, path_str,
+)
+from envace.parsing import format_observation
+from envace.rollout import RolloutConfig
+from envace.sft import GoldTeacher
+from envace.types import Step, Task, ToolCall, Trajectory, error_obs
+
+REAL = {"account": "rent", "balance": "10.00", "frozen": False}
+
+
+def test_leaf_paths_flatten_objects_and_arrays_and_keep_empty_containers():
+    obj = {"a": 1, "b": {"c": [1, {"d": None}], "e": {}}, "f": []}
+    assert leaf_paths(obj) == {("a",): 1, ("b", "c", 0): 1, ("b", "c", 1, "d"): None, ("b", "e"): {}, ("f",): []}
+    assert leaf_paths(5) == {(): 5} and leaf_paths({}) == {(): {}} and leaf_paths([]) == {(): []}
+    assert path_str(("b", "c", 1, "d")) == "b.c[1].d" and path_str(()) == "$" and path_str((0, "x")) == "[0].x"
+
+
+def test_an_exact_rehearsal_scores_one_everywhere():
+    assert observation_fidelity(dict(REAL), REAL) == {k: 1.0 for k in METRICS}
+
+
+def test_a_wrong_value_costs_exact_match_and_its_share_of_leaves():
+    s = observation_fidelity({"account": "rent", "balance": "12.00", "frozen": False}, REAL)
+    assert s == {"valid": 1.0, "exact": 0.0, "keys": 1.0, "leaf_acc": pytest.approx(2 / 3), "outcome": 1.0}
+
+
+def test_an_extra_key_breaks_the_key_set_but_not_leaf_accuracy_over_the_real_leaves():
+    s = observation_fidelity({**REAL, "currency": "USD"}, REAL)
+    assert s["keys"] == 0.0 and s["leaf_acc"] == 1.0 and s["exact"] == 0.0
+    assert observation_fidelity({"account": "rent"}, REAL)["leaf_acc"] == pytest.approx(1 / 3)
+
+
+def test_error_versus_success_disagree_and_two_errors_agree():
+    err = error_obs("tool_error", "insufficient funds")
+    s = observation_fidelity(err, REAL)
+    assert s == {"valid": 1.0, "exact": 0.0, "keys": 0.0, "leaf_acc": 0.0, "outcome": 0.0}
+    s = observation_fidelity(error_obs("tool_error", "no such account"), err)
+    assert s["outcome"] == 1.0 and s["keys"] == 1.0 and s["leaf_acc"] == 0.5 and s["exact"] == 0.0  # kind right, message wrong
+    assert observation_fidelity(REAL, err)["outcome"] == 0.0
+
+
+def test_an_unparsable_rehearsal_is_invalid_and_reproduces_nothing():
+    bad = error_obs("bad_format", "rehearsed output has no <observation> block")
+    assert observation_fidelity(bad, REAL) == {k: 0.0 for k in METRICS}
+    assert observation_fidelity(bad, error_obs("bad_arguments", "x")) == {k: 0.0 for k in METRICS}
+
+
+def test_values_compare_as_canonical_json_and_non_objects_by_type():
+    assert observation_fidelity({"n": 1.0}, {"n": 1})["exact"] == 0.0  # the project's canonical rule: 1 != 1.0
+    assert observation_fidelity({"b": 2, "a": [1, 2]}, {"a": [1, 2], "b": 2})["exact"] == 1.0  # key order does not matter
+    assert keys_match([1], [2, 3]) and not keys_match([1], "x") and not keys_match({"a": 1}, [1])
+    assert leaf_accuracy([1, 2, 3], [1, 5]) == 0.5
+
+
+def test_mismatched_leaves_name_the_wrong_and_the_missing_paths():
+    bad_r, bad_t = mismatched_leaves({"account": "rent", "balance": "12.00", "extra": 1}, REAL)
+    assert bad_r == {("balance",), ("extra",)} and bad_t == {("balance",), ("frozen",)}
+
+
+def _pair(domain, tool, scores):
+    return FidelityPair("t", "tr", domain, tool, 0, 0, "rehearsed", None, None, scores)
+
+
+def test_aggregate_averages_overall_per_domain_and_per_tool():
+    one = {k: 1.0 for k in METRICS}
+    zero = {k: 0.0 for k in METRICS}
+    half = dict(one, exact=0.0, leaf_acc=0.5)
+    pairs = [_pair("bank", "get_balance", one), _pair("bank", "get_balance", zero), _pair("shop", "get_balance", half)]
+    agg = aggregate(pairs)
+    assert agg["overall"]["n"] == 3 and agg["overall"]["exact"] == pytest.approx(1 / 3) and agg["overall"]["leaf_acc"] == pytest.approx(0.5)
+    assert agg["overall"]["valid"] == pytest.approx(2 / 3)
+    assert agg["by_domain"]["bank"]["exact"] == 0.5 and agg["by_domain"]["shop"]["leaf_acc"] == 0.5
+    assert set(agg["by_tool"]) == {"bank/get_balance", "shop/get_balance"}  # same tool name, two domains
+    assert aggregate([])["overall"] == {"n": 0.0, **{k: 0.0 for k in METRICS}}
+    assert "bank/get_balance" in format_fidelity(agg)
+
+
+def test_collect_pairs_scores_model_made_observations_and_counts_the_rest():
+    task = Task(id="x", env="bank", system_prompt="", user_turns=["u"], tools=[])
+    step = Step(user_turn=0, action_text="", calls=[ToolCall("get_balance", {"account": "rent"}), ToolCall("a"), ToolCall("b"), ToolCall("c"), ToolCall("d")],
+                observations=[dict(REAL), {"cached": 1}, error_obs("unknown_tool", "a"), {"x": 1}, {"y": 1}],
+                sources=["rehearsed", "cache", "validation", "rehearsed", "simulator"], shadow=[REAL, {"cached": 1}, None, None, {"y": 2}])
+    tr = Trajectory(id="tr", task_id="x", group_id="g", mode="rehearsal", steps=[step])
+    pairs, skipped = collect_pairs([tr], [task])
+    assert skipped == {"n_cache": 1, "n_validation": 1, "n_no_shadow": 1}
+    assert [(p.tool, p.source, p.scores["exact"]) for p in pairs] == [("get_balance", "rehearsed", 1.0), ("d", "simulator", 0.0)]
+    assert pairs[0].domain == "bank" and json.loads(json.dumps(pairs[0].to_dict()))["real"] == REAL
+
+
+class WrongBalances(GoldTeacher):
+    """Plays the gold script, but every rehearsed balance is wrong and the first observation is garbage."""
+
+    def _script(self, task):
+        acts, obs = super()._script(task)
+        out = []
+        for i, text in enumerate(obs):
+            o = json.loads(text[len("<observation>"): -len("</observation>")])
+            if isinstance(o, dict) and "balance" in o:
+                o["balance"] = "999.99"
+            out.append("not an observation" if i == 0 else format_observation(o))
+        return acts, out
+
+
+def _cfg(**kw):
+    return RolloutConfig(mode="rehearsal", group_size=1, max_steps=12, max_steps_per_turn=8, **kw)
+
+
+def test_a_rehearser_that_returns_the_real_observations_has_perfect_fidelity(tokenizer):
+    tasks = load_tasks("bank", "test", n=3)
+    res = measure_fidelity(GoldTeacher(tokenizer, tasks), tasks, _cfg())
+    n_gold = sum(len(t.flat_gold()) for t in tasks)
+    assert res.summary["overall"] == {"n": float(n_gold), **{k: 1.0 for k in METRICS}}
+    assert set(res.summary["by_domain"]) == {"bank"} and all(k.startswith("bank/") for k in res.summary["by_tool"])
+    assert all(s.shadow == s.observations for t in res.trajectories for s in t.steps)
+    assert res.summary["skipped"] == {"n_cache": 0, "n_validation": 0, "n_no_shadow": 0}
+
+
+def test_a_corrupted_rehearser_loses_exactly_what_it_got_wrong(tokenizer):
+    tasks = load_tasks("bank", "test", n=3)
+    res = measure_fidelity(WrongBalances(tokenizer, tasks), tasks, _cfg())
+    pairs = res.pairs
+    firsts = [p for p in pairs if p.step == 0 and p.index == 0]
+    assert len(firsts) == 3 and all(p.scores == {k: 0.0 for k in METRICS} for p in firsts)  # garbage -> invalid
+    for p in pairs:
+        if p in firsts:
+            continue
+        has_balance = isinstance(p.real, dict) and "balance" in p.real
+        assert p.scores["valid"] == 1.0 and p.scores["keys"] == 1.0 and p.scores["outcome"] == 1.0
+        assert p.scores["exact"] == (0.0 if has_balance else 1.0)
+        if has_balance:
+            assert p.scores["leaf_acc"] == pytest.approx(1 - 1 / len(leaf_paths(p.real)))
+    assert res.summary["overall"]["valid"] == pytest.approx(1 - 3 / len(pairs))
+
+
+def test_code_validation_answers_are_counted_not_scored_and_real_mode_is_refused(tokenizer):
+    tasks = load_tasks("bank", "test", n=1)
+
+    def respond(prompt):
+        return '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>' if "<|im_start|>tool" not in prompt else "Done."
+
+    res = measure_fidelity(ScriptedBackend(tokenizer, respond), tasks, _cfg(validate_in_code=True))
+    assert res.pairs == [] and res.summary["skipped"]["n_validation"] == 1 and res.summary["overall"]["n"] == 0
+    with pytest.raises(ValueError, match="rehearsed observations"):
+        measure_fidelity(ScriptedBackend(tokenizer, respond), tasks, RolloutConfig(mode="real"))
+
+
+def test_fidelity_cli_prints_the_table_and_writes_pairs_and_trajectories(tmp_path):
+    out = tmp_path / "fid.json"
+    cmd = [sys.executable, "-m", "envace.cli", "fidelity", "--model", "tiny-random", "--suite", "bank", "-n", "1", "-k", "1",
+           "--max-steps", "1", "--max-new-tokens", "4", "--out", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "leaf_acc" in p.stdout and "overall" in p.stdout
+    d = json.loads(out.read_text())
+    assert set(d) == {"summary", "pairs", "trajectories"} and len(d["trajectories"]) == 1
+    assert set(d["summary"]) == {"overall", "by_domain", "by_tool", "skipped"}
