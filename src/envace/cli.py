@@ -9,6 +9,7 @@
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]
     envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory model|concat]
+    envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
 """
 from __future__ import annotations
 
@@ -163,6 +164,14 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health) over a backend."""
+    from .serve import serve
+
+    serve(args.model, name=args.served_model_name, host=args.host, port=args.port, backend=args.backend, device=args.device, bf16=args.bf16, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000, default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit, verbose=args.verbose)
+    return 0
+
+
 def cmd_tasks(args: argparse.Namespace) -> int:
     from .envs import load_tasks
 
@@ -302,6 +311,20 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--out", help="write the full record as JSON")
     h.set_defaults(fn=cmd_rehearse)
 
+    v = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (for simulators, judges, evaluation)")
+    v.add_argument("--model", default="SmolLM2-135M-Instruct", help="model name, model folder, or training checkpoint / run folder")
+    v.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
+    v.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the server to the network)")
+    v.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
+    v.add_argument("--backend", default="hf", help="backend that generates (envace.backends.BACKENDS)")
+    v.add_argument("--device", default="cpu")
+    v.add_argument("--bf16", action="store_true")
+    v.add_argument("--max-batch", type=int, default=32, help="most prompts generated together")
+    v.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long the first request waits for others to batch with")
+    v.add_argument("--default-max-tokens", type=int, default=256)
+    v.add_argument("--max-tokens-limit", type=int, default=4096)
+    v.add_argument("--verbose", action="store_true", help="log every request")
+    v.set_defaults(fn=cmd_serve)
 
     k = sub.add_parser("tasks", help="print tasks of a suite")
     k.add_argument("--suite", default="builtin")

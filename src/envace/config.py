@@ -73,7 +73,18 @@ class TrainConfig:
     bf16: bool = False
     """bf16 autocast for rollouts and update."""
     simulator_model: str | None = None
-    """Frozen model for the simulator variant (None: the initial policy weights)."""
+    """Frozen model for the simulator variant (None: the initial policy weights; an http(s)://.../v1 URL: a model
+    served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""
+    device: str = "cpu"
+    """Device of a single-process run (cpu, cuda, cuda:1); under torchrun / accelerate launch each process takes its own."""
+    rollout_backend: str = "hf"
+    """Rollout engine (envace.backends.BACKENDS): hf generates with the trained model object itself; vllm is a
+    separate engine (GPU, extra ``envace[vllm]``) that receives the weights after each update (docs/scaling.md)."""
+    rollout_backend_options: dict = field(default_factory=dict)
+    """Keyword options of a separate rollout engine (vllm: gpu_memory_utilization, max_model_len, dtype, ...)."""
+    recompute_old_logprobs: bool = False
+    """Recompute the rows' old log-probs with the trainer's model before each update instead of trusting the
+    sampler's (needed with vllm, whose log-probs are untempered and from other kernels; costs one forward)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     out_dir: str = "runs/train"
     """Where metrics, trajectories and checkpoints go."""

@@ -6,10 +6,16 @@ Departures from the paper / reference code:
   reference, so the ratio starts at ~1; batched vs packed numerics differ by ~1e-6).
 - Rows of one context are packed into one sequence for the update (exact for a causal LM; see envace.update).
 - A trajectory whose reward is None (unscored, e.g. a judge failure) is masked out and counted.
+
+Scaling out (envace.distributed, docs/scaling.md): under torchrun / accelerate launch each process rolls out
+whole GRPO groups (its share of the B tasks), so the baselines are exact locally; the update's normalizer is
+global and gradients are synchronised, so one step equals the single-process step. Rank 0 logs and checkpoints.
+With ``rollout_backend: vllm`` a separate engine generates and gets the weights after each update.
 """
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import random
 import time
@@ -21,16 +27,18 @@ import torch
 from tqdm.auto import tqdm
 
 from . import algos
+from .backends.base import BACKENDS, Backend
 from .backends.hf import HFBackend
-from .checkpoint import latest_checkpoint, load_optimizers, load_rng, load_state, save_checkpoint
+from .checkpoint import latest_checkpoint, load_rng, load_state
 from .config import TrainConfig, to_dict
+from .distributed import Dist, SilentLogger, init_distributed
 from .envs import load_tasks
 from .logging import MetricsLogger
-from .models import load
+from .models import load, model_path
 from .rewards import RewardContext, make_reward
 from .rollout import RolloutEngine
 from .types import Row, Trajectory, write_jsonl
-from .update import optimizer_step
+from .update import optimizer_step, recompute_old_logprobs
 
 ROLE_INDEX = {"act": 0, "rehearse": 1}
 
@@ -124,7 +132,8 @@ def score(trajs: list[Trajectory], tasks_by_id: dict[str, Any], reward_fn: Any, 
 
 
 def train(cfg: TrainConfig) -> TrainResult:
-    """Run (or resume) role-wise GRPO training as configured."""
+    """Run (or resume) role-wise GRPO training as configured (on this process's share under a launcher)."""
+    dist = init_distributed(cfg.device)  # one process unless started by torchrun / accelerate launch
     os.makedirs(cfg.out_dir, exist_ok=True)
     ckpt_root = os.path.join(cfg.out_dir, "checkpoints")
     ckpt = latest_checkpoint(ckpt_root)
@@ -135,15 +144,16 @@ def train(cfg: TrainConfig) -> TrainResult:
     models = {"policy": policy}
     if cfg.variant == "per_role":
         models["rehearser"] = build_model(os.path.join(ckpt, "rehearser") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "rehearser") if (ckpt and lora) else None)[0]
+    ref_model = dist.place(copy.deepcopy(policy).eval()) if cfg.kl_coef > 0 else None
+    simulator = _simulator(cfg, policy, tok, dist) if cfg.variant == "simulator" else None
     optimizers = {name: make_optimizer(m, cfg.lr, cfg.weight_decay) for name, m in models.items()}
-    ref_model = copy.deepcopy(policy).eval() if cfg.kl_coef > 0 else None
-    backend = HFBackend(policy, tok, bf16=cfg.bf16)
-    extra: dict[str, Any] = {}
-    if "rehearser" in models:
-        extra["rehearser"] = HFBackend(models["rehearser"], tok, bf16=cfg.bf16)
-    if cfg.variant == "simulator":
-        sim_model, sim_tok = load(cfg.simulator_model) if cfg.simulator_model else (copy.deepcopy(policy).eval(), tok)
-        extra["simulator"] = HFBackend(sim_model, sim_tok, bf16=cfg.bf16)
+    for name in models:  # placed on this process's device; wrapped (DDP/FSDP) under a launcher
+        models[name], optimizers[name] = dist.prepare(models[name], optimizers[name])
+    engines = {name: rollout_backend(cfg, dist.unwrap(m), tok, dist) for name, m in models.items()}
+    for name, engine in engines.items():  # a separate engine (vllm) starts from the trainer's weights (resume, LoRA)
+        engine.sync_weights(dist.weights(models[name]))
+    backend = engines["policy"]
+    extra: dict[str, Any] = {k: v for k, v in (("rehearser", engines.get("rehearser")), ("simulator", simulator)) if v is not None}
     role_model = {"act": "policy", "rehearse": "rehearser" if "rehearser" in models else "policy"}
     # -- data, reward, state -------------------------------------------------------------------------------
     n_tasks = cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks)  # what the run will visit, at least
@@ -155,46 +165,50 @@ def train(cfg: TrainConfig) -> TrainResult:
     if ckpt:
         state = load_state(ckpt)
         start = int(state["step"])
-        load_optimizers(ckpt, optimizers)
+        dist.load_optimizers(ckpt, models, optimizers)
         load_rng(ckpt)
-    logger = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard, resume_step=start if ckpt else None)
+    traj_log = os.path.join(cfg.out_dir, "trajectories.jsonl")
+    logger: Any = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard, resume_step=start if ckpt else None) if dist.is_main else SilentLogger()  # rank 0 logs
     temps = {"act": cfg.rollout.act.temperature or 1.0, "rehearse": cfg.rollout.rehearse.temperature or 1.0}
     result = TrainResult(cfg.out_dir, start)
-    bar = tqdm(range(start, cfg.iterations), desc=f"train[{cfg.variant}]", disable=not cfg.progress, initial=start, total=cfg.iterations)
+    bar = tqdm(range(start, cfg.iterations), desc=f"train[{cfg.variant}]", disable=not (cfg.progress and dist.is_main), initial=start, total=cfg.iterations)
     for it in bar:
         t0 = time.perf_counter()
-        # 1. a batch of B tasks (data position it * B in a fixed permutation)
+        # 1. a batch of B tasks (data position it * B in a fixed permutation); this process takes whole tasks of it
         batch = [tasks[order[(it * cfg.batch_tasks + j) % len(tasks)]] for j in range(cfg.batch_tasks)]
-        # 2. K trajectories per task in the variant's rollout mode
+        # 2. K trajectories per task in the variant's rollout mode (a GRPO group never spans processes)
         rcfg = copy.copy(cfg.rollout)
-        rcfg.seed = cfg.seed * 100_003 + it
-        trajs = RolloutEngine(backend, rcfg, **extra).run(batch, group_prefix=f"i{it}-")
+        rcfg.seed = dist.rank_seed(cfg.seed * 100_003 + it)
+        trajs = RolloutEngine(backend, rcfg, **extra).run(dist.shard(batch), group_prefix=dist.group_prefix(f"i{it}-"))
         t_roll = time.perf_counter() - t0
         # 3. rewards (shared by both roles of a trajectory)
-        n_unscored = score(trajs, tasks_by_id, reward_fn, ctx)
-        write_jsonl(os.path.join(cfg.out_dir, "trajectories.jsonl"), [t.to_dict(with_rows=False) | {"iteration": it} for t in trajs])
-        # 4. advantages per (group, role), then one update per model over the rows of its roles
-        rows, adv, adv_m = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
-        metrics = _summarise(trajs, n_unscored) | {f"adv/{k}": v for k, v in adv_m.items()}
+        score(trajs, tasks_by_id, reward_fn, ctx)
+        everyone = dist.gather_trajectories(trajs)  # the whole batch (light copies); `trajs` itself on one process
+        if dist.is_main:
+            write_jsonl(traj_log, [t.to_dict(with_rows=False) | {"iteration": it} for t in everyone])
+        # 4. advantages per (group, role) from this process's whole groups, then one update per model
+        rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
+        _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
+        metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {f"adv/{k}": v for k, v in adv_m.items()}
         t1 = time.perf_counter()
-        for name, model in models.items():
+        for name, model in models.items():  # every process steps every model, with its rows (maybe none)
             mine = [i for i, r in enumerate(rows) if role_model[r.role] == name]
-            if not mine:
-                continue
             sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
+            if cfg.recompute_old_logprobs:  # the rollout engine's log-probs are not the trainer's (vllm)
+                recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=cfg.bf16, dist=dist)
             ref = ref_model if name == "policy" else None
-            um = optimizer_step(model, optimizers[name], sub_rows, _grpo_loss(model, sub_rows, sub_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=cfg.bf16)
+            um = optimizer_step(model, optimizers[name], sub_rows, _grpo_loss(model, sub_rows, sub_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=cfg.bf16, dist=dist)
             metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}
-        for b in [backend, *extra.values()]:
-            b.release_all()
+        for name, engine in engines.items():  # new weights: hf drops its kept caches, vllm loads them
+            engine.sync_weights(dist.weights(models[name]))
         # 5. log and checkpoint
         step = it + 1
-        metrics |= {"perf/rollout_s": t_roll, "perf/update_s": time.perf_counter() - t1, "perf/iteration_s": time.perf_counter() - t0, "perf/gen_tokens": float(backend.stats["generated_tokens"])}
+        metrics |= {"perf/rollout_s": t_roll, "perf/update_s": time.perf_counter() - t1, "perf/iteration_s": time.perf_counter() - t0, "perf/gen_tokens": dist.sum(backend.stats["generated_tokens"])}
         logger.log(step, metrics)
         result.metrics.append({"step": step, **metrics})
         bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
         if step % cfg.save_every == 0 or step == cfg.iterations:
-            result.checkpoint = save_checkpoint(ckpt_root, step, models, optimizers, {"data_position": step * cfg.batch_tasks, "config": to_dict(cfg)}, tokenizer=tok, keep=cfg.keep_checkpoints)
+            result.checkpoint = dist.save_checkpoint(ckpt_root, step, models, optimizers, {"data_position": step * cfg.batch_tasks, "config": to_dict(cfg)}, tokenizer=tok, keep=cfg.keep_checkpoints)
         result.step = step
     logger.close()
     if result.checkpoint is None:
@@ -202,13 +216,40 @@ def train(cfg: TrainConfig) -> TrainResult:
     return result
 
 
+def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backend:
+    """The engine that rolls out with ``model``'s weights. ``hf`` generates with the model object itself; any
+    other name in BACKENDS (``vllm``) is a separate engine, started from the base model's files, that receives
+    the weights through ``sync_weights``."""
+    if cfg.rollout_backend == "hf":
+        if dist.shards_parameters:
+            raise ValueError("rollout_backend 'hf' cannot generate with FSDP-sharded weights; set rollout_backend: vllm (or use DDP)")
+        return HFBackend(model, tok, bf16=cfg.bf16)
+    if cfg.rollout_backend not in BACKENDS:
+        try:
+            importlib.import_module(f"envace.backends.{cfg.rollout_backend}")  # registers it
+        except ModuleNotFoundError:
+            pass  # BACKENDS.get below lists the valid names
+    return BACKENDS.get(cfg.rollout_backend)(model=str(model_path(cfg.model)), tokenizer=tok, **cfg.rollout_backend_options)
+
+
+def _simulator(cfg: TrainConfig, policy: Any, tok: Any, dist: Dist) -> Backend:
+    """The frozen simulator of the simulator variant: a served model (an http(s) URL of an OpenAI-compatible
+    server), a local model, or (None) a frozen copy of the initial policy."""
+    if cfg.simulator_model and cfg.simulator_model.startswith(("http://", "https://")):
+        from .backends.http import HTTPBackend
+
+        return HTTPBackend(cfg.simulator_model)
+    sim_model, sim_tok = load(cfg.simulator_model) if cfg.simulator_model else (copy.deepcopy(policy).eval(), tok)
+    return HFBackend(dist.place(sim_model), sim_tok, bf16=cfg.bf16)
+
+
 def _grpo_loss(model: Any, rows: list[Row], adv: torch.Tensor, cfg: TrainConfig, ref_model: Any, temps: dict[str, float]):
     """The loss of one micro-batch: clipped surrogate (+ optional k3 KL to the reference)."""
     from .update import completion_logprobs, pack_rows, pad_rows
 
     def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
-        old, _ = pad_rows([torch.tensor(rows[i].old_logprobs, dtype=torch.float32) for i in idxs])  # (n, T)
-        a = adv[idxs]  # (n,)
+        old, _ = pad_rows([torch.tensor(rows[i].old_logprobs, dtype=torch.float32, device=logp.device) for i in idxs])  # (n, T)
+        a = adv[idxs].to(logp.device)  # (n,)
         loss, m = algos.policy_loss(logp, old, a, mask, clip_eps=cfg.clip_eps, agg=cfg.loss_agg, normalizer=normalizer)
         if ref_model is not None and cfg.kl_coef > 0:
             sub = [rows[i] for i in idxs]

@@ -5,15 +5,23 @@ prompt of step t+1 is the prompt of step t, its completion, and what came back. 
 one sequence and run through the model once; each row's completion log-probs are read off at its own positions.
 This is exact for a causal model and removes both the re-encoding of shared prefixes and most padding.
 Logits are computed only at completion positions (the LM head is applied to the selected hidden states).
+
+Over several processes (:mod:`envace.distributed`) :func:`optimizer_step` divides by the normalizer of the whole
+batch (all-reduced), runs as many micro-batches on every process (padding with idle ones) and synchronises
+gradients once; with ``dist`` left out it is the single-process step.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import torch
 
+from .distributed import Dist, each_micro_batch
 from .types import Row
+
+ONE_PROCESS = Dist()
 
 
 @dataclass
@@ -67,10 +75,12 @@ def _trunk_and_head(model: Any) -> tuple[Any, Any] | None:
     return trunk, head
 
 
-def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperatures: dict[str, float], bf16: bool = False) -> dict[int, torch.Tensor]:
+def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperatures: dict[str, float], bf16: bool = False, direct_head: bool = True) -> dict[int, torch.Tensor]:
     """Log-probs (with grad) of each row's completion tokens under ``model``: row index -> (n_completion,).
 
-    ``temperatures[role]`` divides the logits, matching how the rows were sampled.
+    ``temperatures[role]`` divides the logits, matching how the rows were sampled. ``direct_head=False`` (a
+    DDP/FSDP-wrapped model, whose forward is what synchronises it) calls the model whole and passes the needed
+    positions as ``logits_to_keep`` instead of running its trunk and LM head separately.
     """
     dev = next(model.parameters()).device
     S = max(len(p.ids) for p in packs)
@@ -93,13 +103,18 @@ def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperat
     tg = torch.tensor(tgt, device=dev)
     ctx = torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device_type=dev.type, enabled=False)
     with ctx:
-        th = _trunk_and_head(model)
+        th = _trunk_and_head(model) if direct_head else None
         if th is not None:
             trunk, head = th
             hidden = trunk(input_ids=ids, attention_mask=attn).last_hidden_state  # (P, S, H)
             logits = head(hidden[sb, st])  # (N, V) only where needed
-        else:
+        elif direct_head:
             logits = model(input_ids=ids, attention_mask=attn).logits[sb, st]
+        else:
+            keep = torch.zeros_like(ids, dtype=torch.bool)  # (P, S) positions whose logits are needed
+            keep[sb, st] = True
+            flat = sb * S + st  # (N,) the model returns the kept positions in row-major order
+            logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits[torch.searchsorted(flat.sort().values, flat)]
     logits = logits.float()
     temps = torch.cat([torch.full((n,), t, device=dev) for (_, n, t) in owner]) if owner else torch.ones(0, device=dev)
     logits = logits / temps[:, None]
@@ -124,38 +139,66 @@ def pad_rows(values: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
 LossFn = Any  # (logp (rows,T), mask (rows,T), row_indices list[int], normalizer float) -> (loss, metrics)
 
 
-def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn, *, agg: str, micro_batch_tokens: int, temperatures: dict[str, float], max_grad_norm: float, bf16: bool = False) -> dict[str, float]:
+def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn, *, agg: str, micro_batch_tokens: int, temperatures: dict[str, float], max_grad_norm: float, bf16: bool = False, dist: Dist = ONE_PROCESS) -> dict[str, float]:
     """One optimizer step over ``rows``: packed micro-batches, gradient accumulation, clipping, step.
 
     The loss of every micro-batch is divided by the whole batch's normalizer (algos.loss_normalizer semantics:
-    completion tokens for token_mean, rows for seq_mean), so the accumulated gradient is the full-batch one.
+    completion tokens for token_mean, rows for seq_mean; summed over processes), so the accumulated gradient is
+    the full-batch one. Every process must call it (with its own rows, maybe none); it returns {} when no
+    process has a row.
     """
-    if not rows:
+    local = float(sum(len(r.completion_ids) for r in rows)) if agg == "token_mean" else float(sum(1 for r in rows if r.completion_ids))
+    normalizer = dist.sum(local)
+    if normalizer == 0:
         return {}
-    normalizer = float(sum(len(r.completion_ids) for r in rows)) if agg == "token_mean" else float(sum(1 for r in rows if r.completion_ids))
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
-    n_mb = 0
-    for mb in micro_batches(pack_rows(rows), micro_batch_tokens):
-        lp = completion_logprobs(model, mb, rows, temperatures, bf16=bf16)
-        idxs = sorted(lp)
-        logp, mask = pad_rows([lp[i] for i in idxs])
-        loss, m = loss_fn(logp, mask, idxs, normalizer)
-        loss.backward()
-        n_mb += 1
+    for mb, sync in each_micro_batch(micro_batches(pack_rows(rows), micro_batch_tokens), dist):
+        with contextlib.nullcontext() if sync else dist.no_sync(model):  # gradients are synchronised once, at the end
+            if mb is None:  # this process has no rows left: an idle forward keeps the collectives in step
+                loss, m = _idle_loss(model), {}
+            else:
+                lp = completion_logprobs(model, mb, rows, temperatures, bf16=bf16, direct_head=dist.direct_head)
+                idxs = sorted(lp)
+                logp, mask = pad_rows([lp[i] for i in idxs])
+                loss, m = loss_fn(logp, mask, idxs, normalizer)
+                sums["micro_batches"] = sums.get("micro_batches", 0.0) + 1.0
+            dist.backward(loss * dist.grad_scale)
         for k, v in m.items():
             if k.endswith("_max"):
                 sums[k] = max(sums.get(k, float("-inf")), float(v))
             else:
                 sums[k] = sums.get(k, 0.0) + float(v) * (float(m.get("n_tokens", 1.0)) if k != "n_tokens" else 1.0)
+    sums = dist.merge_metrics(sums)
     n_tok = sums.get("n_tokens", 0.0) or 1.0
-    metrics = {k: (v / n_tok if (k != "n_tokens" and not k.endswith("_max")) else v) for k, v in sums.items()}
-    params = [p for p in model.parameters() if p.requires_grad]
-    gn = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    metrics = {k: (v / n_tok if (k not in ("n_tokens", "micro_batches") and not k.endswith("_max")) else v) for k, v in sums.items()}
+    gn = dist.clip_grad_norm_(model, max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
     metrics["grad_norm"] = float(gn)
-    metrics["micro_batches"] = float(n_mb)
+    metrics["micro_batches"] = float(sums.get("micro_batches", 0.0))
     return metrics
+
+
+@torch.no_grad()
+def recompute_old_logprobs(model: Any, rows: list[Row], *, micro_batch_tokens: int, temperatures: dict[str, float], bf16: bool = False, dist: Dist = ONE_PROCESS) -> None:
+    """Replace each row's ``old_logprobs`` (the sampler's) by the trainer model's own, before the update.
+
+    For rollout engines whose log-probs are not the trainer's quantity (vLLM returns raw, untempered log-probs by
+    default, from other kernels): the PPO ratio then starts at 1 up to kernel noise. Every process must call it.
+    """
+    for mb, _ in each_micro_batch(micro_batches(pack_rows(rows), micro_batch_tokens), dist):
+        if mb is None:
+            _idle_loss(model)
+            continue
+        for i, lp in completion_logprobs(model, mb, rows, temperatures, bf16=bf16, direct_head=dist.direct_head).items():
+            rows[i].old_logprobs = lp.float().tolist()
+
+
+def _idle_loss(model: Any) -> torch.Tensor:
+    """A one-token forward whose loss is 0 but reaches every parameter (DDP expects a gradient for each)."""
+    dev = next(model.parameters()).device
+    out = model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=dev), use_cache=False, logits_to_keep=1)
+    return out.logits.float().sum() * 0.0

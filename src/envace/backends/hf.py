@@ -78,7 +78,7 @@ class HFBackend(Backend):
     def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
         sessions = list(sessions) if sessions is not None else [None] * len(prompts)
         out: list[Generation] = []
-        gen = torch.Generator(device="cpu")
+        gen = torch.Generator(device=self.device)  # multinomial needs the generator on the logits' device
         gen.manual_seed(params.seed if params.seed is not None else torch.seed() % (2**63))
         for s in range(0, len(prompts), self.max_batch):
             out += self._generate_batch(list(prompts[s : s + self.max_batch]), params, sessions[s : s + self.max_batch], gen)

@@ -1,0 +1,203 @@
+"""HTTP: a live ``envace serve`` (tiny model, loopback) answers chat and token-level completions like the local
+backend; the client's errors are clear and bounded for a stopped server, a slow server and bad requests; retries
+recover from a transient 503; the concurrency limit holds; the server batches concurrent requests."""
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from envace.backends.base import BackendError, Generation, SamplingParams
+from envace.backends.hf import HFBackend
+from envace.backends.http import HTTPBackend
+from envace.prompts import ChatFormat
+from envace.serve import Batcher
+
+
+@pytest.fixture(scope="module")
+def served():
+    """``envace serve --model tiny-random --port 0`` in a subprocess: its /v1 URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "serve", "--model", "tiny-random", "--served-model-name", "tiny", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        deadline, url = time.time() + 120, None
+        while time.time() < deadline and url is None:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                break
+            if "http://" in line:
+                url = line.split(" at ")[1].split()[0]
+        assert url and url.startswith("http://127.0.0.1:"), "envace serve did not start"
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _post(url, body, raw=None):
+    req = urllib.request.Request(url, data=raw if raw is not None else json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_served_model_answers_chat_and_token_completions_like_the_local_backend(served, tiny):
+    model, tok = tiny
+    client = HTTPBackend(served, tokenizer=tok, timeout=60)
+    assert client.model == "tiny"  # from GET /v1/models
+    texts = client.chat([[{"role": "user", "content": "hello"}], [{"role": "user", "content": "list the tools"}]], SamplingParams(temperature=0.7, max_new_tokens=6, seed=3))
+    assert len(texts) == 2 and all(isinstance(t, str) and t for t in texts)
+    fmt = ChatFormat.for_tokenizer(tok)
+    prompts = [fmt.render([{"role": "user", "content": c}]) for c in ("check my balance", "transfer 5 to bob")]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=8)
+    remote, local = client.generate(prompts, greedy), HFBackend(model, tok).generate(prompts, greedy)
+    for r, g in zip(remote, local):  # the same tokens, the same log-probs (up to batching numerics)
+        assert r.token_ids == g.token_ids and r.finish_reason == g.finish_reason and r.prompt_tokens == g.prompt_tokens
+        assert r.logprobs == pytest.approx(g.logprobs, abs=1e-3)
+        assert r.text == g.text
+    assert client.stats["generated_tokens"] >= 16 and client.stats["retries"] == 0
+
+
+def test_server_validates_requests_and_answers_json_errors(served, tokenizer):
+    base = served
+    status, body = _post(base + "/completions", None, raw=b"{not json")
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    status, body = _post(base + "/chat/completions", {"model": "other", "messages": [{"role": "user", "content": "x"}]})
+    assert status == 404 and body["error"]["param"] == "model"
+    status, body = _post(base + "/chat/completions", {"messages": []})
+    assert status == 400 and body["error"]["param"] == "messages"
+    status, body = _post(base + "/completions", {"prompt": [1, 2], "n": 2})
+    assert status == 400 and body["error"]["param"] == "n"
+    status, body = _post(base + "/completions", {"prompt": [10**9]})
+    assert status == 400 and "token id" in body["error"]["message"]
+    status, body = _post(base + "/completions", {"prompt": [1, 2], "max_tokens": 10**6})
+    assert status == 400 and body["error"]["param"] == "max_tokens"
+    status, body = _post(base + "/nowhere", {})
+    assert status == 404 and "routes" in body["error"]["message"]
+    with urllib.request.urlopen(base.removesuffix("/v1") + "/health", timeout=10) as r:
+        assert json.loads(r.read()) == {"status": "ok"}
+    status, body = _post(base + "/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 0, "return_token_ids": True, "stop": ["\n"]})
+    assert status == 200 and len(body["choices"][0]["token_ids"]) == len(body["choices"][0]["logprobs"]["token_logprobs"])
+    # a client error is not retried: BackendError at once, with the server's message
+    t0 = time.perf_counter()
+    with pytest.raises(BackendError, match="HTTP 404.*not served here"):
+        HTTPBackend(base, model="other", max_retries=3, backoff=1.0).chat([[{"role": "user", "content": "x"}]], SamplingParams(max_new_tokens=2))
+    assert time.perf_counter() - t0 < 1.0
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_stopped_server_raises_backend_error_after_bounded_retries():
+    client = HTTPBackend(f"http://127.0.0.1:{_free_port()}/v1", model="m", timeout=1.0, max_retries=2, backoff=0.05)
+    t0 = time.perf_counter()
+    with pytest.raises(BackendError, match=r"failed after 3 attempt\(s\).*cannot connect"):
+        client.chat([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2))
+    assert time.perf_counter() - t0 < 3.0 and client.stats["retries"] == 2 and client.stats["failures"] == 1
+
+
+class _Stub(ThreadingHTTPServer):
+    """A loopback server whose handler is a function of (server, request number) -> (delay s, status, body)."""
+
+    daemon_threads = True
+
+    def __init__(self, answer):
+        self.answer, self.n, self.inflight, self.max_inflight, self.lock = answer, 0, 0, 0, threading.Lock()
+        super().__init__(("127.0.0.1", 0), _StubHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _StubHandler(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        s = self.server
+        with s.lock:
+            s.n += 1
+            k = s.n
+            s.inflight += 1
+            s.max_inflight = max(s.max_inflight, s.inflight)
+        delay, status, body = s.answer(k)
+        time.sleep(delay)
+        with s.lock:
+            s.inflight -= 1
+        data = json.dumps(body).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+            pass
+
+    def log_message(self, *a):
+        pass
+
+
+CHAT_OK = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+
+
+def test_slow_server_times_out_with_backend_error():
+    stub = _Stub(lambda k: (3.0, 200, CHAT_OK))
+    client = HTTPBackend(stub.url, model="m", timeout=0.4, max_retries=1, backoff=0.05)
+    t0 = time.perf_counter()
+    with pytest.raises(BackendError, match=r"failed after 2 attempt\(s\).*no answer within 0.4s"):
+        client.chat([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2))
+    assert time.perf_counter() - t0 < 2.5 and stub.n == 2
+    stub.shutdown()
+
+
+def test_transient_503_is_retried_and_then_answered():
+    stub = _Stub(lambda k: (0.0, 503, {"error": {"message": "warming up"}}) if k == 1 else (0.0, 200, CHAT_OK))
+    client = HTTPBackend(stub.url, model="m", max_retries=2, backoff=0.01)
+    assert client.chat([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2)) == ["ok"]
+    assert client.stats["retries"] == 1 and stub.n == 2
+    stub.shutdown()
+
+
+def test_concurrency_limit_bounds_requests_in_flight():
+    stub = _Stub(lambda k: (0.2, 200, CHAT_OK))
+    client = HTTPBackend(stub.url, model="m", max_concurrency=2)
+    assert client.chat([[{"role": "user", "content": str(i)}] for i in range(6)], SamplingParams(max_new_tokens=2)) == ["ok"] * 6
+    assert stub.max_inflight == 2 and stub.n == 6
+    stub.shutdown()
+
+
+def test_server_batches_concurrent_requests_with_equal_sampling():
+    class Recorder:
+        tokenizer = None
+
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, prompts, params, sessions=None):
+            self.calls.append(len(prompts))
+            time.sleep(0.05)
+            return [Generation(token_ids=[p[0]], logprobs=[0.0], text=str(p[0]), finish_reason="eos") for p in prompts]
+
+    rec = Recorder()
+    batcher = Batcher(rec, max_batch=8, wait_s=1.0)  # generous: the six threads must all arrive within it
+    same, seeded = SamplingParams(max_new_tokens=4), SamplingParams(max_new_tokens=4, seed=1)
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, batcher.generate([[i]], seeded if i >= 4 else same)[0].token_ids)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    batcher.close()
+    assert results == {i: [i] for i in range(6)}  # every request gets its own answer
+    assert sorted(rec.calls) == [1, 1, 4]  # four unseeded requests in one batch; a seeded one always alone

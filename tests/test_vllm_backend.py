@@ -1,0 +1,100 @@
+"""vLLM backend: without vLLM (CPU) every way in raises an ImportError that names the extra. vLLM itself is never
+installed here (GPU only): the second test runs the backend against a stand-in module with the shape of vLLM's
+documented API (``LLM.generate`` on token prompts, per-prompt ``SamplingParams``, outputs with token ids,
+log-prob dicts, ``finish_reason`` / ``stop_reason``; ``LLM.apply_model`` + ``reset_prefix_cache``), which checks
+envace's side of the contract, not vLLM."""
+import sys
+import types
+
+import pytest
+import torch
+
+from envace.backends.base import SamplingParams
+from envace.cli import main
+from envace.config import TrainConfig
+from envace.distributed import Dist
+from envace.trainer import rollout_backend
+
+
+def test_without_vllm_the_backend_the_trainer_and_serve_name_the_extra(monkeypatch, tokenizer, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    from envace.backends.vllm import VLLMBackend
+
+    with pytest.raises(ImportError, match=r"pip install 'envace\[vllm\]'.*GPU"):
+        VLLMBackend("tiny-random", tokenizer)
+    cfg = TrainConfig(model="tiny-random", rollout_backend="vllm", progress=False, tensorboard=False)
+    with pytest.raises(ImportError, match=r"envace\[vllm\]"):
+        rollout_backend(cfg, None, tokenizer, Dist())
+    assert main(["serve", "--backend", "vllm", "--model", "tiny-random", "--port", "0"]) == 2
+    assert "envace[vllm]" in capsys.readouterr().err
+
+
+class _Logprob:
+    def __init__(self, lp):
+        self.logprob = lp
+
+
+class _FakeLLM:
+    """Records calls; answers each prompt with tokens derived from its seed."""
+
+    def __init__(self, **kw):
+        self.kw, self.generated, self.loaded, self.resets = kw, [], [], 0
+        self.model = types.SimpleNamespace(load_weights=lambda weights: self.loaded.extend(name for name, _ in weights))
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.generated.append((prompts, sampling_params))
+        outs = []
+        for p, sp in zip(prompts, sampling_params):
+            ids = [100 + (sp["seed"] or 0) % 7, 5]
+            stop = "</observation>" if sp["stop"] else None
+            c = types.SimpleNamespace(token_ids=ids, logprobs=[{t: _Logprob(-0.5)} for t in ids], text="x" + (stop or ""), finish_reason="stop", stop_reason=stop)
+            outs.append(types.SimpleNamespace(outputs=[c], num_cached_tokens=3))
+        return outs
+
+    def apply_model(self, fn):
+        return [fn(self.model)]
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+
+def test_backend_speaks_vllms_documented_api(monkeypatch, tiny):
+    model, tok = tiny
+    fake = types.ModuleType("vllm")
+    fake.LLM = _FakeLLM
+    fake.SamplingParams = lambda **kw: kw
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    from envace.backends.vllm import VLLMBackend
+
+    be = VLLMBackend("/models/qwen", tok, gpu_memory_utilization=0.4, enforce_eager=True)
+    assert be.llm.kw["gpu_memory_utilization"] == 0.4 and be.llm.kw["enforce_eager"] and be.llm.kw["model"] == "/models/qwen"
+    gens = be.generate([[1, 2], [1, 2], [3]], SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=4, stop=["</observation>"], seed=10))
+    prompts, sps = be.llm.generated[-1]
+    assert prompts == [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3]}]
+    assert [sp["seed"] for sp in sps] == [10, 11, 12]  # equal prompts of a group must not get equal samples
+    assert all(sp["include_stop_str_in_output"] and sp["logprobs"] == 0 and sp["top_k"] == -1 and sp["max_tokens"] == 4 for sp in sps)
+    assert sps[0]["stop_token_ids"] == [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert gens[0].token_ids == [103, 5] and gens[0].logprobs == [-0.5, -0.5] and gens[0].finish_reason == "stop" and gens[0].cached_tokens == 3
+    assert be.generate([[1]], SamplingParams(max_new_tokens=2))[0].finish_reason == "eos"  # no stop string: end of turn
+    be.sync_weights(model)
+    names = set(be.llm.loaded)
+    assert names == set(model.state_dict()) and be.llm.resets == 1  # HF names; cached prefixes dropped
+    from peft import LoraConfig, get_peft_model
+    import copy
+
+    lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.fill_(0.01)  # a non-zero adapter: merged weights differ from the base
+    seen = {}
+    be._load = lambda weights: seen.update({n: t.clone() for n, t in weights})
+    be.sync_weights(lora)
+    assert set(seen) == set(model.state_dict())  # base names, no LoRA matrices
+    w = "model.layers.0.self_attn.q_proj.weight"
+    for n, t in lora.state_dict().items():  # the trained model itself is untouched (no merge/unmerge drift)
+        if "base_layer" in n:
+            assert torch.equal(t, model.state_dict()[n.removeprefix("base_model.model.").replace(".base_layer", "")])
+    ref = copy.deepcopy(lora).merge_and_unload()  # peft's own merge, on a copy
+    assert all(torch.allclose(seen[n], t, atol=1e-6) for n, t in ref.state_dict().items())
+    assert not torch.equal(seen[w], model.state_dict()[w])  # the adapter's delta is in
