@@ -86,10 +86,8 @@ def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperat
     S = max(len(p.ids) for p in packs)
     pad = 0
     ids = torch.full((len(packs), S), pad, dtype=torch.long, device=dev)
-    attn = torch.zeros((len(packs), S), dtype=torch.long, device=dev)
     for b, p in enumerate(packs):
         ids[b, : len(p.ids)] = torch.tensor(p.ids, dtype=torch.long)
-        attn[b, : len(p.ids)] = 1
     # positions whose logits predict a completion token: for tokens [start, end) read logits at [start-1, end-1)
     sel_b, sel_t, tgt, owner = [], [], [], []
     for b, p in enumerate(packs):
@@ -106,15 +104,17 @@ def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperat
         th = _trunk_and_head(model) if direct_head else None
         if th is not None:
             trunk, head = th
-            hidden = trunk(input_ids=ids, attention_mask=attn).last_hidden_state  # (P, S, H)
+            # right padding only: under the causal mask no real token attends to a pad, so no padding mask is
+            # passed and attention can take the fused causal kernel (no (S, S) score matrix kept per layer)
+            hidden = trunk(input_ids=ids).last_hidden_state  # (P, S, H)
             logits = head(hidden[sb, st])  # (N, V) only where needed
         elif direct_head:
-            logits = model(input_ids=ids, attention_mask=attn).logits[sb, st]
+            logits = model(input_ids=ids).logits[sb, st]
         else:
             keep = torch.zeros_like(ids, dtype=torch.bool)  # (P, S) positions whose logits are needed
             keep[sb, st] = True
             flat = sb * S + st  # (N,) the model returns the kept positions in row-major order
-            logits = model(input_ids=ids, attention_mask=attn, use_cache=False, logits_to_keep=keep).logits[torch.searchsorted(flat.sort().values, flat)]
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[torch.searchsorted(flat.sort().values, flat)]
     logits = logits.float()
     temps = torch.cat([torch.full((n,), t, device=dev) for (_, n, t) in owner]) if owner else torch.ones(0, device=dev)
     logits = logits / temps[:, None]

@@ -20,6 +20,11 @@ import torch
 from .base import BACKENDS, Backend, Generation, SamplingParams
 
 
+def _extends(prompt: list[int], prefix: list[int]) -> bool:
+    """True if ``prompt`` strictly extends ``prefix`` (at least one new token to encode)."""
+    return len(prefix) < len(prompt) and prompt[: len(prefix)] == prefix
+
+
 @dataclass
 class _Kept:
     ids: list[int]  # tokens whose keys/values are kept (prompt + completion minus its last token)
@@ -58,7 +63,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generat
 class HFBackend(Backend):
     """Generation with a transformers causal LM (CPU or GPU), optionally under bf16 autocast."""
 
-    def __init__(self, model: Any, tokenizer: Any, bf16: bool = False, keep_sessions: bool = True, max_batch: int = 64):
+    def __init__(self, model: Any, tokenizer: Any, bf16: bool = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.bf16 = bf16
@@ -66,13 +71,16 @@ class HFBackend(Backend):
         self.max_batch = max_batch
         self.device = next(model.parameters()).device
         self._kept: dict[str, _Kept] = {}
+        self._prefixes: list[_Kept] = []  # shared prompt prefixes (LRU), dropped with release_all / sync_weights
+        self.share_prefixes = share_prefixes
+        self.min_shared_prefix = 32
         eos = {tokenizer.eos_token_id}
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
         if im_end is not None:
             eos.add(im_end)
         self.eos_ids = {e for e in eos if e is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "forward_calls": 0}
+        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "shared_prefix_tokens": 0, "generated_tokens": 0, "forward_calls": 0}
 
     # -- public API ---------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
@@ -90,6 +98,7 @@ class HFBackend(Backend):
 
     def release_all(self) -> None:
         self._kept.clear()
+        self._prefixes.clear()
 
     def sync_weights(self, model: Any) -> None:
         if model is not self.model:
@@ -113,13 +122,15 @@ class HFBackend(Backend):
 
         B = len(prompts)
         dev = self.device
-        # 1. what each sequence can reuse
+        # 1. what each sequence can reuse: its session's kept context, else a shared prefix (e.g. the system prompt)
         kept: list[_Kept | None] = []
         for p, s in zip(prompts, sessions):
             k = self._kept.get(s) if (s is not None and self.keep_sessions) else None
-            if k is not None and not (len(k.ids) < len(p) and p[: len(k.ids)] == k.ids):
+            if k is not None and not _extends(p, k.ids):
                 k = None
             kept.append(k)
+        if self.share_prefixes:
+            self._share_prefixes(prompts, kept)
         L = [len(k.ids) if k else 0 for k in kept]
         new = [p[l:] for p, l in zip(prompts, L)]
         maxL, maxN = max(L), max(len(n) for n in new)
@@ -207,6 +218,42 @@ class HFBackend(Backend):
             text = self.tokenizer.decode(toks[b], skip_special_tokens=True)
             outs.append(Generation(token_ids=toks[b], logprobs=lps[b], text=text, finish_reason=finish[b], prompt_tokens=len(prompts[b]), cached_tokens=L[b]))
         return outs
+
+    def _share_prefixes(self, prompts: list[list[int]], kept: list["_Kept | None"]) -> None:
+        """Give sequences without a kept context the longest known shared prefix; compute the common prefix of
+        the rest once (one batch-1 prefill instead of one per sequence) and remember it (small LRU)."""
+        todo = [b for b, k in enumerate(kept) if k is None]
+        for b in todo:
+            best = max((pf for pf in self._prefixes if _extends(prompts[b], pf.ids)), key=lambda pf: len(pf.ids), default=None)
+            kept[b] = best
+        rest = [b for b in todo if kept[b] is None]
+        if len(rest) < 2:
+            return
+        lcp = min(len(prompts[b]) for b in rest) - 1  # leave at least one token to encode
+        first = prompts[rest[0]]
+        for b in rest[1:]:
+            p = prompts[b]
+            n = 0
+            while n < lcp and p[n] == first[n]:
+                n += 1
+            lcp = n
+        if lcp < self.min_shared_prefix:
+            return
+        ids = first[:lcp]
+        cache = self._new_cache()
+        with self._autocast():
+            self._forward(torch.tensor([ids], device=self.device), torch.ones(1, lcp, dtype=torch.long, device=self.device), torch.arange(lcp, device=self.device)[None], cache)
+        pf = _Kept(ids=ids, kv=[(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers])
+        self._prefixes = (self._prefixes + [pf])[-4:]
+        self.stats["shared_prefix_tokens"] += lcp
+        for b in rest:
+            kept[b] = pf
+
+    @staticmethod
+    def _new_cache() -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache()
 
     def _keep(self, cache: Any, attn: torch.Tensor, rows: list[tuple[int, int]], prompts: list[list[int]], toks: list[list[int]], sessions: list[str | None]) -> None:
         """Store the keys/values of finished sequences that belong to a session (prompt + completion[:-1])."""
