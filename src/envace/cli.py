@@ -47,12 +47,19 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0, max_steps: int = 8) -> Any:
+def _demo_rollout(**kw: Any) -> Any:
+    """The demo's rollout settings: one call per Act step (generation stops after ``</tool_call>``), short
+    completions, at most 4 Act steps per user turn."""
     from .backends.base import SamplingParams
-    from .evaluation import evaluate_model
     from .rollout import RolloutConfig
 
-    return evaluate_model(model, suite, split, n, samples, seed, rollout=RolloutConfig(max_steps=max_steps, act=SamplingParams(max_new_tokens=160)))
+    return RolloutConfig(max_steps=8, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96, stop=["</tool_call>"]), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=96, stop=["</observation>"]), **kw)
+
+
+def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
+    from .evaluation import evaluate_model
+
+    return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout())
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -184,8 +191,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """SFT warm-up, EnvACE training, before/after evaluation on held-out tasks, as a table."""
     from .config import SFTConfig, TrainConfig
     from .models import DEFAULT_MODEL
-    from .rollout import RolloutConfig
-    from .backends.base import SamplingParams
     from .sft import sft
     from .trainer import train
 
@@ -196,12 +201,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("[demo] 1/4 evaluating the untrained model on held-out tasks", flush=True)
     before = _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1)
     print("[demo] 2/4 SFT warm-up on gold trajectories", flush=True)
-    s = sft(SFTConfig(model=args.model, suite=args.suite, n_tasks=64 if quick else 256, steps=4 if quick else args.sft_steps, batch_tasks=8, lr=1e-4 if args.model == DEFAULT_MODEL else 1e-3, out_dir=os.path.join(out, "sft"), tensorboard=False))
+    s = sft(SFTConfig(model=args.model, suite=args.suite, n_tasks=64 if quick else 256, steps=2 if quick else args.sft_steps, batch_tasks=args.sft_batch, lr=1e-4 if args.model == DEFAULT_MODEL else 1e-3, bf16=True, micro_batch_tokens=4096, out_dir=os.path.join(out, "sft"), tensorboard=False))
     print("[demo] 3/4 evaluating after SFT", flush=True)
     mid = _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1)
     print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
-    rc = RolloutConfig(group_size=4, max_steps=6, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=96, stop=["</observation>"]))
-    tr = train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1", iterations=2 if quick else args.rl_iterations, batch_tasks=2 if quick else 4, lr=2e-6, rollout=rc, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False))
+    tr = train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1", iterations=1 if quick else args.rl_iterations, batch_tasks=2 if quick else args.rl_batch, lr=args.rl_lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False))
     after = _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1)
     rows = [("untrained", before.metrics), ("after SFT", mid.metrics), ("after SFT + EnvACE", after.metrics)]
     keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
@@ -223,11 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="SFT warm-up, EnvACE training and before/after evaluation on the embedded defaults")
     d.add_argument("--model", default="SmolLM2-135M-Instruct")
-    d.add_argument("--suite", default="builtin")
+    d.add_argument("--suite", default="bank", help="built-in suite to train and evaluate on (bank, shop, files or builtin = all three)")
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--eval-tasks", type=int, default=30)
-    d.add_argument("--sft-steps", type=int, default=60)
-    d.add_argument("--rl-iterations", type=int, default=8)
+    d.add_argument("--sft-steps", type=int, default=30)
+    d.add_argument("--sft-batch", type=int, default=4, help="gold trajectories per SFT step")
+    d.add_argument("--rl-iterations", type=int, default=4)
+    d.add_argument("--rl-batch", type=int, default=2, help="tasks per RL iteration (x 4 trajectories each)")
+    d.add_argument("--rl-lr", type=float, default=1e-5)
     d.add_argument("--quick", action="store_true", help="a few steps of everything (smoke run)")
     d.set_defaults(fn=cmd_demo)
 
