@@ -55,9 +55,12 @@ def save_checkpoint(root: str, step: int, models: dict[str, Any], optimizers: di
             for fn in files:
                 with open(os.path.join(dirpath, fn), "rb") as fh:
                     os.fsync(fh.fileno())
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        if os.path.exists(final):  # a complete folder of this step, from a run killed before `latest` moved on
+            old = _hide(final)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -73,11 +76,19 @@ def save_checkpoint(root: str, step: int, models: dict[str, Any], optimizers: di
     return final
 
 
+def _hide(path: str) -> str:
+    """Rename a checkpoint folder out of the ``step-*`` namespace (atomic) before deleting it, so that a kill
+    during the deletion never leaves a half-deleted folder named like a checkpoint."""
+    hidden = os.path.join(os.path.dirname(path), f".tmp-step-deleting-{os.path.basename(path)}-{os.getpid()}")
+    os.replace(path, hidden)
+    return hidden
+
+
 def _prune(root: str, keep: int) -> None:
     steps = sorted(d for d in os.listdir(root) if d.startswith("step-"))
     for d in steps[:-keep] if keep > 0 else []:
-        shutil.rmtree(os.path.join(root, d), ignore_errors=True)
-    for d in os.listdir(root):  # leftovers of interrupted writes
+        shutil.rmtree(_hide(os.path.join(root, d)), ignore_errors=True)
+    for d in os.listdir(root):  # leftovers of interrupted writes and deletions
         if d.startswith(".tmp-step-"):
             shutil.rmtree(os.path.join(root, d), ignore_errors=True)
 

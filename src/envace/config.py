@@ -6,6 +6,7 @@ the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewi
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,7 +159,9 @@ def _coerce(tp: Any, value: Any) -> Any:
         if value.lower() in ("0", "false", "no", "off"):
             return False
         raise ValueError(f"not a boolean: {value!r}")
-    if origin is typing.Union or str(origin) == "types.UnionType":
+    if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # --set model=123 is the name "123"
+    if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if isinstance(value, str) and value.lower() in ("none", "null"):
             return None
@@ -178,7 +181,31 @@ def from_dict(cls: type, d: dict[str, Any]) -> Any:
     unknown = set(d) - names
     if unknown:
         raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; valid: {sorted(names)}")
-    return cls(**{k: _coerce(hints[k], v) for k, v in d.items()})
+    values = {}
+    for k, v in d.items():
+        try:
+            values[k] = _coerce(hints[k], v)
+        except (TypeError, ValueError) as e:  # name the field: "invalid literal for int()" alone says too little
+            raise ValueError(f"{cls.__name__}.{k}: bad value {v!r}: {e}") from None
+        if not _type_ok(hints[k], values[k]):
+            raise ValueError(f"{cls.__name__}.{k}: bad value {v!r}: expected {getattr(hints[k], '__name__', hints[k])}")
+    return cls(**values)
+
+
+def _type_ok(tp: Any, value: Any) -> bool:
+    """Whether a value fits a plain field type (int, float, bool, str, optional); other types pass here."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(a, value) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp in (int, float):
+        return isinstance(value, (int, float) if tp is float else int) and not isinstance(value, bool)
+    if tp is str:
+        return isinstance(value, str)
+    return True
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -192,7 +219,7 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
         if "=" not in ov:
             raise ValueError(f"override {ov!r} is not key=value")
         key, raw = ov.split("=", 1)
-        val = yaml.safe_load(raw)
+        val = _yaml(raw, f"override {ov!r}")
         node = d
         parts = key.strip().split(".")
         for p in parts[:-1]:
@@ -202,12 +229,19 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     return d
 
 
+def _yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
+
+
 def load_config(cls: type, path: str | None = None, overrides: list[str] | None = None) -> Any:
     """A config from an optional YAML file plus ``key=value`` overrides."""
     d: dict[str, Any] = {}
     if path:
         with open(path, encoding="utf-8") as f:
-            d = yaml.safe_load(f) or {}
+            d = _yaml(f.read(), path) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{path}: a config file must hold a mapping")
     d = apply_overrides(d, overrides or [])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 
 class MetricsLogger:
@@ -29,23 +29,7 @@ class MetricsLogger:
                 self.tb = None
 
     def _truncate_after(self, step: int) -> None:
-        if not os.path.exists(self.path):
-            return
-        keep = []
-        with open(self.path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue  # a torn last line from a kill
-                if rec.get("step", -1) <= step:
-                    keep.append(line if line.endswith("\n") else line + "\n")
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(keep)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        truncate_jsonl(self.path, lambda rec: rec.get("step", -1) <= step)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         rec = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in sorted(metrics.items())}}
@@ -70,3 +54,28 @@ def read_metrics(out_dir: str) -> list[dict[str, Any]]:
         return []
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def truncate_jsonl(path: str, keep: Callable[[dict[str, Any]], bool]) -> int:
+    """Rewrite a JSON-lines file (atomically) with only the records ``keep`` accepts; a line that is not a
+    complete JSON object (the torn tail of a killed append) is dropped. Returns how many lines were dropped."""
+    if not os.path.exists(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)  # a torn object never parses: it lacks its closing brace
+            except ValueError:
+                rec = None
+            if isinstance(rec, dict) and keep(rec):
+                kept.append(line if line.endswith("\n") else line + "\n")
+            elif line.strip():
+                dropped += 1
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(kept)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return dropped

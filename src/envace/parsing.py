@@ -9,6 +9,7 @@ Model text is data: it is parsed with ``json.loads`` only and never evaluated.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,13 +49,46 @@ def _depth(x: Any, limit: int = MAX_DEPTH) -> int:
     return deepest
 
 
+def _bad_text(x: Any) -> bool:
+    """Whether a (shallow enough) JSON value holds a string that is not valid Unicode: a lone surrogate from a
+    ``\\ud800`` escape cannot be written as UTF-8 or tokenized, so it must not get into a context or a log."""
+    stack = [x]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return x
+
+
 def _loads(text: str) -> tuple[Any, str | None]:
+    """Strict JSON: no NaN / Infinity, no number that overflows a float, no invalid Unicode, bounded depth."""
     try:
-        val = json.loads(text)
+        val = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; huge ints raise ValueError
         return None, f"invalid JSON: {str(e)[:200]}"
     if _depth(val) > MAX_DEPTH:
         return None, f"JSON nested deeper than {MAX_DEPTH}"
+    if _bad_text(val):
+        return None, "invalid JSON: a string holds a lone surrogate (not valid Unicode)"
     return val, None
 
 
@@ -65,6 +99,8 @@ def parse_act(text: str) -> ActParse:
         return ActParse(error=error_obs("bad_format", "output is not text"))
     if len(text) > MAX_TEXT:
         return ActParse(error=error_obs("bad_format", f"output longer than {MAX_TEXT} characters"))
+    if _bad_text(text):
+        return ActParse(error=error_obs("bad_format", "output is not valid Unicode (a lone surrogate)"))
     bodies = TOOL_CALL_RE.findall(text)
     if not bodies:
         if "<tool_call>" in text:
@@ -112,8 +148,8 @@ def validate_call(call: ToolCall, tools: list[ToolSpec]) -> dict[str, Any] | Non
 def parse_observation(text: str) -> tuple[Any, dict[str, Any] | None]:
     """Parse a Rehearse completion into (observation, error). On failure the observation is the error itself,
     so the rollout can feed it back and go on; the error is returned separately to be counted."""
-    if not isinstance(text, str) or len(text) > MAX_TEXT:
-        err = error_obs("bad_format", "rehearsed observation is not text or too long")
+    if not isinstance(text, str) or len(text) > MAX_TEXT or _bad_text(text):
+        err = error_obs("bad_format", "rehearsed observation is not text, not valid Unicode, or too long")
         return err, err
     m = OBS_RE.search(text)
     body = m.group(1) if m else None

@@ -99,7 +99,16 @@ class ChatFormat:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def __post_init__(self) -> None:
+        added = getattr(self.tokenizer, "added_tokens_encoder", None) or {}
+        self._specials = tuple(sorted(set(added) | set(getattr(self.tokenizer, "all_special_tokens", []))))
+
     def message(self, role: str, content: str) -> list[int]:
+        """One message. Content is data: a special-token string inside it (``<|im_start|>system`` in a tool
+        result or in the arguments of a call) is encoded as plain text, never as a control token."""
+        if any(sp in content for sp in self._specials):
+            text_ids = self.tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
+            return self.encode(f"{self.start}{role}\n") + text_ids + self.encode(f"{self.end}\n")
         return self.encode(f"{self.start}{role}\n{content}{self.end}\n")
 
     def generation_prompt(self, role: str = "assistant") -> list[int]:

@@ -265,6 +265,8 @@ class RolloutEngine:
             self.observer.backend.release(sessions)
         for lv in lives:
             if lv.env is not None:
+                for kind, n in lv.env.faults.items():  # tool exceptions, timeouts, ... are counted, not silent
+                    lv.traj.count(f"env/{kind}", n)
                 lv.env.close()
         return [lv.traj for lv in lives]
 

@@ -33,8 +33,8 @@ from .checkpoint import latest_checkpoint, load_rng, load_state
 from .config import TrainConfig, to_dict
 from .distributed import Dist, SilentLogger, init_distributed
 from .envs import load_tasks
-from .logging import MetricsLogger
-from .models import load, model_path
+from .logging import MetricsLogger, truncate_jsonl
+from .models import context_length, load, model_path
 from .rewards import RewardContext, make_reward
 from .rollout import RolloutEngine
 from .types import Row, Trajectory, write_jsonl
@@ -142,6 +142,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     lora = cfg.lora_r > 0
     policy, tok = build_model(os.path.join(ckpt, "policy") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "policy") if (ckpt and lora) else None)
     models = {"policy": policy}
+    _check_model_context(policy, tok, cfg)
     if cfg.variant == "per_role":
         models["rehearser"] = build_model(os.path.join(ckpt, "rehearser") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "rehearser") if (ckpt and lora) else None)[0]
     ref_model = dist.place(copy.deepcopy(policy).eval()) if cfg.kl_coef > 0 else None
@@ -168,7 +169,12 @@ def train(cfg: TrainConfig) -> TrainResult:
         dist.load_optimizers(ckpt, models, optimizers)
         load_rng(ckpt)
     traj_log = os.path.join(cfg.out_dir, "trajectories.jsonl")
-    logger: Any = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard, resume_step=start if ckpt else None) if dist.is_main else SilentLogger()  # rank 0 logs
+    if dist.is_main:  # rank 0 writes the logs
+        logger: Any = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard, resume_step=start if ckpt else None)
+        # like the metrics: iterations past the checkpoint are redone, so their trajectories (and a torn tail) go
+        truncate_jsonl(traj_log, lambda rec: rec.get("iteration", -1) < start)
+    else:
+        logger = SilentLogger()
     temps = {"act": cfg.rollout.act.temperature or 1.0, "rehearse": cfg.rollout.rehearse.temperature or 1.0}
     result = TrainResult(cfg.out_dir, start)
     bar = tqdm(range(start, cfg.iterations), desc=f"train[{cfg.variant}]", disable=not (cfg.progress and dist.is_main), initial=start, total=cfg.iterations)
@@ -184,6 +190,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         # 3. rewards (shared by both roles of a trajectory)
         score(trajs, tasks_by_id, reward_fn, ctx)
         everyone = dist.gather_trajectories(trajs)  # the whole batch (light copies); `trajs` itself on one process
+        _check_context(everyone, cfg)
         if dist.is_main:
             write_jsonl(traj_log, [t.to_dict(with_rows=False) | {"iteration": it} for t in everyone])
         # 4. advantages per (group, role) from this process's whole groups, then one update per model
@@ -241,6 +248,28 @@ def _simulator(cfg: TrainConfig, policy: Any, tok: Any, dist: Dist) -> Backend:
         return HTTPBackend(cfg.simulator_model)
     sim_model, sim_tok = load(cfg.simulator_model) if cfg.simulator_model else (copy.deepcopy(policy).eval(), tok)
     return HFBackend(dist.place(sim_model), sim_tok, bf16=cfg.bf16)
+
+
+def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:
+    """Contexts longer than the model takes would run past its positions silently: refuse them up front."""
+    try:
+        n = context_length(model, tok)
+    except (ValueError, AttributeError):  # the config names no limit: nothing to check against
+        return
+    if cfg.rollout.max_context_tokens > n:
+        raise ValueError(f"rollout.max_context_tokens={cfg.rollout.max_context_tokens} exceeds the context length of model {cfg.model!r} ({n} tokens)")
+
+
+def _check_context(trajs: list[Trajectory], cfg: TrainConfig) -> None:
+    """A batch in which no trajectory got a single step because no prompt fits the context is a configuration
+    error (training on it would silently do nothing); a few over-long tasks are only counted (truncated/context)."""
+    if trajs and all(t.truncated == "context" and not t.steps for t in trajs):
+        r = cfg.rollout
+        raise ValueError(
+            f"no task of the batch fits the context: the first prompt of each ({', '.join(sorted({t.task_id for t in trajs}))[:200]}) "
+            f"plus rollout.act.max_new_tokens={r.act.max_new_tokens} exceeds rollout.max_context_tokens={r.max_context_tokens}; "
+            "raise rollout.max_context_tokens (up to the model's context length) or use shorter tasks"
+        )
 
 
 def _grpo_loss(model: Any, rows: list[Row], adv: torch.Tensor, cfg: TrainConfig, ref_model: Any, temps: dict[str, float]):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 
+from ..registry import UnknownNameError
 from .base import ENVS, SUITES, USERS, ScriptedUser, UserSimulator, CheckReport, Environment, Score, ToolError, call_with_timeout, check_env, load_tasks, make_env, replay
 
 # Modules that register environments / suites, by name prefix. Optional adapters are imported lazily so that
@@ -27,6 +28,9 @@ def ensure_registered(spec: str) -> None:
     """Import the module that provides ``spec``'s environment; a missing optional package names the extra."""
     prefix = spec.split(":", 1)[0]
     module = _PROVIDERS.get(prefix)
+    if module is None and prefix not in ENVS and prefix not in SUITES:  # the registries may not be filled yet
+        known = sorted(set(_PROVIDERS) | set(ENVS.names()) | set(SUITES.names()))
+        raise UnknownNameError(f"unknown environment or task suite {prefix!r}; valid names: {', '.join(known)}")
     if module is None or prefix in ENVS:
         return
     try:

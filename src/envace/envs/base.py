@@ -37,7 +37,14 @@ class Score:
 
 
 class Environment(ABC):
-    """The real environment of one task."""
+    """The real environment of one task.
+
+    ``faults`` counts what went wrong inside tools (``tool_exception``, ``timeout``, ``non_json``, ``too_large``);
+    the rollout engine adds them to the trajectory's counters as ``env/<kind>``. ``call_timeout_s`` (None: off)
+    bounds each call: a call still running after it is answered with a ``timeout`` error observation (set it on
+    a subclass, or on an instance, for tools that may hang)."""
+
+    call_timeout_s: float | None = None
 
     def __init__(self, task: Task):
         self.task = task
@@ -55,7 +62,13 @@ class Environment(ABC):
         if err is not None:
             return err
         try:
-            obs = self._execute(call)
+            if self.call_timeout_s:
+                done, obs = _run_with_timeout(lambda: self._execute(call), self.call_timeout_s)
+                if not done:
+                    self._fault("timeout")
+                    obs = error_obs("timeout", f"tool {call.name!r} did not return within {self.call_timeout_s:g}s")
+            else:
+                obs = self._execute(call)
         except ToolError as e:
             obs = error_obs("tool_error", str(e))
         except Exception as e:  # noqa: BLE001 - a tool failure is an observation, not a crash
@@ -67,11 +80,20 @@ class Environment(ABC):
         self.faults[kind] = self.faults.get(kind, 0) + 1
 
     def _bound(self, obs: Any) -> Any:
+        coerced: list[str] = []
+
+        def as_text(x: Any) -> str:  # a non-JSON leaf (a set, bytes, a datetime ...) is shown as its str(), counted
+            coerced.append(type(x).__name__)
+            return str(x)
+
         try:
-            text = json.dumps(obs, ensure_ascii=False, default=str)
+            text = json.dumps(obs, ensure_ascii=False, allow_nan=False, default=as_text)
+            text.encode("utf-8")  # a lone surrogate cannot be logged or tokenized (UnicodeEncodeError is a ValueError)
         except (TypeError, ValueError, RecursionError) as e:
             self._fault("non_json")
             return error_obs("tool_exception", f"tool returned a non-JSON value: {type(e).__name__}")
+        if coerced:
+            self._fault("non_json")
         if len(text) > MAX_OBS_CHARS:
             self._fault("too_large")
             return error_obs("too_large", f"observation of {len(text)} characters exceeds {MAX_OBS_CHARS}")
@@ -96,6 +118,12 @@ class Environment(ABC):
 def call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
     """Run ``fn`` in a worker thread; return its result, or a timeout error observation after ``timeout_s``.
     (A Python thread cannot be killed: a hung tool keeps its thread, but the rollout goes on.)"""
+    done, value = _run_with_timeout(fn, timeout_s)
+    return value if done else error_obs("timeout", f"tool did not return within {timeout_s:g}s")
+
+
+def _run_with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[bool, Any]:
+    """``(True, fn())`` if ``fn`` returns within ``timeout_s`` (its exception is re-raised), else ``(False, None)``."""
     box: dict[str, Any] = {}
 
     def run() -> None:
@@ -108,10 +136,10 @@ def call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> Any:
     t.start()
     t.join(timeout_s)
     if t.is_alive():
-        return error_obs("timeout", f"tool did not return within {timeout_s:g}s")
+        return False, None
     if "error" in box:
         raise box["error"]
-    return box["value"]
+    return True, box["value"]
 
 
 # name -> factory(task) -> Environment. The name is the part of ``task.env`` before ':'.

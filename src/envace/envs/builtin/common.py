@@ -143,7 +143,10 @@ def _short(x: Any, n: int = 120) -> str:
 
 
 def cents(amount: float) -> int:
-    return int(round(float(amount) * 100))
+    try:
+        return int(round(float(amount) * 100))
+    except (OverflowError, ValueError):  # 1e400 or a 400-digit integer: a model can write any JSON number
+        raise ToolError(f"amount {amount!r:.40} is out of range") from None
 
 
 def money(c: int) -> str:
