@@ -66,7 +66,7 @@ class TrainConfig:
     """Loss aggregation (envace.algos.AGGREGATIONS): token_mean (reference) or seq_mean."""
     kl_coef: float = 0.0
     """KL to the frozen initial model (k3); 0 = off (reference). 1e-4 if on."""
-    micro_batch_tokens: int = 8192
+    micro_batch_tokens: int = 4096
     """Padded tokens per micro-batch in the update (gradient accumulation over micro-batches)."""
     lora_r: int = 0
     """LoRA rank; 0 = full fine-tuning."""
@@ -130,7 +130,7 @@ class SFTConfig:
     lr: float = 1e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 8192
+    micro_batch_tokens: int = 4096
     roles: tuple[str, ...] = ("act", "rehearse")
     """Which roles' rows are trained."""
     lora_r: int = 0
