@@ -6,6 +6,11 @@ one sequence and run through the model once; each row's completion log-probs are
 This is exact for a causal model and removes both the re-encoding of shared prefixes and most padding.
 Logits are computed only at completion positions (the LM head is applied to the selected hidden states).
 
+Packs of different contexts that start alike (the K trajectories of a task share the system prompt, the tool
+schemas and the first user turn) are put in the same micro-batch, and their common prefix is run once: its
+keys/values (with grad) are expanded over the micro-batch and the packs only run their own suffixes. This is
+exact too (the gradient of the shared prefix is the sum over packs, as without sharing).
+
 Over several processes (:mod:`envace.distributed`) :func:`optimizer_step` divides by the normalizer of the whole
 batch (all-reduced), runs as many micro-batches on every process (padding with idle ones) and synchronises
 gradients once; with ``dist`` left out it is the single-process step.
@@ -19,6 +24,7 @@ from typing import Any, Iterable
 import torch
 
 from .distributed import Dist, each_micro_batch
+from .prefixes import prefix_runs
 from .types import Row
 
 ONE_PROCESS = Dist()
@@ -51,19 +57,67 @@ def pack_rows(rows: list[Row]) -> list[Pack]:
     return packs
 
 
-def micro_batches(packs: list[Pack], max_tokens: int) -> list[list[Pack]]:
-    """Group packs (longest first) so each micro-batch's padded size ``n * max_len`` stays within max_tokens."""
-    order = sorted(packs, key=lambda p: -len(p.ids))
+MIN_SHARED_PREFIX = 32
+"""Shortest common prefix (tokens) worth running once for a micro-batch of packs."""
+
+
+def shared_prefix_len(packs: list[Pack]) -> int:
+    """Tokens all packs start with, up to the first position whose logits are needed (no completion inside)."""
+    if len(packs) < 2:
+        return 0
+    first = packs[0].ids
+    n = min(min(s for (_, s, _) in p.segments) - 1 for p in packs)  # logits at s-1 are read: keep them out
+    for p in packs[1:]:
+        n = min(n, len(p.ids))
+        k = 0
+        while k < n and p.ids[k] == first[k]:
+            k += 1
+        n = k
+    return max(n, 0)
+
+
+def _prefix_clusters(packs: list[Pack], min_prefix: int) -> list[list[Pack]]:
+    """Packs grouped by common prefix (:func:`envace.prefixes.prefix_runs`); packs in no group come alone."""
+    order = sorted(packs, key=lambda p: p.ids)
+    adjacent = [shared_prefix_len([a, b]) for a, b in zip(order, order[1:])]
+    clusters: list[list[Pack]] = []
+    done = 0
+    for first, end, _ in prefix_runs(adjacent, min_prefix):
+        clusters += [[p] for p in order[done:first]] + [order[first:end]]
+        done = end
+    return clusters + [[p] for p in order[done:]]
+
+
+def _fill(packs: list[Pack], max_tokens: int, shared: bool) -> list[list[Pack]]:
+    """Longest first; a micro-batch's cost is the tokens it runs: its shared prefix once plus n padded suffixes."""
     out: list[list[Pack]] = []
     cur: list[Pack] = []
-    for p in order:
-        if cur and (len(cur) + 1) * len(cur[0].ids) > max_tokens:
+    for p in sorted(packs, key=lambda p: -len(p.ids)):
+        cand = cur + [p]
+        lp = shared_prefix_len(cand) if (shared and len(cand) > 1) else 0
+        if cur and lp + len(cand) * (len(cand[0].ids) - lp) > max_tokens:
             out.append(cur)
-            cur = []
-        cur.append(p)
+            cand = [p]
+        cur = cand
     if cur:
         out.append(cur)
     return out
+
+
+def micro_batches(packs: list[Pack], max_tokens: int, share_prefixes: bool = True, min_prefix: int = MIN_SHARED_PREFIX) -> list[list[Pack]]:
+    """Group packs so each micro-batch runs at most ``max_tokens`` tokens (padded ``n * max_len``, less the
+    shared prefix counted once when ``share_prefixes``). With ``share_prefixes`` packs with a common prefix of at
+    least ``min_prefix`` tokens go together (longest first within a group); the others are grouped longest first."""
+    if not share_prefixes:
+        return _fill(packs, max_tokens, shared=False)
+    out: list[list[Pack]] = []
+    alone: list[Pack] = []
+    for cl in _prefix_clusters(packs, min_prefix):
+        if len(cl) < 2:
+            alone += cl
+        else:
+            out += _fill(cl, max_tokens, shared=True)
+    return out + _fill(alone, max_tokens, shared=False)
 
 
 def _trunk_and_head(model: Any) -> tuple[Any, Any] | None:
@@ -75,12 +129,13 @@ def _trunk_and_head(model: Any) -> tuple[Any, Any] | None:
     return trunk, head
 
 
-def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperatures: dict[str, float], bf16: bool = False, direct_head: bool = True) -> dict[int, torch.Tensor]:
+def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperatures: dict[str, float], bf16: bool = False, direct_head: bool = True, share_prefix: bool = True) -> dict[int, torch.Tensor]:
     """Log-probs (with grad) of each row's completion tokens under ``model``: row index -> (n_completion,).
 
     ``temperatures[role]`` divides the logits, matching how the rows were sampled. ``direct_head=False`` (a
     DDP/FSDP-wrapped model, whose forward is what synchronises it) calls the model whole and passes the needed
-    positions as ``logits_to_keep`` instead of running its trunk and LM head separately.
+    positions as ``logits_to_keep`` instead of running its trunk and LM head separately. ``share_prefix``: run
+    the packs' common prefix once (at least MIN_SHARED_PREFIX tokens; direct_head only).
     """
     dev = next(model.parameters()).device
     S = max(len(p.ids) for p in packs)
@@ -104,10 +159,15 @@ def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperat
         th = _trunk_and_head(model) if direct_head else None
         if th is not None:
             trunk, head = th
-            # right padding only: under the causal mask no real token attends to a pad, so no padding mask is
-            # passed and attention can take the fused causal kernel (no (S, S) score matrix kept per layer)
-            hidden = trunk(input_ids=ids).last_hidden_state  # (P, S, H)
-            logits = head(hidden[sb, st])  # (N, V) only where needed
+            lp = shared_prefix_len(packs) if share_prefix else 0
+            if lp >= MIN_SHARED_PREFIX:
+                hidden = _shared_prefix_hidden(trunk, ids, lp)  # (P, S - lp, H)
+                logits = head(hidden[sb, st - lp])
+            else:
+                # right padding only: under the causal mask no real token attends to a pad, so no padding mask is
+                # passed and attention can take the fused causal kernel (no (S, S) score matrix kept per layer)
+                hidden = trunk(input_ids=ids).last_hidden_state  # (P, S, H)
+                logits = head(hidden[sb, st])  # (N, V) only where needed
         elif direct_head:
             logits = model(input_ids=ids).logits[sb, st]
         else:
@@ -127,6 +187,21 @@ def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperat
     return out
 
 
+def _shared_prefix_hidden(trunk: Any, ids: torch.Tensor, lp: int) -> torch.Tensor:
+    """Hidden states of positions [lp, S) of every pack, the common prefix ids[:, :lp] run once.
+
+    The prefix's keys/values (with grad) are expanded over the packs (a view) and the suffixes attend to them as
+    a KV cache; positions continue at lp. ids: (P, S) -> (P, S - lp, H).
+    """
+    from transformers import DynamicCache
+
+    P, S = ids.shape
+    pre = trunk(input_ids=ids[:1, :lp], use_cache=True).past_key_values
+    kv = [(layer.keys.expand(P, -1, -1, -1), layer.values.expand(P, -1, -1, -1)) for layer in pre.layers]
+    pos = torch.arange(lp, S, device=ids.device)[None].expand(P, -1)
+    return trunk(input_ids=ids[:, lp:], position_ids=pos, past_key_values=DynamicCache(kv), use_cache=True).last_hidden_state
+
+
 def pad_rows(values: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad 1-D tensors (keeping their graph) into (rows, T), with a bool mask of the real entries."""
     vals = list(values)
@@ -139,14 +214,16 @@ def pad_rows(values: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
 LossFn = Any  # (logp (rows,T), mask (rows,T), row_indices list[int], normalizer float) -> (loss, metrics)
 
 
-def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn, *, agg: str, micro_batch_tokens: int, temperatures: dict[str, float], max_grad_norm: float, bf16: bool = False, dist: Dist = ONE_PROCESS) -> dict[str, float]:
+def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn, *, agg: str, micro_batch_tokens: int, temperatures: dict[str, float], max_grad_norm: float, bf16: bool = False, dist: Dist = ONE_PROCESS, share_prefixes: bool = True) -> dict[str, float]:
     """One optimizer step over ``rows``: packed micro-batches, gradient accumulation, clipping, step.
 
     The loss of every micro-batch is divided by the whole batch's normalizer (algos.loss_normalizer semantics:
     completion tokens for token_mean, rows for seq_mean; summed over processes), so the accumulated gradient is
     the full-batch one. Every process must call it (with its own rows, maybe none); it returns {} when no
-    process has a row.
+    process has a row. ``share_prefixes``: run the common prefix of a micro-batch's packs once (exact; needs the
+    trunk, so only where ``dist.direct_head``).
     """
+    share_prefixes = share_prefixes and dist.direct_head
     local = float(sum(len(r.completion_ids) for r in rows)) if agg == "token_mean" else float(sum(1 for r in rows if r.completion_ids))
     normalizer = dist.sum(local)
     if normalizer == 0:
@@ -154,12 +231,12 @@ def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn,
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
-    for mb, sync in each_micro_batch(micro_batches(pack_rows(rows), micro_batch_tokens), dist):
+    for mb, sync in each_micro_batch(micro_batches(pack_rows(rows), micro_batch_tokens, share_prefixes=share_prefixes), dist):
         with contextlib.nullcontext() if sync else dist.no_sync(model):  # gradients are synchronised once, at the end
             if mb is None:  # this process has no rows left: an idle forward keeps the collectives in step
                 loss, m = _idle_loss(model), {}
             else:
-                lp = completion_logprobs(model, mb, rows, temperatures, bf16=bf16, direct_head=dist.direct_head)
+                lp = completion_logprobs(model, mb, rows, temperatures, bf16=bf16, direct_head=dist.direct_head, share_prefix=share_prefixes)
                 idxs = sorted(lp)
                 logp, mask = pad_rows([lp[i] for i in idxs])
                 loss, m = loss_fn(logp, mask, idxs, normalizer)
@@ -189,7 +266,7 @@ def recompute_old_logprobs(model: Any, rows: list[Row], *, micro_batch_tokens: i
     For rollout engines whose log-probs are not the trainer's quantity (vLLM returns raw, untempered log-probs by
     default, from other kernels): the PPO ratio then starts at 1 up to kernel noise. Every process must call it.
     """
-    for mb, _ in each_micro_batch(micro_batches(pack_rows(rows), micro_batch_tokens), dist):
+    for mb, _ in each_micro_batch(micro_batches(pack_rows(rows), micro_batch_tokens, share_prefixes=dist.direct_head), dist):
         if mb is None:
             _idle_loss(model)
             continue

@@ -1,10 +1,16 @@
-"""HuggingFace transformers backend: batched lockstep sampling with a KV cache and per-session prefix reuse.
+"""HuggingFace transformers backend: batched lockstep sampling with a preallocated KV cache and per-session prefix reuse.
 
 Every prompt of a call steps together: one prefill over the batch, then one forward per generated token for all
-sequences still running (finished ones are dropped from the batch). A prompt tagged with a ``session`` that
-extends the tokens kept for that session (the previous prompt + completion of the same context) only encodes
-its new tokens: the kept keys/values are laid into the batch cache left-padded, with the new tokens after them
-and the attention mask covering the holes. Keys are stored after RoPE, so each sequence keeps its own positions.
+sequences still running (finished ones are dropped from the batch). The batch's keys/values live in one
+preallocated tensor (layers, 2, batch, heads, capacity, head_dim) that each step writes into in place (a
+``DynamicCache`` would copy the whole cache once per generated token to append one column).
+
+Reuse, exact up to kernel rounding: a prompt tagged with a ``session`` that extends the tokens kept for that
+session (the previous prompt + completion of the same context) only encodes its new tokens: the kept keys/values
+are laid into the batch cache left-padded, with the new tokens after them and the attention mask covering the
+holes. Prompts without kept context that share a long prefix (the K trajectories of a task, the tasks of one
+environment: system prompt and tool schemas) get it prefilled once per cluster. Keys are stored after RoPE, so
+each sequence keeps its own positions.
 
 Determinism: sampling draws from one ``torch.Generator`` seeded per call, so the same prompts, seed and weights
 give the same tokens on CPU.
@@ -17,6 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..prefixes import common_prefix, prefix_runs
 from .base import BACKENDS, Backend, Generation, SamplingParams
 
 
@@ -28,7 +35,78 @@ def _extends(prompt: list[int], prefix: list[int]) -> bool:
 @dataclass
 class _Kept:
     ids: list[int]  # tokens whose keys/values are kept (prompt + completion minus its last token)
-    kv: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (H, L, D)
+    kv: torch.Tensor  # (layers, 2, H, len(ids), D)
+
+
+def _cache_classes() -> tuple[Any, Any]:
+    from transformers.cache_utils import Cache, DynamicLayer
+
+    class SlabLayer(DynamicLayer):
+        """One layer's view of a :class:`SlabCache`: keys/values are views of the slab up to the used length."""
+
+        def __init__(self, slab: "SlabCache", idx: int, n: int):
+            super().__init__()
+            self.slab, self.idx, self.n = slab, idx, n
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            data = self.slab.storage(key_states)[self.idx]  # (2, B, H, cap, D)
+            n, t = self.n, key_states.shape[-2]
+            data[0, :, :, n : n + t] = key_states
+            data[1, :, :, n : n + t] = value_states
+            self.n = n + t
+            self.keys, self.values = data[0, :, :, : self.n], data[1, :, :, : self.n]
+            self.is_initialized = True
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.n
+
+    class SlabCache(Cache):
+        """All layers' keys/values of a batch in one preallocated tensor (layers, 2, B, H, capacity, D), written in
+        place (no per-step concatenation). Allocated at the first update, with the model's key dtype and shape;
+        ``fills`` (batch row, start column, kv (layers, 2, H, L, D)) are laid in then, columns [0, n0) zeroed first."""
+
+        def __init__(self, n_layers: int, batch: int, capacity: int, n0: int = 0, fills: list[tuple[int, int, torch.Tensor]] | None = None):
+            super().__init__(layers=[SlabLayer(self, i, n0) for i in range(n_layers)])
+            self.batch, self.capacity, self.n0 = batch, capacity, n0
+            self.fills = fills or []
+            self.data: torch.Tensor | None = None
+
+        def storage(self, like: torch.Tensor) -> torch.Tensor:
+            if self.data is None:
+                _, H, _, D = like.shape
+                self.data = torch.empty(len(self.layers), 2, self.batch, H, self.capacity, D, dtype=like.dtype, device=like.device)
+                self.data[..., : self.n0, :].zero_()  # holes of left-padded rows must be finite (they are masked out)
+                for b, start, kv in self.fills:
+                    self.data[:, :, b, :, start : start + kv.shape[-2]] = kv
+                self.fills = []
+            return self.data
+
+        def select_rows(self, sel: torch.Tensor) -> None:
+            """Keep only batch rows ``sel`` (copies the used columns only)."""
+            n = self.layers[0].n
+            new = torch.empty(self.data.shape[:2] + (len(sel),) + self.data.shape[3:], dtype=self.data.dtype, device=self.data.device)
+            new[..., :n, :] = self.data[..., :n, :].index_select(2, sel)
+            self.data, self.batch = new, len(sel)
+            for layer in self.layers:
+                layer.keys, layer.values = new[layer.idx, 0, :, :, : layer.n], new[layer.idx, 1, :, :, : layer.n]
+
+        def row(self, r: int, cols: torch.Tensor) -> torch.Tensor:
+            """Keys/values of batch row ``r`` at columns ``cols``: (layers, 2, H, len(cols), D)."""
+            return self.data[:, :, r].index_select(3, cols)
+
+    return SlabLayer, SlabCache
+
+
+_CACHE: tuple[Any, Any] | None = None
+
+
+def slab_cache(*args: Any, **kw: Any) -> Any:
+    """A preallocated batch KV cache (see ``SlabCache`` above); transformers is imported on first use."""
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = _cache_classes()
+    return _CACHE[1](*args, **kw)
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,19 +127,35 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generat
         kth = torch.topk(filt, min(params.top_k, filt.shape[-1]), dim=-1).values[:, -1:]
         filt = filt.masked_fill(filt < kth, float("-inf"))
     if params.top_p < 1.0:
-        sorted_logits, idx = torch.sort(filt, descending=True, dim=-1)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        cum = probs.cumsum(-1)
-        remove = cum - probs > params.top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-        filt = torch.full_like(filt, float("-inf")).scatter(-1, idx, sorted_logits)
+        filt = _nucleus(filt, params.top_p)
     probs = torch.softmax(filt, dim=-1)
     tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
+def _nucleus(filt: torch.Tensor, top_p: float, candidates: int = 256) -> torch.Tensor:
+    """Logits outside the top-p nucleus set to -inf: the smallest set of most likely tokens whose mass reaches
+    top_p. (B, V) -> (B, V). The nucleus is looked for among the ``candidates`` most likely tokens first (a
+    partial sort) and found there whenever their mass exceeds top_p; otherwise the whole vocabulary is sorted."""
+    k = min(candidates, filt.shape[-1])
+    vals, idx = torch.topk(filt, k, dim=-1)  # (B, k), descending
+    probs = torch.exp(vals - torch.logsumexp(filt, dim=-1, keepdim=True))
+    cum = probs.cumsum(-1)
+    if k < filt.shape[-1] and not bool((cum[:, -1] - probs[:, -1] > top_p).all()):
+        vals, idx = torch.sort(filt, descending=True, dim=-1)
+        probs = torch.softmax(vals, dim=-1)
+        cum = probs.cumsum(-1)
+    remove = cum - probs > top_p  # keep the smallest prefix whose mass reaches top_p
+    return torch.full_like(filt, float("-inf")).scatter(-1, idx, vals.masked_fill(remove, float("-inf")))
+
+
 class HFBackend(Backend):
-    """Generation with a transformers causal LM (CPU or GPU), optionally under bf16 autocast."""
+    """Generation with a transformers causal LM (CPU or GPU), optionally under bf16 autocast.
+
+    ``keep_sessions``: keep each session's KV between calls; ``share_prefixes``: prefill long common prompt
+    prefixes once. Both are exact up to kernel rounding and on by default; off, every prompt is encoded whole.
+    ``stats`` counts prompt tokens, those served from kept sessions or shared prefixes, generated tokens and forwards.
+    """
 
     def __init__(self, model: Any, tokenizer: Any, bf16: bool = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True):
         self.model = model
@@ -74,6 +168,7 @@ class HFBackend(Backend):
         self._prefixes: list[_Kept] = []  # shared prompt prefixes (LRU), dropped with release_all / sync_weights
         self.share_prefixes = share_prefixes
         self.min_shared_prefix = 32
+        self.max_prefixes = 16
         eos = {tokenizer.eos_token_id}
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
         if im_end is not None:
@@ -107,19 +202,31 @@ class HFBackend(Backend):
 
     # -- internals ----------------------------------------------------------------------------------------
     def _autocast(self):
+        # one context per call, not per forward: autocast keeps its bf16 copies of the weights for the context's life
         if self.bf16:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def _n_layers(self) -> int:
+        cfg = self.model.config
+        cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        return int(cfg.num_hidden_layers)
 
     def _forward(self, input_ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         self.stats["forward_calls"] += 1
         out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :]
 
+    def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, seqs: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token and log-prob of the running sequences ``seqs`` (batch indices) at decode step ``step``."""
+        return sample_next(logits, params, gen)
+
     @torch.no_grad()
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, sessions: list[str | None], gen: torch.Generator) -> list[Generation]:
-        from transformers import DynamicCache
+        with self._autocast():
+            return self._generate_batch_inner(prompts, params, sessions, gen)
 
+    def _generate_batch_inner(self, prompts: list[list[int]], params: SamplingParams, sessions: list[str | None], gen: torch.Generator) -> list[Generation]:
         B = len(prompts)
         dev = self.device
         # 1. what each sequence can reuse: its session's kept context, else a shared prefix (e.g. the system prompt)
@@ -134,36 +241,22 @@ class HFBackend(Backend):
         L = [len(k.ids) if k else 0 for k in kept]
         new = [p[l:] for p, l in zip(prompts, L)]
         maxL, maxN = max(L), max(len(n) for n in new)
-        # 2. batch cache (left-padded) and new tokens (left-padded after it)
-        cache = None
-        attn = torch.zeros(B, maxL + maxN, dtype=torch.long, device=dev)
-        if maxL > 0:
-            ref = next(k for k in kept if k is not None).kv
-            layers = []
-            for li, (k0, v0) in enumerate(ref):
-                H, _, D = k0.shape
-                K = torch.zeros(B, H, maxL, D, dtype=k0.dtype, device=dev)
-                V = torch.zeros(B, H, maxL, D, dtype=v0.dtype, device=dev)
-                for b, k in enumerate(kept):
-                    if k is not None:
-                        K[b, :, maxL - L[b] :] = k.kv[li][0]
-                        V[b, :, maxL - L[b] :] = k.kv[li][1]
-                layers.append((K, V))
-            cache = DynamicCache(layers)
-            for b in range(B):
-                attn[b, maxL - L[b] : maxL] = 1
-        else:
-            cache = DynamicCache()
+        width = maxL + maxN
+        cap = width + max(params.max_new_tokens, 1)
+        # 2. batch cache: kept contexts left-padded into columns [0, maxL), new tokens left-padded into [maxL, width)
+        fills = [(b, maxL - L[b], k.kv) for b, k in enumerate(kept) if k is not None]
+        cache = slab_cache(self._n_layers(), B, cap, n0=maxL, fills=fills)
+        attn = torch.zeros(B, cap, dtype=torch.long, device=dev)  # columns in use: [0, width + decoded)
         ids = torch.full((B, maxN), self.pad_id, dtype=torch.long, device=dev)
         pos = torch.zeros(B, maxN, dtype=torch.long, device=dev)
         for b, n in enumerate(new):
+            attn[b, maxL - L[b] : maxL] = 1
             ids[b, maxN - len(n) :] = torch.tensor(n, dtype=torch.long)
             pos[b, maxN - len(n) :] = torch.arange(L[b], L[b] + len(n))
-            attn[b, maxL + maxN - len(n) :] = 1
+            attn[b, width - len(n) : width] = 1
         next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
 
-        with self._autocast():
-            logits = self._forward(ids, attn, pos, cache)
+        logits = self._forward(ids, attn[:, :width], pos, cache)
         self.stats["prompt_tokens"] += sum(len(p) for p in prompts)
         self.stats["cached_tokens"] += sum(L)
 
@@ -171,10 +264,10 @@ class HFBackend(Backend):
         lps: list[list[float]] = [[] for _ in range(B)]
         finish = [""] * B
         active = list(range(B))  # batch row -> sequence index
-        texts = [""] * B
         stop = [s for s in params.stop if s]
-        for _step in range(params.max_new_tokens):
-            tok, lp = sample_next(logits, params, gen)
+        col = width  # the column the next token's keys/values go to
+        for step in range(params.max_new_tokens):
+            tok, lp = self._sample(logits, params, gen, active, step)
             tok_l, lp_l = tok.tolist(), lp.tolist()
             still = []
             for r, b in enumerate(active):
@@ -184,30 +277,27 @@ class HFBackend(Backend):
                 if t in self.eos_ids:
                     finish[b] = "eos"
                 elif stop:
-                    texts[b] = self.tokenizer.decode(toks[b][-16:], skip_special_tokens=False) if len(toks[b]) > 16 else self.tokenizer.decode(toks[b], skip_special_tokens=False)
-                    if any(s in texts[b] for s in stop):
+                    text = self.tokenizer.decode(toks[b][-16:], skip_special_tokens=False)
+                    if any(s in text for s in stop):
                         finish[b] = "stop"
                 if not finish[b] and len(toks[b]) >= params.max_new_tokens:
                     finish[b] = "length"
                 if not finish[b]:
                     still.append(r)
-            done_rows = [r for r in range(len(active)) if r not in set(still)]
-            if done_rows:
-                self._keep(cache, attn, [(r, active[r]) for r in done_rows], prompts, toks, sessions)
+            if len(still) < len(active):
+                self._keep(cache, attn, col, [(r, b) for r, b in enumerate(active) if finish[b]], prompts, toks, sessions)
             if not still:
                 break
             if len(still) < len(active):
                 sel = torch.tensor(still, dtype=torch.long, device=dev)
-                for layer in cache.layers:
-                    layer.keys = layer.keys.index_select(0, sel)
-                    layer.values = layer.values.index_select(0, sel)
+                cache.select_rows(sel)
                 attn = attn.index_select(0, sel)
                 tok = tok.index_select(0, sel)
                 next_pos = next_pos.index_select(0, sel)
                 active = [active[r] for r in still]
-            attn = torch.cat([attn, torch.ones(len(active), 1, dtype=attn.dtype, device=dev)], dim=1)
-            with self._autocast():
-                logits = self._forward(tok[:, None], attn, next_pos[:, None], cache)
+            attn[:, col] = 1
+            col += 1
+            logits = self._forward(tok[:, None], attn[:, :col], next_pos[:, None], cache)
             next_pos = next_pos + 1
         for b in range(B):
             if not finish[b]:
@@ -220,42 +310,27 @@ class HFBackend(Backend):
         return outs
 
     def _share_prefixes(self, prompts: list[list[int]], kept: list["_Kept | None"]) -> None:
-        """Give sequences without a kept context the longest known shared prefix; compute the common prefix of
-        the rest once (one batch-1 prefill instead of one per sequence) and remember it (small LRU)."""
+        """Give sequences without a kept context the longest known shared prefix; group the rest by common prefix
+        (:func:`envace.prefixes.prefix_runs`), prefill each group's common prefix once (a batch-1 forward instead
+        of one per sequence) and remember it (small LRU)."""
         todo = [b for b, k in enumerate(kept) if k is None]
         for b in todo:
             best = max((pf for pf in self._prefixes if _extends(prompts[b], pf.ids)), key=lambda pf: len(pf.ids), default=None)
             kept[b] = best
-        rest = [b for b in todo if kept[b] is None]
-        if len(rest) < 2:
-            return
-        lcp = min(len(prompts[b]) for b in rest) - 1  # leave at least one token to encode
-        first = prompts[rest[0]]
-        for b in rest[1:]:
-            p = prompts[b]
-            n = 0
-            while n < lcp and p[n] == first[n]:
-                n += 1
-            lcp = n
-        if lcp < self.min_shared_prefix:
-            return
-        ids = first[:lcp]
-        cache = self._new_cache()
-        with self._autocast():
-            self._forward(torch.tensor([ids], device=self.device), torch.ones(1, lcp, dtype=torch.long, device=self.device), torch.arange(lcp, device=self.device)[None], cache)
-        pf = _Kept(ids=ids, kv=[(layer.keys[0].clone(), layer.values[0].clone()) for layer in cache.layers])
-        self._prefixes = (self._prefixes + [pf])[-4:]
-        self.stats["shared_prefix_tokens"] += lcp
-        for b in rest:
-            kept[b] = pf
+        rest = sorted((b for b in todo if kept[b] is None), key=lambda b: prompts[b])
+        adjacent = [common_prefix(prompts[a], prompts[b], min(len(prompts[a]), len(prompts[b])) - 1) for a, b in zip(rest, rest[1:])]  # leave >= 1 token to encode
+        for first, end, n in prefix_runs(adjacent, self.min_shared_prefix):
+            members = rest[first:end]
+            ids = prompts[members[0]][:n]
+            cache = slab_cache(self._n_layers(), 1, n)
+            self._forward(torch.tensor([ids], device=self.device), torch.ones(1, n, dtype=torch.long, device=self.device), torch.arange(n, device=self.device)[None], cache)
+            pf = _Kept(ids=ids, kv=cache.data[:, :, 0].clone())
+            self._prefixes = (self._prefixes + [pf])[-self.max_prefixes :]
+            self.stats["shared_prefix_tokens"] += n
+            for b in members:
+                kept[b] = pf
 
-    @staticmethod
-    def _new_cache() -> Any:
-        from transformers import DynamicCache
-
-        return DynamicCache()
-
-    def _keep(self, cache: Any, attn: torch.Tensor, rows: list[tuple[int, int]], prompts: list[list[int]], toks: list[list[int]], sessions: list[str | None]) -> None:
+    def _keep(self, cache: Any, attn: torch.Tensor, width: int, rows: list[tuple[int, int]], prompts: list[list[int]], toks: list[list[int]], sessions: list[str | None]) -> None:
         """Store the keys/values of finished sequences that belong to a session (prompt + completion[:-1])."""
         if not self.keep_sessions:
             return
@@ -263,11 +338,10 @@ class HFBackend(Backend):
             s = sessions[b]
             if s is None:
                 continue
-            valid = attn[r].bool()  # positions holding this sequence's tokens (the last sampled token has no KV yet)
-            kv = [(layer.keys[r][:, valid].clone(), layer.values[r][:, valid].clone()) for layer in cache.layers]
+            cols = attn[r, :width].nonzero().squeeze(-1)  # this sequence's columns (the last sampled token has no KV yet)
             ids = prompts[b] + toks[b][:-1]
-            assert kv[0][0].shape[1] == len(ids), (kv[0][0].shape, len(ids))
-            self._kept[s] = _Kept(ids=ids, kv=kv)
+            assert len(cols) == len(ids), (len(cols), len(ids))
+            self._kept[s] = _Kept(ids=ids, kv=cache.row(r, cols))
 
 
 @BACKENDS.register("hf")

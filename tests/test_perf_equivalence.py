@@ -1,0 +1,157 @@
+"""The speed-ups are exact: reuse paths give the same tokens and log-probs (within 1e-4) as plain computation.
+
+HF backend: per-session KV reuse, shared-prefix prefill and the preallocated batch cache against encoding every
+prompt whole, and a lockstep batch against one prompt at a time. Update: running the common prefix of a
+micro-batch once against running every pack whole (log-probs, gradients, the optimizer step), and micro-batches
+that cover every pack once within the token budget.
+"""
+import copy
+
+import pytest
+import torch
+
+from envace.backends.base import SamplingParams
+from envace.backends.hf import HFBackend
+from envace.backends.scripted import ScriptedBackend
+from envace.envs import load_tasks
+from envace.prompts import REHEARSE_SYSTEM
+from envace.rollout import RolloutConfig, RolloutEngine
+from envace.update import MIN_SHARED_PREFIX, completion_logprobs, micro_batches, optimizer_step, pack_rows, shared_prefix_len
+
+TEMPS = {"act": 1.0, "rehearse": 0.6}
+
+
+def _chat(tok, system: str, user: str) -> list[int]:
+    return tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}], add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def _prompts(tok, n: int = 5) -> list[list[int]]:
+    """Two clusters with long common prefixes (two system prompts) and different user turns."""
+    systems = ["You are a careful banking assistant. Use the tools when needed. " * 4, "You manage files in a sandbox; answer briefly. " * 4]
+    return [list(_chat(tok, systems[i % 2], f"request number {i}: " + "please help " * (i + 1))) for i in range(n)]
+
+
+def _three_turns(be: HFBackend, tok, params: SamplingParams) -> list:
+    """Three calls per session, each prompt extending the previous prompt + completion (as the rollout does)."""
+    prompts = _prompts(tok)
+    sessions = [f"s{i}" for i in range(len(prompts))]
+    out = []
+    for turn in range(3):
+        gens = be.generate(prompts, params.with_(seed=10 + turn), sessions)
+        out += gens
+        prompts = [p + g.token_ids + tok.encode(f" tool result {turn} for {i}") for i, (p, g) in enumerate(zip(prompts, gens))]
+    return out
+
+
+def _same(a, b, tol: float = 1e-4) -> None:
+    assert [g.token_ids for g in a] == [g.token_ids for g in b]
+    for x, y in zip(a, b):
+        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < tol
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_new_tokens=12), SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, stop=["."])], ids=["greedy", "sampled"])
+def test_session_reuse_and_shared_prefixes_match_encoding_every_prompt_whole(tiny, params):
+    model, tok = tiny
+    fast = HFBackend(model, tok)
+    plain = HFBackend(model, tok, keep_sessions=False, share_prefixes=False)
+    a, b = _three_turns(fast, tok, params), _three_turns(plain, tok, params)
+    _same(a, b)
+    assert fast.stats["shared_prefix_tokens"] >= 2 * MIN_SHARED_PREFIX  # both clusters were prefilled once
+    assert sum(g.cached_tokens for g in a[5:]) > 0.8 * sum(g.prompt_tokens for g in a[5:])  # later turns: only new tokens
+    assert fast.stats["prompt_tokens"] == plain.stats["prompt_tokens"] and plain.stats["cached_tokens"] == 0
+
+
+def test_a_lockstep_batch_matches_one_prompt_at_a_time(tiny):
+    model, tok = tiny
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    prompts = _prompts(tok, 4)
+    batched = HFBackend(model, tok, share_prefixes=False).generate(prompts, params)
+    alone = [HFBackend(model, tok, share_prefixes=False).generate([p], params)[0] for p in prompts]
+    _same(batched, alone)
+
+
+def test_kept_sessions_are_reused_after_rows_finish_at_different_steps(tiny):
+    model, tok = tiny
+    be = HFBackend(model, tok)
+    prompts = _prompts(tok, 3)
+    lens = [3, 9, 6]  # rows leave the batch at different steps; their kept KV must still be theirs
+    first = []
+    for p, n in zip(prompts, lens):
+        first += be.generate([p], SamplingParams(temperature=0, max_new_tokens=n), [f"k{len(first)}"])
+    be2 = HFBackend(model, tok, share_prefixes=False)
+    first2 = be2.generate(prompts, SamplingParams(temperature=0, max_new_tokens=9), ["k0", "k1", "k2"])
+    nxt = [p + g.token_ids + tok.encode(" ok") for p, g in zip(prompts, first2)]
+    reuse = be2.generate(nxt, SamplingParams(temperature=0, max_new_tokens=6), ["k0", "k1", "k2"])
+    whole = HFBackend(model, tok, keep_sessions=False, share_prefixes=False).generate(nxt, SamplingParams(temperature=0, max_new_tokens=6))
+    assert [g.cached_tokens for g in reuse] == [len(p) + len(g.token_ids) - 1 for p, g in zip(prompts, first2)]
+    _same(reuse, whole)
+
+
+# -- update ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rows(tokenizer):
+    """Rows of scripted rehearsal rollouts: 3 tasks x 4 trajectories, gold calls then a reply."""
+    tasks = load_tasks("builtin", "train", n=3, seed=0)
+    by_user = {t.user_turns[0]: t for t in tasks}
+
+    def respond(prompt: str) -> str:
+        if REHEARSE_SYSTEM[:40] in prompt:
+            return '<observation>{"ok": true, "value": 12}</observation>'
+        task = next(t for u, t in by_user.items() if u in prompt)
+        gold, n = task.flat_gold(), prompt.count("<|im_start|>tool")
+        return gold[n].to_text() if n < len(gold) else "Done."
+
+    trajs = RolloutEngine(ScriptedBackend(tokenizer, respond), RolloutConfig(group_size=4, max_steps=6)).run(tasks)
+    return [r for t in trajs for r in t.rows]
+
+
+def test_micro_batches_group_packs_by_shared_prefix_cover_each_pack_once_and_keep_the_budget(rows):
+    packs = pack_rows(rows)
+    for budget in (1500, 4000, 8192):
+        mbs = micro_batches(packs, budget)
+        assert sorted(id(p) for mb in mbs for p in mb) == sorted(id(p) for p in packs)
+        for mb in mbs:
+            lp = shared_prefix_len(mb)
+            lp = lp if lp >= MIN_SHARED_PREFIX else 0
+            assert len(mb) == 1 or lp + len(mb) * (max(len(p.ids) for p in mb) - lp) <= budget
+    shared = [shared_prefix_len(mb) for mb in micro_batches(packs, 8192) if len(mb) > 1]
+    assert shared and min(shared) > 300  # the K packs of a task share system prompt, tools and first turn
+
+
+def test_running_the_shared_prefix_once_gives_the_same_logprobs_and_gradients(tiny, rows):
+    model = copy.deepcopy(tiny[0])
+    packs = pack_rows(rows)
+
+    def run(share: bool):
+        model.zero_grad(set_to_none=True)
+        lps = {}
+        for mb in micro_batches(packs, 8192, share_prefixes=share):
+            lp = completion_logprobs(model, mb, rows, TEMPS, share_prefix=share)
+            sum((v * (1 + (i % 3))).sum() for i, v in lp.items()).backward()
+            lps |= {i: v.detach() for i, v in lp.items()}
+        return lps, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    (a, ga), (b, gb) = run(False), run(True)
+    assert set(a) == set(b) == set(range(len(rows)))
+    assert max((a[i] - b[i]).abs().max().item() for i in a) < 1e-4
+    for n in ga:
+        assert torch.allclose(ga[n], gb[n], rtol=1e-3, atol=1e-6), n
+
+
+def test_optimizer_step_is_the_same_with_and_without_prefix_sharing(tiny, rows):
+    from envace import algos
+
+    adv = torch.linspace(-1, 1, len(rows))
+
+    def loss_fn(logp, mask, idxs, normalizer):
+        return algos.policy_loss(logp, logp.detach() + 0.01, adv[idxs], mask, normalizer=normalizer)
+
+    after = []
+    for share in (False, True):
+        model = copy.deepcopy(tiny[0])
+        opt = torch.optim.SGD(model.parameters(), lr=1.0)
+        optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=4000, temperatures=TEMPS, max_grad_norm=1e9, share_prefixes=share)
+        after.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    for n in after[0]:
+        assert torch.allclose(after[0][n], after[1][n], rtol=1e-4, atol=1e-6), n
