@@ -8,7 +8,8 @@ recomputed by the model (untimed) and advantages from random rewards (seeded).
 
 - ``envace``: :func:`envace.update.optimizer_step` (packing per context, shared-prefix micro-batches, logits only
   at completion positions, the clipped surrogate of :mod:`envace.algos`, token-mean), ``micro_batch_tokens``.
-- ``envace@REF`` (``--ref``): the same with ``envace.update`` of git revision REF (before/after).
+- ``envace@REF`` (``--ref``): the same with ``envace.update`` of git revision REF (before/after), in its own
+  process (memory), and again alternating steps with the current update in one process (speed ratio).
 - ``trl``: ``trl.GRPOTrainer.compute_loss`` (its loss path: per-row prompt + completion, fused LM head log-probs,
   entropies, loss_type="dapo", i.e. token-mean) + backward + AdamW step through the trainer's optimizer,
   ``per_device_train_batch_size`` rows per micro-batch (chosen so a micro-batch holds about
@@ -69,10 +70,13 @@ def rss_now_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def worker_envace(args, ref: str | None) -> dict:
+def worker_envace(args, ref: str | None, ab: bool = False) -> dict:
+    """One process. ``ab``: alternate steps of the current update and the one of ``ref`` on the same model
+    (A, B, A, B, ...; the fastest of each), a before/after ratio that load changes between processes cannot skew."""
     from envace import algos
 
-    U = update_module_at(ref) if ref else __import__("envace.update", fromlist=["x"])
+    cur = __import__("envace.update", fromlist=["x"])
+    U = update_module_at(ref) if (ref and not ab) else cur
     model, tok = load(args.model)
     rows, adv = make_rows(tok, args.tasks, args.group)
     temps = {"act": 1.0, "rehearse": 1.0}
@@ -88,6 +92,15 @@ def worker_envace(args, ref: str | None) -> dict:
 
     base = rss_now_mb()
     step(rows[: max(1, len(rows) // 8)])  # warm-up
+    if ab:
+        B = update_module_at(ref)
+        times_a, times_b = [], []
+        for _ in range(args.steps):
+            for mod, times in ((cur, times_a), (B, times_b)):
+                with Timer() as t:
+                    mod.optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=args.micro_batch_tokens, temperatures=temps, max_grad_norm=1.0)
+                times.append(t.s)
+        return {"current_step_seconds": times_a, "ref_step_seconds": times_b, "current_over_ref_speed": min(times_b) / min(times_a), "ref": ref, "steps_each": args.steps}
     times = []
     for _ in range(args.steps):
         with Timer() as t:
@@ -172,7 +185,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=2)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--steps", type=int, default=1, help="timed optimizer steps (the fastest is reported)")
-    ap.add_argument("--micro-batch-tokens", type=int, default=8192)
+    ap.add_argument("--micro-batch-tokens", type=int, default=4096, help="as TrainConfig.micro_batch_tokens")
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--ref", default=None, help="also run envace.update of this git revision")
     ap.add_argument("--no-trl", action="store_true")
@@ -180,7 +193,12 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
-        res = worker_trl(args) if args.worker == "trl" else worker_envace(args, args.worker.split("@", 1)[1] if "@" in args.worker else None)
+        if args.worker == "trl":
+            res = worker_trl(args)
+        elif args.worker.startswith("ab@"):
+            res = worker_envace(args, args.worker.split("@", 1)[1], ab=True)
+        else:
+            res = worker_envace(args, args.worker.split("@", 1)[1] if "@" in args.worker else None)
         print(json.dumps(res))
         return
 
@@ -201,6 +219,9 @@ def main() -> None:
         results["targets"] = {"envace >= 1.2x TRL GRPOTrainer tokens/s": ratios["envace_vs_trl_tokens_per_s"] >= 1.2, "envace peak memory <= TRL": e["peak_rss_mb"] <= results["trl"]["peak_rss_mb"]}
     if args.ref:
         ratios[f"envace_vs_envace@{args.ref}"] = e["row_tokens_per_s"] / results[f"envace@{args.ref}"]["row_tokens_per_s"]
+        ab = results["ab"] = run_json_subprocess(common_args + ["--steps", str(max(2, args.steps)), "--worker", f"ab@{args.ref}"])
+        ratios[f"envace_vs_envace@{args.ref}_alternating"] = ab["current_over_ref_speed"]
+        print(f"alternating steps in one process: current {min(ab['current_step_seconds']):.1f}s, {args.ref} {min(ab['ref_step_seconds']):.1f}s per step")
     results["ratios"] = ratios
     print("ratios:", {k: round(v, 2) for k, v in ratios.items()})
     print("targets:", results.get("targets"))
