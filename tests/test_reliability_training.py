@@ -68,7 +68,7 @@ def _progress(out: Path) -> tuple[int, int, int]:
     return sizes[0], sizes[1], len(list(ckpts.iterdir())) if ckpts.exists() else 0
 
 
-ITERATIONS = 8
+ITERATIONS = 16
 
 
 def _args(out: Path) -> list[str]:
@@ -91,26 +91,35 @@ def _tmp_dirs(out: Path) -> set[str]:
     return {p.name for p in ck.iterdir() if p.name.startswith(".tmp-step-")} if ck.exists() else set()
 
 
+def _steps_logged(out: Path) -> int:
+    return len(check_jsonl(out / "metrics.jsonl"))
+
+
 def test_kill_9_at_random_points_then_resume_loses_nothing(tmp_path):
-    """Three kills in one run: a random moment after the first checkpoint, the middle of a later checkpoint write,
-    a random moment after the resumed run saved again; after each, checkpoints and logs are checked; a fourth
-    start finishes the run."""
+    """Three kills in one run: a random moment two to four iterations into the first start, the middle of a
+    checkpoint write, a random moment two to four iterations into the third start; after each, checkpoints and
+    logs are checked; a fourth start finishes the run. The kill points follow the run's progress, not the clock,
+    so a fast machine cannot finish the run before the kill."""
     seed = int(os.environ.get("ENVACE_KILL_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
     out = tmp_path / "run"
     kills = []
     for trial in ("random", "mid-checkpoint", "random"):
-        latest_before, tmp_before = _latest(out), _tmp_dirs(out)
+        tmp_before, start = _tmp_dirs(out), _steps_logged(out)
+        target = start + rng.randint(2, 4)  # kill once this many steps are logged, a random moment later
         log = open(tmp_path / f"stderr-{len(kills)}.txt", "wb")
         proc = subprocess.Popen(_args(out), stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
             if trial == "mid-checkpoint" and _tmp_dirs(out) - tmp_before:
                 break  # a checkpoint is being written right now
-            if trial == "random" and _latest(out) > latest_before:
-                time.sleep(rng.uniform(0.0, 1.2))  # an iteration of this tiny run takes about 0.3-1 s
+            steps = _steps_logged(out)
+            if trial == "random" and steps >= target:
+                time.sleep(rng.uniform(0.0, 0.05))  # somewhere inside the next iteration
                 break
-            time.sleep(0.005)
+            if trial == "mid-checkpoint" and steps >= start + 4:
+                break  # every write was too quick to catch: kill anyway rather than let the run finish
+            time.sleep(0.002)
         killed_live = proc.poll() is None
         if killed_live:
             proc.send_signal(signal.SIGKILL)
