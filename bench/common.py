@@ -146,6 +146,41 @@ def forced_backend(base: type = HFBackend) -> type:
             self._offset += len(prompts)
             return super()._generate_batch(prompts, params, sessions, gen)
 
+        def _script_tokens(self, session, role):
+            script = self.act_script if role == "act" else self.rehearse_script
+            n = self.counts.get(session, 0) if session is not None else 0
+            if session is not None:
+                self.counts[session] = n + 1
+            text = script(session, n) if (script is not None and session is not None) else None
+            return None if text is None else self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id]
+
+        def generate_stream(self, requests, on_done, seed=None):
+            """Continuous batching, each finished request recorded as a call of its own."""
+            t0 = time.perf_counter()
+
+            def record(req, g):
+                role = "rehearse" if (req.session or "").endswith("/rehearse") else "act"
+                self.calls.append({"role": role, "prompts": [list(req.prompt)], "sessions": [req.session], "gens": [g], "seconds": time.perf_counter() - t0, "forced": [self._stream_forced.pop(id(req), None) is not None]})
+                return on_done(req, g)
+
+            self._stream_forced = {}
+            return super().generate_stream(requests, record, seed)
+
+        def _sample_rows(self, logits, rows, gen):
+            tok, lp = super()._sample_rows(logits, rows, gen)
+            for i, row in enumerate(rows):
+                key = id(row.req)
+                if key not in self._stream_forced:
+                    role = "rehearse" if (row.req.session or "").endswith("/rehearse") else "act"
+                    self._stream_forced[key] = self._script_tokens(row.req.session, role)
+                f = self._stream_forced[key]
+                if f is not None:
+                    t = f[min(len(row.toks), len(f) - 1)]
+                    temp = row.req.params.temperature if row.req.params.temperature > 0 else 1.0
+                    tok[i] = t
+                    lp[i] = torch.log_softmax(logits[i].float() / temp, dim=-1)[t]
+            return tok, lp
+
         def _sample(self, logits, params, gen, seqs, step):
             if all(self._forced[b] is None for b in seqs):
                 return sample_next(logits, params, gen)

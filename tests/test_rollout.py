@@ -186,3 +186,69 @@ def test_tiny_model_rehearsal_batch_is_deterministic_and_round_trips_as_jsonl(ti
     write_jsonl(str(path), a)
     back = [Trajectory.from_dict(d) for d in read_jsonl(str(path))]
     assert [t.to_dict() for t in back] == [t.to_dict() for t in a]
+
+
+class _GoldActHF(HFBackend):
+    """The tiny model where Act's tokens are the task's gold calls, one per step, then a reply (the random model
+    emits no tool calls); each forced token still costs a forward and its log-prob is read off the logits.
+    Rehearse decodes from the model. Works under both schedules."""
+
+    def __init__(self, model, tok, tasks):
+        super().__init__(model, tok)
+        self.tasks, self.n, self._lock, self.lockstep_calls = {t.id: t for t in tasks}, {}, [], 0
+
+    def _script(self, session):
+        if not session.endswith("/act"):
+            return None
+        n = self.n[session] = self.n.get(session, -1) + 1
+        gold = self.tasks[session.rsplit("/", 2)[0].split(":", 1)[1]].flat_gold()
+        text = gold[n].to_text() if n < len(gold) else "Done."
+        return self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+
+    def _force(self, logits, tok, lp, forced):
+        for i, f, step in forced:
+            if f is not None:
+                tok[i] = f[min(step, len(f) - 1)]
+                lp[i] = logits[i].float().log_softmax(-1)[tok[i]]
+        return tok, lp
+
+    def generate(self, prompts, params, sessions=None):
+        self._lock = [self._script(s) for s in sessions]
+        self.lockstep_calls += 1
+        return super().generate(prompts, params, sessions)
+
+    def _sample(self, logits, params, gen, seqs, step):
+        tok, lp = super()._sample(logits, params, gen, seqs, step)
+        return self._force(logits, tok, lp, [(r, self._lock[b], step) for r, b in enumerate(seqs)])
+
+    def _sample_rows(self, logits, rows, gen):
+        tok, lp = super()._sample_rows(logits, rows, gen)
+        for row in rows:
+            if not hasattr(row, "forced"):
+                row.forced = self._script(row.req.session)
+        return self._force(logits, tok, lp, [(i, row.forced, len(row.toks)) for i, row in enumerate(rows)])
+
+
+@pytest.mark.parametrize("mode", ["rehearsal", "real"])
+def test_continuous_batching_unrolls_the_same_trajectories_as_lockstep(tiny, mode):
+    """Greedy, so the schedules must agree token for token: trajectories of different lengths leave the running
+    batch and their next generations join it mid-way (with kept sessions), yet every row, observation and
+    log-prob is what the step-by-step lockstep batches give."""
+    model, tok = tiny
+    tasks = load_tasks("builtin", "train", n=4, seed=3)
+    assert len({len(t.flat_gold()) for t in tasks}) > 1  # trajectories of different lengths
+    greedy = SamplingParams(temperature=0, max_new_tokens=48)
+    runs = {}
+    for schedule in ("lockstep", "continuous"):
+        c = RolloutConfig(mode=mode, schedule=schedule, group_size=2, max_steps=6, act=greedy, rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]))
+        be = _GoldActHF(model, tok, tasks)
+        runs[schedule] = (RolloutEngine(be, c).run(tasks), be.lockstep_calls)
+    (lock, lock_calls), (cont, cont_calls) = runs["lockstep"], runs["continuous"]
+    assert sum(len(t.steps) for t in cont) > 2 * len(cont)  # several steps each, with observations
+    for a, b in zip(lock, cont):
+        assert [(r.role, r.completion_ids) for r in a.rows] == [(r.role, r.completion_ids) for r in b.rows]
+        assert [s.observations for s in a.steps] == [s.observations for s in b.steps]
+        assert a.messages == b.messages and a.counters == b.counters
+        for x, y in zip(a.rows, b.rows):
+            assert max((abs(p - q) for p, q in zip(x.old_logprobs, y.old_logprobs)), default=0.0) < 1e-4
+    assert lock_calls > 0 and cont_calls == 0  # the continuous run went through the stream, not batch rounds

@@ -8,8 +8,11 @@ One loop serves every mode; the mode only decides where observations come from (
 - ``simulator``: a separate frozen model produces observations (external-simulator baseline; no rows).
 - ``real``: the task's real environment answers (real-env GRPO; observations are not trained on).
 
-All Act generations of all live trajectories go to the backend as one batch; then all pending calls of all
-trajectories are observed as one batch per call index. A format error (Act output that does not parse) is
+Scheduling (``RolloutConfig.schedule``): ``continuous`` (default, with a backend that batches continuously,
+e.g. HF) lets every trajectory go on as soon as its own generation is done: its next Act or Rehearse generation
+joins the running batch, so the batch stays full instead of waiting for the longest generation of each round.
+``lockstep`` sends all Act generations of all live trajectories to the backend as one batch, then all pending
+calls of all trajectories as one batch per call index. A format error (Act output that does not parse) is
 answered by the parser's structured error; with ``validate_in_code`` unknown tools and schema violations are
 too, else the Rehearse role must produce those errors itself (METHOD.md section 1). With ``reference_cache``
 a call identical to a recorded reference call is answered from the record (counted). ``shadow`` executes each
@@ -25,7 +28,7 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
-from .backends.base import Backend, SamplingParams
+from .backends.base import Backend, Request, SamplingParams
 from .envs import USERS, Environment, UserSimulator, make_env
 from .parsing import format_observation, parse_act, parse_observation, validate_call
 from .prompts import ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
@@ -57,12 +60,19 @@ class RolloutConfig:
     """Also run each rehearsed call in a real environment copy and record its observation (evaluation only)."""
     user: str = "scripted"
     """User simulator name (envace.envs.USERS)."""
+    schedule: str = "continuous"
+    """How generations are batched (SCHEDULES): ``continuous`` lets each trajectory go on as soon as its own
+    generation is done, its next one joining the running batch (backends with continuous batching, with the
+    policy's own Rehearse or the real environment; otherwise it falls back to) ``lockstep``: every live
+    trajectory's Act in one batch, then every pending call's observation, step by step."""
     seed: int = 0
     progress: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in OBSERVERS:
             OBSERVERS.get(self.mode)  # raises with the valid names
+        if self.schedule not in SCHEDULES:
+            SCHEDULES.get(self.schedule)
         if self.group_size < 1 or self.max_steps < 1 or self.max_steps_per_turn < 1:
             raise ValueError("group_size, max_steps and max_steps_per_turn must be >= 1")
 
@@ -83,6 +93,8 @@ class _Live:
     reh_pending: list[str] = field(default_factory=list)  # transcript lines not yet shown to Rehearse
     done: bool = False
     calls: list[ToolCall] = field(default_factory=list)  # calls of the current step awaiting observations
+    results: list[tuple[ToolCall, Any, str, Any]] = field(default_factory=list)  # their answers so far (continuous)
+    open_step: bool = False  # an Act generation was taken and its step is not closed yet (continuous)
 
 
 class Observer(ABC):
@@ -115,24 +127,26 @@ class RehearseObserver(Observer):
         self.backend = backend
 
     def observe(self, engine, items):
-        prompts, sessions = [], []
-        for lv, call in items:
-            prompts.append(engine.rehearse_prompt(lv, call))
-            sessions.append(lv.traj.id + "/rehearse")
-        gens = self.backend.generate(prompts, engine.params("rehearse"), sessions)
-        out = []
-        for (lv, call), g, prompt in zip(items, gens, prompts):
-            lv.traj.rows.append(engine.row("rehearse", lv, prompt, g))
-            obs, err = parse_observation(g.text)
-            if err:
-                lv.traj.count("rehearse/parse_errors")
-            if g.finish_reason == "length":
-                lv.traj.count("rehearse/truncated")
-            lv.reh_ids = prompt + g.token_ids + engine.fmt.close_completion(g.token_ids)
-            lv.reh_messages.append({"role": "assistant", "content": g.text})
-            lv.traj.steps[-1].rehearse_texts.append(g.text)
-            out.append((obs, "rehearsed"))
-        return out
+        reqs = [self.request(engine, lv, call) for lv, call in items]
+        gens = self.backend.generate([r.prompt for r in reqs], engine.params("rehearse"), [r.session for r in reqs])
+        return [self.receive(engine, lv, r.prompt, g) for (lv, call), r, g in zip(items, reqs, gens)]
+
+    def request(self, engine: "RolloutEngine", lv: _Live, call: ToolCall) -> Request:
+        """The Rehearse generation that answers ``call``."""
+        return Request(prompt=engine.rehearse_prompt(lv, call), params=engine.cfg.rehearse, session=lv.traj.id + "/rehearse", tag=(lv, "rehearse"))
+
+    def receive(self, engine: "RolloutEngine", lv: _Live, prompt: list[int], g: Any) -> tuple[Any, str]:
+        """Record a Rehearse generation (a row, the Rehearse context) and parse it into the observation."""
+        lv.traj.rows.append(engine.row("rehearse", lv, prompt, g))
+        obs, err = parse_observation(g.text)
+        if err:
+            lv.traj.count("rehearse/parse_errors")
+        if g.finish_reason == "length":
+            lv.traj.count("rehearse/truncated")
+        lv.reh_ids = prompt + g.token_ids + engine.fmt.close_completion(g.token_ids)
+        lv.reh_messages.append({"role": "assistant", "content": g.text})
+        lv.traj.steps[-1].rehearse_texts.append(g.text)
+        return obs, "rehearsed"
 
 
 class SimulatorObserver(Observer):
@@ -176,6 +190,11 @@ def _simulator(policy: Backend, simulator: Backend | None = None, **kw: Any) -> 
 
 OBSERVERS.add("per_role", _per_role)
 OBSERVERS.add("simulator", _simulator)
+
+# name -> fn(engine, lives, progress bar): drives the live trajectories to the end (see RolloutConfig.schedule)
+SCHEDULES: Registry[Callable[..., None]] = Registry("rollout schedule")
+SCHEDULES.add("lockstep", lambda engine, lives, bar: engine._run_lockstep(lives, bar))
+SCHEDULES.add("continuous", lambda engine, lives, bar: engine._run_continuous(lives, bar))
 
 
 class RolloutEngine:
@@ -236,28 +255,8 @@ class RolloutEngine:
         """Roll out ``group_size`` trajectories for each task; returns them grouped task by task."""
         lives = [self._start(t, k, f"{group_prefix}{i}:{t.id}") for i, t in enumerate(tasks) for k in range(self.cfg.group_size)]
         bar = tqdm(total=len(lives), desc=f"rollout[{self.cfg.mode}]", disable=not self.cfg.progress, leave=False)
-        finished = sum(lv.done for lv in lives)
-        while True:
-            live = [lv for lv in lives if not lv.done]
-            if not live:
-                break
-            # context guard before generating
-            for lv in live:
-                if len(lv.act_ids) + self.cfg.act.max_new_tokens + 2 > self.cfg.max_context_tokens:
-                    self._truncate(lv, "context")
-            live = [lv for lv in live if not lv.done]
-            if not live:
-                break
-            self._act(live)
-            self._observe([lv for lv in live if lv.calls])
-            for lv in live:
-                if not lv.done and len(lv.traj.steps) >= self.cfg.max_steps:
-                    self._truncate(lv, "max_steps")
-                elif not lv.done and lv.steps_in_turn >= self.cfg.max_steps_per_turn:
-                    self._truncate(lv, "max_steps_per_turn")
-            now = sum(lv.done for lv in lives)
-            bar.update(now - finished)
-            finished = now
+        schedule = self.cfg.schedule if self.cfg.schedule != "continuous" or self.can_stream() else "lockstep"
+        SCHEDULES.get(schedule)(self, lives, bar)
         bar.close()
         sessions = [s for lv in lives for s in (lv.traj.id + "/act", lv.traj.id + "/rehearse")]
         self.policy.release(sessions)
@@ -270,35 +269,123 @@ class RolloutEngine:
                 lv.env.close()
         return [lv.traj for lv in lives]
 
+    def can_stream(self) -> bool:
+        """Continuous batching needs a streaming policy backend that also plays Rehearse, or the real environment."""
+        own_rehearse = isinstance(self.observer, RehearseObserver) and self.observer.backend is self.policy
+        return bool(getattr(self.policy, "streams", False)) and (own_rehearse or isinstance(self.observer, RealObserver))
+
+    def _guard(self, lv: _Live) -> None:
+        """Context guard before an Act generation."""
+        if len(lv.act_ids) + self.cfg.act.max_new_tokens + 2 > self.cfg.max_context_tokens:
+            self._truncate(lv, "context")
+
+    def _close_step(self, lv: _Live) -> None:
+        if not lv.done and len(lv.traj.steps) >= self.cfg.max_steps:
+            self._truncate(lv, "max_steps")
+        elif not lv.done and lv.steps_in_turn >= self.cfg.max_steps_per_turn:
+            self._truncate(lv, "max_steps_per_turn")
+
+    def _shadow(self, lv: _Live, call: ToolCall) -> Any:
+        return lv.env.call(call) if (self.cfg.shadow and lv.env is not None and not self.observer.needs_env) else None
+
+    # -- lockstep: all live trajectories' Act in one batch, then their observations call index by call index -----
+    def _run_lockstep(self, lives: list[_Live], bar: Any) -> None:
+        finished = sum(lv.done for lv in lives)
+        while True:
+            live = [lv for lv in lives if not lv.done]
+            for lv in live:
+                self._guard(lv)
+            live = [lv for lv in live if not lv.done]
+            if not live:
+                break
+            self._act(live)
+            self._observe([lv for lv in live if lv.calls])
+            for lv in live:
+                self._close_step(lv)
+            now = sum(lv.done for lv in lives)
+            bar.update(now - finished)
+            finished = now
+        bar.update(sum(lv.done for lv in lives) - finished)
+
+    # -- continuous: each trajectory's next generation joins the running batch as soon as its last one is done ---
+    def _run_continuous(self, lives: list[_Live], bar: Any) -> None:
+        def on_done(req: Request, g: Any) -> list[Request]:
+            lv, kind = req.tag
+            if kind == "act":
+                self._take_act(lv, req.prompt, g)
+            else:
+                obs, source = self.observer.receive(self, lv, req.prompt, g)
+                call = lv.calls[len(lv.results)]
+                lv.results.append((call, obs, source, self._shadow(lv, call)))
+            nxt = self._next_request(lv)
+            bar.update(int(lv.done))
+            return [nxt] if nxt is not None else []
+
+        first = [self._next_request(lv) for lv in lives]
+        bar.update(sum(lv.done for lv in lives))
+        self.policy.generate_stream([r for r in first if r is not None], on_done, seed=(self.cfg.seed * 1_000_003 + 1) % (2**63))
+
+    def _next_request(self, lv: _Live) -> Request | None:
+        """Advance one trajectory as far as it goes without a model: answer the current step's calls that need no
+        model (validation, reference cache, real environment), close the step, guard the context; return the
+        next generation it waits for (a Rehearse or an Act request), or None once it is done."""
+        if lv.open_step:
+            while len(lv.results) < len(lv.calls):
+                call = lv.calls[len(lv.results)]
+                obs, source = self._answer_without_model(lv, call)
+                if obs is not None:
+                    lv.results.append((call, obs, source, self._shadow(lv, call)))
+                    lv.reh_pending += [f"[assistant] {call.key()}", f"[tool] {tool_message_content(obs)}"]
+                elif isinstance(self.observer, RehearseObserver):
+                    return self.observer.request(self, lv, call)
+                else:
+                    ((obs, source),) = self.observer.observe(self, [(lv, call)])
+                    lv.results.append((call, obs, source, self._shadow(lv, call)))
+            if lv.calls:
+                self._feed(lv, lv.results)
+                lv.calls, lv.results = [], []
+            lv.open_step = False
+            self._close_step(lv)
+        if not lv.done:
+            self._guard(lv)
+        if lv.done:
+            return None
+        return Request(prompt=lv.act_ids + self.fmt.generation_prompt(), params=self.cfg.act, session=lv.traj.id + "/act", tag=(lv, "act"))
+
     def _act(self, live: list[_Live]) -> None:
         prompts = [lv.act_ids + self.fmt.generation_prompt() for lv in live]
         gens = self.policy.generate(prompts, self.params("act"), [lv.traj.id + "/act" for lv in live])
         for lv, prompt, g in zip(live, prompts, gens):
-            tr = lv.traj
-            tr.rows.append(Row(role="act", prompt_ids=prompt, completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=lv.task.id, traj_id=tr.id, group_id=tr.group_id, step=len(tr.steps), truncated=g.finish_reason == "length"))
-            lv.act_ids = prompt + g.token_ids + self.fmt.close_completion(g.token_ids)
-            lv.steps_in_turn += 1
-            tr.count("act/steps")
-            if g.finish_reason == "length":
-                tr.count("act/truncated")
-            parsed = parse_act(g.text)
-            step = Step(user_turn=lv.turn, action_text=g.text, calls=parsed.calls, reply=parsed.reply, parse_error=parsed.error)
-            tr.steps.append(step)
-            lv.calls = []
-            if parsed.error is not None:
-                tr.count("act/parse_errors")
-                tr.messages.append(Message("assistant", g.text))
-                self._feed(lv, [(ToolCall(name="(unparsed)"), parsed.error, "validation", None)], raw=True)
-            elif parsed.calls:
-                tr.count("act/tool_calls", len(parsed.calls))
-                tr.messages.append(Message("assistant", g.text, tool_calls=parsed.calls))
-                lv.calls = parsed.calls
-            else:
-                tr.count("act/replies")
-                tr.messages.append(Message("assistant", parsed.reply or ""))
-                lv.reh_pending.append(f"[assistant] {(parsed.reply or '').strip()}")
-                lv.turn += 1
-                self._next_user_turn(lv)
+            self._take_act(lv, prompt, g)
+
+    def _take_act(self, lv: _Live, prompt: list[int], g: Any) -> None:
+        """Record an Act generation: its row, the step (calls, reply or parse error), the Act context."""
+        lv.open_step = True
+        tr = lv.traj
+        tr.rows.append(Row(role="act", prompt_ids=prompt, completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=lv.task.id, traj_id=tr.id, group_id=tr.group_id, step=len(tr.steps), truncated=g.finish_reason == "length"))
+        lv.act_ids = prompt + g.token_ids + self.fmt.close_completion(g.token_ids)
+        lv.steps_in_turn += 1
+        tr.count("act/steps")
+        if g.finish_reason == "length":
+            tr.count("act/truncated")
+        parsed = parse_act(g.text)
+        step = Step(user_turn=lv.turn, action_text=g.text, calls=parsed.calls, reply=parsed.reply, parse_error=parsed.error)
+        tr.steps.append(step)
+        lv.calls = []
+        if parsed.error is not None:
+            tr.count("act/parse_errors")
+            tr.messages.append(Message("assistant", g.text))
+            self._feed(lv, [(ToolCall(name="(unparsed)"), parsed.error, "validation", None)], raw=True)
+        elif parsed.calls:
+            tr.count("act/tool_calls", len(parsed.calls))
+            tr.messages.append(Message("assistant", g.text, tool_calls=parsed.calls))
+            lv.calls = parsed.calls
+        else:
+            tr.count("act/replies")
+            tr.messages.append(Message("assistant", parsed.reply or ""))
+            lv.reh_pending.append(f"[assistant] {(parsed.reply or '').strip()}")
+            lv.turn += 1
+            self._next_user_turn(lv)
 
     def _observe(self, live: list[_Live]) -> None:
         results: dict[int, list[tuple[ToolCall, Any, str, Any]]] = {id(lv): [] for lv in live}
@@ -381,4 +468,4 @@ def format_trajectory(traj: Trajectory) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RolloutConfig", "RolloutEngine", "Observer", "OBSERVERS", "rollout", "group_by_task", "format_trajectory", "format_observation", "error_obs"]
+__all__ = ["RolloutConfig", "RolloutEngine", "Observer", "OBSERVERS", "SCHEDULES", "rollout", "group_by_task", "format_trajectory", "format_observation", "error_obs"]

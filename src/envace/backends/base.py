@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..registry import Registry
 
@@ -46,6 +46,22 @@ class Generation:
     cached_tokens: int = 0  # prompt tokens served from a kept KV cache instead of being encoded again
 
 
+@dataclass
+class Request:
+    """One generation of a stream (:meth:`Backend.generate_stream`): a prompt (token ids), its sampling settings
+    (their ``seed`` is ignored: the stream has one), the context session it continues, and ``tag``, the caller's
+    handle, handed back with the result."""
+
+    prompt: list[int]
+    params: SamplingParams
+    session: str | None = None
+    tag: Any = None
+
+
+OnDone = Callable[[Request, Generation], Sequence[Request]]
+"""Called as each request of a stream finishes; returns the follow-up requests, which join the stream."""
+
+
 class BackendError(RuntimeError):
     """A backend could not produce a generation (server down, retries exhausted, ...)."""
 
@@ -61,6 +77,27 @@ class Backend(ABC):
         sessions: Sequence[str | None] | None = None,
     ) -> list[Generation]:
         """Generate one completion per prompt (token ids). All prompts step together in one batch."""
+
+    streams: bool = False
+    """True if :meth:`generate_stream` admits requests into a running batch (continuous batching); rollouts then
+    let every trajectory advance as soon as its own generation is done instead of waiting for the batch."""
+
+    def generate_stream(self, requests: Sequence[Request], on_done: OnDone, seed: int | None = None) -> None:
+        """Run ``requests`` and every follow-up ``on_done`` returns, until none is left.
+
+        Default (backends without continuous batching): rounds of :meth:`generate`, one call per distinct sampling
+        setting of the pending requests, call ``n`` of the stream seeded ``seed * 1_000_003 + n``."""
+        pending, n = list(requests), 0
+        while pending:
+            groups: dict[str, list[Request]] = {}
+            for r in pending:
+                groups.setdefault(repr(r.params.with_(seed=None)), []).append(r)
+            pending = []
+            for rs in groups.values():
+                n += 1
+                params = rs[0].params.with_(seed=None if seed is None else (seed * 1_000_003 + n) % (2**63))
+                for r, g in zip(rs, self.generate([r.prompt for r in rs], params, [r.session for r in rs])):
+                    pending += on_done(r, g)
 
     def chat(self, conversations: Sequence[list[dict[str, str]]], params: SamplingParams) -> list[str]:
         """Reply to each chat (a list of ``{"role", "content"}``); default: apply the chat template, generate."""
