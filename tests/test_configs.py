@@ -32,3 +32,11 @@ def test_reference_config_is_the_papers_setting():
 def test_accelerate_fsdp_config_is_an_accelerate_config():
     acc = yaml.safe_load((Path(__file__).parent.parent / "configs" / "accelerate" / "fsdp2_8gpu.yaml").read_text())
     assert acc["distributed_type"] == "FSDP" and acc["num_processes"] == 8 and acc["fsdp_config"]["fsdp_version"] == 2
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs" / "experiment").glob("*.yaml")), ids=lambda p: p.stem)
+def test_experiment_configs_load_into_experiment_config(path):
+    from envace.experiment import ARMS, ExperimentConfig, load_experiment_config
+
+    cfg = load_experiment_config(str(path), [])
+    assert isinstance(cfg, ExperimentConfig) and set(cfg.arms) <= set(ARMS) and len(cfg.seeds) >= 2
