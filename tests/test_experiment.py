@@ -267,10 +267,17 @@ def test_a_rerun_with_the_same_config_skips_finished_arms_and_another_config_is_
         run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}", "iterations=2"]))
 
 
-def test_tiny_experiment_report_renders_in_headless_chromium(tiny_experiment, tmp_path):
-    _, out, _ = tiny_experiment
-    dom = check_page_in_chromium(out / "report.html", tmp_path, "report.png")
-    for arm in ALL_ARMS:
-        assert f"<td>{arm}</td>" in dom
-    assert dom.count("<img") == 4
-    check_page_in_chromium(out / "trajectories.html", tmp_path, "trajectories.png")
+def test_a_rerun_may_report_a_subset_of_the_seeds_run_there(tiny_experiment, capsys):
+    """Seeds are not part of the config comparison: a run stopped after its first seed can be reported alone."""
+    cfg_path, out, _ = tiny_experiment
+    alone = (out / "report.md").read_text()
+    res = json.loads((out / "results.json").read_text())
+    for arm in res["runs"]:  # pretend seed 9 was run too, with other training times
+        res["runs"][arm]["9"] = {**res["runs"][arm]["0"], "train_s": 123456.0}
+    (out / "results.json").write_text(json.dumps(res))
+    run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}", "seeds=[0, 9]"]))
+    assert (out / "report.md").read_text() != alone
+    run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}", "seeds=[0]"]))
+    assert capsys.readouterr().out.count("done before, skipped") == 3 * len(ALL_ARMS)
+    assert (out / "report.md").read_text() == alone
+    assert "9" in json.loads((out / "results.json").read_text())["runs"]["envace"]  # kept, only not shown

@@ -15,7 +15,7 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   frozen simulator for ``simulator``).
 
 Everything goes to ``out_dir``: ``results.json`` (rewritten after every arm; a rerun with the same config skips
-the (arm, seed) pairs already there, and training itself resumes from its checkpoints), the per-arm training
+the (arm, seed) pairs already there -- ``seeds`` may differ: more seeds are added, fewer are reported -- and training itself resumes from its checkpoints), the per-arm training
 folders, and the report (``report.md``, ``report.html``, PNG figures, ``trajectories.html``; see envace.report).
 
 Departures, all at CPU scale: tiny budgets; the per-role and simulator arms rehearse with their *policy* at test
@@ -295,8 +295,9 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def _comparable(conf: dict[str, Any]) -> Any:
-    """The config as JSON, without the fields that do not change results."""
-    return json.loads(json.dumps({k: v for k, v in conf.items() if k not in ("progress", "resume", "out_dir")}, default=str))
+    """The config as JSON, without the fields that do not change any one (arm, seed) result: seeds may be added
+    (or reported as a subset) by a rerun in the same out_dir."""
+    return json.loads(json.dumps({k: v for k, v in conf.items() if k not in ("progress", "resume", "out_dir", "seeds")}, default=str))
 
 
 def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
@@ -339,9 +340,10 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             _write_json(path, results)
             head = next(e for e in rec["evals"] if e["n"] == min(cfg.tts_budgets))["metrics"]
             _say(f"{label}: success {head['success_rate']:.3f}, tool F1 {head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)")
-    _write_json(path, results)
-    _say("writing the report")
-    files = write_report(results, cfg.out_dir)
+    _write_json(path, results)  # every seed ever run here; the report shows the config's seeds
+    shown = {**results, "runs": {arm: {s: r for s, r in runs.items() if int(s) in cfg.seeds} for arm, runs in results["runs"].items()}}
+    _say(f"writing the report (seeds {', '.join(map(str, cfg.seeds))})")
+    files = write_report(shown, cfg.out_dir)
     _say(f"done in {time.perf_counter() - t0:.0f}s; report: {files['html']}")
     return ExperimentResult(cfg.out_dir, results, files)
 
