@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole bench suite with the sizes docs/benchmarks.md reports (sequential: contenders must not overlap).
-# REF is the revision the before/after columns compare with (the last commit before the performance work).
+# REF is the revision the before/after columns compare with (the last commit before the performance work);
+# ROLLOUT_REF the one before continuous batching.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PY:-../.venv/bin/python}
 REF=${REF:-b2d4f0a}
-$PY rollout_throughput.py --tasks 2 --group 4 --ref "$REF" --bf16
+$PY rollout_throughput.py --tasks 8 --group 8 --ref "${ROLLOUT_REF:-047e69e}"
 $PY turn_scaling.py --turns 16 --group 2 --full-turns 8
 $PY train_throughput.py --tasks 1 --group 4 --ref "$REF"
 $PY end_to_end.py --tasks 1 --group 4

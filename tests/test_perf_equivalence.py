@@ -191,3 +191,16 @@ def test_a_stream_matches_generate_when_requests_join_and_leave_mid_batch(tiny, 
             kept = len(p) + len(want[0].token_ids) - 1  # prompt + completion, minus its last token (never fed)
             p = p + want[0].token_ids + tok.encode(follow)
     assert be.stats["forward_calls"] < plain.stats["forward_calls"]
+
+
+def test_inverse_cdf_draws_follow_the_distribution_and_never_pick_zero_mass_tokens():
+    from envace.backends.hf import draw
+
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.tensor([[0.0, 0.2, 0.0, 0.5, 0.3, 0.0]]).repeat(40_000, 1)
+    freq = torch.bincount(draw(probs, gen), minlength=6).float() / 40_000
+    assert freq[[0, 2, 5]].sum() == 0
+    assert torch.allclose(freq, probs[0], atol=0.01)
+    unnormalised = torch.tensor([[0.0, 2.0, 6.0]]).repeat(20_000, 1)  # rows need not sum to 1
+    assert abs((draw(unnormalised, gen) == 2).float().mean().item() - 0.75) < 0.015
+    assert (draw(probs, torch.Generator().manual_seed(5)) == draw(probs, torch.Generator().manual_seed(5))).all()
