@@ -6,7 +6,7 @@ runs the task **once** for real:
 
 1. **Attempts** are rehearsal-mode rollouts (:class:`envace.rollout.RolloutEngine`, mode ``rehearsal``): the
    policy's Rehearse role imagines every tool result. ``parallel``: the N attempts of all tasks are one
-   lockstep batch (group_size=N). ``sequential``: N batches of one attempt per task; attempt n's Act system
+   rollout batch (group_size=N). ``sequential``: N batches of one attempt per task; attempt n's Act system
    prompt carries attempts 1..n-1 and their reflections.
 2. **Reflection** (role ``reflect``): after each attempt, one generation in its own chat (:data:`REFLECT_SYSTEM`;
    the task + the attempt transcript) says what worked, what failed, what to change.
@@ -285,7 +285,7 @@ class _Rehearsal:
         return kept
 
     def run_attempts(self, tasks: list[Task], group_size: int, attempt: int, memory: dict[str, str]) -> list[Trajectory]:
-        """One lockstep batch of self-rehearsed attempts for all tasks (grouped task by task)."""
+        """One rollout batch of self-rehearsed attempts for all tasks (grouped task by task)."""
         engine = RolloutEngine(self.policy, self.cfg.attempt_rollout(group_size, attempt), memory=memory)
         if engine.observer.needs_env or engine.cfg.shadow:  # the firewall, checked at run time too
             raise RuntimeError("rehearsal attempts must not use a real environment")
