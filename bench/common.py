@@ -126,14 +126,7 @@ def forced_backend(base: type = HFBackend) -> type:
         def generate(self, prompts, params, sessions=None):
             sessions = list(sessions) if sessions is not None else [None] * len(prompts)
             role = "rehearse" if params.stop else "act"
-            script = self.act_script if role == "act" else self.rehearse_script
-            forced = []
-            for s in sessions:
-                n = self.counts.get(s, 0) if s is not None else 0
-                if s is not None:
-                    self.counts[s] = n + 1
-                text = script(s, n) if (script is not None and s is not None) else None
-                forced.append(None if text is None else self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id])
+            forced = [self._script_tokens(s, role) for s in sessions]
             self._forced_all = forced
             self._offset = 0
             t0 = time.perf_counter()
@@ -147,6 +140,7 @@ def forced_backend(base: type = HFBackend) -> type:
             return super()._generate_batch(prompts, params, sessions, gen)
 
         def _script_tokens(self, session, role):
+            """The tokens of the session's next completion per its script (counted per session), or None."""
             script = self.act_script if role == "act" else self.rehearse_script
             n = self.counts.get(session, 0) if session is not None else 0
             if session is not None:

@@ -93,7 +93,7 @@ class _Live:
     reh_pending: list[str] = field(default_factory=list)  # transcript lines not yet shown to Rehearse
     done: bool = False
     calls: list[ToolCall] = field(default_factory=list)  # calls of the current step awaiting observations
-    results: list[tuple[ToolCall, Any, str, Any]] = field(default_factory=list)  # their answers so far (continuous)
+    results: list[tuple[ToolCall, Any, str, Any]] = field(default_factory=list)  # their answers so far
     open_step: bool = False  # an Act generation was taken and its step is not closed yet (continuous)
 
 
@@ -314,9 +314,7 @@ class RolloutEngine:
             if kind == "act":
                 self._take_act(lv, req.prompt, g)
             else:
-                obs, source = self.observer.receive(self, lv, req.prompt, g)
-                call = lv.calls[len(lv.results)]
-                lv.results.append((call, obs, source, self._shadow(lv, call)))
+                self._record(lv, lv.calls[len(lv.results)], *self.observer.receive(self, lv, req.prompt, g))
             nxt = self._next_request(lv)
             bar.update(int(lv.done))
             return [nxt] if nxt is not None else []
@@ -332,18 +330,13 @@ class RolloutEngine:
         if lv.open_step:
             while len(lv.results) < len(lv.calls):
                 call = lv.calls[len(lv.results)]
-                obs, source = self._answer_without_model(lv, call)
-                if obs is not None:
-                    lv.results.append((call, obs, source, self._shadow(lv, call)))
-                    lv.reh_pending += [f"[assistant] {call.key()}", f"[tool] {tool_message_content(obs)}"]
-                elif isinstance(self.observer, RehearseObserver):
+                if self._answer_locally(lv, call):
+                    continue
+                if isinstance(self.observer, RehearseObserver):
                     return self.observer.request(self, lv, call)
-                else:
-                    ((obs, source),) = self.observer.observe(self, [(lv, call)])
-                    lv.results.append((call, obs, source, self._shadow(lv, call)))
-            if lv.calls:
-                self._feed(lv, lv.results)
-                lv.calls, lv.results = [], []
+                ((obs, source),) = self.observer.observe(self, [(lv, call)])
+                self._record(lv, call, obs, source)
+            self._finish_calls(lv)
             lv.open_step = False
             self._close_step(lv)
         if not lv.done:
@@ -388,29 +381,32 @@ class RolloutEngine:
             self._next_user_turn(lv)
 
     def _observe(self, live: list[_Live]) -> None:
-        results: dict[int, list[tuple[ToolCall, Any, str, Any]]] = {id(lv): [] for lv in live}
         width = max((len(lv.calls) for lv in live), default=0)
         for j in range(width):  # call j of every trajectory, batched; calls of one step stay in order
-            todo: list[tuple[_Live, ToolCall]] = []
-            for lv in live:
-                if j >= len(lv.calls):
-                    continue
-                call = lv.calls[j]
-                obs, source = self._answer_without_model(lv, call)
-                if obs is not None:
-                    shadow = lv.env.call(call) if (self.cfg.shadow and lv.env is not None and not self.observer.needs_env) else None
-                    results[id(lv)].append((call, obs, source, shadow))
-                    lv.reh_pending += [f"[assistant] {call.key()}", f"[tool] {tool_message_content(obs)}"]
-                else:
-                    todo.append((lv, call))
+            todo = [(lv, lv.calls[j]) for lv in live if j < len(lv.calls) and not self._answer_locally(lv, lv.calls[j])]
             if todo:
-                answers = self.observer.observe(self, todo)
-                for (lv, call), (obs, source) in zip(todo, answers):
-                    shadow = lv.env.call(call) if (self.cfg.shadow and lv.env is not None and not self.observer.needs_env) else None
-                    results[id(lv)].append((call, obs, source, shadow))
+                for (lv, call), (obs, source) in zip(todo, self.observer.observe(self, todo)):
+                    self._record(lv, call, obs, source)
         for lv in live:
-            self._feed(lv, results[id(lv)])
-            lv.calls = []
+            self._finish_calls(lv)
+
+    def _record(self, lv: _Live, call: ToolCall, obs: Any, source: str) -> None:
+        """One answered call of the current step (with its shadow observation, in shadow mode)."""
+        lv.results.append((call, obs, source, self._shadow(lv, call)))
+
+    def _answer_locally(self, lv: _Live, call: ToolCall) -> bool:
+        """Answer ``call`` without a model if it can be (validation error, reference cache); True if it was."""
+        obs, source = self._answer_without_model(lv, call)
+        if obs is None:
+            return False
+        self._record(lv, call, obs, source)
+        lv.reh_pending += [f"[assistant] {call.key()}", f"[tool] {tool_message_content(obs)}"]
+        return True
+
+    def _finish_calls(self, lv: _Live) -> None:
+        """Show the current step's answered calls to Act."""
+        self._feed(lv, lv.results)
+        lv.calls, lv.results = [], []
 
     def _answer_without_model(self, lv: _Live, call: ToolCall) -> tuple[Any, str]:
         if self.observer.needs_env:

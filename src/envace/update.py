@@ -24,7 +24,7 @@ from typing import Any, Iterable
 import torch
 
 from .distributed import Dist, each_micro_batch
-from .prefixes import prefix_runs
+from .prefixes import common_prefix, prefix_runs
 from .types import Row
 
 ONE_PROCESS = Dist()
@@ -68,11 +68,7 @@ def shared_prefix_len(packs: list[Pack]) -> int:
     first = packs[0].ids
     n = min(min(s for (_, s, _) in p.segments) - 1 for p in packs)  # logits at s-1 are read: keep them out
     for p in packs[1:]:
-        n = min(n, len(p.ids))
-        k = 0
-        while k < n and p.ids[k] == first[k]:
-            k += 1
-        n = k
+        n = common_prefix(p.ids, first, n)
     return max(n, 0)
 
 

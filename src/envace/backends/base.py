@@ -35,6 +35,10 @@ class SamplingParams:
     def with_(self, **kw: Any) -> "SamplingParams":
         return replace(self, **kw)
 
+    def sampling_key(self) -> str:
+        """Equal for settings that sample alike whatever their seed (requests that can share one draw)."""
+        return repr(self.with_(seed=None))
+
 
 @dataclass
 class Generation:
@@ -91,7 +95,7 @@ class Backend(ABC):
         while pending:
             groups: dict[str, list[Request]] = {}
             for r in pending:
-                groups.setdefault(repr(r.params.with_(seed=None)), []).append(r)
+                groups.setdefault(r.params.sampling_key(), []).append(r)
             pending = []
             for rs in groups.values():
                 n += 1

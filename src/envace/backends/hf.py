@@ -39,6 +39,7 @@ class _Kept:
 
 
 def _cache_classes() -> tuple[Any, Any]:
+    """(SlabCache, StreamCache): defined on first use, so that importing this module does not import transformers."""
     from transformers.cache_utils import Cache, DynamicLayer
 
     class SlabLayer(DynamicLayer):
@@ -95,12 +96,6 @@ def _cache_classes() -> tuple[Any, Any]:
             """Keys/values of batch row ``r`` at columns ``cols``: (layers, 2, H, len(cols), D)."""
             return self.data[:, :, r].index_select(3, cols)
 
-    return SlabLayer, SlabCache
-
-
-def _stream_cache_class() -> Any:
-    from transformers.cache_utils import Cache, DynamicLayer
-
     class StreamLayer(DynamicLayer):
         """One layer's view of a :class:`_Stream` slab: writes the fed token's keys/values at column ``col`` of the
         running rows, shows the model the window [lo, col]."""
@@ -122,31 +117,32 @@ def _stream_cache_class() -> Any:
             return self.st.col - self.st.lo
 
     class StreamCache(Cache):
+        """The model's view of a :class:`_Stream`: its layers read the stream's slab, rows and window live."""
+
         def __init__(self, st: "_Stream"):
             super().__init__(layers=[StreamLayer(st, i) for i in range(st.n_layers)])
 
-    return StreamCache
-
-
-_STREAM_CACHE: Any = None
-
-
-def stream_cache(st: "_Stream") -> Any:
-    global _STREAM_CACHE
-    if _STREAM_CACHE is None:
-        _STREAM_CACHE = _stream_cache_class()
-    return _STREAM_CACHE(st)
+    return SlabCache, StreamCache
 
 
 _CACHE: tuple[Any, Any] | None = None
 
 
-def slab_cache(*args: Any, **kw: Any) -> Any:
-    """A preallocated batch KV cache (see ``SlabCache`` above); transformers is imported on first use."""
+def _cache_class(i: int) -> Any:
     global _CACHE
     if _CACHE is None:
         _CACHE = _cache_classes()
-    return _CACHE[1](*args, **kw)
+    return _CACHE[i]
+
+
+def slab_cache(*args: Any, **kw: Any) -> Any:
+    """A preallocated batch KV cache (see ``SlabCache`` above)."""
+    return _cache_class(0)(*args, **kw)
+
+
+def stream_cache(st: "_Stream") -> Any:
+    """The KV cache a forward over the running rows of ``st`` uses (see ``StreamCache`` above)."""
+    return _cache_class(1)(st)
 
 
 def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,7 +220,7 @@ class _Stream:
         self.data: torch.Tensor | None = None
         self.attn: torch.Tensor | None = None
         self.col = self.lo = 0
-        self.cache: Any = None
+        self.cache = stream_cache(self)  # reads data, col and lo live: made once
 
     # -- admission ------------------------------------------------------------------------------------------
     def admit(self, reqs: list[Request], cache: Any, attn: torch.Tensor, width: int, L: list[int]) -> None:
@@ -239,9 +235,8 @@ class _Stream:
             self.data[:, :, i, :, self.col - n : self.col] = cache.data[:, :, b].index_select(3, c)
             self.attn[i].zero_()
             self.attn[i, self.col - n : self.col] = 1
-            self.rows.append(_StreamRow(req=req, key=repr(req.params.with_(seed=None)), start=self.col - n, pos=len(req.prompt), cached=L[b]))
+            self.rows.append(_StreamRow(req=req, key=req.params.sampling_key(), start=self.col - n, pos=len(req.prompt), cached=L[b]))
         self.lo = min(r.start for r in self.rows)
-        self._new_cache()
 
     def _remaining(self) -> int:
         return max((r.req.params.max_new_tokens - len(r.toks) for r in self.rows), default=0)
@@ -267,15 +262,11 @@ class _Stream:
             self.lo += d
         self.data, self.attn, self.col = data, attn, col
 
-    def _new_cache(self) -> None:
-        self.cache = stream_cache(self)
-
     # -- stepping -------------------------------------------------------------------------------------------
     def step_inputs(self, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(input ids, attention mask, positions) of the forward that feeds ``tok`` (one per row) at ``col``."""
         if self.col + 1 > self.data.shape[4]:
             self._rebuild(0, 0, 0, like=self.data)
-            self._new_cache()
         R = len(self.rows)
         self.attn[:R, self.col] = 1
         pos = torch.tensor([[r.pos] for r in self.rows], dtype=torch.long, device=self.device)
@@ -304,7 +295,6 @@ class _Stream:
             order.pop()
         if done and self.rows:
             self.lo = min(r.start for r in self.rows)
-            self._new_cache()
         return order
 
 
