@@ -10,8 +10,9 @@ they are dequantized from):
   (temperature 0.6, top-p 0.8). Scripted tokens cost one batched forward each, like sampled ones.
 - ``envace@REF`` (``--ref``): the same rollout with the backend of git revision REF (before/after). Identical
   tokens are checked.
-- ``envace-bf16`` (``--bf16``): the same rollout under bf16 autocast, with the log-prob drift of its rows
-  against a float32 recomputation (what the trainer would see).
+- ``envace-bf16`` (``--bf16``): the same rollout with ``HFBackend(bf16=True)`` (packed bf16 weights through
+  ``envace.backends.fastdecode``, float32 keys/values and attention), with the log-prob drift of its rows against a
+  float32 recomputation (what a float32 trainer would see).
 - ``naive``: for a subset of the rollout's generate calls (spread over the rollout, about ``--replay-tokens``
   generated tokens), ``model.generate`` per call per trajectory, batch 1, re-encoding the whole prompt, exactly
   as many new tokens as the rollout produced for that call.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import time
 
@@ -134,7 +136,8 @@ def bf16_drift(model, trajs, cfg) -> dict:
         for mb in micro_batches(pack_rows(rows), 8192):
             for i, lp in completion_logprobs(model, mb, rows, temps).items():
                 diffs += [abs(a - b) for a, b in zip(lp.tolist(), rows[i].old_logprobs)]
-    return {"tokens": len(diffs), "mean_abs": statistics.fmean(diffs), "max_abs": max(diffs), "p99_abs": sorted(diffs)[int(0.99 * (len(diffs) - 1))]}
+    clip = math.log1p(cfg_clip := 0.2)  # a first PPO step's ratio leaves [1 - 0.2, 1 + 0.2] beyond this |dlogp| (roughly)
+    return {"tokens": len(diffs), "mean_abs": statistics.fmean(diffs), "max_abs": max(diffs), "p99_abs": sorted(diffs)[int(0.99 * (len(diffs) - 1))], f"fraction_above_log(1+{cfg_clip})": sum(d > clip for d in diffs) / len(diffs)}
 
 
 def main() -> None:

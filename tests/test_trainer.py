@@ -100,6 +100,21 @@ def test_every_variant_runs_a_short_cpu_training(tmp_path, variant):
     assert m["rehearse/rows"] == 0 or VARIANTS.get(variant).mode in ("rehearsal", "per_role")
 
 
+def test_bf16_rollouts_decode_through_packed_weights_while_the_update_stays_float32(tmp_path, tiny):
+    from envace.distributed import Dist
+    from envace.trainer import rollout_backend
+
+    ONE_PROCESS = Dist()
+
+    cfg = _tiny_cfg(tmp_path, "envace", rollout_bf16=True, recompute_old_logprobs=True)
+    be = rollout_backend(cfg, tiny[0], tiny[1], ONE_PROCESS)
+    assert be.bf16 and be._decoder is not None and be._decoder.dtype == torch.bfloat16 and not cfg.bf16
+    assert rollout_backend(_tiny_cfg(tmp_path, "envace"), tiny[0], tiny[1], ONE_PROCESS)._decoder is None  # float32 default: the model itself
+    res = train(cfg)
+    m = read_metrics(res.out_dir)[-1]
+    assert m["step"] == 1 and m["act/rows"] > 0
+
+
 def test_lora_and_pooled_baseline_and_kl_are_config_values(tmp_path):
     res = train(_tiny_cfg(tmp_path, "envace", lora_r=4, advantage="pooled", kl_coef=1e-4))
     assert os.path.exists(os.path.join(res.checkpoint, "policy", "adapter_config.json"))

@@ -73,6 +73,11 @@ class TrainConfig:
     lora_alpha: int = 32
     bf16: bool = False
     """bf16 autocast for rollouts and update."""
+    rollout_bf16: bool | None = None
+    """bf16 rollouts on their own (None: as ``bf16``). On CPU a Llama model's decode steps then run on packed bf16
+    weights (envace.backends.fastdecode; ~1.5-2x faster decode on the reference machine), prefill under bf16
+    autocast. The sampler's log-probs then differ from a float32 trainer's by ~0.05 per token: pair it with
+    ``recompute_old_logprobs`` when the update runs in float32."""
     simulator_model: str | None = None
     """Frozen model for the simulator variant (None: the initial policy weights; an http(s)://.../v1 URL: a model
     served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""

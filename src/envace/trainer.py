@@ -223,6 +223,11 @@ def train(cfg: TrainConfig) -> TrainResult:
     return result
 
 
+def rollout_bf16(cfg: TrainConfig) -> bool:
+    """Whether rollouts run in bf16: ``rollout_bf16`` if set, else ``bf16``."""
+    return cfg.bf16 if cfg.rollout_bf16 is None else cfg.rollout_bf16
+
+
 def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backend:
     """The engine that rolls out with ``model``'s weights. ``hf`` generates with the model object itself; any
     other name in BACKENDS (``vllm``) is a separate engine, started from the base model's files, that receives
@@ -230,7 +235,7 @@ def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backe
     if cfg.rollout_backend == "hf":
         if dist.shards_parameters:
             raise ValueError("rollout_backend 'hf' cannot generate with FSDP-sharded weights; set rollout_backend: vllm (or use DDP)")
-        return HFBackend(model, tok, bf16=cfg.bf16)
+        return HFBackend(model, tok, bf16=rollout_bf16(cfg))
     if cfg.rollout_backend not in BACKENDS:
         try:
             importlib.import_module(f"envace.backends.{cfg.rollout_backend}")  # registers it
@@ -247,7 +252,7 @@ def _simulator(cfg: TrainConfig, policy: Any, tok: Any, dist: Dist) -> Backend:
 
         return HTTPBackend(cfg.simulator_model)
     sim_model, sim_tok = load(cfg.simulator_model) if cfg.simulator_model else (copy.deepcopy(policy).eval(), tok)
-    return HFBackend(dist.place(sim_model), sim_tok, bf16=cfg.bf16)
+    return HFBackend(dist.place(sim_model), sim_tok, bf16=rollout_bf16(cfg))
 
 
 def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from ..prefixes import common_prefix, prefix_runs
 from .base import BACKENDS, Backend, Generation, OnDone, Request, SamplingParams
+from .fastdecode import decoder_for
 
 
 def _extends(prompt: list[int], prefix: list[int]) -> bool:
@@ -91,6 +92,12 @@ def _cache_classes() -> tuple[Any, Any]:
             self.data, self.batch = new, len(sel)
             for layer in self.layers:
                 layer.keys, layer.values = new[layer.idx, 0, :, :, : layer.n], new[layer.idx, 1, :, :, : layer.n]
+
+        def advance(self, t: int = 1) -> None:
+            """Count ``t`` columns written outside the model (by a :class:`~envace.backends.fastdecode.LlamaDecoder` step)."""
+            for layer in self.layers:
+                layer.n += t
+                layer.keys, layer.values = self.data[layer.idx, 0, :, :, : layer.n], self.data[layer.idx, 1, :, :, : layer.n]
 
         def row(self, r: int, cols: torch.Tensor) -> torch.Tensor:
             """Keys/values of batch row ``r`` at columns ``cols``: (layers, 2, H, len(cols), D)."""
@@ -214,8 +221,8 @@ class _Stream:
 
     MARGIN = 256  # free columns left of the longest context / right of the longest generation at a rebuild
 
-    def __init__(self, n_layers: int, device: torch.device):
-        self.n_layers, self.device = n_layers, device
+    def __init__(self, n_layers: int, device: torch.device, dtype: torch.dtype | None = None):
+        self.n_layers, self.device, self.dtype = n_layers, device, dtype  # dtype None: the prefill's
         self.rows: list[_StreamRow] = []
         self.data: torch.Tensor | None = None
         self.attn: torch.Tensor | None = None
@@ -251,7 +258,7 @@ class _Stream:
         cap = col + max(rem, self._remaining()) + self.MARGIN
         R = len(self.rows) + n_new
         _, _, _, H, _, D = like.shape
-        data = torch.zeros(self.n_layers, 2, R + max(4, R // 4), H, cap, D, dtype=like.dtype, device=self.device)
+        data = torch.zeros(self.n_layers, 2, R + max(4, R // 4), H, cap, D, dtype=self.dtype or like.dtype, device=self.device)
         attn = torch.zeros(data.shape[2], cap, dtype=torch.long, device=self.device)
         if self.rows:
             r, d = len(self.rows), col - self.col
@@ -303,16 +310,22 @@ class HFBackend(Backend):
 
     ``keep_sessions``: keep each session's KV between calls; ``share_prefixes``: prefill long common prompt
     prefixes once. Both are exact up to kernel rounding and on by default; off, every prompt is encoded whole.
+    ``packed`` (default: with bf16 on CPU): run every forward of a Llama model through
+    :class:`~envace.backends.fastdecode.LlamaDecoder` (packed bf16 weights, float32 keys/values and attention)
+    instead of ``model(...)``; other architectures always use ``model(...)``.
     ``stats`` counts prompt tokens, those served from kept sessions or shared prefixes, generated tokens, forwards
     and decode steps (forwards that feed one token per running sequence).
     """
 
     streams = True
 
-    def __init__(self, model: Any, tokenizer: Any, bf16: bool = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True):
+    def __init__(self, model: Any, tokenizer: Any, bf16: bool = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None):
         self.model = model
         self.tokenizer = tokenizer
         self.bf16 = bf16
+        if packed is None:  # by default only where it pays: bf16 on CPU (float32 matmuls are no faster packed)
+            packed = bf16 and next(model.parameters()).device.type == "cpu"
+        self._decoder = decoder_for(model, torch.bfloat16 if bf16 else torch.float32) if packed else None
         self.keep_sessions = keep_sessions
         self.max_batch = max_batch
         self.device = next(model.parameters()).device
@@ -333,6 +346,8 @@ class HFBackend(Backend):
     def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
         sessions = list(sessions) if sessions is not None else [None] * len(prompts)
         out: list[Generation] = []
+        if self._decoder is not None:
+            self._decoder.refresh()  # the weights may have changed since the last call
         gen = torch.Generator(device=self.device)  # multinomial needs the generator on the logits' device
         gen.manual_seed(params.seed if params.seed is not None else torch.seed() % (2**63))
         for s in range(0, len(prompts), self.max_batch):
@@ -365,9 +380,26 @@ class HFBackend(Backend):
         return int(cfg.num_hidden_layers)
 
     def _forward(self, input_ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Last-position logits (B, V) of ``input_ids`` (B, T) fed into a slab ``cache`` after its used columns."""
         self.stats["forward_calls"] += 1
+        if self._decoder is not None:  # the packed decoder writes the slab itself
+            n = cache.layers[0].n
+            with torch.autocast(device_type=self.device.type, enabled=False):
+                logits = self._decoder.forward(input_ids, pos, cache.storage(self._decoder.kv_like(input_ids.shape[0])), 0, n, attn)
+            cache.advance(input_ids.shape[1])
+            return logits
         out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :]
+
+    def _stream_step(self, st: "_Stream", tok: torch.Tensor) -> torch.Tensor:
+        """One decode step of a stream: ``tok`` (one per running row) fed at the stream's column; next logits."""
+        self.stats["decode_steps"] += 1
+        ids, attn, pos = st.step_inputs(tok)
+        if self._decoder is None:
+            return self._forward(ids, attn, pos, st.cache)
+        self.stats["forward_calls"] += 1
+        with torch.autocast(device_type=self.device.type, enabled=False):
+            return self._decoder.forward(ids, pos, st.data, st.lo, st.col, attn)
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, seqs: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token and log-prob of the running sequences ``seqs`` (batch indices) at decode step ``step``."""
@@ -480,11 +512,13 @@ class HFBackend(Backend):
         at the next step). Sequences live right-aligned in one preallocated slab (see :class:`_Stream`)."""
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
+        if self._decoder is not None:
+            self._decoder.refresh()
         with torch.no_grad(), self._autocast():
             self._run_stream(list(requests), on_done, gen)
 
     def _run_stream(self, pending: list[Request], on_done: OnDone, gen: torch.Generator) -> None:
-        st = _Stream(self._n_layers(), self.device)
+        st = _Stream(self._n_layers(), self.device, torch.float32 if self._decoder is not None else None)
         logits: torch.Tensor | None = None  # next-token logits of st.rows, in row order
         while pending or st.rows:
             room = self.max_batch - len(st.rows)
@@ -514,8 +548,7 @@ class HFBackend(Backend):
             logits = None
             if st.rows:
                 tok = tok.index_select(0, torch.tensor(keep, dtype=torch.long, device=self.device))
-                self.stats["decode_steps"] += 1
-                logits = self._forward(*st.step_inputs(tok), st.cache)
+                logits = self._stream_step(st, tok)
                 st.advance()
 
     def _sample_rows(self, logits: torch.Tensor, rows: list["_StreamRow"], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
