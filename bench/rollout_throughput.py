@@ -136,8 +136,9 @@ def bf16_drift(model, trajs, cfg) -> dict:
         for mb in micro_batches(pack_rows(rows), 8192):
             for i, lp in completion_logprobs(model, mb, rows, temps).items():
                 diffs += [abs(a - b) for a, b in zip(lp.tolist(), rows[i].old_logprobs)]
-    clip = math.log1p(cfg_clip := 0.2)  # a first PPO step's ratio leaves [1 - 0.2, 1 + 0.2] beyond this |dlogp| (roughly)
-    return {"tokens": len(diffs), "mean_abs": statistics.fmean(diffs), "max_abs": max(diffs), "p99_abs": sorted(diffs)[int(0.99 * (len(diffs) - 1))], f"fraction_above_log(1+{cfg_clip})": sum(d > clip for d in diffs) / len(diffs)}
+    eps = 0.2  # the PPO clip range: a first step's ratio exp(dlogp) leaves [1 - eps, 1 + eps] beyond about log(1 + eps)
+    clip = math.log1p(eps)
+    return {"tokens": len(diffs), "mean_abs": statistics.fmean(diffs), "max_abs": max(diffs), "p99_abs": sorted(diffs)[int(0.99 * (len(diffs) - 1))], f"fraction_above_log(1+{eps})": sum(d > clip for d in diffs) / len(diffs)}
 
 
 def main() -> None:

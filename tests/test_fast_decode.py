@@ -159,3 +159,41 @@ def test_packed_float32_generation_equals_the_models_own(tiny, params):
         be.generate_stream(reqs, lambda r, g, be=be: got.setdefault(be, {}).__setitem__(r.tag, g) or [], seed=5)
     a, b = got.values()
     check([a[i] for i in range(4)], [b[i] for i in range(4)])
+
+
+def test_cascade_attention_over_shared_prefixes_changes_nothing_but_the_work(tiny, monkeypatch):
+    """Rows that start with the same long prompt prefix attend to one copy of it, merged with their own columns by
+    log-sum-exp: greedy streams (requests joining and leaving, follow-ups continuing their sessions, slab rebuilds)
+    give the tokens of the model's own forward and log-probs within 1e-4."""
+    from envace.backends import hf
+
+    monkeypatch.setattr(hf._Stream, "MARGIN", 2)
+    used = []
+    shared_inputs = hf._Stream.shared_inputs
+    monkeypatch.setattr(hf._Stream, "shared_inputs", lambda st: used.append(shared_inputs(st)) or used[-1])
+    model, tok = tiny
+    systems = ["You are a careful banking assistant. Use the tools when needed and confirm every transfer. " * 5, "You manage files in a sandbox; list before you delete and answer briefly. " * 5]
+    prompts = [tok.apply_chat_template([{"role": "system", "content": systems[i % 2]}, {"role": "user", "content": f"task {i}: " + "go " * i}], add_generation_prompt=True, tokenize=True, return_dict=False) for i in range(6)]
+    lens = [3, 9, 5, 12, 7, 4]
+
+    def run(be):
+        got = {}
+
+        def on_done(req, g):
+            i, turn = req.tag
+            got[(i, turn)] = g
+            if turn < 2:
+                return [Request(req.prompt + g.token_ids + tok.encode(" result"), SamplingParams(temperature=0, max_new_tokens=lens[(i + turn + 1) % 6]), session=f"s{i}", tag=(i, turn + 1))]
+            return []
+
+        be.generate_stream([Request(p, SamplingParams(temperature=0, max_new_tokens=n), session=f"s{i}", tag=(i, 0)) for i, (p, n) in enumerate(zip(prompts, lens))], on_done, seed=0)
+        return [got[k] for k in sorted(got)]
+
+    from test_perf_equivalence import _same
+
+    cascade = run(HFBackend(model, tok, packed=True))
+    assert any(sp is not None and sp.n >= 2 for sp in used)  # rows really shared a prefix slot
+    n_used = len(used)
+    _same(cascade, run(HFBackend(model, tok, packed=True, cascade=False)))
+    assert len(used) == n_used  # (off: not consulted)
+    _same(cascade, run(HFBackend(model, tok)))

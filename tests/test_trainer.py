@@ -102,11 +102,13 @@ def test_every_variant_runs_a_short_cpu_training(tmp_path, variant):
 
 def test_bf16_rollouts_decode_through_packed_weights_while_the_update_stays_float32(tmp_path, tiny):
     from envace.distributed import Dist
-    from envace.trainer import rollout_backend
+    from envace.trainer import recomputes_old_logprobs, rollout_backend
 
     ONE_PROCESS = Dist()
 
-    cfg = _tiny_cfg(tmp_path, "envace", rollout_bf16=True, recompute_old_logprobs=True)
+    cfg = _tiny_cfg(tmp_path, "envace", rollout_bf16=True)
+    assert recomputes_old_logprobs(cfg) and not recomputes_old_logprobs(_tiny_cfg(tmp_path, "envace"))
+    assert not recomputes_old_logprobs(_tiny_cfg(tmp_path, "envace", rollout_bf16=True, recompute_old_logprobs=False))
     be = rollout_backend(cfg, tiny[0], tiny[1], ONE_PROCESS)
     assert be.bf16 and be._decoder is not None and be._decoder.dtype == torch.bfloat16 and not cfg.bf16
     assert rollout_backend(_tiny_cfg(tmp_path, "envace"), tiny[0], tiny[1], ONE_PROCESS)._decoder is None  # float32 default: the model itself
@@ -126,6 +128,7 @@ def test_config_loads_from_yaml_with_cli_overrides_and_rejects_unknown_fields(tm
     cfg = load_config(TrainConfig, str(p), ["lr=1e-5", "rollout.max_steps=3"])
     assert cfg.variant == "real_env" and cfg.rollout.mode == "real" and cfg.rollout.group_size == 3
     assert cfg.rollout.act.temperature == 0.7 and cfg.lr == 1e-5 and cfg.rollout.max_steps == 3
+    assert load_config(TrainConfig, None, ["rollout_bf16=true"]).rollout_bf16 is True
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
         load_config(TrainConfig, None, ["learning_rate=1"])
     with pytest.raises(KeyError, match="valid names"):

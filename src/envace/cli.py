@@ -69,7 +69,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     sp = lambda t: SamplingParams(temperature=t, top_p=0.8 if t < 1 else 1.0, max_new_tokens=args.max_new_tokens)  # noqa: E731
     rc = RolloutConfig(max_steps=args.max_steps, act=sp(1.0), rehearse=sp(0.6).with_(stop=["</observation>"]))
-    res = evaluate_model(args.model, args.suite, args.split, args.n, args.samples, args.seed, tts_n=args.tts_n, tts_mode=args.tts_mode, rollout=rc, temperature=args.temperature, tts_options={"memory": args.tts_memory})
+    res = evaluate_model(args.model, args.suite, args.split, args.n, args.samples, args.seed, tts_n=args.tts_n, tts_mode=args.tts_mode, rollout=rc, temperature=args.temperature, tts_options={"memory": args.tts_memory}, bf16=args.bf16)
     print(f"{args.model} on {args.suite}/{args.split}: {len(res.per_task)} tasks x {args.samples} real trials, rehearsal budget N={args.tts_n}" + (f" ({args.tts_mode})" if args.tts_n else ""))
     print(res.table())
     if args.out:
@@ -259,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-steps", type=int, default=8)
     e.add_argument("--max-new-tokens", type=int, default=160)
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--bf16", action="store_true", help="generate in bf16 (on CPU: packed bf16 weights, ~1.6x faster)")
     e.add_argument("--out", help="write metrics and per-task results as JSON")
     e.add_argument("--trajectories", action="store_true", help="include the trajectories in --out")
     e.set_defaults(fn=cmd_eval)

@@ -76,8 +76,8 @@ class TrainConfig:
     rollout_bf16: bool | None = None
     """bf16 rollouts on their own (None: as ``bf16``). On CPU a Llama model's decode steps then run on packed bf16
     weights (envace.backends.fastdecode; ~1.5-2x faster decode on the reference machine), prefill under bf16
-    autocast. The sampler's log-probs then differ from a float32 trainer's by ~0.05 per token: pair it with
-    ``recompute_old_logprobs`` when the update runs in float32."""
+    autocast. The sampler's log-probs then differ from a float32 trainer's by ~0.014 nats per token on average
+    (docs/benchmarks.md), so ``recompute_old_logprobs`` is on by default when the update runs in float32."""
     simulator_model: str | None = None
     """Frozen model for the simulator variant (None: the initial policy weights; an http(s)://.../v1 URL: a model
     served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""
@@ -88,9 +88,10 @@ class TrainConfig:
     separate engine (GPU, extra ``envace[vllm]``) that receives the weights after each update (docs/scaling.md)."""
     rollout_backend_options: dict = field(default_factory=dict)
     """Keyword options of a separate rollout engine (vllm: gpu_memory_utilization, max_model_len, dtype, ...)."""
-    recompute_old_logprobs: bool = False
+    recompute_old_logprobs: bool | None = None
     """Recompute the rows' old log-probs with the trainer's model before each update instead of trusting the
-    sampler's (needed with vllm, whose log-probs are untempered and from other kernels; costs one forward)."""
+    sampler's (costs one forward without grad). None: only where the sampler's numbers are not the trainer's: a
+    separate engine (vllm: untempered log-probs from other kernels) or ``rollout_bf16`` differing from ``bf16``."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     out_dir: str = "runs/train"
     """Where metrics, trajectories and checkpoints go."""

@@ -201,7 +201,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         for name, model in models.items():  # every process steps every model, with its rows (maybe none)
             mine = [i for i, r in enumerate(rows) if role_model[r.role] == name]
             sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
-            if cfg.recompute_old_logprobs:  # the rollout engine's log-probs are not the trainer's (vllm)
+            if recomputes_old_logprobs(cfg):  # the rollout engine's log-probs are not the trainer's
                 recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=cfg.bf16, dist=dist)
             ref = ref_model if name == "policy" else None
             um = optimizer_step(model, optimizers[name], sub_rows, _grpo_loss(model, sub_rows, sub_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=cfg.bf16, dist=dist)
@@ -226,6 +226,13 @@ def train(cfg: TrainConfig) -> TrainResult:
 def rollout_bf16(cfg: TrainConfig) -> bool:
     """Whether rollouts run in bf16: ``rollout_bf16`` if set, else ``bf16``."""
     return cfg.bf16 if cfg.rollout_bf16 is None else cfg.rollout_bf16
+
+
+def recomputes_old_logprobs(cfg: TrainConfig) -> bool:
+    """``recompute_old_logprobs`` if set, else whether the sampler's numbers differ from the trainer's."""
+    if cfg.recompute_old_logprobs is not None:
+        return cfg.recompute_old_logprobs
+    return cfg.rollout_backend != "hf" or rollout_bf16(cfg) != cfg.bf16
 
 
 def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backend:

@@ -26,7 +26,28 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-DECODE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # SDPA that also returns the log-sum-exp
+
+
+@dataclass
+class SharedPrefixes:
+    """Cascade attention for a decode step: rows that start with the same prompt prefix (the K trajectories of a
+    task: system prompt, tool schemas, task) attend to one copy of its keys/values together, and each row to its
+    own slab columns after its prefix; the two softmaxes are merged by their log-sum-exps. Exact up to rounding:
+    the prefix's keys/values are the ones the rows' own columns hold.
+
+    kv: (layers, 2, slots, kv heads, P, head_dim) float32, slot s valid in its first columns (``mask``);
+    mask: (slots, 1, 1, P) float, 0 or -inf; n: query rows per slot; gather: (slots * n,) the running row behind each
+    query row (R: none, a zero query); scatter: (R,) each row's query row (slots * n: none, log-sum-exp -inf);
+    lo: the first slab column of any row's own part; own: (R, 1, 1, col + 1 - lo) float mask of the own parts."""
+
+    kv: torch.Tensor
+    mask: torch.Tensor
+    n: int
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    lo: int
+    own: torch.Tensor
 
 
 @dataclass
@@ -77,12 +98,14 @@ class LlamaDecoder:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.eps = float(cfg.rms_norm_eps)
         self.scale = self.head_dim**-0.5
-        self._version: int | None = None
+        self._version: tuple[int, int] | None = None
         self.layers: list[_Layer] = []
 
     # -- weights ------------------------------------------------------------------------------------------
-    def _weights_version(self) -> int:
-        return sum(p._version for p in self.model.parameters())
+    def _weights_version(self) -> tuple[int, int]:
+        """Changes when a parameter is modified in place (its version counter) or replaced (its storage)."""
+        ps = list(self.model.parameters())
+        return sum(p._version for p in ps), sum(p.data_ptr() for p in ps)
 
     @torch.no_grad()
     def refresh(self) -> None:
@@ -128,12 +151,15 @@ class LlamaDecoder:
         return torch.empty(rows, self.n_kv, 0, self.head_dim, dtype=torch.float32, device=self.embed.device)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, lo: int, col: int, attn: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, lo: int, col: int, attn: torch.Tensor, shared: SharedPrefixes | None = None) -> torch.Tensor:
         """Feed ``ids`` (R, T) at positions ``pos`` (R, T): write their keys/values at columns [col, col + T) of rows
         [0, R) of ``kv`` (layers, 2, rows >= R, kv heads, columns, head_dim; float32), attend causally over columns
         [lo, col + T) where ``attn`` (R, col + T - lo; nonzero = attend) says so, and return the logits of each
-        row's last token (R, vocab) in float32. A token always sees itself (a padding query stays finite)."""
+        row's last token (R, vocab) in float32. A token always sees itself (a padding query stays finite).
+        ``shared`` (decode steps, T = 1): attend through shared prefixes instead (see :class:`SharedPrefixes`)."""
         R, T = ids.shape
+        if shared is not None and T != 1:
+            raise ValueError("shared prefixes are for decode steps (one token per row)")
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         W = col + T - lo
         x = self.embed[ids].float()  # (R, T, hidden): the residual stream stays float32
@@ -154,13 +180,36 @@ class LlamaDecoder:
             slab = kv[i]  # (2, rows, KV, C, D)
             slab[0, :R, :, col : col + T] = qk[:, :, H:].transpose(1, 2)
             slab[1, :R, :, col : col + T] = v.transpose(1, 2)
-            keys, vals = slab[0, :R, :, lo : col + T], slab[1, :R, :, lo : col + T]  # (R, KV, W, D)
-            q = qk[:, :, :H].transpose(1, 2)  # (R, H, T, D)
-            ctx = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=H != KV)
-            x = x + self._linear(ctx.transpose(1, 2).reshape(R, T, H * D).to(self.dtype), L.o, L.o_bias)
+            if shared is None:
+                keys, vals = slab[0, :R, :, lo : col + T], slab[1, :R, :, lo : col + T]  # (R, KV, W, D)
+                q = qk[:, :, :H].transpose(1, 2)  # (R, H, T, D)
+                ctx = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=H != KV)
+                ctx = ctx.transpose(1, 2).reshape(R, T, H * D)
+            else:
+                own = slab[0, :R, :, shared.lo : col + 1], slab[1, :R, :, shared.lo : col + 1]
+                ctx = self._cascade(qk[:, 0, :H], own, shared, i).view(R, 1, H * D)
+            x = x + self._linear(ctx.to(self.dtype), L.o, L.o_bias)
             g, u = self._linear(self._norm(x, L.ln2), L.gate_up, L.gate_up_bias).chunk(2, dim=-1)
             x = x + self._linear((F.silu(g) * u).to(self.dtype), L.down, L.down_bias)
         return self._linear(self._norm(x[:, -1], self.norm), self.head, self.head_bias)
+
+    def _cascade(self, q: torch.Tensor, own: tuple[torch.Tensor, torch.Tensor], sp: SharedPrefixes, layer: int) -> torch.Tensor:
+        """Attention of one query per row (q: (R, H, D)) over its shared prefix and its own columns -> (R, H D)."""
+        R, H, D = q.shape
+        KV, G = self.n_kv, H // self.n_kv
+        S, n = sp.kv.shape[2], sp.n
+        qf = q.reshape(R, KV, G, D)  # a kv head's G query heads as G query positions (grouped-query attention)
+        o_own, lse_own = _FLASH(qf, own[0], own[1], 0.0, False, attn_mask=sp.own, scale=self.scale)  # (R, KV, G, D), (R, KV, G)
+        qp = torch.cat([qf, qf.new_zeros(1, KV, G, D)]).index_select(0, sp.gather)  # (S n, KV, G, D)
+        qp = qp.view(S, n, KV, G, D).transpose(1, 2).reshape(S, KV, n * G, D)
+        o_p, lse_p = _FLASH(qp, sp.kv[layer, 0], sp.kv[layer, 1], 0.0, False, attn_mask=sp.mask, scale=self.scale)
+        o_p = o_p.reshape(S, KV, n, G, D).transpose(1, 2).reshape(S * n, KV, G, D)
+        lse_p = lse_p.reshape(S, KV, n, G).transpose(1, 2).reshape(S * n, KV, G)
+        o_p = torch.cat([o_p, o_p.new_zeros(1, KV, G, D)]).index_select(0, sp.scatter)  # (R, KV, G, D)
+        lse_p = torch.cat([lse_p, lse_p.new_full((1, KV, G), float("-inf"))]).index_select(0, sp.scatter)
+        m = torch.maximum(lse_own, lse_p)
+        w_own, w_p = torch.exp(lse_own - m)[..., None], torch.exp(lse_p - m)[..., None]
+        return ((o_own * w_own + o_p * w_p) / (w_own + w_p)).reshape(R, H * D)
 
     def step(self, tok: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, lo: int, col: int, attn: torch.Tensor) -> torch.Tensor:
         """One decode step: :meth:`forward` of one token per row (tok, pos: (R,))."""

@@ -12,6 +12,9 @@ holes. Prompts without kept context that share a long prefix (the K trajectories
 environment: system prompt and tool schemas) get it prefilled once per cluster. Keys are stored after RoPE, so
 each sequence keeps its own positions.
 
+Forwards: ``model(...)`` with the slab as its cache, or, for a Llama model with bf16 on CPU (``packed``), the
+packed-weight forward of :mod:`envace.backends.fastdecode`, which reads and writes the same slab.
+
 Determinism: sampling draws from one ``torch.Generator`` seeded per call, so the same prompts, seed and weights
 give the same tokens on CPU.
 """
@@ -25,7 +28,7 @@ import torch
 
 from ..prefixes import common_prefix, prefix_runs
 from .base import BACKENDS, Backend, Generation, OnDone, Request, SamplingParams
-from .fastdecode import decoder_for
+from .fastdecode import SharedPrefixes, decoder_for
 
 
 def _extends(prompt: list[int], prefix: list[int]) -> bool:
@@ -207,6 +210,8 @@ class _StreamRow:
     start: int  # first slab column of this sequence (columns [start, col) are its keys/values)
     pos: int  # position id of the next token fed
     cached: int
+    prefix: int = 0  # columns [start, start + prefix) hold a shared prompt prefix that is also in a prefix slot
+    slot: int = -1  # that prefix slot (-1: none)
     toks: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     finish: str = ""
@@ -228,10 +233,16 @@ class _Stream:
         self.attn: torch.Tensor | None = None
         self.col = self.lo = 0
         self.cache = stream_cache(self)  # reads data, col and lo live: made once
+        # shared prompt prefixes for cascade attention: (layers, 2, slots, heads, columns, head_dim)
+        self.pre: torch.Tensor | None = None
+        self.slot_ref: list[Any] = []  # the _Kept prefix in each slot (kept alive while a row may use it)
+        self.slot_len: list[int] = []
+        self.slot_users: list[int] = []
 
     # -- admission ------------------------------------------------------------------------------------------
-    def admit(self, reqs: list[Request], cache: Any, attn: torch.Tensor, width: int, L: list[int]) -> None:
-        """Copy freshly prefilled sequences (a prefill cache, its mask, width and kept lengths) into the slab."""
+    def admit(self, reqs: list[Request], cache: Any, attn: torch.Tensor, width: int, L: list[int], prefixes: list[Any] | None = None) -> None:
+        """Copy freshly prefilled sequences (a prefill cache, its mask, width and kept lengths) into the slab;
+        ``prefixes``: the shared prompt prefix (a ``_Kept``) each one starts with, or None, for cascade attention."""
         cols = [attn[b, :width].nonzero().squeeze(-1) for b in range(len(reqs))]
         lens = [len(c) for c in cols]
         rem = max(r.params.max_new_tokens for r in reqs)
@@ -243,7 +254,62 @@ class _Stream:
             self.attn[i].zero_()
             self.attn[i, self.col - n : self.col] = 1
             self.rows.append(_StreamRow(req=req, key=req.params.sampling_key(), start=self.col - n, pos=len(req.prompt), cached=L[b]))
+            pf = prefixes[b] if prefixes else None
+            if pf is not None:
+                self.rows[-1].slot, self.rows[-1].prefix = self._slot(pf), len(pf.ids)
         self.lo = min(r.start for r in self.rows)
+
+    def _slot(self, pf: Any) -> int:
+        """The prefix slot holding ``pf`` (its keys/values copied in on first use; a slot no row uses is reused)."""
+        for s, ref in enumerate(self.slot_ref):
+            if ref is pf:
+                self.slot_users[s] += 1
+                return s
+        s = next((s for s, u in enumerate(self.slot_users) if u == 0), len(self.slot_ref))
+        if s == len(self.slot_ref):
+            self.slot_ref.append(None)
+            self.slot_len.append(0)
+            self.slot_users.append(0)
+        n_layers, _, H, P, D = pf.kv.shape
+        if self.pre is None or s >= self.pre.shape[2] or P > self.pre.shape[4]:
+            old = self.pre
+            slots = max(s + 1, 8) if old is None else max(s + 1, 2 * old.shape[2])
+            cols = max(P, 0 if old is None else old.shape[4])
+            self.pre = torch.zeros(n_layers, 2, slots, H, cols, D, dtype=self.dtype or pf.kv.dtype, device=self.device)
+            if old is not None:
+                self.pre[:, :, : old.shape[2], :, : old.shape[4]] = old
+        self.pre[:, :, s, :, :P] = pf.kv
+        self.slot_ref[s], self.slot_len[s], self.slot_users[s] = pf, P, 1
+        return s
+
+    def shared_inputs(self) -> SharedPrefixes | None:
+        """Cascade-attention inputs of the next decode step (after :meth:`step_inputs`), or None if no running row
+        starts with a shared prefix."""
+        rows, R = self.rows, len(self.rows)
+        if not any(r.slot >= 0 for r in rows):
+            return None
+        S = len(self.slot_ref)
+        members: list[list[int]] = [[] for _ in range(S)]
+        for i, r in enumerate(rows):
+            if r.slot >= 0:
+                members[r.slot].append(i)
+        n = max(len(m) for m in members)
+        gather, scatter = [R] * (S * n), [S * n] * R
+        for s, m in enumerate(members):
+            for j, i in enumerate(m):
+                gather[s * n + j], scatter[i] = i, s * n + j
+        P = max(self.slot_len)
+        inf = float("-inf")
+        mask = torch.zeros(S, 1, 1, P, device=self.device)
+        for s, length in enumerate(self.slot_len):
+            mask[s, ..., length:] = inf
+        own_start = [r.start + r.prefix for r in rows]
+        lo = min(own_start)
+        cols = torch.arange(lo, self.col + 1, device=self.device)
+        valid = (self.attn[:R, lo : self.col + 1] != 0) & (cols[None, :] >= torch.tensor(own_start, device=self.device)[:, None])
+        own = torch.zeros(R, 1, 1, len(cols), device=self.device).masked_fill_(~valid[:, None, None, :], inf)
+        idx = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
+        return SharedPrefixes(kv=self.pre[:, :, :S, :, :P], mask=mask, n=n, gather=idx(gather), scatter=idx(scatter), lo=lo, own=own)
 
     def _remaining(self) -> int:
         return max((r.req.params.max_new_tokens - len(r.toks) for r in self.rows), default=0)
@@ -291,6 +357,9 @@ class _Stream:
     def remove(self, done: list[int]) -> list[int]:
         """Drop finished rows: each is replaced by the current last row. Returns the old index of every kept row."""
         order = list(range(len(self.rows)))
+        for i in done:
+            if self.rows[i].slot >= 0:
+                self.slot_users[self.rows[i].slot] -= 1
         for i in sorted(done, reverse=True):
             last = len(order) - 1
             if i != last:
@@ -312,14 +381,15 @@ class HFBackend(Backend):
     prefixes once. Both are exact up to kernel rounding and on by default; off, every prompt is encoded whole.
     ``packed`` (default: with bf16 on CPU): run every forward of a Llama model through
     :class:`~envace.backends.fastdecode.LlamaDecoder` (packed bf16 weights, float32 keys/values and attention)
-    instead of ``model(...)``; other architectures always use ``model(...)``.
+    instead of ``model(...)``; other architectures always use ``model(...)``. ``cascade`` (packed streams): rows
+    that start with the same shared prompt prefix attend to one copy of it (exact up to rounding).
     ``stats`` counts prompt tokens, those served from kept sessions or shared prefixes, generated tokens, forwards
     and decode steps (forwards that feed one token per running sequence).
     """
 
     streams = True
 
-    def __init__(self, model: Any, tokenizer: Any, bf16: bool = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None):
+    def __init__(self, model: Any, tokenizer: Any, bf16: bool = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None, cascade: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.bf16 = bf16
@@ -333,6 +403,8 @@ class HFBackend(Backend):
         self._prefixes: list[_Kept] = []  # shared prompt prefixes (LRU), dropped with release_all / sync_weights
         self.share_prefixes = share_prefixes
         self.min_shared_prefix = 32
+        self.cascade = cascade  # packed decode steps of a stream attend to shared prompt prefixes once per group
+        self.min_cascade_prefix = 64
         self.max_prefixes = 16
         eos = {tokenizer.eos_token_id}
         im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
@@ -399,7 +471,7 @@ class HFBackend(Backend):
             return self._forward(ids, attn, pos, st.cache)
         self.stats["forward_calls"] += 1
         with torch.autocast(device_type=self.device.type, enabled=False):
-            return self._decoder.forward(ids, pos, st.data, st.lo, st.col, attn)
+            return self._decoder.forward(ids, pos, st.data, st.lo, st.col, attn, shared=st.shared_inputs() if self.cascade else None)
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, seqs: list[int], step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token and log-prob of the running sequences ``seqs`` (batch indices) at decode step ``step``."""
@@ -525,7 +597,8 @@ class HFBackend(Backend):
             if pending and room > 0:
                 take, pending = pending[:room], pending[room:]
                 cache, attn, width, L, new_logits = self._prefill([r.prompt for r in take], [r.session for r in take], 0)
-                st.admit(take, cache, attn, width, L)
+                cascade = self._decoder is not None and self.cascade
+                st.admit(take, cache, attn, width, L, [self._prefix_of(r.prompt) for r in take] if cascade else None)
                 logits = new_logits if logits is None else torch.cat([logits, new_logits])
             tok, lp = self._sample_rows(logits, st.rows, gen)
             tok_l, lp_l = tok.tolist(), lp.tolist()
@@ -565,6 +638,15 @@ class HFBackend(Backend):
             t, l = sample_next(logits.index_select(0, sel), rows[idx[0]].req.params, gen)
             tok[sel], lp[sel] = t, l
         return tok, lp
+
+    def _prefix_of(self, prompt: list[int]) -> "_Kept | None":
+        """The longest known shared prefix (at least ``min_cascade_prefix`` tokens) that ``prompt`` extends."""
+        best = None
+        for pf in self._prefixes:
+            n = len(pf.ids)
+            if self.min_cascade_prefix <= n < len(prompt) and (best is None or n > len(best.ids)) and prompt[:n] == pf.ids:
+                best = pf
+        return best
 
     def _share_prefixes(self, prompts: list[list[int]], kept: list["_Kept | None"]) -> None:
         """Give sequences without a kept context the longest known shared prefix; group the rest by common prefix
