@@ -1,7 +1,7 @@
 """Turn scaling: the cost of a T-turn rehearsal rollout, T = 1..16, must grow with the tokens each turn adds,
 not with the whole history re-encoded every turn.
 
-One rehearsal rollout of ``--turns`` steps (K trajectories of one task, in lockstep) with scripted tokens so that
+One rehearsal rollout of ``--turns`` steps (K trajectories of one task, ``schedule: lockstep``) with scripted tokens so that
 every step is an Act tool call followed by a Rehearse observation of fixed text (the untrained model would
 stop calling tools; scripted tokens cost one batched forward each, like sampled ones). The cost of the first T
 turns is the wall time of the generate calls of those turns. Three settings, in one run:
@@ -95,7 +95,9 @@ def main() -> None:
     HFBackend(model, tok).generate([tok.encode("Hello")], RolloutConfig().act.with_(max_new_tokens=4, seed=0))  # warm-up
 
     def cfg(turns):
-        return RolloutConfig(mode="rehearsal", group_size=args.group, max_steps=turns, max_steps_per_turn=turns, max_context_tokens=8192, seed=0)
+        # lockstep: every turn's calls are separate generate calls, timed one by one (the KV reuse is the same
+        # as under continuous batching, where a turn has no wall-clock boundary of its own)
+        return RolloutConfig(mode="rehearsal", group_size=args.group, max_steps=turns, max_steps_per_turn=turns, max_context_tokens=8192, seed=0, schedule="lockstep")
 
     reuse = rollout(Forced, model, tok, task, cfg(args.turns))
     new_only = replay_new_only(Forced, model, tok, task, reuse.calls, cfg(args.turns))

@@ -273,8 +273,8 @@ class _Stream:
         n_layers, _, H, P, D = pf.kv.shape
         if self.pre is None or s >= self.pre.shape[2] or P > self.pre.shape[4]:
             old = self.pre
-            slots = max(s + 1, 8) if old is None else max(s + 1, 2 * old.shape[2])
-            cols = max(P, 0 if old is None else old.shape[4])
+            slots = max(s + 1, 8) if old is None else (old.shape[2] if s < old.shape[2] else 2 * old.shape[2])
+            cols = max(P + self.MARGIN if old is None or P > old.shape[4] else 0, 0 if old is None else old.shape[4])
             self.pre = torch.zeros(n_layers, 2, slots, H, cols, D, dtype=self.dtype or pf.kv.dtype, device=self.device)
             if old is not None:
                 self.pre[:, :, : old.shape[2], :, : old.shape[4]] = old
