@@ -1,18 +1,21 @@
-"""A lean one-token decode step for Llama-architecture models, reading and writing the backend's KV slab.
+"""A lean forward for Llama-architecture models that reads and writes the backend's KV slab (prefill and decode).
 
 A decode step feeds one token per running sequence. Through ``model(...)`` that is ~40 small modules per layer,
 mask construction and cache bookkeeping; on a CPU the step is bound by reading the weights (and, at long
 contexts, the keys/values), not by arithmetic. :class:`LlamaDecoder` does the same computation as
-``LlamaForCausalLM.forward`` for that case with the projections fused (q|k|v one matmul, gate|up one matmul) and
-the weights packed once in the decode dtype; it also encodes prompts (several tokens per row, causal):
+``LlamaForCausalLM.forward`` with the projections fused (q|k|v one matmul, gate|up one matmul) and the weights
+packed once in the compute dtype; it encodes prompts too (several tokens per row, causal):
 
 - ``float32``: the model's own numbers, up to kernel rounding (a test holds the logits to HF's within 1e-4);
-- ``bfloat16``: weights and keys/values in bf16 (half the bytes per step; CPU bf16 matmuls also run on faster
-  kernels), the residual stream, norms, softmax and logits in float32. Log-probs move by ~1e-2 per token against
-  the float32 model (measured in docs/benchmarks.md); set ``recompute_old_logprobs`` when training on them.
+- ``bfloat16``: the weights in bf16 (half the bytes per step, and CPU bf16 matmuls run on faster kernels); the
+  residual stream, norms, keys/values, attention (float32 SDPA: the bf16 attention kernels are slower on CPU)
+  and logits in float32. Log-probs move by ~0.013 nats per token against the float32 model (docs/benchmarks.md),
+  so a float32 trainer recomputes them (``recompute_old_logprobs``, on by default then).
 
-Packed weights are rebuilt whenever the model's parameters change in place (an optimizer step or
-``load_state_dict`` bumps their version counters), so a decoder never serves stale weights.
+Decode steps of a stream can attend through shared prompt prefixes (:class:`SharedPrefixes`, cascade attention).
+
+Packed weights are rebuilt whenever the model's parameters change (an optimizer step or ``load_state_dict``
+bumps their version counters; replacing them changes their storage), so a decoder never serves stale weights.
 
 Only plain Llama blocks are taken (RMSNorm, RoPE from the model's own rotary module, so scaled RoPE variants are
 covered, SiLU-gated MLP, grouped-query attention, optional projection biases); :func:`decoder_for` returns None
