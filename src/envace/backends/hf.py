@@ -274,7 +274,7 @@ class _Stream:
         if self.pre is None or s >= self.pre.shape[2] or P > self.pre.shape[4]:
             old = self.pre
             slots = max(s + 1, 8) if old is None else (old.shape[2] if s < old.shape[2] else 2 * old.shape[2])
-            cols = max(P + self.MARGIN if old is None or P > old.shape[4] else 0, 0 if old is None else old.shape[4])
+            cols = old.shape[4] if old is not None and P <= old.shape[4] else P + self.MARGIN
             self.pre = torch.zeros(n_layers, 2, slots, H, cols, D, dtype=self.dtype or pf.kv.dtype, device=self.device)
             if old is not None:
                 self.pre[:, :, : old.shape[2], :, : old.shape[4]] = old
