@@ -93,11 +93,11 @@ def _cache_classes() -> tuple[Any, Any]:
             new = torch.empty(self.data.shape[:2] + (len(sel),) + self.data.shape[3:], dtype=self.data.dtype, device=self.data.device)
             new[..., :n, :] = self.data[..., :n, :].index_select(2, sel)
             self.data, self.batch = new, len(sel)
-            for layer in self.layers:
-                layer.keys, layer.values = new[layer.idx, 0, :, :, : layer.n], new[layer.idx, 1, :, :, : layer.n]
+            self.advance(0)
 
         def advance(self, t: int = 1) -> None:
-            """Count ``t`` columns written outside the model (by a :class:`~envace.backends.fastdecode.LlamaDecoder` step)."""
+            """Count ``t`` columns written outside the model (by a :class:`~envace.backends.fastdecode.LlamaDecoder`
+            forward) and point every layer's keys/values at the used columns of ``data``."""
             for layer in self.layers:
                 layer.n += t
                 layer.keys, layer.values = self.data[layer.idx, 0, :, :, : layer.n], self.data[layer.idx, 1, :, :, : layer.n]
@@ -598,7 +598,7 @@ class HFBackend(Backend):
                 take, pending = pending[:room], pending[room:]
                 cache, attn, width, L, new_logits = self._prefill([r.prompt for r in take], [r.session for r in take], 0)
                 cascade = self._decoder is not None and self.cascade
-                st.admit(take, cache, attn, width, L, [self._prefix_of(r.prompt) for r in take] if cascade else None)
+                st.admit(take, cache, attn, width, L, [self._prefix_of(r.prompt, self.min_cascade_prefix) for r in take] if cascade else None)
                 logits = new_logits if logits is None else torch.cat([logits, new_logits])
             tok, lp = self._sample_rows(logits, st.rows, gen)
             tok_l, lp_l = tok.tolist(), lp.tolist()
@@ -639,14 +639,9 @@ class HFBackend(Backend):
             tok[sel], lp[sel] = t, l
         return tok, lp
 
-    def _prefix_of(self, prompt: list[int]) -> "_Kept | None":
-        """The longest known shared prefix (at least ``min_cascade_prefix`` tokens) that ``prompt`` extends."""
-        best = None
-        for pf in self._prefixes:
-            n = len(pf.ids)
-            if self.min_cascade_prefix <= n < len(prompt) and (best is None or n > len(best.ids)) and prompt[:n] == pf.ids:
-                best = pf
-        return best
+    def _prefix_of(self, prompt: list[int], min_len: int = 0) -> "_Kept | None":
+        """The longest known shared prefix of at least ``min_len`` tokens that ``prompt`` strictly extends."""
+        return max((pf for pf in self._prefixes if len(pf.ids) >= min_len and _extends(prompt, pf.ids)), key=lambda pf: len(pf.ids), default=None)
 
     def _share_prefixes(self, prompts: list[list[int]], kept: list["_Kept | None"]) -> None:
         """Give sequences without a kept context the longest known shared prefix; group the rest by common prefix
@@ -654,8 +649,7 @@ class HFBackend(Backend):
         of one per sequence) and remember it (small LRU)."""
         todo = [b for b, k in enumerate(kept) if k is None]
         for b in todo:
-            best = max((pf for pf in self._prefixes if _extends(prompts[b], pf.ids)), key=lambda pf: len(pf.ids), default=None)
-            kept[b] = best
+            kept[b] = self._prefix_of(prompts[b])
         rest = sorted((b for b in todo if kept[b] is None), key=lambda b: prompts[b])
         adjacent = [common_prefix(prompts[a], prompts[b], min(len(prompts[a]), len(prompts[b])) - 1) for a, b in zip(rest, rest[1:])]  # leave >= 1 token to encode
         for first, end, n in prefix_runs(adjacent, self.min_shared_prefix):
