@@ -201,7 +201,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("[demo] 1/4 evaluating the untrained model on held-out tasks", flush=True)
     before = _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1)
     print("[demo] 2/4 SFT warm-up on gold trajectories", flush=True)
-    s = sft(SFTConfig(model=args.model, suite=args.suite, n_tasks=64 if quick else 256, steps=2 if quick else args.sft_steps, batch_tasks=args.sft_batch, lr=1e-4 if args.model == DEFAULT_MODEL else 1e-3, bf16=True, micro_batch_tokens=4096, out_dir=os.path.join(out, "sft"), tensorboard=False))
+    s = sft(SFTConfig(model=args.model, suite=args.suite, n_tasks=64 if quick else 256, steps=2 if quick else args.sft_steps, batch_tasks=args.sft_batch, lr=1e-4 if args.model == DEFAULT_MODEL else 1e-3, bf16="auto", micro_batch_tokens=4096, out_dir=os.path.join(out, "sft"), tensorboard=False))
     print("[demo] 3/4 evaluating after SFT", flush=True)
     mid = _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1)
     print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
@@ -219,6 +219,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with open(os.path.join(out, "demo_results.json"), "w", encoding="utf-8") as f:
         json.dump({name: m for name, m in rows}, f, indent=1)
     return 0
+
+
+def _bf16_arg(value: str) -> bool | str:
+    from .precision import bf16_setting
+
+    try:
+        return bf16_setting(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+
+
+# --bf16 (on), --bf16 auto|on|off; absent: float32. "on" where bf16 is slow is honoured with a warning
+_BF16_ARG: dict[str, Any] = dict(nargs="?", const=True, default=False, type=_bf16_arg, metavar="auto|on|off")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -259,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-steps", type=int, default=8)
     e.add_argument("--max-new-tokens", type=int, default=160)
     e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--bf16", action="store_true", help="generate in bf16 (on CPU: packed bf16 weights, ~1.6x faster)")
+    e.add_argument("--bf16", **_BF16_ARG, help="generate in bf16 (on CPU: packed bf16 weights, ~1.6x faster on a CPU with AVX-512-BF16); --bf16 auto: only where bf16 is faster than float32 here")
     e.add_argument("--out", help="write metrics and per-task results as JSON")
     e.add_argument("--trajectories", action="store_true", help="include the trajectories in --out")
     e.set_defaults(fn=cmd_eval)
@@ -326,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     v.add_argument("--backend", default="hf", help="backend that generates (envace.backends.BACKENDS)")
     v.add_argument("--device", default="cpu")
-    v.add_argument("--bf16", action="store_true")
+    v.add_argument("--bf16", **_BF16_ARG, help="generate in bf16; --bf16 auto: only where bf16 is faster than float32 here")
     v.add_argument("--max-batch", type=int, default=32, help="most prompts generated together")
     v.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long the first request waits for others to batch with")
     v.add_argument("--default-max-tokens", type=int, default=256)

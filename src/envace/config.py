@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from .backends.base import SamplingParams
+from .precision import bf16_setting
 from .registry import Registry
 from .rollout import RolloutConfig
 
@@ -71,12 +72,14 @@ class TrainConfig:
     lora_r: int = 0
     """LoRA rank; 0 = full fine-tuning."""
     lora_alpha: int = 32
-    bf16: bool = False
-    """bf16 autocast for rollouts and update."""
-    rollout_bf16: bool | None = None
-    """bf16 rollouts on their own (None: as ``bf16``). On CPU a Llama model's decode steps then run on packed bf16
-    weights (envace.backends.fastdecode; ~1.5-2x faster decode on the reference machine), prefill under bf16
-    autocast. The sampler's log-probs then differ from a float32 trainer's by ~0.014 nats per token on average
+    bf16: bool | str = False
+    """bf16 autocast for rollouts and update: true, false, or ``auto`` (bf16 only where it is faster than float32:
+    on CPU a timed probe decides, on CUDA ``torch.cuda.is_bf16_supported()``; envace.precision). ``true`` on a CPU
+    without fast bf16 (AVX2 only: bf16 matmuls ~50x slower) is honoured with a one-line warning."""
+    rollout_bf16: bool | str | None = None
+    """bf16 rollouts on their own: true, false, ``auto`` (as for ``bf16``) or None (as ``bf16``). On CPU a Llama
+    model's decode steps then run on packed bf16 weights (envace.backends.fastdecode; ~1.5-2x faster decode on a CPU
+    with AVX-512-BF16), prefill under bf16 autocast. The sampler's log-probs then differ from a float32 trainer's by ~0.014 nats per token on average
     (docs/benchmarks.md), so ``recompute_old_logprobs`` is on by default when the update runs in float32."""
     simulator_model: str | None = None
     """Frozen model for the simulator variant (None: the initial policy weights; an http(s)://.../v1 URL: a model
@@ -112,6 +115,9 @@ class TrainConfig:
             self.rollout = from_dict(RolloutConfig, self.rollout)
         self.rollout.mode = v.mode  # derived: the variant decides the rollout mode
         self.rollout.__post_init__()
+        self.bf16 = bf16_setting(self.bf16, "TrainConfig.bf16")
+        if self.rollout_bf16 is not None:
+            self.rollout_bf16 = bf16_setting(self.rollout_bf16, "TrainConfig.rollout_bf16")
         if self.iterations < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("iterations >= 0, batch_tasks >= 1 and lr > 0 are required")
 
@@ -141,7 +147,9 @@ class SFTConfig:
     """Which roles' rows are trained."""
     lora_r: int = 0
     lora_alpha: int = 32
-    bf16: bool = False
+    bf16: bool | str = False
+    """bf16 autocast for the update: true, false, or ``auto`` (bf16 only where it is faster than float32; see
+    ``TrainConfig.bf16``). ``envace demo`` uses ``auto``."""
     out_dir: str = "runs/sft"
     seed: int = 0
     tensorboard: bool = True
@@ -149,6 +157,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         self.roles = tuple(self.roles)
+        self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
         if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("steps >= 0, batch_tasks >= 1 and lr > 0 are required")
 

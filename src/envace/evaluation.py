@@ -188,9 +188,9 @@ def resolve_model(path: str, role: str = "policy") -> str:
     return os.path.join(ckpt, role) if os.path.isfile(os.path.join(ckpt, role, "config.json")) else path
 
 
-def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 20, samples: int = 1, seed: int = 0, tts_n: int = 0, tts_mode: str = "parallel", rollout: RolloutConfig | None = None, temperature: float | None = None, progress: bool = True, tts_options: dict[str, Any] | None = None, bf16: bool = False) -> EvalResult:
+def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 20, samples: int = 1, seed: int = 0, tts_n: int = 0, tts_mode: str = "parallel", rollout: RolloutConfig | None = None, temperature: float | None = None, progress: bool = True, tts_options: dict[str, Any] | None = None, bf16: bool | str = False) -> EvalResult:
     """Load ``model`` (a name, a model folder or a training checkpoint folder) and evaluate it on ``n`` tasks of
-    ``suite`` / ``split`` at rehearsal budget ``tts_n`` (``bf16``: generate in bf16, see ``HFBackend``). The real trials sample Act greedily when ``samples == 1``
+    ``suite`` / ``split`` at rehearsal budget ``tts_n`` (``bf16``: generate in bf16; true, false or ``"auto"``, see ``HFBackend``). The real trials sample Act greedily when ``samples == 1``
     and at T=0.7 otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend

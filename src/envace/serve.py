@@ -393,7 +393,7 @@ def make_server(backend: Backend, cfg: ServerConfig, host: str = "127.0.0.1", po
     return EnvaceServer((host, port), backend, cfg)
 
 
-def load_backend(model: str, backend: str = "hf", device: str = "cpu", bf16: bool = False) -> tuple[Backend, int | None]:
+def load_backend(model: str, backend: str = "hf", device: str = "cpu", bf16: bool | str = False) -> tuple[Backend, int | None]:
     """(backend, context length) for ``envace serve``: ``hf`` loads ``model`` here (a name, folder or training
     checkpoint / run folder); any other name in BACKENDS gets ``model`` and its defaults."""
     from .backends.base import BACKENDS
@@ -419,7 +419,7 @@ def load_backend(model: str, backend: str = "hf", device: str = "cpu", bf16: boo
     return BACKENDS.get(backend)(model=model), None
 
 
-def serve(model: str, name: str | None = None, host: str = "127.0.0.1", port: int = 8000, backend: str = "hf", device: str = "cpu", bf16: bool = False, **limits: Any) -> None:
+def serve(model: str, name: str | None = None, host: str = "127.0.0.1", port: int = 8000, backend: str = "hf", device: str = "cpu", bf16: bool | str = False, **limits: Any) -> None:
     """Load ``model`` and serve it until interrupted; prints the URL (with the real port) first."""
     be, n = load_backend(model, backend, device, bf16)
     cfg = ServerConfig(model_name=name or model, context_length=n, **limits)

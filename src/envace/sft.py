@@ -24,6 +24,7 @@ from .config import SFTConfig, to_dict
 from .envs import load_tasks, make_env
 from .logging import MetricsLogger
 from .parsing import format_observation
+from .precision import use_bf16
 from .rollout import RolloutConfig, RolloutEngine
 from .types import Row, Task, Trajectory
 
@@ -96,6 +97,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
     seed_everything(cfg.seed)
     model, tok = build_model(cfg.model, cfg.lora_r, cfg.lora_alpha)
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
+    bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks(cfg.suite, "train", n=cfg.n_tasks, seed=cfg.seed)
     trajs = gold_trajectories(tok, tasks)
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
@@ -113,7 +115,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
             order += rng.permutation(len(trajs)).tolist()
         pick, order = order[: cfg.batch_tasks], order[cfg.batch_tasks :]
         rows: list[Row] = [r for i in pick for r in rows_by_traj[i]]
-        m = optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=cfg.micro_batch_tokens, temperatures={}, max_grad_norm=cfg.max_grad_norm, bf16=cfg.bf16)
+        m = optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=cfg.micro_batch_tokens, temperatures={}, max_grad_norm=cfg.max_grad_norm, bf16=bf16)
         m = {f"sft/{k}": v for k, v in m.items()} | {"perf/step_s": time.perf_counter() - t0}
         logger.log(step, m)
         result.metrics.append({"step": step, **m})

@@ -35,6 +35,7 @@ from .distributed import Dist, SilentLogger, init_distributed
 from .envs import load_tasks
 from .logging import MetricsLogger, truncate_jsonl
 from .models import context_length, load, model_path
+from .precision import use_bf16
 from .rewards import RewardContext, make_reward
 from .rollout import RolloutEngine
 from .types import Row, Trajectory, write_jsonl
@@ -201,10 +202,10 @@ def train(cfg: TrainConfig) -> TrainResult:
         for name, model in models.items():  # every process steps every model, with its rows (maybe none)
             mine = [i for i, r in enumerate(rows) if role_model[r.role] == name]
             sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
-            if recomputes_old_logprobs(cfg):  # the rollout engine's log-probs are not the trainer's
-                recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=cfg.bf16, dist=dist)
+            if recomputes_old_logprobs(cfg, dist.device):  # the rollout engine's log-probs are not the trainer's
+                recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=update_bf16(cfg, dist.device), dist=dist)
             ref = ref_model if name == "policy" else None
-            um = optimizer_step(model, optimizers[name], sub_rows, _grpo_loss(model, sub_rows, sub_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=cfg.bf16, dist=dist)
+            um = optimizer_step(model, optimizers[name], sub_rows, _grpo_loss(model, sub_rows, sub_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=update_bf16(cfg, dist.device), dist=dist)
             metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}
         for name, engine in engines.items():  # new weights: hf drops its kept caches, vllm loads them
             engine.sync_weights(dist.weights(models[name]))
@@ -223,16 +224,23 @@ def train(cfg: TrainConfig) -> TrainResult:
     return result
 
 
-def rollout_bf16(cfg: TrainConfig) -> bool:
-    """Whether rollouts run in bf16: ``rollout_bf16`` if set, else ``bf16``."""
-    return cfg.bf16 if cfg.rollout_bf16 is None else cfg.rollout_bf16
+def update_bf16(cfg: TrainConfig, device: Any = None) -> bool:
+    """Whether the update runs under bf16 autocast: ``bf16`` decided for ``device`` (default ``cfg.device``;
+    ``auto``: only where bf16 is fast, envace.precision)."""
+    return use_bf16(cfg.bf16, device or cfg.device)
 
 
-def recomputes_old_logprobs(cfg: TrainConfig) -> bool:
-    """``recompute_old_logprobs`` if set, else whether the sampler's numbers differ from the trainer's."""
+def rollout_bf16(cfg: TrainConfig, device: Any = None) -> bool:
+    """Whether rollouts run in bf16: ``rollout_bf16`` if set, else ``bf16``, decided for ``device`` as above."""
+    return use_bf16(cfg.bf16 if cfg.rollout_bf16 is None else cfg.rollout_bf16, device or cfg.device)
+
+
+def recomputes_old_logprobs(cfg: TrainConfig, device: Any = None) -> bool:
+    """``recompute_old_logprobs`` if set, else whether the sampler's numbers differ from the trainer's (the decided
+    precisions, not the settings: ``auto`` rollouts that fall back to float32 match a float32 update)."""
     if cfg.recompute_old_logprobs is not None:
         return cfg.recompute_old_logprobs
-    return cfg.rollout_backend != "hf" or rollout_bf16(cfg) != cfg.bf16
+    return cfg.rollout_backend != "hf" or rollout_bf16(cfg, device) != update_bf16(cfg, device)
 
 
 def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backend:
@@ -242,7 +250,7 @@ def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backe
     if cfg.rollout_backend == "hf":
         if dist.shards_parameters:
             raise ValueError("rollout_backend 'hf' cannot generate with FSDP-sharded weights; set rollout_backend: vllm (or use DDP)")
-        return HFBackend(model, tok, bf16=rollout_bf16(cfg))
+        return HFBackend(model, tok, bf16=rollout_bf16(cfg, dist.device))
     if cfg.rollout_backend not in BACKENDS:
         try:
             importlib.import_module(f"envace.backends.{cfg.rollout_backend}")  # registers it
@@ -259,7 +267,7 @@ def _simulator(cfg: TrainConfig, policy: Any, tok: Any, dist: Dist) -> Backend:
 
         return HTTPBackend(cfg.simulator_model)
     sim_model, sim_tok = load(cfg.simulator_model) if cfg.simulator_model else (copy.deepcopy(policy).eval(), tok)
-    return HFBackend(dist.place(sim_model), sim_tok, bf16=rollout_bf16(cfg))
+    return HFBackend(dist.place(sim_model), sim_tok, bf16=rollout_bf16(cfg, dist.device))
 
 
 def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:

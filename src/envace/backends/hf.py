@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..precision import use_bf16
 from ..prefixes import common_prefix, prefix_runs
 from .base import BACKENDS, Backend, Generation, OnDone, Request, SamplingParams
 from .fastdecode import SharedPrefixes, decoder_for
@@ -379,9 +380,10 @@ class HFBackend(Backend):
 
     ``keep_sessions``: keep each session's KV between calls; ``share_prefixes``: prefill long common prompt
     prefixes once. Both are exact up to kernel rounding and on by default; off, every prompt is encoded whole.
-    ``packed`` (default: with bf16 on CPU): run every forward of a Llama model through
-    :class:`~envace.backends.fastdecode.LlamaDecoder` (packed bf16 weights, float32 keys/values and attention)
-    instead of ``model(...)``; other architectures always use ``model(...)``. ``cascade`` (packed streams): rows
+    ``bf16``: true, false or ``"auto"`` (bf16 only where it is faster than float32, :mod:`envace.precision`; true
+    where it is slow is honoured with a one-line warning). ``packed`` (default: with bf16 on CPU): run every
+    forward of a Llama model through :class:`~envace.backends.fastdecode.LlamaDecoder` (packed bf16 weights,
+    float32 keys/values and attention) instead of ``model(...)``; other architectures always use ``model(...)``. ``cascade`` (packed streams): rows
     that start with the same shared prompt prefix attend to one copy of it (exact up to rounding).
     ``stats`` counts prompt tokens, those served from kept sessions or shared prefixes, generated tokens, forwards
     and decode steps (forwards that feed one token per running sequence).
@@ -389,16 +391,16 @@ class HFBackend(Backend):
 
     streams = True
 
-    def __init__(self, model: Any, tokenizer: Any, bf16: bool = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None, cascade: bool = True):
+    def __init__(self, model: Any, tokenizer: Any, bf16: bool | str | None = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None, cascade: bool = True):
         self.model = model
         self.tokenizer = tokenizer
-        self.bf16 = bf16
+        self.device = next(model.parameters()).device
+        self.bf16 = use_bf16(bf16, self.device)
         if packed is None:  # by default only where it pays: bf16 on CPU (float32 matmuls are no faster packed)
-            packed = bf16 and next(model.parameters()).device.type == "cpu"
-        self._decoder = decoder_for(model, torch.bfloat16 if bf16 else torch.float32) if packed else None
+            packed = self.bf16 and self.device.type == "cpu"
+        self._decoder = decoder_for(model, torch.bfloat16 if self.bf16 else torch.float32) if packed else None
         self.keep_sessions = keep_sessions
         self.max_batch = max_batch
-        self.device = next(model.parameters()).device
         self._kept: dict[str, _Kept] = {}
         self._prefixes: list[_Kept] = []  # shared prompt prefixes (LRU), dropped with release_all / sync_weights
         self.share_prefixes = share_prefixes
@@ -678,7 +680,7 @@ class HFBackend(Backend):
 
 
 @BACKENDS.register("hf")
-def _make_hf(model: Any = None, tokenizer: Any = None, name: str | None = None, bf16: bool = False, **kw: Any) -> HFBackend:
+def _make_hf(model: Any = None, tokenizer: Any = None, name: str | None = None, bf16: bool | str | None = False, **kw: Any) -> HFBackend:
     if model is None:
         from ..models import load
 
