@@ -2,6 +2,11 @@
 
 State: ``{"accounts": {name: {"balance_cents": int, "frozen": bool}}, "transactions": [{"id", "account",
 "amount_cents", "memo"}], "next_txn": int}``. Money is integer cents inside and "142.50" strings outside.
+
+Splits: train/test draw accounts from :data:`NAMES` and memos from :data:`MEMOS` with the in-distribution
+templates; ``ood`` draws them from :data:`OOD_NAMES` / :data:`OOD_MEMOS` with the ``ood_*`` templates (combined
+balance, undo the last payment, top up from the largest account, transfer with a fallback account, two deposits,
+history then freeze).
 """
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ import random
 from typing import Any
 
 from ..base import ToolError
-from .common import Domain, TaskBuilder, ToolEnv, cents, money, tool
+from .common import Domain, GenerationError, TaskBuilder, ToolEnv, cents, money, tool
 
 ACCOUNT = {"type": "string", "description": "account name"}
 AMOUNT = {"type": "number", "description": "dollars"}
@@ -92,24 +97,33 @@ class BankEnv(ToolEnv):
         return {"accounts": self.state()["accounts"], "transactions": [list(t) for t in txns]}
 
 
-BANK = Domain(BankEnv)
-
 # ----------------------------------------------------------------------------------------------- world
 
 NAMES = ["checking", "savings", "travel", "rent", "groceries", "emergency", "holiday", "car", "bills", "gifts", "school", "health", "pets", "garden"]
 MEMOS = ["coffee shop", "grocery store", "gym", "bookstore", "gas station", "pharmacy", "cinema", "bakery", "phone bill", "restaurant", "taxi", "hardware store"]
+# held out: only the ood split's worlds use these
+OOD_NAMES = ["wedding", "tuition", "taxes", "utilities", "hobby", "fitness", "charity", "insurance", "mortgage", "business", "dining", "wardrobe", "repairs", "baby"]
+OOD_MEMOS = ["florist", "bike shop", "laundromat", "toy store", "music store", "parking garage", "dentist", "optician", "butcher", "theatre", "ferry", "newsstand"]
 
 
-def world(rng: random.Random, n_accounts: int | None = None, frozen: int = 0) -> dict[str, Any]:
+def entities(config: dict[str, Any]) -> set[str]:
+    """Account names and memos of an initial state."""
+    return set(config["accounts"]) | {t["memo"] for t in config["transactions"]}
+
+
+BANK = Domain(BankEnv, pools={"accounts": (NAMES, OOD_NAMES), "memos": (MEMOS, OOD_MEMOS)}, entities=entities)
+
+
+def world(rng: random.Random, n_accounts: int | None = None, frozen: int = 0, names_pool: list[str] = NAMES, memos: list[str] = MEMOS) -> dict[str, Any]:
     """A few accounts with balances (one maybe frozen) and a short card history."""
-    names = rng.sample(NAMES, n_accounts or rng.randint(3, 4))
+    names = rng.sample(names_pool, n_accounts or rng.randint(3, 4))
     accounts = {n: {"balance_cents": rng.randrange(40, 900) * 100 + rng.choice([0, 0, 50, rng.randrange(100)]), "frozen": False} for n in names}
     for n in names[:frozen]:
         accounts[n]["frozen"] = True
     txns = []
     for i in range(rng.randint(3, 6)):
         n = rng.choice(names)
-        txns.append({"id": f"T-{i + 1:04d}", "account": n, "amount_cents": -rng.randrange(150, 9000), "memo": rng.choice(MEMOS)})
+        txns.append({"id": f"T-{i + 1:04d}", "account": n, "amount_cents": -rng.randrange(150, 9000), "memo": rng.choice(memos)})
     return {"accounts": accounts, "transactions": txns, "next_txn": len(txns) + 1}
 
 
@@ -127,7 +141,12 @@ def draw(rng: random.Random, max_cents: int) -> tuple[float | int, str]:
     return c / 100, f"${money(c)}"
 
 
-def plausible(b: TaskBuilder, rng: random.Random, *avoid: str) -> None:
+def ood_world(rng: random.Random, n_accounts: int | None = None, frozen: int = 0) -> dict[str, Any]:
+    """A world of the ood split: held-out account names and memos."""
+    return world(rng, n_accounts, frozen, names_pool=OOD_NAMES, memos=OOD_MEMOS)
+
+
+def plausible(b: TaskBuilder, rng: random.Random, *avoid: str, pool: list[str] = NAMES) -> None:
     """Suggest reference calls: reads of other accounts and a call on a missing account (an error record)."""
     names = sorted(b.env.s["accounts"])
     others = [n for n in names if n not in avoid] or names
@@ -135,7 +154,7 @@ def plausible(b: TaskBuilder, rng: random.Random, *avoid: str) -> None:
     if rng.random() < 0.5:
         b.suggest("get_transactions", account=rng.choice(names), limit=2)
     if rng.random() < 0.3:
-        b.suggest("get_balance", account=rng.choice([n for n in NAMES if n not in names]))
+        b.suggest("get_balance", account=rng.choice([n for n in pool if n not in names]))
 
 
 # ----------------------------------------------------------------------------------------------- templates
@@ -348,4 +367,106 @@ def _compare_then_move(rng: random.Random) -> TaskBuilder:
     b.call("freeze_account", account=a)
     b.reply(f"Deposited {dt} into {d} and froze {a}.")
     plausible(b, rng)
+    return b
+
+
+# ----------------------------------------------------------------------------------------------- ood templates
+# Held out for the ood split (ood=True): other task structures and phrasings, on worlds of held-out names.
+
+
+@BANK.template("ood_combined_balance", ood=True)
+def _ood_combined_balance(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(BankEnv, ood_world(rng), rng)
+    a, c = rng.sample(sorted(b.env.s["accounts"]), 2)
+    b.user(rng.choice([f"Together, how much do my {a} and {c} accounts hold?", f"Add up what is in {a} and {c} for me."]))
+    oa = b.call("get_balance", account=a)
+    oc = b.call("get_balance", account=c)
+    total = money(bal(b, a) + bal(b, c))
+    b.reply(f"{a} has ${oa['balance']} and {c} has ${oc['balance']}: ${total} together.", expect=[total])
+    plausible(b, rng, a, c, pool=OOD_NAMES)
+    return b
+
+
+@BANK.template("ood_undo_last_payment", ood=True)
+def _ood_undo_last_payment(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(BankEnv, ood_world(rng), rng)
+    a = rng.choice(sorted({t["account"] for t in b.env.s["transactions"]}))
+    b.user(rng.choice([f"The latest payment on {a} was a mistake. Put that same amount back into {a} as a deposit.",
+                       f"Refund myself the most recent charge on {a}: deposit exactly that amount into {a}."]))
+    o = b.call("get_transactions", account=a, limit=1, check_keys=("account",))
+    t = o["transactions"][0]
+    c = -cents(float(t["amount"]))
+    o2 = b.call("deposit", account=a, amount=c / 100)
+    b.reply(f"The last payment was {t['memo']} for ${money(c)}; I deposited ${money(c)} into {a}, which now has ${o2['balance']}.", expect=[money(c)])
+    plausible(b, rng, a, pool=OOD_NAMES)
+    return b
+
+
+@BANK.template("ood_top_up_from_largest", ood=True)
+def _ood_top_up_from_largest(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(BankEnv, ood_world(rng, n_accounts=rng.randint(3, 4)), rng)
+    c = rng.choice(sorted(b.env.s["accounts"]))
+    others = sorted((n for n in b.env.s["accounts"] if n != c), key=lambda n: -bal(b, n))
+    if bal(b, others[0]) == bal(b, others[1]):
+        raise GenerationError("two largest accounts hold the same amount")
+    src = others[0]
+    amt, text = draw(rng, bal(b, src))
+    b.user(f"Top up {c} with {text} from whichever of my other accounts has the most money.")
+    b.call("list_accounts")
+    o = b.call("transfer", from_account=src, to_account=c, amount=amt)
+    b.reply(f"Moved {text} from {src}, your largest other account, to {c}; {c} now has ${o['to_balance']}.", expect=[src])
+    plausible(b, rng, c, pool=OOD_NAMES)
+    return b
+
+
+@BANK.template("ood_transfer_with_fallback", ood=True)
+def _ood_transfer_with_fallback(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(BankEnv, ood_world(rng, n_accounts=rng.randint(3, 4)), rng)
+    a, d, c = rng.sample(sorted(b.env.s["accounts"]), 3)
+    low, high = bal(b, a) // 100 + 1, bal(b, d) // 100
+    if low > high:
+        raise GenerationError(f"{d} cannot cover more than {a} holds")
+    x = rng.randint(low, min(high, low + 300))
+    b.user(f"Pay ${x} from {a} to {c}. If {a} cannot cover it, take it from {d} instead.")
+    b.call("transfer", fails=True, from_account=a, to_account=c, amount=x)
+    b.call("transfer", from_account=d, to_account=c, amount=x)
+    b.reply(f"{a} did not have enough, so I paid ${x} to {c} from {d}.")
+    plausible(b, rng, a, pool=OOD_NAMES)
+    return b
+
+
+@BANK.template("ood_two_deposits", ood=True)
+def _ood_two_deposits(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(BankEnv, ood_world(rng), rng)
+    a, c = rng.sample(sorted(b.env.s["accounts"]), 2)
+    x, xt = draw(rng, 50000)
+    y, yt = draw(rng, 50000)
+    b.user(rng.choice([f"Put {xt} into {a} and {yt} into {c}.", f"I have cash: {xt} goes to {a}, {yt} to {c}."]))
+    b.call("deposit", account=a, amount=x)
+    b.call("deposit", account=c, amount=y)
+    b.reply(f"Deposited {xt} into {a} and {yt} into {c}.")
+    plausible(b, rng, a, c, pool=OOD_NAMES)
+    return b
+
+
+@BANK.template("ood_history_then_freeze", ood=True)
+def _ood_history_then_freeze(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(BankEnv, ood_world(rng), rng)
+    counts: dict[str, int] = {}
+    for t in b.env.s["transactions"]:
+        counts[t["account"]] = counts.get(t["account"], 0) + 1
+    busy = sorted(n for n, k in counts.items() if k >= 2)
+    if not busy:
+        raise GenerationError("no account with two transactions")
+    a = rng.choice(busy)
+    b.user(f"Which shops were my two latest payments on {a} at?")
+    o = b.call("get_transactions", account=a, limit=2)
+    memos = [t["memo"] for t in o["transactions"]]
+    if len(set(memos)) < 2:
+        raise GenerationError("the two latest payments are at the same shop")
+    b.reply(f"The two latest {a} payments were at {memos[0]} and {memos[1]}.", expect=memos)
+    b.user(f"I never went to {memos[1]}. Freeze {a} right away.")
+    b.call("freeze_account", account=a)
+    b.reply(f"{a} is frozen now.")
+    plausible(b, rng, a, pool=OOD_NAMES)
     return b

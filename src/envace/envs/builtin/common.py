@@ -11,6 +11,22 @@ schema-validated) arguments as keywords. Nothing is ever evaluated. The whole st
 Task generation runs the gold calls on a live environment while the episode is scripted, so gold replies,
 expected outputs and references quote real observations, and every gold call is known to behave as intended
 (succeed, or fail where the template says it should).
+
+Splits (:data:`SPLITS`); task ``i`` of a split is a pure function of (domain, split, i):
+
+* ``train`` and ``test``: the in-distribution templates and name pools. Each parameter combination (template +
+  the user's words with dollar amounts blanked, see :func:`split_of`) belongs to exactly one of them, one in
+  :data:`TEST_SHARE` to ``test``; so ``test`` holds out requests, not templates, phrasings or names.
+* ``ood``: only the held-out templates (registered with ``ood=True``, never drawn for train or test), run on
+  worlds drawn from the held-out name pools (``Domain.pools``: account / product / directory and file names,
+  plus memos and file lines, that no train or test task uses). It measures generalisation to unseen task
+  structures and unseen entities together.
+
+Every task is labelled with a kind in ``metadata["kind"]`` (:func:`task_kind`, derived by replaying the gold
+calls, one label, first match wins): ``recovery`` (a gold call fails with a tool error and the episode goes on
+from it), ``chained`` (a gold call's argument value first appears in an earlier observation and nowhere in the
+user turns), ``read_only_report`` (no state-changing gold call and the reply must report expected outputs),
+else ``simple``.
 """
 from __future__ import annotations
 
@@ -26,7 +42,9 @@ from ...registry import Registry
 from ...types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, dumps, is_error_obs
 from ..base import Environment, Score, ToolError, replay
 
-SPLITS: tuple[str, ...] = ("train", "test")
+SPLITS: tuple[str, ...] = ("train", "test", "ood")
+OOD_SPLIT = "ood"  # the split drawn from the held-out templates and name pools
+KINDS: tuple[str, ...] = ("recovery", "chained", "read_only_report", "simple")  # task_kind labels, in precedence order
 DEFAULT_N = 2000  # tasks a suite returns when n is None
 INDEX_SPACE = 1_000_000  # task indices of one split; seed > 0 samples n of them
 TEST_SHARE = 5  # one in TEST_SHARE parameter combinations belongs to the test split, the rest to train
@@ -251,6 +269,7 @@ class TaskBuilder:
         flat = task.flat_gold()
         read_only = not any(c.name in self.env_cls._mutating for c in flat)
         task.metadata = {"template": template, "n_turns": len(self.user_turns), "n_gold_calls": len(flat), "read_only": read_only}
+        task.metadata["kind"] = task_kind(task, self.env_cls)
         return task
 
     def _references(self, task: Task, rng: random.Random) -> list[ReferenceExample]:
@@ -299,31 +318,114 @@ class TaskBuilder:
         return items
 
 
+# ------------------------------------------------------------------------------------------ task kinds
+
+NUMBER_RE = re.compile(r"\d+(?:\.\d+)?")
+MIN_CHAINED_CHARS = 4  # shortest observed text that counts as carried into a longer argument
+
+
+def _leaves(x: Any) -> list[Any]:
+    """The strings and numbers inside a JSON value (booleans and nulls are not values a call could carry)."""
+    if isinstance(x, dict):
+        return [v for item in x.values() for v in _leaves(item)]
+    if isinstance(x, list):
+        return [v for item in x for v in _leaves(item)]
+    if isinstance(x, bool) or x is None:
+        return []
+    return [x] if isinstance(x, (str, int, float)) else []
+
+
+def _as_number(x: Any) -> float | None:
+    """A number, or a string that is one ("-12.50"), as its magnitude; anything else None."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return abs(float(x))
+    if isinstance(x, str) and re.fullmatch(r"-?" + NUMBER_RE.pattern, x.strip()):
+        return abs(float(x))
+    return None
+
+
+def carried(value: Any, observed: list[Any], user_text: str) -> bool:
+    """Whether an argument value comes from an earlier observation and not from the user: a number equal to an
+    observed number (sign ignored: a payment of -12.50 refunded as 12.5) that the user never wrote, or a string
+    the user never wrote that equals an observed string or contains one (of >= MIN_CHAINED_CHARS characters)
+    that the user never wrote either (old file content plus a new line)."""
+    num = _as_number(value) if not isinstance(value, str) else None
+    if num is not None:
+        said = {float(m) for m in NUMBER_RE.findall(user_text)}
+        return num not in said and any(_as_number(o) == num for o in observed)
+    if not isinstance(value, str) or not value or value in user_text:
+        return False
+    texts = [o for o in observed if isinstance(o, str)]
+    return value in texts or any(len(o) >= MIN_CHAINED_CHARS and o in value and o not in user_text for o in texts)
+
+
+def task_kind(task: Task, env_cls: type[ToolEnv]) -> str:
+    """The task's kind (see the module docstring), from its gold calls replayed in a fresh environment."""
+    env = env_cls(task)
+    user_text = "\n".join(task.user_turns)
+    observed: list[Any] = []
+    failed = chained = False
+    for c in task.flat_gold():
+        chained = chained or any(carried(v, observed, user_text) for v in _leaves(c.arguments))
+        obs = env.call(c)
+        failed = failed or is_error_obs(obs)
+        observed.extend(_leaves(obs))
+    env.close()
+    read_only = not any(c.name in env_cls._mutating for c in task.flat_gold())
+    if failed:
+        return "recovery"
+    if chained:
+        return "chained"
+    return "read_only_report" if read_only and task.expected_outputs else "simple"
+
+
 # ------------------------------------------------------------------------------------------ domains and splits
 
 Template = Callable[[random.Random], TaskBuilder]
+Pool = tuple[str, ...]
 
 
 @dataclass
 class Domain:
-    """A domain: its environment class and its task templates (name -> function of an rng)."""
+    """A domain: its environment class, its task templates (name -> function of an rng), which of them are held
+    out for the ``ood`` split, and its name pools split into an in-distribution and a held-out half."""
 
     env_cls: type[ToolEnv]
     templates: Registry[Template] = field(default_factory=lambda: Registry("task template"))
+    held_out: set[str] = field(default_factory=set)
+    """Names of the templates only the ``ood`` split draws (registered with ``template(name, ood=True)``)."""
+    pools: dict[str, tuple[Pool, Pool]] = field(default_factory=dict)
+    """Entity pools by kind: (names train and test worlds draw from, names only ``ood`` worlds draw from)."""
+    entities: Callable[[dict[str, Any]], set[str]] | None = None
+    """The entity names (accounts, products, path parts) of a task's initial state, for leak scans."""
+
+    def __post_init__(self) -> None:
+        for kind, (seen, held) in self.pools.items():
+            both = sorted(set(seen) & set(held))
+            if both:
+                raise ValueError(f"{self.name}: pool {kind!r} has names in both halves: {both}")
+        self.pools = {k: (tuple(a), tuple(b)) for k, (a, b) in self.pools.items()}
 
     @property
     def name(self) -> str:
         return self.env_cls.domain
 
-    def template(self, name: str) -> Callable[[Template], Template]:
+    def template(self, name: str, ood: bool = False) -> Callable[[Template], Template]:
+        """Register a template; ``ood=True`` holds it out: only the ``ood`` split draws it."""
+        if ood:
+            self.held_out.add(name)
         return self.templates.register(name)
+
+    def template_names(self, split: str) -> list[str]:
+        """The templates a split draws from (sorted): the held-out ones for ``ood``, all others for train/test."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+        return [n for n in self.templates.names() if (n in self.held_out) == (split == OOD_SPLIT)]
 
     def make_task(self, split: str, index: int) -> Task:
         """Task ``index`` of ``split``: a pure function of (domain, split, index). Sub-seeds are tried until a
-        template yields a task whose parameter combination belongs to the split."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
-        names = self.templates.names()
+        template yields a task (and, for train/test, one whose parameter combination belongs to the split)."""
+        names = self.template_names(split)
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(f"{self.name}/{split}/{index}/{attempt}")
             template = rng.choice(names)
@@ -331,7 +433,7 @@ class Domain:
                 b = self.templates.get(template)(rng)
             except GenerationError:
                 continue
-            if split_of(b.split_key(template)) != split:
+            if split != OOD_SPLIT and split_of(b.split_key(template)) != split:
                 continue
             return b.build(f"{self.name}-{split}-{index:06d}", split, template)
         raise RuntimeError(f"could not generate {self.name} task {split}/{index} in {MAX_ATTEMPTS} attempts")
@@ -341,12 +443,14 @@ class Domain:
 
 
 def split_of(key: str) -> str:
-    """The split a parameter combination belongs to (stable across runs and Python versions)."""
+    """The in-distribution split (train or test) a parameter combination belongs to (stable across runs and
+    Python versions). The ``ood`` split does not use it: its templates are held out as a whole."""
     return "test" if zlib.crc32(key.encode("utf-8")) % TEST_SHARE == 0 else "train"
 
 
 def split_indices(n: int | None, seed: int) -> list[int]:
-    """Which task indices a suite returns: 0..n-1 for seed 0, else n indices sampled with the seed."""
+    """Which task indices a suite returns, the same for every split: 0..n-1 for seed 0, else n indices sampled
+    with the seed (so ``n=None`` gives DEFAULT_N tasks of any split, ``ood`` included)."""
     n = DEFAULT_N if n is None else int(n)
     if n < 0 or n > INDEX_SPACE:
         raise ValueError(f"n must be in [0, {INDEX_SPACE}], got {n}")

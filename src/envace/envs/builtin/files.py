@@ -2,6 +2,12 @@
 
 State: ``{"dirs": [sorted absolute paths, "/" included], "files": {absolute path: text}}``. Paths must be
 absolute; ``grep`` matches a fixed string (case-insensitive), never a regular expression.
+
+Splits: train/test worlds draw directory names from :data:`DIRS` / :data:`SUBDIRS`, file names from
+:data:`FILE_NAMES` and text from :data:`LINES` / :data:`NEW_TEXT` with the in-distribution templates; ``ood``
+worlds draw them from the ``OOD_*`` pools with the ``ood_*`` templates (read two files, move the file that
+mentions a word, append one file to another, save into a missing folder, list a missing folder, delete two,
+rename then read).
 """
 from __future__ import annotations
 
@@ -130,8 +136,6 @@ class FilesEnv(ToolEnv):
         return {"matches": hits[:MAX_MATCHES], "truncated": len(hits) > MAX_MATCHES}
 
 
-FILES = Domain(FilesEnv)
-
 # ----------------------------------------------------------------------------------------------- world
 
 DIRS = ["docs", "notes", "work", "music", "recipes", "travel", "school", "code", "archive", "photos", "games", "letters"]
@@ -143,18 +147,44 @@ LINES = ["meeting at 10am", "buy milk and eggs", "call the dentist", "pay rent o
          "clean the garage", "buy a gift for leo", "train leaves at noon", "backup the laptop", "plan the picnic"]
 NEW_TEXT = ["hello world", "remember the keys", "lunch with sam", "gym at six", "order new shoes", "read chapter three",
             "visit grandma", "walk the dog", "check the mail", "paint the fence"]
+SUBDIRS = ["old", "2024", "misc"]
+# held out: only the ood split's worlds use these
+OOD_DIRS = ["projects", "invoices", "sketches", "backups", "research", "lessons", "scripts", "reports", "events",
+            "papers", "designs", "studio"]
+OOD_SUBDIRS = ["2023", "extra", "final"]
+OOD_FILE_NAMES = ["agenda.txt", "summary.md", "minutes.txt", "wishlist.txt", "expenses.txt", "journal.md", "index.md",
+                  "errors.log", "outline.txt", "addresses.txt", "menu.txt", "song.txt", "timetable.txt", "checklist.md"]
+OOD_LINES = ["dinner with the neighbours", "renew the boat license", "submit the tax form", "buy new batteries",
+             "feed the fish at eight", "repair the kitchen tap", "call grandpa on tuesday", "print the concert tickets",
+             "pack the tent and stove", "return the blender", "practice piano daily", "order more printer ink",
+             "email the landlord", "defrost the freezer", "wash the curtains", "bus leaves at nine",
+             "update the antivirus", "choose a paint colour", "invite priya to lunch", "measure the window"]
+OOD_NEW_TEXT = ["meet at the station", "buy fresh herbs", "swim on thursday", "charge the camera", "write to aunt rosa",
+                "fix the doorbell", "recycle the boxes", "try the new cafe", "plant tulips", "oil the hinges"]
 
 
-def world(rng: random.Random) -> dict[str, Any]:
-    """2-4 top-level directories (one maybe nested) and 3-6 files of 1-2 distinct short lines."""
-    tops = ["/" + d for d in rng.sample(DIRS, rng.randint(2, 4))]
+def entities(config: dict[str, Any]) -> set[str]:
+    """Directory and file names (every part of every path) of an initial state."""
+    return {part for p in [*config["dirs"], *config["files"]] for part in p.split("/") if part}
+
+
+FILES = Domain(FilesEnv, entities=entities, pools={
+    "dirs": (DIRS + SUBDIRS, OOD_DIRS + OOD_SUBDIRS), "files": (FILE_NAMES, OOD_FILE_NAMES),
+    "lines": (LINES, OOD_LINES), "new_text": (NEW_TEXT, OOD_NEW_TEXT)})
+
+
+def world(rng: random.Random, ood: bool = False) -> dict[str, Any]:
+    """2-4 top-level directories (one maybe nested) and 3-6 files of 1-2 distinct short lines; ``ood``: from
+    the held-out pools."""
+    dir_pool, sub_pool, name_pool, line_pool = (OOD_DIRS, OOD_SUBDIRS, OOD_FILE_NAMES, OOD_LINES) if ood else (DIRS, SUBDIRS, FILE_NAMES, LINES)
+    tops = ["/" + d for d in rng.sample(dir_pool, rng.randint(2, 4))]
     dirs = ["/", *tops]
     if rng.random() < 0.4:
-        dirs.append(rng.choice(tops) + "/" + rng.choice(["old", "2024", "misc"]))
-    lines = rng.sample(LINES, 12)
+        dirs.append(rng.choice(tops) + "/" + rng.choice(sub_pool))
+    lines = rng.sample(line_pool, 12)
     files: dict[str, str] = {}
     for _ in range(rng.randint(3, 6)):
-        d, f = rng.choice(dirs[1:]), rng.choice(FILE_NAMES)
+        d, f = rng.choice(dirs[1:]), rng.choice(name_pool)
         p = d + "/" + f
         if p not in files:
             files[p] = "\n".join(lines.pop() for _ in range(rng.randint(1, 2)))
@@ -175,12 +205,12 @@ def fresh_name(b: TaskBuilder, rng: random.Random, d: str, pool: list[str]) -> s
     return rng.choice(free)
 
 
-def plausible(b: TaskBuilder, rng: random.Random) -> None:
-    """Suggest reference calls: an ls, a cat, sometimes a cat of a missing file."""
+def plausible(b: TaskBuilder, rng: random.Random, pool: list[str] = FILE_NAMES) -> None:
+    """Suggest reference calls: an ls, a cat, sometimes a cat of a missing file (a name from ``pool``)."""
     b.suggest("ls", path=rng.choice(["/", *dirs(b)]))
     b.suggest("cat", path=rng.choice(files(b)))
     if rng.random() < 0.3:
-        b.suggest("cat", path=fresh_name(b, rng, rng.choice(dirs(b)), FILE_NAMES))
+        b.suggest("cat", path=fresh_name(b, rng, rng.choice(dirs(b)), pool))
 
 
 # ----------------------------------------------------------------------------------------------- templates
@@ -395,4 +425,111 @@ def _new_project(rng: random.Random) -> TaskBuilder:
     names = [e.rstrip("/") for e in o["entries"]]
     b.reply(f"{d} now contains: {', '.join(names)}.", expect=names)
     plausible(b, rng)
+    return b
+
+
+# ----------------------------------------------------------------------------------------------- ood templates
+# Held out for the ood split (ood=True): other task structures and phrasings, on worlds of held-out names.
+
+
+def _lines(b: TaskBuilder, p: str) -> list[str]:
+    return b.env.s["files"][p].split("\n")
+
+
+@FILES.template("ood_read_two", ood=True)
+def _ood_read_two(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(FilesEnv, world(rng, ood=True), rng)
+    p1, p2 = rng.sample(files(b), 2)
+    b.user(rng.choice([f"Show me what {p1} and {p2} say.", f"I need the text of both {p1} and {p2}."]))
+    b.call("cat", path=p1)
+    b.call("cat", path=p2)
+    lines = _lines(b, p1) + _lines(b, p2)
+    b.reply(f"{p1}: {'; '.join(_lines(b, p1))}. {p2}: {'; '.join(_lines(b, p2))}.", expect=lines)
+    plausible(b, rng, OOD_FILE_NAMES)
+    return b
+
+
+@FILES.template("ood_move_mention", ood=True)
+def _ood_move_mention(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(FilesEnv, world(rng, ood=True), rng)
+    d = rng.choice([d for d in dirs(b) if any(f.startswith(d + "/") for f in files(b))])
+    word, f = _unique_word(b, rng, d)
+    targets = [t for t in dirs(b) if t != posixpath.dirname(f) and not b.env._exists(t + "/" + posixpath.basename(f))]
+    if not targets:
+        raise GenerationError(f"nowhere to move {f}")
+    t = rng.choice(targets)
+    b.user(rng.choice([f"Move the file in {d} that mentions '{word}' into {t}.", f"Somewhere in {d} a file talks about '{word}'; put it in {t}."]))
+    b.call("grep", text=word, path=d, check_keys=("text",))
+    o = b.call("mv", src=f, dst=t, check_keys=("src",))
+    b.reply(f"Moved {f} to {o['to']}.")
+    plausible(b, rng, OOD_FILE_NAMES)
+    return b
+
+
+@FILES.template("ood_append_file", ood=True)
+def _ood_append_file(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(FilesEnv, world(rng, ood=True), rng)
+    p1, p2 = rng.sample(files(b), 2)
+    b.user(rng.choice([f"Append the text of {p1} to the end of {p2}.", f"Add everything in {p1} at the bottom of {p2}, keeping what {p2} has."]))
+    o1 = b.call("cat", path=p1)
+    o2 = b.call("cat", path=p2)
+    b.call("write_file", path=p2, content=o2["content"] + "\n" + o1["content"])
+    b.reply(f"Appended {p1} to {p2}.")
+    plausible(b, rng, OOD_FILE_NAMES)
+    return b
+
+
+@FILES.template("ood_save_into_missing_folder", ood=True)
+def _ood_save_into_missing_folder(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(FilesEnv, world(rng, ood=True), rng)
+    d = fresh_name(b, rng, "/", OOD_DIRS)
+    p = d + "/" + rng.choice(OOD_FILE_NAMES)
+    text = rng.choice(OOD_NEW_TEXT)
+    b.user(rng.choice([f"Save '{text}' as {p}.", f"Put the line '{text}' in the file {p}."]))
+    b.call("write_file", fails=True, path=p, content=text)
+    b.call("mkdir", path=d)
+    b.call("write_file", path=p, content=text)
+    b.reply(f"{d} did not exist, so I created it and saved {p}.")
+    plausible(b, rng, OOD_FILE_NAMES)
+    return b
+
+
+@FILES.template("ood_list_missing_folder", ood=True)
+def _ood_list_missing_folder(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(FilesEnv, world(rng, ood=True), rng)
+    d = fresh_name(b, rng, "/", OOD_DIRS)
+    b.user(f"What is in {d}? If there is no such folder, list / instead.")
+    b.call("ls", fails=True, path=d)
+    o = b.call("ls", path="/")
+    names = [e.rstrip("/") for e in o["entries"]]
+    b.reply(f"There is no {d}; / contains: {', '.join(names)}.", expect=names)
+    plausible(b, rng, OOD_FILE_NAMES)
+    return b
+
+
+@FILES.template("ood_delete_two", ood=True)
+def _ood_delete_two(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(FilesEnv, world(rng, ood=True), rng)
+    p1, p2 = rng.sample(files(b), 2)
+    b.user(rng.choice([f"Remove {p1} and {p2}.", f"I am done with {p1} and {p2}; delete them."]))
+    b.call("rm", path=p1)
+    b.call("rm", path=p2)
+    b.reply(f"Deleted {p1} and {p2}.")
+    plausible(b, rng, OOD_FILE_NAMES)
+    return b
+
+
+@FILES.template("ood_rename_then_read", ood=True)
+def _ood_rename_then_read(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(FilesEnv, world(rng, ood=True), rng)
+    src = rng.choice(files(b))
+    dst = fresh_name(b, rng, posixpath.dirname(src), OOD_FILE_NAMES)
+    b.user(f"Give {src} the new name {dst}.")
+    b.call("mv", src=src, dst=dst)
+    b.reply(f"{src} is now {dst}.")
+    b.user(f"And what does {dst} contain?")
+    o = b.call("cat", path=dst)
+    lines = o["content"].split("\n")
+    b.reply(f"{dst} says: {'; '.join(lines)}.", expect=lines)
+    plausible(b, rng, OOD_FILE_NAMES)
     return b

@@ -3,6 +3,10 @@
 State: ``{"catalog": {product_id: {"name", "price_cents", "stock"}}, "orders": {order_id: {"product_id",
 "quantity", "total_cents", "status"}}, "next_order": int}``. Statuses: pending -> shipped -> delivered, or
 cancelled (from pending, restocks), or refunded (from delivered).
+
+Splits: train/test catalogs draw product names from :data:`PRODUCTS` with the in-distribution templates; ``ood``
+catalogs draw them from :data:`OOD_PRODUCTS` with the ``ood_*`` templates (cheaper of two, reorder what an order
+held, refund by product, cancel else refund, order what is left, cancel two, status then refund).
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import random
 from typing import Any
 
 from ..base import ToolError
-from .common import Domain, TaskBuilder, ToolEnv, money, tool
+from .common import Domain, GenerationError, TaskBuilder, ToolEnv, money, tool
 
 ORDER_ID = {"type": "string", "description": "e.g. O-1001"}
 STATUSES = ["pending", "shipped", "delivered", "cancelled", "refunded"]
@@ -88,8 +92,6 @@ class ShopEnv(ToolEnv):
         return {"catalog": self.state()["catalog"], "orders": old, "new_orders": [list(x) for x in new]}
 
 
-SHOP = Domain(ShopEnv)
-
 # ----------------------------------------------------------------------------------------------- world
 
 PRODUCTS = [
@@ -97,11 +99,25 @@ PRODUCTS = [
     "pencil set", "yoga mat", "coffee beans", "tea kettle", "wall clock", "mouse pad", "sun hat", "rain jacket",
     "candle", "plant pot", "bike light", "board game",
 ]
+# held out: only the ood split's catalogs use these (no word in common with PRODUCTS, none inside another)
+OOD_PRODUCTS = [
+    "saucepan", "floor rug", "hdmi adapter", "sketchbook", "thermos", "earbuds", "laptop stand", "tote bag",
+    "crayon box", "jump rope", "cocoa powder", "wok", "wind chime", "stapler", "beanie", "umbrella", "incense",
+    "seed packet", "scarf", "puzzle",
+]
 
 
-def world(rng: random.Random, statuses: tuple[str, ...] = ()) -> dict[str, Any]:
+def entities(config: dict[str, Any]) -> set[str]:
+    """Product names of an initial state's catalog."""
+    return {p["name"] for p in config["catalog"].values()}
+
+
+SHOP = Domain(ShopEnv, pools={"products": (PRODUCTS, OOD_PRODUCTS)}, entities=entities)
+
+
+def world(rng: random.Random, statuses: tuple[str, ...] = (), pool: list[str] = PRODUCTS) -> dict[str, Any]:
     """4-6 products and 2-4 earlier orders; ``statuses`` are guaranteed among the orders' statuses."""
-    names = rng.sample(PRODUCTS, rng.randint(4, 6))
+    names = rng.sample(pool, rng.randint(4, 6))
     ids = rng.sample(range(100, 1000), len(names))
     catalog = {f"P-{i}": {"name": n, "price_cents": rng.randrange(3, 120) * 100 + rng.choice([0, 50, 99]), "stock": rng.randint(2, 15)} for i, n in zip(ids, names)}
     pids = sorted(catalog)
@@ -113,6 +129,11 @@ def world(rng: random.Random, statuses: tuple[str, ...] = ()) -> dict[str, Any]:
         pid, q = rng.choice(pids), rng.randint(1, 3)
         orders[f"O-{start + k}"] = {"product_id": pid, "quantity": q, "total_cents": catalog[pid]["price_cents"] * q, "status": st}
     return {"catalog": catalog, "orders": orders, "next_order": start + len(want)}
+
+
+def ood_world(rng: random.Random, statuses: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A world of the ood split: a catalog of held-out product names."""
+    return world(rng, statuses, pool=OOD_PRODUCTS)
 
 
 def products(b: TaskBuilder) -> list[str]:
@@ -320,5 +341,117 @@ def _replace_order(rng: random.Random) -> TaskBuilder:
     b.user(f"And what's the status of {oid} now?")
     b.call("get_order", order_id=oid)
     b.reply(f"Order {oid} is cancelled.", expect=["cancelled"])
+    plausible(b, rng)
+    return b
+
+
+# ----------------------------------------------------------------------------------------------- ood templates
+# Held out for the ood split (ood=True): other task structures and phrasings, on catalogs of held-out names.
+
+
+def price(b: TaskBuilder, pid: str) -> str:
+    return money(b.env.s["catalog"][pid]["price_cents"])
+
+
+@SHOP.template("ood_cheaper_of_two", ood=True)
+def _ood_cheaper_of_two(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, ood_world(rng), rng)
+    p1, p2 = rng.sample(products(b), 2)
+    c1, c2 = b.env.s["catalog"][p1]["price_cents"], b.env.s["catalog"][p2]["price_cents"]
+    if c1 == c2:
+        raise GenerationError("both products cost the same")
+    n1, n2 = name(b, p1), name(b, p2)
+    b.user(rng.choice([f"Which is cheaper, the {n1} or the {n2}?", f"Between a {n1} and a {n2}, which costs less?"]))
+    b.call("search_products", query=n1, check_keys=())
+    b.call("search_products", query=n2, check_keys=())
+    cheap, dear = (p1, p2) if c1 < c2 else (p2, p1)
+    b.reply(f"The {name(b, cheap)} is cheaper: ${price(b, cheap)} against ${price(b, dear)}.", expect=[price(b, cheap)])
+    plausible(b, rng)
+    return b
+
+
+@SHOP.template("ood_reorder_same", ood=True)
+def _ood_reorder_same(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, ood_world(rng), rng)
+    oid = rng.choice(sorted(b.env.s["orders"]))
+    pid = b.env.s["orders"][oid]["product_id"]
+    q = rng.randint(1, min(3, b.env.s["catalog"][pid]["stock"]))
+    b.user(rng.choice([f"Order {q} more of whatever I bought in order {oid}.", f"I liked what came in {oid}; buy {q} more of that product."]))
+    o = b.call("get_order", order_id=oid)
+    b.call("search_products", query=o["product"], check_keys=())
+    o2 = b.call("place_order", product_id=pid, quantity=q)
+    b.reply(f"Order {oid} was {o['product']}; I ordered {q} more (order {o2['order_id']}, ${o2['total']}).", expect=[o2["order_id"]])
+    plausible(b, rng)
+    return b
+
+
+@SHOP.template("ood_refund_by_product", ood=True)
+def _ood_refund_by_product(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, ood_world(rng, statuses=("delivered",)), rng)
+    delivered = orders_with(b, "delivered")
+    by_product: dict[str, list[str]] = {}
+    for oid in delivered:
+        by_product.setdefault(b.env.s["orders"][oid]["product_id"], []).append(oid)
+    single = sorted(ids[0] for ids in by_product.values() if len(ids) == 1)
+    if not single:
+        raise GenerationError("every delivered product came in two orders")
+    oid = rng.choice(single)
+    n = name(b, b.env.s["orders"][oid]["product_id"])
+    b.user(rng.choice([f"The {n} I received is broken. Please refund that order.", f"My delivered {n} does not work; get me my money back for it."]))
+    b.call("list_orders", status="delivered", check_keys=())
+    o = b.call("request_refund", order_id=oid)
+    b.reply(f"Refunded order {oid} ({n}): ${o['refund']}.", expect=[o["refund"]])
+    plausible(b, rng)
+    return b
+
+
+@SHOP.template("ood_cancel_else_refund", ood=True)
+def _ood_cancel_else_refund(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, ood_world(rng, statuses=("delivered",)), rng)
+    oid = rng.choice(orders_with(b, "delivered"))
+    b.user(f"Cancel order {oid}. If it is too late for that, refund it instead.")
+    b.call("cancel_order", fails=True, order_id=oid)
+    o = b.call("request_refund", order_id=oid)
+    b.reply(f"Order {oid} was already delivered, so I refunded it: ${o['refund']}.", expect=[o["refund"]])
+    plausible(b, rng)
+    return b
+
+
+@SHOP.template("ood_order_what_is_left", ood=True)
+def _ood_order_what_is_left(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, ood_world(rng), rng)
+    pid = rng.choice(products(b))
+    stock = b.env.s["catalog"][pid]["stock"]
+    q = stock + rng.randint(1, 5)
+    b.user(f"Order {q} of product {pid}. If you do not have that many, order all you have.")
+    b.call("place_order", fails=True, product_id=pid, quantity=q)
+    o = b.call("place_order", product_id=pid, quantity=stock)
+    b.reply(f"Only {stock} {name(b, pid)} were in stock, so I ordered all {stock} (order {o['order_id']}).", expect=[o["order_id"]])
+    plausible(b, rng)
+    return b
+
+
+@SHOP.template("ood_cancel_two", ood=True)
+def _ood_cancel_two(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, ood_world(rng, statuses=("pending", "pending")), rng)
+    o1, o2 = rng.sample(orders_with(b, "pending"), 2)
+    b.user(rng.choice([f"Cancel {o1} and {o2}, please.", f"I do not need orders {o1} and {o2} any more; cancel both."]))
+    b.call("cancel_order", order_id=o1)
+    b.call("cancel_order", order_id=o2)
+    b.reply(f"Orders {o1} and {o2} are cancelled.")
+    plausible(b, rng)
+    return b
+
+
+@SHOP.template("ood_status_then_refund", ood=True)
+def _ood_status_then_refund(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, ood_world(rng, statuses=("delivered",)), rng)
+    oid = rng.choice(orders_with(b, "delivered"))
+    b.user(f"Has order {oid} arrived?")
+    o = b.call("get_order", order_id=oid)
+    b.reply(f"Yes, order {oid} ({o['product']}) was delivered.", expect=["delivered"])
+    b.user("It came damaged. Refund it, please.")
+    o2 = b.call("request_refund", order_id=oid)
+    b.reply(f"Order {oid} is refunded: ${o2['refund']}.", expect=[o2["refund"]])
     plausible(b, rng)
     return b
