@@ -16,6 +16,7 @@ import yaml
 
 from .backends.base import SamplingParams
 from .registry import Registry
+from .rewards import JUDGE_MAX_NEW_TOKENS
 from .rollout import RolloutConfig
 
 
@@ -91,6 +92,15 @@ class TrainConfig:
     simulator_model: str | None = None
     """Frozen model for the simulator variant (None: the initial model ``model``, loaded fresh, also on resume; an
     http(s)://.../v1 URL: a model served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""
+    judge: str | None = None
+    """The LLM judge of the ``checklist_judge`` reward: "policy" (the policy being trained, through its rollout
+    engine), a local model (name or folder, loaded frozen), or an http(s)://.../v1 URL of an OpenAI-compatible
+    server. None: no judge (``checklist_judge`` is then a configuration error). A failed or unparsable verdict
+    leaves the trajectory unscored: masked out of the update and counted in ``reward/unscored``."""
+    judge_temperature: float = 0.0
+    """Sampling temperature of the judge (0: greedy)."""
+    judge_max_new_tokens: int = JUDGE_MAX_NEW_TOKENS
+    """Most tokens of one verdict (a verdict cut short is unparsable, hence unscored)."""
     device: str = "cpu"
     """Device of a single-process run (cpu, cuda, cuda:1); under torchrun / accelerate launch each process takes its own."""
     rollout_backend: str = "hf"

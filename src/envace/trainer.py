@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import algos
-from .backends.base import BACKENDS, Backend
+from .backends.base import BACKENDS, Backend, SamplingParams
 from .backends.hf import HFBackend
 from .checkpoint import latest_checkpoint, load_rng, load_state
 from .config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, to_dict
@@ -37,7 +37,7 @@ from .distributed import Dist, SilentLogger, init_distributed
 from .envs import load_tasks
 from .logging import MetricsLogger, truncate_jsonl
 from .models import context_length, load, model_path
-from .rewards import RewardContext, make_reward
+from .rewards import RewardContext, make_reward, parse_reward_spec
 from .rollout import RolloutEngine
 from .types import Row, Trajectory, write_jsonl
 from .update import optimizer_step, recompute_old_logprobs
@@ -164,7 +164,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     tasks = load_tasks(cfg.suite, "train", n=n_tasks, seed=cfg.seed)
     tasks_by_id = {t.id: t for t in tasks}
     order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
-    reward_fn, ctx = make_reward(cfg.reward), RewardContext()
+    reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, backend, dist)
     start = 0
     if ckpt:
         state = load_state(ckpt)
@@ -329,6 +329,40 @@ def _simulator(cfg: TrainConfig, initial: Callable[[], tuple[Any, Any]], dist: D
         return HTTPBackend(cfg.simulator_model)
     sim_model, sim_tok = _load_frozen(cfg.simulator_model, dist) if cfg.simulator_model else initial()
     return HFBackend(sim_model, sim_tok, bf16=rollout_bf16(cfg))
+
+
+def _served_judge(cfg: TrainConfig, policy: Backend, dist: Dist) -> Backend:
+    from .backends.http import HTTPBackend
+
+    return HTTPBackend(cfg.judge)
+
+
+# kind of TrainConfig.judge -> fn(cfg, the policy's rollout engine, dist) -> the judge backend
+JUDGES: dict[str, Callable[[TrainConfig, Backend, Dist], Backend]] = {
+    "policy": lambda cfg, policy, dist: policy,  # the model being trained judges (its current weights)
+    "served": _served_judge,
+    "local": lambda cfg, policy, dist: HFBackend(*_load_frozen(cfg.judge, dist), bf16=rollout_bf16(cfg)),
+}
+
+
+def judge_kind(judge: str) -> str:
+    """Which entry of :data:`JUDGES` builds the judge named ``judge`` (see TrainConfig.judge)."""
+    return "policy" if judge == "policy" else "served" if judge.startswith(("http://", "https://")) else "local"
+
+
+def judge_backend(cfg: TrainConfig, policy: Backend, dist: Dist) -> Backend | None:
+    """The judge that ``cfg.judge`` names: the policy's own rollout engine, a served model (http(s) URL) or a local
+    model loaded frozen; None without one."""
+    return None if cfg.judge is None else JUDGES[judge_kind(cfg.judge)](cfg, policy, dist)
+
+
+def reward_context(cfg: TrainConfig, policy: Backend, dist: Dist) -> RewardContext:
+    """What the rewards get besides task and trajectory: the judge, where ``cfg.judge`` names one. A reward spec
+    with ``checklist_judge`` and no judge is a configuration error, raised before any rollout."""
+    if cfg.judge is None and "checklist_judge" in parse_reward_spec(cfg.reward):
+        raise ValueError("reward 'checklist_judge' needs a judge: set judge to policy, a local model or an http(s)://.../v1 URL (e.g. --set judge=policy)")
+    judge = judge_backend(cfg, policy, dist)
+    return RewardContext(judge=judge, judge_params=SamplingParams(temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens) if judge else None)
 
 
 def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:
