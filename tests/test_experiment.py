@@ -263,7 +263,7 @@ def test_a_rerun_with_the_same_config_skips_finished_arms_and_another_config_is_
     res = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}"]))
     assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
     assert res.results["runs"] == before and os.path.exists(res.report["html"])
-    with pytest.raises(ValueError, match="another config"):
+    with pytest.raises(ValueError, match=r"another config \(iterations: 1 -> 2\)"):  # names the field
         run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}", "iterations=2"]))
 
 

@@ -6,6 +6,7 @@ the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewi
 from __future__ import annotations
 
 import dataclasses
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import yaml
 from .backends.base import SamplingParams
 from .precision import bf16_setting
 from .registry import Registry
+from .rewards import JUDGE_MAX_NEW_TOKENS
 from .rollout import RolloutConfig
 
 
@@ -35,6 +37,15 @@ VARIANTS.add("simulator", Variant("simulator", ("act",), "external frozen simula
 VARIANTS.add("per_role", Variant("per_role", ("act", "rehearse"), "two models, one per role, each trained on its own rows"))
 VARIANTS.add("caller_frozen", Variant("rehearsal", ("rehearse",), "rehearsal rollouts, only Rehearse trained"))
 VARIANTS.add("caller_only", Variant("rehearsal", ("act",), "rehearsal rollouts, Rehearse not trained"))
+
+
+RESUME_POLICIES = ("auto", "force", "never")
+
+RESUMABLE_FIELDS = frozenset({"iterations", "save_every", "keep_checkpoints", "tensorboard", "progress", "rollout.progress", "out_dir", "device", "resume"})
+"""TrainConfig fields that may differ between a checkpoint's run and the run that resumes it: ``iterations`` (to
+extend a run, or end it earlier), how often and how many checkpoints are kept, logging and progress display,
+where ``out_dir`` is spelled, and the device (a run resumes on any device and process count). Every other field
+changes what the remaining iterations compute, so ``resume: auto`` refuses a difference in it."""
 
 
 @dataclass
@@ -82,8 +93,17 @@ class TrainConfig:
     with AVX-512-BF16), prefill under bf16 autocast. The sampler's log-probs then differ from a float32 trainer's by ~0.014 nats per token on average
     (docs/benchmarks.md), so ``recompute_old_logprobs`` is on by default when the update runs in float32."""
     simulator_model: str | None = None
-    """Frozen model for the simulator variant (None: the initial policy weights; an http(s)://.../v1 URL: a model
-    served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""
+    """Frozen model for the simulator variant (None: the initial model ``model``, loaded fresh, also on resume; an
+    http(s)://.../v1 URL: a model served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""
+    judge: str | None = None
+    """The LLM judge of the ``checklist_judge`` reward: "policy" (the policy being trained, through its rollout
+    engine), a local model (name or folder, loaded frozen), or an http(s)://.../v1 URL of an OpenAI-compatible
+    server. None: no judge (``checklist_judge`` is then a configuration error). A failed or unparsable verdict
+    leaves the trajectory unscored: masked out of the update and counted in ``reward/unscored``."""
+    judge_temperature: float = 0.0
+    """Sampling temperature of the judge (0: greedy)."""
+    judge_max_new_tokens: int = JUDGE_MAX_NEW_TOKENS
+    """Most tokens of one verdict (a verdict cut short is unparsable, hence unscored)."""
     device: str = "cpu"
     """Device of a single-process run (cpu, cuda, cuda:1); under torchrun / accelerate launch each process takes its own."""
     rollout_backend: str = "hf"
@@ -104,6 +124,10 @@ class TrainConfig:
     seed: int = 0
     tensorboard: bool = True
     progress: bool = True
+    resume: str = "auto"
+    """What to do with a checkpoint already in ``out_dir``: "auto" resumes it when its saved config equals this one
+    but for :data:`RESUMABLE_FIELDS` (else an error naming the differing fields), "force" resumes it whatever
+    differs (the differences are printed), "never" refuses to run in an ``out_dir`` that holds a checkpoint."""
 
     def __post_init__(self) -> None:
         from .algos import ADVANTAGES, AGGREGATIONS
@@ -120,6 +144,8 @@ class TrainConfig:
             self.rollout_bf16 = bf16_setting(self.rollout_bf16, "TrainConfig.rollout_bf16")
         if self.iterations < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("iterations >= 0, batch_tasks >= 1 and lr > 0 are required")
+        if self.resume not in RESUME_POLICIES:
+            raise ValueError(f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}")
 
     @property
     def train_roles(self) -> tuple[str, ...]:
@@ -225,6 +251,34 @@ def _type_ok(tp: Any, value: Any) -> bool:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], ignore: typing.Collection[str] = ()) -> list[tuple[str, Any, Any]]:
+    """The fields in which two config dicts (:func:`to_dict`, or its JSON as saved) differ: ``(dotted name, old,
+    new)``, nested configs compared field by field, values compared as JSON (a tuple equals the list it was saved
+    as). A field absent on one side is ``"<absent>"`` there. ``ignore`` holds dotted names to leave out."""
+    old, new = (json.loads(json.dumps(d, default=str)) for d in (old, new))
+    out: list[tuple[str, Any, Any]] = []
+
+    def walk(a: Any, b: Any, prefix: str) -> None:
+        for k in sorted(set(a) | set(b), key=str):
+            name = f"{prefix}{k}"
+            if name in ignore:
+                continue
+            x, y = a.get(k, "<absent>"), b.get(k, "<absent>")
+            if isinstance(x, dict) and isinstance(y, dict):
+                walk(x, y, name + ".")
+            elif x != y:
+                out.append((name, x, y))
+
+    walk(old, new, "")
+    return out
+
+
+def describe_diff(diff: list[tuple[str, Any, Any]], limit: int = 60) -> str:
+    """``name: old -> new`` for each difference, on one line (long values cut to ``limit`` characters)."""
+    cut = lambda v: (r if len(r := repr(v)) <= limit else r[: limit - 3] + "...")  # noqa: E731
+    return "; ".join(f"{name}: {cut(a)} -> {cut(b)}" for name, a, b in diff)
 
 
 def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .backends.base import SamplingParams
-from .config import SFTConfig, TrainConfig, VARIANTS, from_dict, load_config, to_dict
+from .config import SFTConfig, TrainConfig, VARIANTS, config_diff, describe_diff, from_dict, load_config, to_dict
 from .registry import Registry
 from .rollout import RolloutConfig
 
@@ -294,10 +294,9 @@ def _write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def _comparable(conf: dict[str, Any]) -> Any:
-    """The config as JSON, without the fields that do not change any one (arm, seed) result: seeds may be added
-    (or reported as a subset) by a rerun in the same out_dir."""
-    return json.loads(json.dumps({k: v for k, v in conf.items() if k not in ("progress", "resume", "out_dir", "seeds")}, default=str))
+RESUMABLE = ("progress", "resume", "out_dir", "seeds")
+"""Fields that do not change any one (arm, seed) result: seeds may be added (or reported as a subset) by a rerun
+in the same out_dir."""
 
 
 def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
@@ -315,8 +314,8 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
     elif os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             old = json.load(f)
-        if _comparable(old.get("config", {})) != _comparable(conf):
-            raise ValueError(f"{cfg.out_dir} holds an experiment with another config; choose another out_dir, or set resume=false to start over there")
+        if diff := config_diff(old.get("config", {}), conf, ignore=RESUMABLE):
+            raise ValueError(f"{cfg.out_dir} holds an experiment with another config ({describe_diff(diff)}); choose another out_dir, or set resume=false to start over there")
         results["runs"] = old.get("runs", {})
     t0 = time.perf_counter()
     total = len(cfg.seeds) * len(cfg.arms)

@@ -14,29 +14,31 @@ With ``rollout_backend: vllm`` a separate engine generates and gets the weights 
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import importlib
 import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from . import algos
-from .backends.base import BACKENDS, Backend
+from .backends.base import BACKENDS, Backend, SamplingParams
 from .backends.hf import HFBackend
 from .checkpoint import latest_checkpoint, load_rng, load_state
-from .config import TrainConfig, to_dict
+from .config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, to_dict
 from .distributed import Dist, SilentLogger, init_distributed
 from .envs import load_tasks
 from .logging import MetricsLogger, truncate_jsonl
 from .models import context_length, load, model_path
 from .precision import use_bf16
-from .rewards import RewardContext, make_reward
+from .rewards import RewardContext, make_reward, parse_reward_spec
 from .rollout import RolloutEngine
 from .types import Row, Trajectory, write_jsonl
 from .update import optimizer_step, recompute_old_logprobs
@@ -138,6 +140,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     os.makedirs(cfg.out_dir, exist_ok=True)
     ckpt_root = os.path.join(cfg.out_dir, "checkpoints")
     ckpt = latest_checkpoint(ckpt_root)
+    if ckpt:
+        check_resume(cfg, ckpt)
     seed_everything(cfg.seed)
     # -- models: the policy, plus a second Rehearse model (per_role) or a frozen simulator ------------------
     lora = cfg.lora_r > 0
@@ -146,11 +150,10 @@ def train(cfg: TrainConfig) -> TrainResult:
     _check_model_context(policy, tok, cfg)
     if cfg.variant == "per_role":
         models["rehearser"] = build_model(os.path.join(ckpt, "rehearser") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "rehearser") if (ckpt and lora) else None)[0]
-    ref_model = dist.place(copy.deepcopy(policy).eval()) if cfg.kl_coef > 0 else None
-    simulator = _simulator(cfg, policy, tok, dist) if cfg.variant == "simulator" else None
     optimizers = {name: make_optimizer(m, cfg.lr, cfg.weight_decay) for name, m in models.items()}
     for name in models:  # placed on this process's device; wrapped (DDP/FSDP) under a launcher
         models[name], optimizers[name] = dist.prepare(models[name], optimizers[name])
+    ref_model, simulator = frozen_models(cfg, dist.unwrap(models["policy"]), dist)  # the initial model, also on resume
     engines = {name: rollout_backend(cfg, dist.unwrap(m), tok, dist) for name, m in models.items()}
     for name, engine in engines.items():  # a separate engine (vllm) starts from the trainer's weights (resume, LoRA)
         engine.sync_weights(dist.weights(models[name]))
@@ -162,7 +165,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     tasks = load_tasks(cfg.suite, "train", n=n_tasks, seed=cfg.seed)
     tasks_by_id = {t.id: t for t in tasks}
     order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
-    reward_fn, ctx = make_reward(cfg.reward), RewardContext()
+    reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, backend, dist)
     start = 0
     if ckpt:
         state = load_state(ckpt)
@@ -259,15 +262,115 @@ def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backe
     return BACKENDS.get(cfg.rollout_backend)(model=str(model_path(cfg.model)), tokenizer=tok, **cfg.rollout_backend_options)
 
 
-def _simulator(cfg: TrainConfig, policy: Any, tok: Any, dist: Dist) -> Backend:
+def check_resume(cfg: TrainConfig, ckpt: str) -> None:
+    """Refuse to resume checkpoint ``ckpt`` of a run configured otherwise (``resume: auto``) -- fields of
+    RESUMABLE_FIELDS may differ -- or at all (``resume: never``); ``resume: force`` resumes and prints the
+    differences. A field the saved config lacks (a run of an older version) counts as its default."""
+    state = load_state(ckpt)
+    if cfg.resume == "never":
+        raise ValueError(f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh")
+    saved = _with_defaults(state.get("config") or {}, to_dict(TrainConfig()))
+    diff = config_diff(saved, to_dict(cfg), ignore=RESUMABLE_FIELDS)
+    if not diff:
+        return
+    if cfg.resume == "force":
+        print(f"[train] resume=force: resuming step {state['step']} of {cfg.out_dir} despite: {describe_diff(diff)}", flush=True)
+        return
+    raise ValueError(
+        f"{cfg.out_dir} holds a checkpoint (step {state['step']}) of a run with another config ({describe_diff(diff)}); "
+        f"to start fresh use another out_dir or delete {os.path.dirname(ckpt)}; to resume it anyway set resume=force (--set resume=force)"
+    )
+
+
+def _with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the fields it lacks (nested ones too) filled from ``defaults``."""
+    out = dict(defaults) | saved
+    for k, v in defaults.items():
+        if isinstance(v, dict) and isinstance(saved.get(k), dict) and v:
+            out[k] = _with_defaults(saved[k], v)
+    return out
+
+
+class Reference:
+    """The KL reference: log-probs of the initial model ``cfg.model``, whatever checkpoint the policy resumed from.
+
+    Full fine-tuning: a frozen copy of ``cfg.model`` loaded fresh from its files. LoRA: the policy itself with its
+    adapters disabled. That is exact -- LoRA never changes the base weights (frozen, outside the optimizer, no
+    dropout) and a disabled LoRA layer returns its base layer's output unchanged, and a resumed LoRA policy is
+    ``cfg.model`` plus the saved adapter -- and cheap: no second copy of the model in memory."""
+
+    def __init__(self, model: Any, adapters_off: bool = False):
+        self.model, self.adapters_off = model, adapters_off
+
+    def logprobs(self, packs: list[Any], rows: list[Row], temps: dict[str, float]) -> dict[int, torch.Tensor]:
+        from .update import completion_logprobs
+
+        off = self.model.disable_adapter() if self.adapters_off else contextlib.nullcontext()
+        with torch.no_grad(), off:
+            return completion_logprobs(self.model, packs, rows, temps)
+
+
+def frozen_models(cfg: TrainConfig, policy: Any, dist: Dist) -> tuple[Reference | None, Backend | None]:
+    """The KL reference (``kl_coef > 0``) and the frozen simulator (``variant: simulator``). Both are the initial
+    model ``cfg.model`` -- never a copy of ``policy``, which after a resume is partly trained; one fresh load of
+    it serves both. ``policy``: the (unwrapped) policy, the LoRA reference."""
+    initial = functools.cache(lambda: _load_frozen(cfg.model, dist))
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = Reference(policy, adapters_off=True) if cfg.lora_r > 0 else Reference(initial()[0])
+    return ref, (_simulator(cfg, initial, dist) if cfg.variant == "simulator" else None)
+
+
+def _load_frozen(name: str, dist: Dist) -> tuple[Any, Any]:
+    """A model loaded fresh, in eval mode, without gradients, on this process's device: (model, tokenizer)."""
+    model, tok = load(name)
+    model.requires_grad_(False)
+    return dist.place(model.eval()), tok
+
+
+def _simulator(cfg: TrainConfig, initial: Callable[[], tuple[Any, Any]], dist: Dist) -> Backend:
     """The frozen simulator of the simulator variant: a served model (an http(s) URL of an OpenAI-compatible
-    server), a local model, or (None) a frozen copy of the initial policy."""
+    server), a local model, or (None) the initial model (``initial()``: ``cfg.model`` loaded fresh)."""
     if cfg.simulator_model and cfg.simulator_model.startswith(("http://", "https://")):
         from .backends.http import HTTPBackend
 
         return HTTPBackend(cfg.simulator_model)
-    sim_model, sim_tok = load(cfg.simulator_model) if cfg.simulator_model else (copy.deepcopy(policy).eval(), tok)
-    return HFBackend(dist.place(sim_model), sim_tok, bf16=rollout_bf16(cfg, dist.device))
+    sim_model, sim_tok = _load_frozen(cfg.simulator_model, dist) if cfg.simulator_model else initial()
+    return HFBackend(sim_model, sim_tok, bf16=rollout_bf16(cfg, dist.device))
+
+
+def _served_judge(cfg: TrainConfig, policy: Backend, dist: Dist) -> Backend:
+    from .backends.http import HTTPBackend
+
+    return HTTPBackend(cfg.judge)
+
+
+# kind of TrainConfig.judge -> fn(cfg, the policy's rollout engine, dist) -> the judge backend
+JUDGES: dict[str, Callable[[TrainConfig, Backend, Dist], Backend]] = {
+    "policy": lambda cfg, policy, dist: policy,  # the model being trained judges (its current weights)
+    "served": _served_judge,
+    "local": lambda cfg, policy, dist: HFBackend(*_load_frozen(cfg.judge, dist), bf16=rollout_bf16(cfg, dist.device)),
+}
+
+
+def judge_kind(judge: str) -> str:
+    """Which entry of :data:`JUDGES` builds the judge named ``judge`` (see TrainConfig.judge)."""
+    return "policy" if judge == "policy" else "served" if judge.startswith(("http://", "https://")) else "local"
+
+
+def judge_backend(cfg: TrainConfig, policy: Backend, dist: Dist) -> Backend | None:
+    """The judge that ``cfg.judge`` names: the policy's own rollout engine, a served model (http(s) URL) or a local
+    model loaded frozen; None without one."""
+    return None if cfg.judge is None else JUDGES[judge_kind(cfg.judge)](cfg, policy, dist)
+
+
+def reward_context(cfg: TrainConfig, policy: Backend, dist: Dist) -> RewardContext:
+    """What the rewards get besides task and trajectory: the judge, where ``cfg.judge`` names one. A reward spec
+    with ``checklist_judge`` and no judge is a configuration error, raised before any rollout."""
+    if cfg.judge is None and "checklist_judge" in parse_reward_spec(cfg.reward):
+        raise ValueError("reward 'checklist_judge' needs a judge: set judge to policy, a local model or an http(s)://.../v1 URL (e.g. --set judge=policy)")
+    judge = judge_backend(cfg, policy, dist)
+    return RewardContext(judge=judge, judge_params=SamplingParams(temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens) if judge else None)
 
 
 def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:
@@ -292,9 +395,9 @@ def _check_context(trajs: list[Trajectory], cfg: TrainConfig) -> None:
         )
 
 
-def _grpo_loss(model: Any, rows: list[Row], adv: torch.Tensor, cfg: TrainConfig, ref_model: Any, temps: dict[str, float]):
+def _grpo_loss(model: Any, rows: list[Row], adv: torch.Tensor, cfg: TrainConfig, ref_model: Reference | None, temps: dict[str, float]):
     """The loss of one micro-batch: clipped surrogate (+ optional k3 KL to the reference)."""
-    from .update import completion_logprobs, pack_rows, pad_rows
+    from .update import pack_rows, pad_rows
 
     def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
         old, _ = pad_rows([torch.tensor(rows[i].old_logprobs, dtype=torch.float32, device=logp.device) for i in idxs])  # (n, T)
@@ -302,8 +405,7 @@ def _grpo_loss(model: Any, rows: list[Row], adv: torch.Tensor, cfg: TrainConfig,
         loss, m = algos.policy_loss(logp, old, a, mask, clip_eps=cfg.clip_eps, agg=cfg.loss_agg, normalizer=normalizer)
         if ref_model is not None and cfg.kl_coef > 0:
             sub = [rows[i] for i in idxs]
-            with torch.no_grad():
-                ref_lp = completion_logprobs(ref_model, pack_rows(sub), sub, temps)
+            ref_lp = ref_model.logprobs(pack_rows(sub), sub, temps)
             ref, _ = pad_rows([ref_lp[j] for j in range(len(sub))])
             kl = algos.aggregate(algos.kl_k3(logp, ref), mask, cfg.loss_agg, normalizer)
             loss = loss + cfg.kl_coef * kl

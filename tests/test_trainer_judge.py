@@ -1,0 +1,92 @@
+"""`reward: checklist_judge` from `envace train`: the judge is a live `envace serve` (started here on 127.0.0.1),
+the policy itself, or a local model; a verdict the tiny random judge cannot give is unscored, masked and counted."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from envace.backends.base import SamplingParams
+from envace.config import TrainConfig, load_config
+from envace.logging import read_metrics
+from envace.rollout import RolloutConfig
+from envace.trainer import train
+
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+@pytest.fixture(scope="module")
+def judge_server(tmp_path_factory):
+    """``envace serve --model tiny-random --port 0 --verbose`` in a subprocess: (its /v1 URL, its request log)."""
+    log = tmp_path_factory.mktemp("serve") / "requests.log"
+    env = os.environ | {"PYTHONPATH": SRC}
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "serve", "--model", "tiny-random", "--port", "0", "--verbose"], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        try:
+            deadline, url = time.time() + 120, None
+            while time.time() < deadline and url is None:
+                line = proc.stdout.readline()
+                if not line and proc.poll() is not None:
+                    break
+                if "http://" in line:
+                    url = line.split(" at ")[1].split()[0]
+            assert url and url.startswith("http://127.0.0.1:"), "envace serve did not start"
+            yield url, log
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _cfg(out, **kw):
+    rc = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=8), rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]))
+    base = dict(model="tiny-random", suite="bank", iterations=1, batch_tasks=2, n_train_tasks=4, lr=1e-3, rollout=rc, out_dir=str(out), tensorboard=False,
+                progress=False, save_every=1, reward="checklist_judge", judge_max_new_tokens=24)
+    return TrainConfig(**(base | kw))
+
+
+def _judged(out) -> list[dict]:
+    """The checklist_judge info of every trajectory of the run."""
+    with open(os.path.join(out, "trajectories.jsonl")) as f:
+        recs = [json.loads(line) for line in f]
+    return [r["reward_info"]["checklist_judge"] for r in recs]
+
+
+def _check_masked_and_counted(out, n_trajs: int) -> list[dict]:
+    infos = _judged(out)
+    assert len(infos) == n_trajs
+    # every trajectory got an answer from the judge: a verdict, or text it could not parse (never a backend failure)
+    assert all("items" in i or isinstance(i.get("judge_raw"), str) for i in infos), infos
+    assert not any("BackendError" in i.get("judge_error", "") for i in infos)
+    m = read_metrics(str(out))[-1]
+    assert m["step"] == 1 and m["reward/unscored"] == sum("judge_error" in i for i in infos)
+    return infos
+
+
+def test_train_with_checklist_judge_behind_a_live_server(tmp_path, judge_server):
+    url, log = judge_server
+    before = log.read_text().count("POST /v1/chat/completions")
+    res = train(_cfg(tmp_path / "served", judge=url))
+    assert res.step == 1
+    infos = _check_masked_and_counted(res.out_dir, 4)
+    assert sum("judge_error" in i for i in infos) >= 1  # the tiny random judge cannot give a verdict: unscored, not a crash
+    assert log.read_text().count("POST /v1/chat/completions") - before == 4  # one verdict asked per trajectory
+
+
+@pytest.mark.parametrize("judge", ["policy", "tiny-random"])
+def test_train_with_checklist_judge_by_the_policy_or_a_local_model(tmp_path, judge):
+    res = train(_cfg(tmp_path / judge, judge=judge, batch_tasks=1))
+    assert res.step == 1
+    _check_masked_and_counted(res.out_dir, 2)
+
+
+def test_checklist_judge_without_a_judge_is_refused_before_any_rollout(tmp_path):
+    with pytest.raises(ValueError, match="needs a judge: set judge to policy"):
+        train(_cfg(tmp_path / "none", reward={"gold_f1": 0.5, "checklist_judge": 0.5}))
+    assert not os.path.exists(tmp_path / "none" / "trajectories.jsonl")
+
+
+def test_judge_settings_come_from_the_command_line():
+    cfg = load_config(TrainConfig, None, ["reward=checklist_judge", "judge=http://127.0.0.1:9/v1", "judge_max_new_tokens=64", "judge_temperature=0.5"])
+    assert (cfg.judge, cfg.judge_max_new_tokens, cfg.judge_temperature) == ("http://127.0.0.1:9/v1", 64, 0.5)
