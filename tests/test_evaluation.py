@@ -1,5 +1,5 @@
 """Evaluation harness: pass^k, tool / call F1 and the aggregate metrics by hand; a gold policy scores perfectly;
-test-time rehearsal is reached through the budget; checkpoint folders resolve; the CLI writes its JSON."""
+test-time rehearsal is reached through the budget; the CLI writes its JSON (run folders: test_run_models.py)."""
 import json
 import os
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks
-from envace.evaluation import evaluate, evaluate_at_budget, format_metrics, pass_hat_k, resolve_model, summarize, task_scores
+from envace.evaluation import evaluate, evaluate_at_budget, format_metrics, pass_hat_k, summarize, task_scores
 from envace.rollout import RolloutConfig
 from envace.sft import GoldTeacher
 from envace.types import Step, Task, ToolCall, Trajectory
@@ -96,19 +96,6 @@ def test_a_rehearsal_budget_runs_private_attempts_and_shows_the_memory_to_the_re
     assert any("Notes from private rehearsal" in p for p in be.prompts)
     with pytest.raises(ValueError):
         evaluate_at_budget(be, tasks, rollout=rc, n=-1)
-
-
-def test_resolve_model_finds_the_policy_of_a_checkpoint_or_a_run_folder(tmp_path):
-    ck = tmp_path / "run" / "checkpoints" / "step-000003"
-    for role in ("policy", "rehearser"):
-        (ck / role).mkdir(parents=True)
-        (ck / role / "config.json").write_text("{}")
-    (tmp_path / "run" / "checkpoints" / "latest").write_text("step-000003")
-    assert resolve_model(str(ck)) == str(ck / "policy")
-    assert resolve_model(str(ck), "rehearser") == str(ck / "rehearser")
-    assert resolve_model(str(tmp_path / "run")) == str(ck / "policy")
-    assert resolve_model(str(ck / "policy")) == str(ck / "policy")
-    assert resolve_model("tiny-random") == "tiny-random"
 
 
 def test_eval_cli_writes_metrics_and_per_task_json(tmp_path):

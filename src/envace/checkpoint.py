@@ -44,7 +44,7 @@ def save_checkpoint(root: str, step: int, models: dict[str, Any], optimizers: di
     tmp = tempfile.mkdtemp(prefix=f".tmp-step-{step:06d}-", dir=root)
     try:
         for name, model in models.items():
-            model.save_pretrained(os.path.join(tmp, name), safe_serialization=True)
+            model.save_pretrained(os.path.join(tmp, name), safe_serialization=True, **_save_options(model))
             if tokenizer is not None:
                 tokenizer.save_pretrained(os.path.join(tmp, name))
         torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, os.path.join(tmp, "optimizer.pt"))
@@ -74,6 +74,14 @@ def save_checkpoint(root: str, step: int, models: dict[str, Any], optimizers: di
     _fsync_dir(root)
     _prune(root, keep)
     return final
+
+
+def _save_options(model: Any) -> dict[str, Any]:
+    """Of a LoRA (PEFT) model: never save embedding layers. envace's adapters target linear layers only and never
+    resize the vocabulary; PEFT's default ("auto") would look the base model's name up on the Hugging Face hub
+    to decide, where the adapter names its base by a built-in name (envace.models)."""
+    inner = getattr(model, "model", None)  # distributed._SavedModel (FSDP) wraps the model it saves
+    return {"save_embedding_layers": False} if hasattr(model, "peft_config") or hasattr(inner, "peft_config") else {}
 
 
 def _hide(path: str) -> str:

@@ -21,6 +21,9 @@ import time
 from typing import Any
 
 
+MODEL_HELP = "model name, model folder, or training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter is merged into its base)"
+
+
 def _common_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted for nested: rollout.group_size=4)")
@@ -82,17 +85,16 @@ def cmd_fidelity(args: argparse.Namespace) -> int:
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
     from .envs import load_tasks
-    from .evaluation import resolve_model
     from .fidelity import measure_fidelity
-    from .models import load
+    from .models import load, resolve_model
     from .rollout import RolloutConfig, format_trajectory
 
-    policy = HFBackend(*load(resolve_model(args.model)))
+    policy = HFBackend(*load(args.model))
     extra: dict[str, Any] = {}
     if args.mode == "per_role":
         extra["rehearser"] = HFBackend(*load(resolve_model(args.rehearser or args.model, "rehearser")))
     if args.mode == "simulator":
-        extra["simulator"] = HFBackend(*load(resolve_model(args.simulator or args.model)))
+        extra["simulator"] = HFBackend(*load(args.simulator or args.model))
     tasks = load_tasks(args.suite, args.split, n=args.n, seed=args.seed)
     rc = RolloutConfig(mode=args.mode, group_size=args.k, max_steps=args.max_steps, seed=args.seed, validate_in_code=args.validate_in_code, reference_cache=args.reference_cache, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=args.max_new_tokens, stop=["</observation>"]))
     res = measure_fidelity(policy, tasks, rc, **extra)
@@ -120,7 +122,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
     from .envs import load_tasks
-    from .models import load
+    from .models import load, resolve_model
     from .rollout import RolloutConfig, RolloutEngine, format_trajectory
     from .types import write_jsonl
 
@@ -131,7 +133,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     if args.mode == "simulator":
         extra["simulator"] = HFBackend(*load(args.simulator or args.model))
     if args.mode == "per_role":
-        extra["rehearser"] = HFBackend(*load(args.rehearser or args.model))
+        extra["rehearser"] = HFBackend(*load(resolve_model(args.rehearser or args.model, "rehearser")))
     t0 = time.perf_counter()
     trajs = RolloutEngine(HFBackend(m, tok), cfg, **extra).run(tasks)
     dt = time.perf_counter() - t0
@@ -260,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(fn=cmd_train)
 
     e = sub.add_parser("eval", help="evaluate a model in the real environment (optionally after private test-time rehearsal)")
-    e.add_argument("--model", default="SmolLM2-135M-Instruct", help="model name, model folder, or training checkpoint / run folder")
+    e.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
     e.add_argument("--suite", default="builtin")
     e.add_argument("--split", default="test")
     e.add_argument("-n", type=int, default=20, help="tasks")
@@ -278,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(fn=cmd_eval)
 
     f = sub.add_parser("fidelity", help="rehearsal fidelity: rehearsed vs real observations on shadow rollouts")
-    f.add_argument("--model", default="SmolLM2-135M-Instruct", help="model name, model folder, or training checkpoint / run folder")
+    f.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
     f.add_argument("--suite", default="builtin")
     f.add_argument("--split", default="test")
     f.add_argument("-n", type=int, default=8, help="tasks")
@@ -300,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(fn=cmd_experiment)
 
     r = sub.add_parser("rollout", help="roll out one batch and write the trajectories as JSON lines")
-    r.add_argument("--model", default="SmolLM2-135M-Instruct")
+    r.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
     r.add_argument("--suite", default="builtin")
     r.add_argument("--split", default="train")
     r.add_argument("--mode", default="rehearsal")
@@ -317,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_rollout)
 
     h = sub.add_parser("rehearse", help="test-time scaling on one task: private rehearsal, memory, one real run")
-    h.add_argument("--model", default="SmolLM2-135M-Instruct")
+    h.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
     h.add_argument("--suite", default="builtin")
     h.add_argument("--split", default="test")
     h.add_argument("--index", type=int, default=0, help="which task of the suite/split")
@@ -333,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     h.set_defaults(fn=cmd_rehearse)
 
     v = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (for simulators, judges, evaluation)")
-    v.add_argument("--model", default="SmolLM2-135M-Instruct", help="model name, model folder, or training checkpoint / run folder")
+    v.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
     v.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
     v.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the server to the network)")
     v.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")

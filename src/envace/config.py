@@ -53,7 +53,9 @@ class TrainConfig:
     """Role-wise GRPO training (METHOD.md section 2)."""
 
     model: str = "SmolLM2-135M-Instruct"
-    """Policy model: the embedded default, "tiny-random", a local HF folder or a cached HF id, or a checkpoint folder."""
+    """Policy model: the embedded default, "tiny-random", a local HF folder or a cached HF id, or a training
+    checkpoint / run folder (envace.models.load). A LoRA run starts as its base with the adapter merged in: a full
+    model (trained with a fresh adapter when ``lora_r > 0``)."""
     suite: str = "builtin"
     """Task suite for training (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
     n_train_tasks: int | None = None
@@ -158,6 +160,7 @@ class SFTConfig:
     environment's observations."""
 
     model: str = "SmolLM2-135M-Instruct"
+    """Model to warm up (as ``TrainConfig.model``: a name, a model folder, a training checkpoint / run folder)."""
     suite: str = "builtin"
     n_tasks: int = 256
     """Gold trajectories to train on (training split)."""

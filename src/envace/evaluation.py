@@ -177,27 +177,16 @@ def evaluate_at_budget(policy: Backend, tasks: list[Task], samples: int = 1, rol
     return res
 
 
-def resolve_model(path: str, role: str = "policy") -> str:
-    """A model name or folder. A training checkpoint folder (``step-N/`` holding ``policy/``) resolves to its
-    ``role`` model, and a training run folder (holding ``checkpoints/latest``) to its latest checkpoint's."""
-    from .checkpoint import latest_checkpoint
-
-    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, "config.json")):
-        return path
-    ckpt = latest_checkpoint(os.path.join(path, "checkpoints")) or path
-    return os.path.join(ckpt, role) if os.path.isfile(os.path.join(ckpt, role, "config.json")) else path
-
-
 def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 20, samples: int = 1, seed: int = 0, tts_n: int = 0, tts_mode: str = "parallel", rollout: RolloutConfig | None = None, temperature: float | None = None, progress: bool = True, tts_options: dict[str, Any] | None = None, bf16: bool | str = False) -> EvalResult:
-    """Load ``model`` (a name, a model folder or a training checkpoint folder) and evaluate it on ``n`` tasks of
-    ``suite`` / ``split`` at rehearsal budget ``tts_n`` (``bf16``: generate in bf16; true, false or ``"auto"``, see ``HFBackend``). The real trials sample Act greedily when ``samples == 1``
+    """Load ``model`` (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see
+    :func:`envace.models.load`) and evaluate it on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n`` (``bf16``: generate in bf16; true, false or ``"auto"``, see ``HFBackend``). The real trials sample Act greedily when ``samples == 1``
     and at T=0.7 otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
     from .envs import load_tasks
     from .models import load
 
-    m, tok = load(resolve_model(model))
+    m, tok = load(model)
     tasks = load_tasks(suite, split, n=n, seed=seed)
     base = rollout or RolloutConfig(act=SamplingParams(max_new_tokens=160))
     final_act = base.act.with_(temperature=(0.0 if samples == 1 else 0.7) if temperature is None else temperature)

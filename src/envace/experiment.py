@@ -48,7 +48,8 @@ class ExperimentConfig:
     --config F --set key=value``)."""
 
     model: str = "SmolLM2-135M-Instruct"
-    """Base model of every arm (the embedded default, "tiny-random", or a local model folder)."""
+    """Base model of every arm (the embedded default, "tiny-random", a local model folder, or a training checkpoint /
+    run folder, LoRA ones merged: envace.models.load)."""
     suite: str = "builtin"
     """Task suite: training tasks from its train split, evaluation tasks from ``eval_split``."""
     arms: tuple[str, ...] = ("base", "sft", "real_env", "envace", "per_role", "simulator")

