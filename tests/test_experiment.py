@@ -17,7 +17,7 @@ from envace.envs import load_tasks
 from envace.experiment import ARMS, ExperimentConfig, budgets, load_experiment_config, run_experiment
 from envace.fidelity import measure_fidelity
 from envace.parsing import format_observation
-from envace.report import LOADED_SUFFIX, fmt_ms, json_html, kind_table, main_table, mean_std, paired_table, tts_table, write_report
+from envace.report import LOADED_SUFFIX, fidelity_breakdown_table, fmt_ms, json_html, kind_table, main_table, mean_std, paired_table, tts_table, write_report
 from envace.rollout import RolloutConfig
 from envace.sft import GoldTeacher
 
@@ -176,6 +176,18 @@ def test_report_compares_each_rl_arm_with_sft_paired_over_the_same_tasks(synthet
     md = open(files["md"]).read()
     assert "## Paired comparison with SFT" in md and "| envace | 0.250 [0.046, 0.699] | 0.750 [0.301, 0.954] | +0.500 |" in md
     assert "## Success by task kind" in md
+
+
+def test_report_splits_fidelity_by_state_change_outcome_and_position(synthetic):
+    results, files = synthetic
+    head, rows = fidelity_breakdown_table(results)
+    assert head[:4] == ["arm", "split", "bucket", "pairs"]
+    summary = results["runs"]["envace"]["0"]["fidelity"]
+    for split in ("state", "changed_fields", "outcome", "position"):
+        mine = [r for r in rows if r[0] == "envace" and r[1] == split]
+        assert sum(int(r[3]) for r in mine) == summary["overall"]["n"], split  # every pair in one bucket
+    assert {r[2] for r in rows if r[1] == "state"} == {"read", "write"}
+    assert "Fidelity by state change, outcome and position" in open(files["md"]).read()
 
 
 def test_results_without_per_task_outcomes_fall_back_to_the_spread_over_seeds(synthetic):

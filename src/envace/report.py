@@ -5,7 +5,8 @@
 - ``report.md`` and ``report.html``: the main table (every arm at N=0: success with its 95% Wilson interval over
   tasks and its spread over seeds), the paired comparison of every RL arm with SFT (difference, paired bootstrap
   interval, p-value; envace.stats), success by task kind (when tasks carry one), the test-time rehearsal table
-  (success at every budget N and mode), the rehearsal-fidelity table (overall, per domain, per tool) and the
+  (success at every budget N and mode), the rehearsal-fidelity tables (overall; read vs write, state fields
+  changed, real success vs error, position; per domain, per tool) and the
   figures. The HTML page embeds its figures (base64) and needs nothing from the network.
 - ``curve_reward.png`` (training reward vs step, one line per RL arm, mean +- std band over seeds),
   ``curve_train_success.png``, ``curve_sft_nll.png`` (the warm-up) and ``tts_budget.png`` (success vs N).
@@ -24,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .fidelity import BREAKDOWNS as FID_BREAKDOWNS
 from .fidelity import METRICS as FID_METRICS
 from .fidelity import Path, mismatched_leaves, observation_fidelity
 from .stats import fmt_p, fmt_rate, rate_interval, seed_spread
@@ -251,6 +253,20 @@ def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[lis
                     rows.append([arm, "0"] + ["–"] * len(FID_METRICS))
                 continue
             rows.append([arm] + ([] if name is None else [name]) + [f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS])
+    return head, rows
+
+
+def fidelity_breakdown_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Fidelity where rehearsal fails (envace.fidelity.BREAKDOWNS): per arm, read vs write calls, the number of
+    state fields changed, real success vs error and the position in the trajectory; mean ± std over seeds."""
+    head = ["arm", "split", "bucket", "pairs", *FID_METRICS]
+    rows = []
+    for arm in results["arms"]:
+        for key, bd in FID_BREAKDOWNS.items():
+            for name in bd.order:
+                v = fidelity_values(results, arm, key, name)
+                if v["n"]:
+                    rows.append([arm, key[3:], name, f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS])
     return head, rows
 
 
@@ -491,6 +507,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "fidelity": fidelity_table(results),
         "fidelity_domain": fidelity_table(results, "by_domain"),
         "fidelity_tool": fidelity_table(results, "by_tool"),
+        "fidelity_breakdown": fidelity_breakdown_table(results),
     }
     captions = {
         "main": f"Held-out tasks in the real environment, no test-time rehearsal (N=0). Success: the per-task outcomes of all {n_seeds} seed(s) pooled, "
@@ -505,8 +522,10 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "fidelity": "Rehearsal fidelity of each arm's Rehearse model on shadow rollouts (valid JSON, exact match, key-set match, leaf-value accuracy, error-vs-success agreement).",
         "fidelity_domain": "Fidelity per domain.",
         "fidelity_tool": "Fidelity per tool.",
+        "fidelity_breakdown": "Fidelity split where rehearsal fails: read (the real call changed no top-level state field) vs write, the number of "
+                              "state fields the real call changed, real success vs error observation, and the Act step the call came from (1, 2, 3+).",
     }
-    titles = {"main": "Main results", "paired": "Paired comparison with SFT", "kinds": "Success by task kind", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool"}
+    titles = {"main": "Main results", "paired": "Paired comparison with SFT", "kinds": "Success by task kind", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool", "fidelity_breakdown": "Fidelity by state change, outcome and position"}
     fig_titles = {"curve_reward": "Training reward", "curve_train_success": "Training success", "curve_sft_nll": "SFT warm-up", "tts_budget": "Rehearsal budget"}
     docs = results.get("docs", {})
     arms_md = "\n".join(f"- **{a}**: {docs.get(a, '')}" for a in results["arms"])
@@ -516,7 +535,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     for key in [k for k in ("main", "paired", "kinds", "tts") if tables[k][1]]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     md.append("## Figures\n\n" + "\n\n".join(f"![{fig_titles[k]}]({os.path.basename(v)})" for k, v in figs.items()) + "\n")
-    for key in ("fidelity", "fidelity_domain", "fidelity_tool"):
+    for key in ("fidelity", "fidelity_breakdown", "fidelity_domain", "fidelity_tool"):
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     md.append("## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: [trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n")
     if "elapsed_s" in results:
@@ -531,6 +550,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         body.append(f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>{html.escape(captions[key])}</p>{html_table(*tables[key])}")
     body.append("<h2 id='figures'>Figures</h2>" + "".join(f"<img alt='{html.escape(fig_titles[k])}' src='{_img_data(v)}'>" for k, v in figs.items()))
     body.append(f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}")
+    body.append(f"<h3>{titles['fidelity_breakdown']}</h3><p class='meta'>{html.escape(captions['fidelity_breakdown'])}</p>{html_table(*tables['fidelity_breakdown'])}")
     for key in ("fidelity_domain", "fidelity_tool"):
         body.append(f"<details><summary>{titles[key]}</summary>{html_table(*tables[key])}</details>")
     body.append("<h2 id='trajectories'>Trajectories</h2><p>Rehearsed vs real observations with mismatches highlighted: "
@@ -546,5 +566,5 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 
 __all__ = [
     "write_report", "main_table", "paired_table", "kind_table", "per_task_outcomes", "success_cell", "seed_cell", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
-    "trajectory_html", "json_html", "mean_std", "fmt_ms", "eval_values", "curve", "LOADED_SUFFIX",
+    "trajectory_html", "json_html", "fidelity_breakdown_table", "mean_std", "fmt_ms", "eval_values", "curve", "LOADED_SUFFIX",
 ]
