@@ -1,5 +1,6 @@
 """Subprocess smoke runs of the CLI commands with tiny settings (the tiny random model)."""
 import json
+import re
 import subprocess
 import sys
 
@@ -36,3 +37,7 @@ def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     out = run("demo", "--quick", "--model", "tiny-random", "--eval-tasks", "2", "--out", str(tmp_path))
     assert "| after SFT + EnvACE |" in out and "| untrained |" in out
     assert set(json.loads((tmp_path / "demo_results.json").read_text())) == {"untrained", "after SFT", "after SFT + EnvACE"}
+    row = next(line for line in out.splitlines() if line.startswith("| untrained |"))
+    assert re.match(r"\| untrained \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", row)  # success with its 95% interval
+    sft, envace = (json.loads((tmp_path / f"eval_{n}.json").read_text()) for n in ("sft", "envace"))
+    assert sft["task_ids"] == envace["task_ids"] and len(sft["per_task"]) == 2  # comparable with envace compare

@@ -9,7 +9,10 @@ import pytest
 
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks
-from envace.evaluation import evaluate, evaluate_at_budget, format_metrics, pass_hat_k, summarize, task_scores
+from envace.evaluation import (
+    compare_results, evaluate, evaluate_at_budget, format_metrics, pass_hat_k, rate_with_ci, summarize, task_scores,
+)
+from envace.stats import mcnemar_exact, wilson_interval
 from envace.rollout import RolloutConfig
 from envace.sft import GoldTeacher
 from envace.types import Step, Task, ToolCall, Trajectory
@@ -69,6 +72,22 @@ def test_summarize_aggregates_success_pass_k_format_and_domains_by_hand():
     assert m["domain/bank/success_rate"] == 0.5 and m["domain/shop/success_rate"] == 1.0 and m["wall_s"] == 1.5
     text = format_metrics(m)
     assert text.splitlines()[0].startswith("success_rate") and text.splitlines()[1].startswith("pass^1") and text.splitlines()[2].startswith("pass^2")
+    # intervals over the 2 tasks (per-task means 1/2 and 1), printed next to each rate and not as rows of their own
+    assert (m["success_rate/ci_lo"], m["success_rate/ci_hi"]) == pytest.approx(wilson_interval(1.5, 2))
+    assert (m["domain/shop/success_rate/ci_lo"], m["domain/shop/success_rate/ci_hi"]) == pytest.approx(wilson_interval(1, 1))
+    assert "success_rate" in text and "0.750 [" in text.splitlines()[0] and "95% CI" in text.splitlines()[0]
+    assert "ci_lo" not in text and m["n_tasks"] == 2 and rate_with_ci(m) == "0.750 [{:.3f}, {:.3f}]".format(*wilson_interval(1.5, 2))
+
+
+def test_results_are_broken_down_by_task_kind_when_tasks_carry_one():
+    task = Task(id="x", env="bank", system_prompt="", user_turns=["u"], tools=[], gold_actions=[[ToolCall("get_balance", {"account": "a"})]], metadata={"kind": "lookup"})
+    assert task_scores(task, [_traj([], reward=1.0)])["kind"] == "lookup"
+    assert "kind" not in task_scores(Task(id="y", env="bank", system_prompt="", user_turns=["u"], tools=[]), [_traj([])])
+    rows = [{"task_id": t, "domain": "bank", "kind": k, "successes": [s], **{f"{a}_{b}": 0.0 for a in ("tool", "call") for b in ("precision", "recall", "f1")}}
+            for t, k, s in (("a", "lookup", True), ("b", "lookup", False), ("c", "recovery", True), ("d", "report", False))]
+    m = summarize(rows, [_traj([], tid=str(i)) for i in range(4)], samples=1)
+    assert m["kind/lookup/success_rate"] == 0.5 and m["kind/recovery/success_rate"] == 1.0 and m["kind/report/success_rate"] == 0.0
+    assert (m["kind/lookup/success_rate/ci_lo"], m["kind/lookup/success_rate/ci_hi"]) == pytest.approx(wilson_interval(1, 2))
 
 
 def test_a_gold_policy_succeeds_everywhere_in_the_real_environment(tokenizer):
@@ -80,7 +99,8 @@ def test_a_gold_policy_succeeds_everywhere_in_the_real_environment(tokenizer):
     assert m["truncated_rate"] == 0.0 and m["act_tokens_per_traj"] > 0 and m["context_tokens_per_traj"] > m["act_tokens_per_traj"]
     assert [t.task_id for t in res.trajectories] == [t.id for t in tasks for _ in range(2)]  # task by task, K each
     assert all(t.mode == "real" and t.reward == 1.0 for t in res.trajectories)
-    assert json.loads(json.dumps(res.to_dict(with_trajectories=True)))["per_task"][0]["successes"] == [True, True]
+    d = json.loads(json.dumps(res.to_dict(with_trajectories=True)))
+    assert d["per_task"][0]["successes"] == [True, True] and d["split"] == "test" and d["task_ids"] == [t.id for t in tasks]
 
 
 def test_a_rehearsal_budget_runs_private_attempts_and_shows_the_memory_to_the_real_run(tokenizer):
@@ -106,7 +126,74 @@ def test_eval_cli_writes_metrics_and_per_task_json(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "success_rate" in p.stdout and "pass^2" in p.stdout
     d = json.loads(out.read_text())
-    assert set(d) == {"config", "metrics", "per_task", "trajectories"}
+    assert set(d) == {"config", "suite", "split", "task_ids", "metrics", "per_task", "trajectories"}
+    assert d["suite"] == "bank" and d["split"] == "test" and d["task_ids"] == [r["task_id"] for r in d["per_task"]]
+    assert [len(r["successes"]) for r in d["per_task"]] == [2, 2] and "success_rate/ci_lo" in d["metrics"]
     assert len(d["per_task"]) == 2 and len(d["trajectories"]) == 4 and d["config"]["samples"] == 2
     for key in ("success_rate", "pass^1", "pass^2", "tool_f1", "tool_precision", "tool_recall", "call_f1", "format_valid_rate", "steps_per_traj", "act_tokens_per_traj", "wall_s"):
         assert key in d["metrics"], key
+
+
+# --------------------------------------------------------------------------------------------------------
+# envace compare: paired comparison of two saved results
+# --------------------------------------------------------------------------------------------------------
+
+
+def _saved(outcomes, split="test", suite="bank", kinds=None, prefix="bank-test-"):
+    rows = [{"task_id": f"{prefix}{i:06d}", "domain": "bank", "successes": [bool(x) for x in (o if isinstance(o, list) else [o])]}
+            | ({"kind": kinds[i]} if kinds else {}) for i, o in enumerate(outcomes)]
+    return {"config": {"suite": suite, "split": split}, "suite": suite, "split": split, "task_ids": [r["task_id"] for r in rows], "metrics": {}, "per_task": rows}
+
+
+def _compare_cli(*args):
+    cmd = [sys.executable, "-m", "envace.cli", "compare", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_compare_cli_prints_the_paired_table_and_its_json(tmp_path):
+    kinds = ["lookup", "recovery"] * 6
+    a = [1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0]  # 3 / 12
+    b = [1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 0]  # 8 / 12: b wins 5 tasks, a wins none
+    (tmp_path / "a.json").write_text(json.dumps(_saved(a, kinds=kinds)))
+    (tmp_path / "b.json").write_text(json.dumps(_saved(b, kinds=kinds)))
+    p = _compare_cli(tmp_path / "a.json", tmp_path / "b.json")
+    assert p.returncode == 0, p.stderr
+    head, overall = p.stdout.splitlines()[1:3]
+    assert "A success [95% CI]" in head and "paired 95% CI" in head
+    cells = overall.split()
+    assert cells[:2] == ["overall", "12"] and "0.250" in overall and "0.667" in overall and "+0.417" in overall
+    assert f"{mcnemar_exact(a, b):.3g}" in overall  # 2 / 2^5
+    assert "kind/lookup" in p.stdout and "kind/recovery" in p.stdout and "exact McNemar" in p.stdout
+    p = _compare_cli(tmp_path / "a.json", tmp_path / "b.json", "--json")
+    c = json.loads(p.stdout)
+    assert c["n_tasks"] == 12 and c["overall"]["p"] == pytest.approx(2 / 2**5) and c["overall"]["p_method"] == "mcnemar_exact"
+    assert c["overall"]["a"]["ci95"] == pytest.approx(list(wilson_interval(3, 12))) and c["overall"]["diff"] == pytest.approx(5 / 12)
+    lo, hi = c["overall"]["diff_ci95"]
+    assert 0 < lo < 5 / 12 < hi and set(c["by_kind"]) == {"lookup", "recovery"} and c["by_kind"]["lookup"]["n_tasks"] == 6
+    assert c == json.loads(_compare_cli(tmp_path / "a.json", tmp_path / "b.json", "--json").stdout)  # seeded
+
+
+def test_compare_with_several_samples_pairs_the_per_task_means():
+    a = _saved([[1, 0], [0, 0], [1, 1]])
+    b = _saved([[1, 1], [1, 0], [1, 1]])
+    c = compare_results(a, b)["overall"]
+    assert c["p_method"] == "sign_flip" and c["diff"] == pytest.approx(1 / 3) and c["p"] == pytest.approx(2 / 4)  # 2 non-zero, equal
+
+
+def test_compare_refuses_other_task_sets_splits_and_suites(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(_saved([1] * 10)))
+    other = _saved([1] * 10)
+    other["per_task"] = other["per_task"][:7] + [{"task_id": f"bank-test-9{i:05d}", "successes": [True]} for i in range(4)]
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    p = _compare_cli(tmp_path / "a.json", tmp_path / "b.json")
+    assert p.returncode == 2 and p.stdout == ""
+    err = p.stderr.strip()
+    assert len(err.splitlines()) == 1 and "different task sets" in err and "7 task ids differ" in err
+    assert "3 only in" in err and "bank-test-000007" in err and "4 only in" in err and "bank-test-900000" in err
+    with pytest.raises(ValueError, match="different splits: A is 'test', B is 'test_ood'"):
+        compare_results(_saved([1, 0]), _saved([1, 0], split="test_ood"))
+    with pytest.raises(ValueError, match="different suites"):
+        compare_results(_saved([1, 0]), _saved([1, 0], suite="shop"))
+    (tmp_path / "x.json").write_text(json.dumps({"metrics": {}}))
+    p = _compare_cli(tmp_path / "a.json", tmp_path / "x.json")
+    assert p.returncode == 2 and "not a saved evaluation result" in p.stderr

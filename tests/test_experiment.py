@@ -17,7 +17,7 @@ from envace.envs import load_tasks
 from envace.experiment import ARMS, ExperimentConfig, budgets, load_experiment_config, run_experiment
 from envace.fidelity import measure_fidelity
 from envace.parsing import format_observation
-from envace.report import LOADED_SUFFIX, fmt_ms, json_html, main_table, mean_std, tts_table, write_report
+from envace.report import LOADED_SUFFIX, fidelity_breakdown_table, fmt_ms, json_html, kind_table, main_table, mean_std, paired_table, tts_table, write_report
 from envace.rollout import RolloutConfig
 from envace.sft import GoldTeacher
 
@@ -121,11 +121,15 @@ def synthetic(tokenizer, tmp_path_factory):
     fid = measure_fidelity(_WrongBalance(tokenizer, tasks), tasks, RolloutConfig(mode="rehearsal", group_size=1, max_steps=12, max_steps_per_turn=8))
     cfg = ExperimentConfig(arms=("sft", "envace"), seeds=(0, 1), tts_budgets=(0, 1), eval_samples=1)
     runs = {}
+    # per-task outcomes at N=0 of 4 tasks, matching the rates: sft 1/4 in each seed, envace 2/4 then 4/4
+    outcomes = {("sft", "0"): [1, 0, 0, 0], ("sft", "1"): [0, 1, 0, 0], ("envace", "0"): [1, 1, 0, 0], ("envace", "1"): [1, 1, 1, 1]}
+    kinds = ("lookup", "lookup", "recovery", "report")
     for arm, succ in (("sft", (0.25, 0.25)), ("envace", (0.5, 1.0))):
         runs[arm] = {}
         for seed, s in zip(("0", "1"), succ):
+            per_task = [{"task_id": f"bank-test-{i}", "domain": "bank", "kind": kinds[i], "successes": [bool(x)]} for i, x in enumerate(outcomes[arm, seed])]
             runs[arm][seed] = {
-                "evals": [{"n": 0, "mode": "none", "metrics": _metrics(s, s / 2)},
+                "evals": [{"n": 0, "mode": "none", "metrics": _metrics(s, s / 2), "per_task": per_task},
                           {"n": 1, "mode": "parallel", "metrics": _metrics(min(1.0, s + 0.25), s)},
                           {"n": 1, "mode": "sequential", "metrics": _metrics(s, s)}],
                 "fidelity": fid.summary,
@@ -141,20 +145,60 @@ def synthetic(tokenizer, tmp_path_factory):
     return results, files
 
 
-def test_report_tables_show_mean_and_std_over_seeds(synthetic):
+def test_report_tables_show_wilson_intervals_over_tasks_and_the_spread_over_seeds(synthetic):
     results, files = synthetic
     head, rows = main_table(results)
-    assert head[:3] == ["arm", "success", "tool F1"]
+    assert head[:4] == ["arm", "success [95% CI]", "success over seeds", "tool F1"]
     envace = next(r for r in rows if r[0] == "envace")
-    assert envace[1] == "0.750 ± 0.354" and envace[2] == "0.375 ± 0.177"
-    assert next(r for r in rows if r[0] == "sft")[1] == "0.250 ± 0.000"
+    # pooled over both seeds, per-task means (1, 1, 1/2, 1/2): rate 3/4, Wilson over 4 tasks of 3 successes
+    assert envace[1] == "0.750 [0.301, 0.954]" and envace[2] == "0.750 ± 0.354 (0.500–1.000)" and envace[3] == "0.375 ± 0.177"
+    assert next(r for r in rows if r[0] == "sft")[1:3] == ["0.250 [0.046, 0.699]", "0.250 ± 0.000 (0.250–0.250)"]
     head, rows = tts_table(results)
     assert head == ["arm", "N=0", "N=1 par", "N=1 seq"]
-    assert next(r for r in rows if r[0] == "envace")[1:] == ["0.750 ± 0.354", "0.875 ± 0.177", "0.750 ± 0.354"]  # N=1 par: min(1, s + 0.25) = 0.75, 1.0
+    # N=0 has per-task outcomes (interval + sd over seeds); N=1 has none: mean ± std over seeds
+    assert next(r for r in rows if r[0] == "envace")[1:] == ["0.750 [0.301, 0.954] · sd 0.354", "0.875 ± 0.177", "0.750 ± 0.354"]
     md = open(files["md"]).read()
-    assert "| envace | 0.750 ± 0.354 |" in md and "bank/get_balance" in md and "trajectories.html" in md
+    assert "| envace | 0.750 [0.301, 0.954] | 0.750 ± 0.354 (0.500–1.000) |" in md and "bank/get_balance" in md and "trajectories.html" in md
     for name in REPORT_FILES:
         assert os.path.getsize(os.path.join(os.path.dirname(files["md"]), name)) > 0, name
+
+
+def test_report_compares_each_rl_arm_with_sft_paired_over_the_same_tasks(synthetic):
+    results, files = synthetic
+    head, rows = paired_table(results)
+    assert head[:6] == ["arm", "sft [95% CI]", "arm [95% CI]", "arm - sft", "paired 95% CI", "p"]
+    # per-task means sft (1/2, 1/2, 0, 0), envace (1, 1, 1/2, 1/2): every task +1/2, so the bootstrap interval is a
+    # point and the exact sign-flip p is 2 of 2^4 sign patterns
+    assert rows == [["envace", "0.250 [0.046, 0.699]", "0.750 [0.301, 0.954]", "+0.500", "[+0.500, +0.500]", "0.125", "sign flip", "4", "2"]]
+    head, rows = kind_table(results)
+    assert head == ["arm", "lookup", "recovery", "report"]
+    assert next(r for r in rows if r[0] == "sft")[1:] == ["0.500 [0.095, 0.905] (2)", "0.000 [0.000, 0.793] (1)", "0.000 [0.000, 0.793] (1)"]
+    md = open(files["md"]).read()
+    assert "## Paired comparison with SFT" in md and "| envace | 0.250 [0.046, 0.699] | 0.750 [0.301, 0.954] | +0.500 |" in md
+    assert "## Success by task kind" in md
+
+
+def test_report_splits_fidelity_by_state_change_outcome_and_position(synthetic):
+    results, files = synthetic
+    head, rows = fidelity_breakdown_table(results)
+    assert head[:4] == ["arm", "split", "bucket", "pairs"]
+    summary = results["runs"]["envace"]["0"]["fidelity"]
+    for split in ("state", "changed_fields", "outcome", "position"):
+        mine = [r for r in rows if r[0] == "envace" and r[1] == split]
+        assert sum(int(r[3]) for r in mine) == summary["overall"]["n"], split  # every pair in one bucket
+    assert {r[2] for r in rows if r[1] == "state"} == {"read", "write"}
+    assert "Fidelity by state change, outcome and position" in open(files["md"]).read()
+
+
+def test_results_without_per_task_outcomes_fall_back_to_the_spread_over_seeds(synthetic):
+    results, _ = synthetic
+    old = json.loads(json.dumps(results))
+    for runs in old["runs"].values():
+        for rec in runs.values():
+            for e in rec["evals"]:
+                e.pop("per_task", None)
+    assert next(r for r in main_table(old)[1] if r[0] == "envace")[1] == "0.750 ± 0.354"
+    assert paired_table(old)[1] == [["envace"] + ["–"] * 8] and kind_table(old)[1] == []
 
 
 def test_viewer_puts_rehearsed_beside_real_and_highlights_wrong_balances(synthetic):
@@ -244,7 +288,8 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
         rec = res["runs"][arm]["0"]
         assert [(e["n"], e["mode"]) for e in rec["evals"]] == [(0, "none"), (1, "parallel"), (1, "sequential")]
         for e in rec["evals"]:
-            assert {"success_rate", "pass^1", "tool_f1", "call_f1", "format_valid_rate", "wall_s", "gen_tokens_per_task"} <= set(e["metrics"])
+            assert {"success_rate", "success_rate/ci_lo", "success_rate/ci_hi", "pass^1", "tool_f1", "call_f1", "format_valid_rate", "wall_s", "gen_tokens_per_task"} <= set(e["metrics"])
+            assert [len(r["successes"]) for r in e["per_task"]] == [1] and e["per_task"][0]["task_id"].startswith("bank-test-")
         assert rec["evals"][1]["metrics"]["tts/n"] == 1.0
         assert set(rec["fidelity"]) >= {"overall", "by_domain", "by_tool", "skipped"}
         assert os.path.isfile(os.path.join(rec["models"]["policy"], "config.json")) or rec["models"]["policy"] == "tiny-random"
@@ -255,6 +300,7 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
     md = (out / "report.md").read_text()
     for arm in ALL_ARMS:
         assert f"| {arm} |" in md
+    assert "## Paired comparison with SFT" in md and "mcnemar exact" in md  # one task, one sample: binary outcomes
 
 
 def test_a_rerun_with_the_same_config_skips_finished_arms_and_another_config_is_refused(tiny_experiment, capsys):

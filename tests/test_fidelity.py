@@ -10,11 +10,11 @@ import pytest
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks
 from envace.fidelity import (
-    METRICS, FidelityPair, aggregate, collect_pairs, format_fidelity, keys_match, leaf_accuracy, leaf_paths, measure_fidelity,
+    BREAKDOWNS, METRICS, FidelityPair, aggregate, collect_pairs, format_fidelity, keys_match, leaf_accuracy, leaf_paths, measure_fidelity,
     mismatched_leaves, observation_fidelity, path_str,
 )
 from envace.parsing import format_observation
-from envace.rollout import RolloutConfig
+from envace.rollout import RolloutConfig, changed_fields
 from envace.sft import GoldTeacher
 from envace.types import Step, Task, ToolCall, Trajectory, error_obs
 
@@ -166,4 +166,62 @@ def test_fidelity_cli_prints_the_table_and_writes_pairs_and_trajectories(tmp_pat
     assert "leaf_acc" in p.stdout and "overall" in p.stdout
     d = json.loads(out.read_text())
     assert set(d) == {"summary", "pairs", "trajectories"} and len(d["trajectories"]) == 1
-    assert set(d["summary"]) == {"overall", "by_domain", "by_tool", "skipped"}
+    assert set(d["summary"]) == {"overall", "by_domain", "by_tool", "skipped", *BREAKDOWNS}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Where rehearsal fails: read vs write, real success vs error, position
+# --------------------------------------------------------------------------------------------------------
+
+
+def test_changed_fields_names_the_top_level_state_fields_that_differ():
+    before = {"accounts": {"a": 1}, "transactions": [], "next_txn": 1}
+    assert changed_fields(before, before) == []
+    assert changed_fields(before, {"accounts": {"a": 2}, "transactions": [1], "next_txn": 1}) == ["accounts", "transactions"]
+    assert changed_fields({"x": 1}, {"y": 1}) == ["x", "y"]  # a removed and an added field
+
+
+def test_breakdowns_put_each_pair_in_one_bucket_by_hand():
+    one, zero = {k: 1.0 for k in METRICS}, {k: 0.0 for k in METRICS}
+    err = error_obs("tool_error", "insufficient funds")
+    pairs = [
+        FidelityPair("t", "tr", "bank", "get_balance", 0, 0, "rehearsed", None, REAL, one, []),
+        FidelityPair("t", "tr", "bank", "freeze_account", 1, 0, "rehearsed", None, {"frozen": True}, zero, ["accounts"]),
+        FidelityPair("t", "tr", "bank", "transfer", 2, 0, "rehearsed", None, {"ok": 1}, zero, ["accounts", "next_txn", "transactions"]),
+        FidelityPair("t", "tr", "bank", "transfer", 5, 1, "rehearsed", None, err, one, []),
+        FidelityPair("t", "tr", "bank", "get_balance", 1, 1, "rehearsed", None, REAL, one),  # recorded without state changes
+    ]
+    agg = aggregate(pairs)
+    assert {k: v["n"] for k, v in agg["by_state"].items()} == {"read": 2, "write": 2, "unknown": 1}
+    assert agg["by_state"]["read"]["exact"] == 1.0 and agg["by_state"]["write"]["exact"] == 0.0
+    assert {k: v["n"] for k, v in agg["by_changed_fields"].items()} == {"0": 2, "1": 1, "3+": 1, "unknown": 1}
+    assert {k: v["n"] for k, v in agg["by_outcome"].items()} == {"success": 4, "error": 1}
+    assert {k: v["n"] for k, v in agg["by_position"].items()} == {"1": 1, "2": 2, "3+": 2}
+    text = format_fidelity(agg)
+    assert "state=read" in text and "state=write" in text and "outcome=error" in text and "position=3+" in text
+    assert aggregate([])["by_state"] == {}
+
+
+def test_shadow_rollouts_record_what_each_real_call_changed_and_the_breakdowns_add_up(tokenizer):
+    tasks = load_tasks("bank", "test", n=3)  # gold: balance reads, transfers / deposits (3 fields), a freeze (1), a failing transfer
+    res = measure_fidelity(WrongBalances(tokenizer, tasks), tasks, _cfg())
+    by_call = {(p.tool, bool(p.changed), len(p.changed)) for p in res.pairs}
+    assert ("get_balance", False, 0) in by_call and ("freeze_account", True, 1) in by_call and ("transfer", True, 3) in by_call
+    for p in res.pairs:
+        if p.tool == "get_balance":
+            assert p.changed == [] and BREAKDOWNS["by_state"].bucket(p) == "read"
+        if p.tool == "transfer" and "error" not in p.real:
+            assert p.changed == ["accounts", "next_txn", "transactions"] and BREAKDOWNS["by_state"].bucket(p) == "write"
+        if isinstance(p.real, dict) and "error" in p.real:
+            assert p.changed == [] and BREAKDOWNS["by_outcome"].bucket(p) == "error"  # a failed transfer changes nothing
+    summary = res.summary
+    total = summary["overall"]["n"]
+    assert total == len(res.pairs) == sum(len(t.flat_gold()) for t in tasks)
+    for key in BREAKDOWNS:
+        assert sum(v["n"] for v in summary[key].values()) == total, key
+    assert "unknown" not in summary["by_state"] and summary["by_outcome"]["error"]["n"] >= 1
+    # every rehearsed observation with a "balance" (reads, deposits) is wrong, transfers and freezes are right
+    assert summary["by_state"]["read"]["exact"] < summary["by_state"]["write"]["exact"]
+    steps = [s for t in res.trajectories for s in t.steps]
+    assert all(len(s.shadow_changed) == len(s.shadow) for s in steps)
+    assert all(c is None for s in steps for c, x in zip(s.shadow_changed, s.shadow) if x is None)

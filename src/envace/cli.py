@@ -4,6 +4,7 @@
     envace sft   [--config F] [--set key=value ...]
     envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set rollout.group_size=4
     envace eval  --model M --suite S [--split test] [-n 20] [--samples K] [--tts-n N --tts-mode parallel|sequential] [--out F]
+    envace compare A.json B.json [--json]   paired comparison of two saved eval results on the same tasks
     envace fidelity --model M --suite S [-n 8] [-k 2] [--mode rehearsal|per_role|simulator] [--out F]
     envace experiment [--config F] [--set key=value ...]  all arms x seeds x budgets -> report.md / report.html
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
@@ -78,6 +79,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.out:
         save_result(res, args.out, config={k: v for k, v in vars(args).items() if k != "fn"}, with_trajectories=args.trajectories)
         print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Paired comparison of two saved ``envace eval --out`` results: refused unless suite, split and tasks match."""
+    from .evaluation import compare_results, format_comparison, load_result
+
+    c = compare_results(load_result(args.a), load_result(args.b), names=(args.a, args.b), resamples=args.resamples, seed=args.seed)
+    print(json.dumps(c, indent=1) if args.json else format_comparison(c))
     return 0
 
 
@@ -192,6 +202,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """SFT warm-up, EnvACE training, before/after evaluation on held-out tasks, as a table."""
     from .config import SFTConfig, TrainConfig
+    from .evaluation import rate_with_ci, save_result
     from .models import DEFAULT_MODEL
     from .sft import sft
     from .trainer import train
@@ -212,14 +223,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     rows = [("untrained", before.metrics), ("after SFT", mid.metrics), ("after SFT + EnvACE", after.metrics)]
     keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
     print()
-    print(f"Held-out {args.suite} test tasks: {args.eval_tasks}, greedy, real environment")
+    print(f"Held-out {args.suite} test tasks: {args.eval_tasks}, greedy, real environment; success with its 95% Wilson interval over tasks")
     print("| model | " + " | ".join(keys) + " |")
     print("|---|" + "---|" * len(keys))
     for name, m in rows:
-        print(f"| {name} | " + " | ".join(f"{m[k]:.3f}" for k in keys) + " |")
+        print(f"| {name} | " + " | ".join(rate_with_ci(m, k) for k in keys) + " |")
     print(f"\n[demo] total time {time.perf_counter() - t_start:.0f}s")
     with open(os.path.join(out, "demo_results.json"), "w", encoding="utf-8") as f:
         json.dump({name: m for name, m in rows}, f, indent=1)
+    for name, res in (("untrained", before), ("sft", mid), ("envace", after)):  # per-task outcomes, for envace compare
+        save_result(res, os.path.join(out, f"eval_{name}.json"))
     return 0
 
 
@@ -278,6 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--out", help="write metrics and per-task results as JSON")
     e.add_argument("--trajectories", action="store_true", help="include the trajectories in --out")
     e.set_defaults(fn=cmd_eval)
+
+    c = sub.add_parser("compare", help="paired comparison of two saved eval results (envace eval --out) on the same tasks")
+    c.add_argument("a", help="result A (the baseline)")
+    c.add_argument("b", help="result B (difference is B - A)")
+    c.add_argument("--resamples", type=int, default=10_000, help="paired bootstrap (and permutation) resamples")
+    c.add_argument("--seed", type=int, default=0, help="seed of the resampling")
+    c.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    c.set_defaults(fn=cmd_compare)
 
     f = sub.add_parser("fidelity", help="rehearsal fidelity: rehearsed vs real observations on shadow rollouts")
     f.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)

@@ -17,7 +17,15 @@ Metrics (keys of :attr:`EvalResult.metrics`):
 - ``format_valid_rate``: fraction of Act generations that parsed (a tool call or a text reply).
 - ``steps_per_traj``, ``tool_calls_per_traj``, ``act_tokens_per_traj`` (generated Act tokens),
   ``context_tokens_per_traj`` (length of the final Act context), ``truncated_rate``, ``wall_s``.
-- ``domain/<env>/success_rate`` per environment of the task set.
+- ``domain/<env>/success_rate`` per environment of the task set, and ``kind/<kind>/success_rate`` per task
+  kind when tasks carry ``metadata["kind"]``; ``n_tasks``.
+- Every success rate (and pass^k) ``key`` has its 95% interval over tasks in ``key/ci_lo`` and ``key/ci_hi``:
+  the Wilson interval over tasks of the per-task mean (:func:`envace.stats.rate_interval`: exact Wilson with one
+  sample per task, conservative with more). :func:`format_metrics` prints it next to the rate.
+
+Results keep per-task outcomes (``per_task``: ``task_id``, ``domain``, ``kind`` if any, ``successes`` one bool
+per sample, the F1s), the suite, the split and the task ids, so :func:`compare_results` (``envace compare``) can
+compare two saved results on the same tasks later, paired (envace.stats), without rerunning any model.
 
 :func:`task_scores` and :func:`summarize` are pure (trajectories in, numbers out) and tested by hand.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 import math
 import os
 import time
@@ -36,6 +45,7 @@ import numpy as np
 from .backends.base import Backend
 from .rewards import REWARDS, RewardContext, call_prf, tool_name_prf
 from .rollout import RolloutConfig, RolloutEngine
+from .stats import fmt_p, fmt_rate, paired_comparison, rate_interval
 from .types import Task, Trajectory
 
 # Metrics shown by :meth:`EvalResult.table` first, in this order (others follow alphabetically).
@@ -44,6 +54,8 @@ HEADLINE = (
     "format_valid_rate", "steps_per_traj", "tool_calls_per_traj", "act_tokens_per_traj", "context_tokens_per_traj",
     "truncated_rate", "wall_s",
 )
+CI_LO, CI_HI = "/ci_lo", "/ci_hi"
+"""Suffixes of the 95% interval keys of a rate metric (``success_rate/ci_lo``)."""
 
 
 def pass_hat_k(successes: Sequence[bool], k: int) -> float:
@@ -61,26 +73,53 @@ def pass_hat_k(successes: Sequence[bool], k: int) -> float:
 class EvalResult:
     metrics: dict[str, float]
     per_task: list[dict[str, Any]] = field(default_factory=list)
+    """One :func:`task_scores` row per task, in task order (per-sample successes included)."""
     trajectories: list[Trajectory] = field(default_factory=list)
+    suite: str = ""
+    """The suite the tasks came from ("" when unknown: :func:`evaluate` got tasks, not a suite)."""
+    split: str = ""
+    """The tasks' split ("+"-joined when they mix splits)."""
 
     def table(self) -> str:
         return format_metrics(self.metrics)
 
     def to_dict(self, with_trajectories: bool = False) -> dict[str, Any]:
-        d: dict[str, Any] = {"metrics": self.metrics, "per_task": self.per_task}
+        d: dict[str, Any] = {"suite": self.suite, "split": self.split, "task_ids": [p["task_id"] for p in self.per_task], "metrics": self.metrics, "per_task": self.per_task}
         if with_trajectories:
             d["trajectories"] = [t.to_dict(with_rows=False) for t in self.trajectories]
         return d
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
-    """A two-column text table, headline metrics first."""
-    passes = sorted((k for k in metrics if k.startswith("pass^")), key=lambda k: int(k[5:]))
+    """A two-column text table, headline metrics first; a rate with an interval (``key/ci_lo``, ``key/ci_hi``)
+    prints as ``0.500 [0.237, 0.763] (95% CI over tasks)``."""
+    shown = [k for k in metrics if not k.endswith((CI_LO, CI_HI))]
+    passes = sorted((k for k in shown if k.startswith("pass^")), key=lambda k: int(k[5:]))
     keys = [k for k in HEADLINE if k in metrics and k != "pass^1"]
     keys[1:1] = passes
-    keys += sorted(k for k in metrics if k not in keys)
+    keys += sorted(k for k in shown if k not in keys)
     w = max((len(k) for k in keys), default=10)
-    return "\n".join(f"{k:<{w}}  {metrics[k]:.4g}" for k in keys)
+    return "\n".join(f"{k:<{w}}  {_value(metrics, k)}" for k in keys)
+
+
+def _value(metrics: dict[str, float], key: str) -> str:
+    if key + CI_LO in metrics and key + CI_HI in metrics:
+        return fmt_rate(metrics[key], metrics[key + CI_LO], metrics[key + CI_HI]) + " (95% CI over tasks)"
+    return f"{metrics[key]:.4g}"
+
+
+def rate_with_ci(metrics: dict[str, float], key: str = "success_rate", digits: int = 3) -> str:
+    """``0.500 [0.237, 0.763]``, or just the rate when the metrics have no interval for it."""
+    if key + CI_LO in metrics and key + CI_HI in metrics:
+        return fmt_rate(metrics[key], metrics[key + CI_LO], metrics[key + CI_HI], digits)
+    return f"{metrics[key]:.{digits}f}"
+
+
+def _with_ci(m: dict[str, float], key: str, per_task_values: Sequence[Sequence[float]]) -> None:
+    """Set the 95% interval keys of ``m[key]``: the Wilson interval over tasks of the per-task means (every task
+    has its K samples, so the mean over tasks of per-task means is ``m[key]``). No task: no interval."""
+    if per_task_values:
+        _, m[key + CI_LO], m[key + CI_HI] = rate_interval(per_task_values)
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -94,6 +133,8 @@ def task_scores(task: Task, trajs: Sequence[Trajectory]) -> dict[str, Any]:
     tool = [tool_name_prf(t.calls(), gold) for t in trajs]
     call = [call_prf(t.calls(), gold) for t in trajs]
     out: dict[str, Any] = {"task_id": task.id, "domain": task.env, "successes": [bool(t.reward) for t in trajs]}
+    if "kind" in task.metadata:
+        out["kind"] = task.metadata["kind"]
     for name, prf in (("tool", tool), ("call", call)):
         for i, part in enumerate(("precision", "recall", "f1")):
             out[f"{name}_{part}"] = _mean([x[i] for x in prf])
@@ -109,8 +150,11 @@ def summarize(per_task: Sequence[dict[str, Any]], trajs: Sequence[Trajectory], s
     act_rows = [r for t in trajs for r in t.rows if r.role == "act"]
     last_act = [next((r for r in reversed(t.rows) if r.role == "act"), None) for t in trajs]
     m: dict[str, float] = {"success_rate": _mean([s for p in per_task for s in p["successes"]])}
+    _with_ci(m, "success_rate", [p["successes"] for p in per_task])
     for k in range(1, samples + 1):
         m[f"pass^{k}"] = _mean([pass_hat_k(p["successes"], k) for p in per_task])
+        _with_ci(m, f"pass^{k}", [[pass_hat_k(p["successes"], k)] for p in per_task])
+    m["n_tasks"] = float(len(per_task))
     for key in ("tool_precision", "tool_recall", "tool_f1", "call_precision", "call_recall", "call_f1"):
         m[key] = _mean([p[key] for p in per_task])
     m |= {
@@ -122,8 +166,11 @@ def summarize(per_task: Sequence[dict[str, Any]], trajs: Sequence[Trajectory], s
         "truncated_rate": _mean([t.truncated is not None for t in trajs]),
         "wall_s": float(wall_s),
     }
-    for dom in sorted({p["domain"] for p in per_task}):
-        m[f"domain/{dom}/success_rate"] = _mean([s for p in per_task if p["domain"] == dom for s in p["successes"]])
+    for group in ("domain", "kind"):
+        for name in sorted({str(p[group]) for p in per_task if group in p}):
+            rows = [p["successes"] for p in per_task if str(p.get(group)) == name]
+            m[f"{group}/{name}/success_rate"] = _mean([s for r in rows for s in r])
+            _with_ci(m, f"{group}/{name}/success_rate", rows)
     return m
 
 
@@ -149,7 +196,12 @@ def evaluate(policy: Backend, tasks: list[Task], samples: int = 1, rollout: Roll
             r = grounded(task, t, ctx)
             t.reward, t.reward_info = r.value, r.info
         per_task.append(task_scores(task, ts))
-    return EvalResult(summarize(per_task, trajs, samples, wall), per_task, trajs)
+    return EvalResult(summarize(per_task, trajs, samples, wall), per_task, trajs, split=split_of(tasks))
+
+
+def split_of(tasks: Sequence[Task]) -> str:
+    """The tasks' split, "+"-joined (sorted) when they mix splits."""
+    return "+".join(sorted({t.split for t in tasks}))
 
 
 def evaluate_at_budget(policy: Backend, tasks: list[Task], samples: int = 1, rollout: RolloutConfig | None = None, n: int = 0, mode: str = "parallel", tts_options: dict[str, Any] | None = None) -> EvalResult:
@@ -192,9 +244,12 @@ def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 
     final_act = base.act.with_(temperature=(0.0 if samples == 1 else 0.7) if temperature is None else temperature)
     rc = dataclasses.replace(base, seed=seed, progress=progress)
     if tts_n == 0:
-        return evaluate_at_budget(HFBackend(m, tok, bf16=bf16), tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act))
-    opts = {"final_act": final_act, **(tts_options or {})}
-    return evaluate_at_budget(HFBackend(m, tok, bf16=bf16), tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts_options=opts)
+        res = evaluate_at_budget(HFBackend(m, tok, bf16=bf16), tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act))
+    else:
+        opts = {"final_act": final_act, **(tts_options or {})}
+        res = evaluate_at_budget(HFBackend(m, tok, bf16=bf16), tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts_options=opts)
+    res.suite, res.split = suite, split
+    return res
 
 
 def save_result(res: EvalResult, path: str, config: dict[str, Any] | None = None, with_trajectories: bool = False) -> None:
@@ -205,3 +260,109 @@ def save_result(res: EvalResult, path: str, config: dict[str, Any] | None = None
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         json.dump(d, f, indent=1, default=str)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Paired comparison of two saved results (envace compare)
+# --------------------------------------------------------------------------------------------------------
+
+
+def load_result(path: str) -> dict[str, Any]:
+    """A saved evaluation result (:func:`save_result`) as a dict; an error names the file if it is not one."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not JSON: {e}") from e
+    if not isinstance(d, dict) or not isinstance(d.get("per_task"), list):
+        raise ValueError(f"{path} is not a saved evaluation result (no per_task list; write one with envace eval --out)")
+    for i, row in enumerate(d["per_task"]):
+        if not isinstance(row, dict) or "task_id" not in row or not isinstance(row.get("successes"), list) or not row["successes"]:
+            raise ValueError(f"{path}: per_task[{i}] has no task_id or no per-sample successes")
+    return d
+
+
+def result_identity(d: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """(suite, split, task ids) of a saved result; suite and split fall back to its ``config``."""
+    conf = d.get("config") or {}
+    suite = d.get("suite") or conf.get("suite") or ""
+    split = d.get("split") or conf.get("split") or ""
+    return str(suite), str(split), [str(r["task_id"]) for r in d["per_task"]]
+
+
+def comparison_mismatch(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B"), examples: int = 3) -> str | None:
+    """Why two saved results cannot be compared paired (other suite, split or task set), or None."""
+    (sa, pa, ta), (sb, pb, tb) = result_identity(a), result_identity(b)
+    na, nb = names
+    for label, x, y in (("suites", sa, sb), ("splits", pa, pb)):
+        if x and y and x != y:
+            return f"different {label}: {na} is {x!r}, {nb} is {y!r}"
+    for name, ids in ((na, ta), (nb, tb)):
+        dup = sorted(i for i, c in Counter(ids).items() if c > 1)
+        if dup:
+            return f"{name} lists task ids more than once: {', '.join(dup[:examples])}"
+    only_a, only_b = sorted(set(ta) - set(tb)), sorted(set(tb) - set(ta))
+    if only_a or only_b:
+        ex = lambda xs: ", ".join(xs[:examples]) + (", ..." if len(xs) > examples else "")  # noqa: E731
+        parts = ([f"{len(only_a)} only in {na} ({ex(only_a)})"] if only_a else []) + ([f"{len(only_b)} only in {nb} ({ex(only_b)})"] if only_b else [])
+        return f"different task sets: {len(only_a) + len(only_b)} task ids differ ({len(ta)} in {na}, {len(tb)} in {nb}): " + "; ".join(parts)
+    return None
+
+
+def compare_per_task(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str, Any]], resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """Paired comparison (:func:`envace.stats.paired_comparison`) of two per-task lists over the tasks they share,
+    aligned by task id: ``overall``, ``by_kind`` (tasks with ``kind``) and ``by_domain`` (with several domains),
+    each ``{"n_tasks", "a": {"rate", "ci95"}, "b": {...}, "diff", "diff_ci95", "p", "p_method"}``."""
+    by_b = {r["task_id"]: r for r in rows_b}
+    pairs = [(r, by_b[r["task_id"]]) for r in rows_a if r["task_id"] in by_b]
+
+    def cmp(ps: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+        c = paired_comparison([x["successes"] for x, _ in ps], [y["successes"] for _, y in ps], resamples, seed)
+        rate = lambda r: {"rate": r[0], "ci95": [r[1], r[2]]}  # noqa: E731
+        return {"n_tasks": c["n_tasks"], "a": rate(c["a"]), "b": rate(c["b"]), "diff": c["diff"], "diff_ci95": list(c["diff_ci"]), "p": c["p"], "p_method": c["p_method"]}
+
+    out: dict[str, Any] = {"overall": cmp(pairs)}
+    for group in ("kind", "domain"):
+        names = sorted({str(x[group]) for x, _ in pairs if group in x})
+        if group == "domain" and len(names) < 2:
+            continue
+        out[f"by_{group}"] = {n: cmp([(x, y) for x, y in pairs if str(x.get(group)) == n]) for n in names}
+    return out
+
+
+def compare_results(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B"), resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """Compare saved result ``b`` with ``a`` on the same tasks (``envace compare``); refuses (ValueError naming
+    the mismatch) results of other suites, splits or task sets."""
+    why = comparison_mismatch(a, b, names)
+    if why is not None:
+        raise ValueError(f"cannot compare {names[0]} and {names[1]}: {why}")
+    suite, split, ids = result_identity(a)
+    samples = sorted({len(r["successes"]) for d in (a, b) for r in d["per_task"]})
+    return {"a": names[0], "b": names[1], "suite": suite or result_identity(b)[0], "split": split or result_identity(b)[1], "n_tasks": len(ids),
+            "samples": samples, "resamples": resamples, "seed": seed, **compare_per_task(a["per_task"], b["per_task"], resamples, seed)}
+
+
+P_METHODS = {"mcnemar_exact": "exact McNemar", "sign_flip": "paired sign-flip permutation"}
+
+
+def format_comparison(c: dict[str, Any]) -> str:
+    """The table of :func:`compare_results`: per group, A and B success with 95% Wilson intervals over tasks,
+    the difference B - A with its paired bootstrap 95% interval, and the p-value."""
+    head = ["", "n", "A success [95% CI]", "B success [95% CI]", "B - A", "paired 95% CI", "p"]
+    rows = []
+
+    def row(name: str, x: dict[str, Any]) -> list[str]:
+        lo, hi = x["diff_ci95"]
+        return [name, str(x["n_tasks"]), fmt_rate(x["a"]["rate"], *x["a"]["ci95"]), fmt_rate(x["b"]["rate"], *x["b"]["ci95"]), f"{x['diff']:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]", fmt_p(x["p"])]
+
+    rows.append(row("overall", c["overall"]))
+    for group in ("by_kind", "by_domain"):
+        for name, x in c.get(group, {}).items():
+            rows.append(row(f"{group[3:]}/{name}", x))
+    widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+    lines = [f"A = {c['a']}, B = {c['b']}: {c['suite'] or '?'}/{c['split'] or '?'}, {c['n_tasks']} tasks, samples per task {'/'.join(map(str, c['samples']))}"]
+    lines += ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in [head] + rows]
+    methods = sorted({c["overall"]["p_method"], *(x["p_method"] for g in ("by_kind", "by_domain") for x in c.get(g, {}).values())})
+    lines.append(f"intervals: Wilson over tasks (per-task mean success); B - A: paired bootstrap over tasks ({c['resamples']} resamples, seed {c['seed']}); "
+                 f"p: {', '.join(P_METHODS.get(m, m) for m in methods)}")
+    return "\n".join(lines)

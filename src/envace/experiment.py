@@ -14,7 +14,7 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   one (envace.fidelity), with the arm's own Rehearse model (the policy; the second model for ``per_role``; the
   frozen simulator for ``simulator``).
 
-Everything goes to ``out_dir``: ``results.json`` (rewritten after every arm; a rerun with the same config skips
+Everything goes to ``out_dir``: ``results.json`` (each evaluation with its metrics and per-task outcomes; rewritten after every arm; a rerun with the same config skips
 the (arm, seed) pairs already there -- ``seeds`` may differ: more seeds are added, fewer are reported -- and training itself resumes from its checkpoints), the per-arm training
 folders, and the report (``report.md``, ``report.html``, PNG figures, ``trajectories.html``; see envace.report).
 
@@ -253,7 +253,7 @@ def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str
         _say(f"{label}: evaluating at N={n}" + (f" ({mode})" if n else "") + f" on {len(tasks)} tasks x {cfg.eval_samples}")
         res = evaluate_at_budget(policy, tasks, samples=cfg.eval_samples, rollout=rc if n == 0 else attempts_rc, n=n, mode=mode, tts_options=tts_options)
         policy.release_all()
-        evals.append({"n": n, "mode": mode, "metrics": res.metrics})
+        evals.append({"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task})  # per-task outcomes: paired comparisons
     out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
     if cfg.fidelity_tasks > 0:
         _say(f"{label}: rehearsal fidelity on {cfg.fidelity_tasks} tasks x {cfg.fidelity_samples} (shadow mode)")
@@ -302,6 +302,7 @@ in the same out_dir."""
 
 def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
     """Run every arm for every seed, evaluate, and write results.json and the report into ``cfg.out_dir``."""
+    from .evaluation import rate_with_ci
     from .report import write_report
 
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -339,7 +340,7 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             results["elapsed_s"] = time.perf_counter() - t0
             _write_json(path, results)
             head = next(e for e in rec["evals"] if e["n"] == min(cfg.tts_budgets))["metrics"]
-            _say(f"{label}: success {head['success_rate']:.3f}, tool F1 {head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)")
+            _say(f"{label}: success {rate_with_ci(head)}, tool F1 {head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)")
     _write_json(path, results)  # every seed ever run here; the report shows the config's seeds
     shown = {**results, "runs": {arm: {s: r for s, r in runs.items() if int(s) in cfg.seeds} for arm, runs in results["runs"].items()}}
     _say(f"writing the report (seeds {', '.join(map(str, cfg.seeds))})")

@@ -21,14 +21,25 @@ Per (rehearsed, real) pair, in :func:`observation_fidelity` (all in {0, 1} excep
 An invalid rehearsal reproduces nothing: it scores 0 on every metric (although a ``bad_format`` error is
 formally an error observation, it is not counted as agreeing with a real error).
 
-:func:`aggregate` averages the pairs overall, per domain (``task.env``) and per tool (``domain/tool``).
+:func:`aggregate` averages the pairs overall, per domain (``task.env``) and per tool (``domain/tool``), and
+splits them where rehearsal is known to fail (EnvSimBench: simulators are near-perfect when the state does not
+change and fail when several state fields change at once), by :data:`BREAKDOWNS`:
+
+- ``by_state``: ``read`` (the real call changed no top-level field of the environment's ``state()``) vs
+  ``write`` (it changed some); the rollout records the changed fields next to each real observation
+  (``Step.shadow_changed``), ``unknown`` for trajectories recorded without them;
+- ``by_changed_fields``: how many top-level state fields the real call changed (``0``, ``1``, ``2``, ``3+``);
+- ``by_outcome``: whether the *real* observation is a ``success`` or an ``error``;
+- ``by_position``: the Act step of the trajectory the call came from (``1``, ``2``, ``3+``).
+
+Every pair falls in exactly one bucket of each breakdown, so each breakdown's counts add up to the total.
 :func:`measure_fidelity` runs the shadow rollouts and aggregates.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .backends.base import Backend
 from .rollout import RolloutConfig, RolloutEngine
@@ -142,9 +153,33 @@ class FidelityPair:
     rehearsed: Any
     real: Any
     scores: dict[str, float]
+    changed: list[str] | None = None
+    """Top-level state fields the real call changed ([]: a read; None: not recorded)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """A split of the pairs into buckets: ``bucket(pair)`` is one of ``order``."""
+
+    doc: str
+    bucket: Callable[[FidelityPair], str]
+    order: tuple[str, ...]
+
+
+def _capped(n: int, cap: int) -> str:
+    return f"{cap}+" if n >= cap else str(n)
+
+
+BREAKDOWNS: dict[str, Breakdown] = {
+    "by_state": Breakdown("read (no state change) vs write", lambda p: "unknown" if p.changed is None else ("write" if p.changed else "read"), ("read", "write", "unknown")),
+    "by_changed_fields": Breakdown("top-level state fields changed", lambda p: "unknown" if p.changed is None else _capped(len(p.changed), 3), ("0", "1", "2", "3+", "unknown")),
+    "by_outcome": Breakdown("real observation: success vs error", lambda p: "error" if is_error_obs(p.real) else "success", ("success", "error")),
+    "by_position": Breakdown("Act step of the trajectory", lambda p: _capped(p.step + 1, 3), ("1", "2", "3+")),
+}
+"""The breakdowns of :func:`aggregate` (module docstring), by summary key."""
 
 
 def collect_pairs(trajs: Sequence[Trajectory], tasks: Sequence[Task]) -> tuple[list[FidelityPair], dict[str, int]]:
@@ -168,7 +203,8 @@ def collect_pairs(trajs: Sequence[Trajectory], tasks: Sequence[Task]) -> tuple[l
                     skipped["n_no_shadow"] += 1
                     continue
                 tool = step.calls[i].name if i < len(step.calls) else "?"
-                pairs.append(FidelityPair(tr.task_id, tr.id, domain, tool, si, i, src, obs, real, observation_fidelity(obs, real)))
+                changed = step.shadow_changed[i] if i < len(step.shadow_changed) else None
+                pairs.append(FidelityPair(tr.task_id, tr.id, domain, tool, si, i, src, obs, real, observation_fidelity(obs, real), changed))
     return pairs, skipped
 
 
@@ -179,17 +215,24 @@ def mean_scores(pairs: Sequence[FidelityPair]) -> dict[str, float]:
 
 
 def aggregate(pairs: Sequence[FidelityPair]) -> dict[str, Any]:
-    """``{"overall": scores, "by_domain": {domain: scores}, "by_tool": {"domain/tool": scores}}``."""
+    """``{"overall": scores, "by_domain": {domain: scores}, "by_tool": {"domain/tool": scores}}`` and one
+    ``{bucket: scores}`` per :data:`BREAKDOWNS` entry (buckets in their order, empty ones left out)."""
     by_domain: dict[str, list[FidelityPair]] = {}
     by_tool: dict[str, list[FidelityPair]] = {}
     for p in pairs:
         by_domain.setdefault(p.domain, []).append(p)
         by_tool.setdefault(f"{p.domain}/{p.tool}", []).append(p)
-    return {
+    out: dict[str, Any] = {
         "overall": mean_scores(pairs),
         "by_domain": {k: mean_scores(v) for k, v in sorted(by_domain.items())},
         "by_tool": {k: mean_scores(v) for k, v in sorted(by_tool.items())},
     }
+    for key, bd in BREAKDOWNS.items():
+        buckets: dict[str, list[FidelityPair]] = {b: [] for b in bd.order}
+        for p in pairs:
+            buckets[bd.bucket(p)].append(p)
+        out[key] = {b: mean_scores(v) for b, v in buckets.items() if v}
+    return out
 
 
 @dataclass
@@ -210,7 +253,8 @@ class FidelityResult:
 
 
 def format_fidelity(summary: dict[str, Any]) -> str:
-    """A text table: overall, then one line per domain and per tool."""
+    """A text table: overall, then one line per domain and per tool, then the breakdowns (read / write, state
+    fields changed, real success / error, position)."""
     head = f"{'':<32} {'n':>5} " + " ".join(f"{k:>8}" for k in METRICS)
     lines = [head]
 
@@ -221,6 +265,10 @@ def format_fidelity(summary: dict[str, Any]) -> str:
     for group in ("by_domain", "by_tool"):
         for name, s in summary.get(group, {}).items():
             lines.append(line(("  " if group == "by_tool" else "") + name, s))
+    for key, bd in BREAKDOWNS.items():
+        if summary.get(key):
+            lines.append(f"{bd.doc}:")
+            lines += [line(f"  {key[3:]}={name}", s) for name, s in summary[key].items()]
     if summary.get("skipped"):
         lines.append("skipped: " + ", ".join(f"{k}={v}" for k, v in summary["skipped"].items()))
     return "\n".join(lines)
@@ -242,5 +290,5 @@ def measure_fidelity(policy: Backend, tasks: list[Task], rollout_cfg: RolloutCon
 
 __all__ = [
     "METRICS", "leaf_paths", "path_str", "is_valid_rehearsal", "mismatched_leaves", "leaf_accuracy", "keys_match", "observation_fidelity",
-    "FidelityPair", "collect_pairs", "mean_scores", "aggregate", "FidelityResult", "format_fidelity", "measure_fidelity",
+    "FidelityPair", "Breakdown", "BREAKDOWNS", "collect_pairs", "mean_scores", "aggregate", "FidelityResult", "format_fidelity", "measure_fidelity",
 ]

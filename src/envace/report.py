@@ -1,9 +1,12 @@
-"""The experiment report: tables (mean +- std over seeds), figures and a trajectory viewer, all static files.
+"""The experiment report: tables (95% intervals over tasks, spread over seeds), figures and a trajectory viewer, all static files.
 
 :func:`write_report` turns an experiment's ``results.json`` content (envace.experiment) into, in its folder:
 
-- ``report.md`` and ``report.html``: the main table (every arm at N=0), the test-time rehearsal table
-  (success at every budget N and mode), the rehearsal-fidelity table (overall, per domain, per tool) and the
+- ``report.md`` and ``report.html``: the main table (every arm at N=0: success with its 95% Wilson interval over
+  tasks and its spread over seeds), the paired comparison of every RL arm with SFT (difference, paired bootstrap
+  interval, p-value; envace.stats), success by task kind (when tasks carry one), the test-time rehearsal table
+  (success at every budget N and mode), the rehearsal-fidelity tables (overall; read vs write, state fields
+  changed, real success vs error, position; per domain, per tool) and the
   figures. The HTML page embeds its figures (base64) and needs nothing from the network.
 - ``curve_reward.png`` (training reward vs step, one line per RL arm, mean +- std band over seeds),
   ``curve_train_success.png``, ``curve_sft_nll.png`` (the warm-up) and ``tts_budget.png`` (success vs N).
@@ -22,8 +25,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .fidelity import BREAKDOWNS as FID_BREAKDOWNS
 from .fidelity import METRICS as FID_METRICS
 from .fidelity import Path, mismatched_leaves, observation_fidelity
+from .stats import fmt_p, fmt_rate, rate_interval, seed_spread
 from .types import Trajectory
 
 MAIN_METRICS: tuple[tuple[str, str], ...] = (
@@ -74,6 +79,51 @@ def eval_values(results: dict[str, Any], arm: str, n: int, mode: str, metric: st
             if e["n"] == n and (n == 0 or e["mode"] == mode) and metric in e["metrics"]:
                 out.append(float(e["metrics"][metric]))
     return out
+
+
+def _eval_entry(rec: dict[str, Any], n: int, mode: str) -> dict[str, Any] | None:
+    return next((e for e in rec["evals"] if e["n"] == n and (n == 0 or e["mode"] == mode)), None)
+
+
+def per_task_outcomes(results: dict[str, Any], arm: str, n: int, mode: str, seeds: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The arm's per-task rows at budget (n, mode), each task's ``successes`` pooled over the seeds (every seed
+    evaluates the same held-out tasks), in task order; ``seeds`` restricts the pool. Empty when some seed's
+    evaluation kept no per-task outcomes (results written before they were recorded)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for s in sorted(results["runs"].get(arm, {}), key=int):
+        if seeds is not None and s not in seeds:
+            continue
+        e = _eval_entry(results["runs"][arm][s], n, mode)
+        if e is None:
+            continue
+        if "per_task" not in e:
+            return []
+        for r in e["per_task"]:
+            row = rows.setdefault(r["task_id"], {k: v for k, v in r.items() if k in ("task_id", "domain", "kind")} | {"successes": []})
+            row["successes"] = row["successes"] + list(r["successes"])
+    return list(rows.values())
+
+
+def success_cell(results: dict[str, Any], arm: str, n: int, mode: str, spread: bool = False) -> str:
+    """``rate [95% CI]``: the success rate of the arm's per-task outcomes pooled over seeds with its Wilson
+    interval over tasks (envace.stats.rate_interval); ``spread`` appends ``· sd X`` over seeds when there are
+    several. Results without per-task outcomes fall back to mean ± std over seeds."""
+    rows = per_task_outcomes(results, arm, n, mode)
+    per_seed = eval_values(results, arm, n, mode, "success_rate")
+    if not rows:
+        return fmt_ms(mean_std(per_seed))
+    cell = fmt_rate(*rate_interval([r["successes"] for r in rows]))
+    return cell + (f" · sd {mean_std(per_seed)[1]:.3f}" if spread and len(per_seed) > 1 else "")
+
+
+def seed_cell(values: Sequence[float], digits: int = 3) -> str:
+    """Spread over seeds: ``mean ± std (min–max)``; one seed: its value; none: ``–``."""
+    sp = seed_spread(values)
+    if not sp["n"]:
+        return "–"
+    if sp["n"] == 1:
+        return f"{sp['mean']:.{digits}f}"
+    return f"{sp['mean']:.{digits}f} ± {sp['std']:.{digits}f} ({sp['min']:.{digits}f}–{sp['max']:.{digits}f})"
 
 
 def budget_keys(results: dict[str, Any]) -> list[tuple[int, str]]:
@@ -128,20 +178,63 @@ def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     metrics = list(MAIN_METRICS)
     if k > 1:
         metrics.insert(1, (f"pass^{k}", f"pass^{k}"))
-    head = ["arm", *[lbl for _, lbl in metrics], "fidelity leaf acc", "train s"]
+    head = ["arm", "success [95% CI]", "success over seeds", *[lbl for _, lbl in metrics[1:]], "fidelity leaf acc", "train s"]
     rows = []
     for arm in results["arms"]:
-        row = [arm] + [fmt_ms(mean_std(eval_values(results, arm, 0, "none", m)), 3 if m in RATE_METRICS or m.startswith("pass^") else 1) for m, _ in metrics]
+        row = [arm, success_cell(results, arm, 0, "none"), seed_cell(eval_values(results, arm, 0, "none", "success_rate"))]
+        row += [fmt_ms(mean_std(eval_values(results, arm, 0, "none", m)), 3 if m in RATE_METRICS or m.startswith("pass^") else 1) for m, _ in metrics[1:]]
         row.append(fmt_ms(mean_std(fidelity_values(results, arm)["leaf_acc"])))
         row.append(fmt_ms(mean_std([r.get("train_s", 0.0) for r in _seeds(results, arm)]), 0))
         rows.append(row)
     return head, rows
 
 
-def tts_table(results: dict[str, Any], metric: str = "success_rate") -> tuple[list[str], list[list[str]]]:
+def tts_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Success at every budget: ``rate [95% CI]`` pooled over seeds, and ``· sd`` over seeds when several."""
     keys = budget_keys(results)
     head = ["arm", *[_budget_label(n, m) for n, m in keys]]
-    rows = [[arm, *[fmt_ms(mean_std(eval_values(results, arm, n, m, metric))) for n, m in keys]] for arm in results["arms"]]
+    rows = [[arm, *[success_cell(results, arm, n, m, spread=True) for n, m in keys]] for arm in results["arms"]]
+    return head, rows
+
+
+def kind_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Success at N=0 by task kind (tasks carrying ``metadata["kind"]``), ``rate [95% CI] (tasks)`` pooled over
+    seeds; no rows when no task has a kind."""
+    per_arm = {arm: per_task_outcomes(results, arm, 0, "none") for arm in results["arms"]}
+    kinds = sorted({str(r["kind"]) for rows in per_arm.values() for r in rows if "kind" in r})
+    rows = []
+    for arm, ts in per_arm.items():
+        cells = []
+        for k in kinds:
+            sel = [r["successes"] for r in ts if str(r.get("kind")) == k]
+            cells.append(f"{fmt_rate(*rate_interval(sel))} ({len(sel)})" if sel else "–")
+        if kinds:
+            rows.append([arm, *cells])
+    return ["arm", *kinds], rows
+
+
+def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[str], list[list[str]]]:
+    """Each RL arm against ``baseline`` at N=0, paired over the same held-out tasks (per-task outcomes pooled over
+    the seeds both ran): both rates with 95% Wilson intervals, the difference (arm - baseline) with its paired
+    bootstrap 95% interval, and the p-value (exact McNemar with one binary outcome per task, else paired
+    sign-flip permutation); see envace.stats."""
+    from .evaluation import compare_per_task
+
+    head = ["arm", f"{baseline} [95% CI]", "arm [95% CI]", f"arm - {baseline}", "paired 95% CI", "p", "test", "tasks", "seeds"]
+    rows: list[list[str]] = []
+    if baseline not in results["arms"]:
+        return head, rows
+    for arm in results["arms"]:
+        if arm in ("base", baseline):
+            continue
+        seeds = sorted(set(results["runs"].get(arm, {})) & set(results["runs"].get(baseline, {})), key=int)
+        a, b = per_task_outcomes(results, baseline, 0, "none", seeds), per_task_outcomes(results, arm, 0, "none", seeds)
+        if not a or not b:
+            rows.append([arm] + ["–"] * (len(head) - 1))
+            continue
+        c = compare_per_task(a, b)["overall"]
+        rows.append([arm, fmt_rate(c["a"]["rate"], *c["a"]["ci95"]), fmt_rate(c["b"]["rate"], *c["b"]["ci95"]), f"{c['diff']:+.3f}",
+                     "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]), fmt_p(c["p"]), c["p_method"].replace("_", " "), str(c["n_tasks"]), str(len(seeds))])
     return head, rows
 
 
@@ -160,6 +253,20 @@ def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[lis
                     rows.append([arm, "0"] + ["–"] * len(FID_METRICS))
                 continue
             rows.append([arm] + ([] if name is None else [name]) + [f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS])
+    return head, rows
+
+
+def fidelity_breakdown_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Fidelity where rehearsal fails (envace.fidelity.BREAKDOWNS): per arm, read vs write calls, the number of
+    state fields changed, real success vs error and the position in the trajectory; mean ± std over seeds."""
+    head = ["arm", "split", "bucket", "pairs", *FID_METRICS]
+    rows = []
+    for arm in results["arms"]:
+        for key, bd in FID_BREAKDOWNS.items():
+            for name in bd.order:
+                v = fidelity_values(results, arm, key, name)
+                if v["n"]:
+                    rows.append([arm, key[3:], name, f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS])
     return head, rows
 
 
@@ -394,29 +501,41 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     n_seeds = max((len(results["runs"].get(a, {})) for a in results["arms"]), default=0)
     tables = {
         "main": main_table(results),
+        "paired": paired_table(results),
+        "kinds": kind_table(results),
         "tts": tts_table(results),
         "fidelity": fidelity_table(results),
         "fidelity_domain": fidelity_table(results, "by_domain"),
         "fidelity_tool": fidelity_table(results, "by_tool"),
+        "fidelity_breakdown": fidelity_breakdown_table(results),
     }
     captions = {
-        "main": f"Held-out tasks in the real environment, no test-time rehearsal (N=0); mean ± std over {n_seeds} seed(s).",
-        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential).",
+        "main": f"Held-out tasks in the real environment, no test-time rehearsal (N=0). Success: the per-task outcomes of all {n_seeds} seed(s) pooled, "
+                "with the 95% Wilson interval over tasks (conservative with several outcomes per task, envace.stats); over seeds: mean ± std (min–max) "
+                "of each seed's rate. Other columns: mean ± std over seeds.",
+        "paired": "Each RL arm against SFT on the same held-out tasks (N=0, outcomes pooled over the seeds both ran): the difference with its paired "
+                  "bootstrap 95% interval over tasks (10,000 resamples, seeded) and its p-value (exact McNemar for one binary outcome per task, "
+                  "else a paired sign-flip permutation test of per-task mean success).",
+        "kinds": "Success at N=0 by task kind (rate [95% Wilson interval] (tasks), pooled over seeds).",
+        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential): "
+               "rate [95% Wilson interval over tasks] pooled over seeds, · sd = std of the per-seed rates.",
         "fidelity": "Rehearsal fidelity of each arm's Rehearse model on shadow rollouts (valid JSON, exact match, key-set match, leaf-value accuracy, error-vs-success agreement).",
         "fidelity_domain": "Fidelity per domain.",
         "fidelity_tool": "Fidelity per tool.",
+        "fidelity_breakdown": "Fidelity split where rehearsal fails: read (the real call changed no top-level state field) vs write, the number of "
+                              "state fields the real call changed, real success vs error observation, and the Act step the call came from (1, 2, 3+).",
     }
-    titles = {"main": "Main results", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool"}
+    titles = {"main": "Main results", "paired": "Paired comparison with SFT", "kinds": "Success by task kind", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool", "fidelity_breakdown": "Fidelity by state change, outcome and position"}
     fig_titles = {"curve_reward": "Training reward", "curve_train_success": "Training success", "curve_sft_nll": "SFT warm-up", "tts_budget": "Rehearsal budget"}
     docs = results.get("docs", {})
     arms_md = "\n".join(f"- **{a}**: {docs.get(a, '')}" for a in results["arms"])
 
     # Markdown
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
-    for key in ("main", "tts"):
+    for key in [k for k in ("main", "paired", "kinds", "tts") if tables[k][1]]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     md.append("## Figures\n\n" + "\n\n".join(f"![{fig_titles[k]}]({os.path.basename(v)})" for k, v in figs.items()) + "\n")
-    for key in ("fidelity", "fidelity_domain", "fidelity_tool"):
+    for key in ("fidelity", "fidelity_breakdown", "fidelity_domain", "fidelity_tool"):
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     md.append("## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: [trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n")
     if "elapsed_s" in results:
@@ -427,10 +546,11 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     # HTML
     arms_html = "".join(f"<li><b>{html.escape(a)}</b>: {html.escape(docs.get(a, ''))}</li>" for a in results["arms"])
     body = [f"<h1>EnvACE experiment in miniature</h1><p>{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"]
-    for key in ("main", "tts"):
+    for key in [k for k in ("main", "paired", "kinds", "tts") if tables[k][1]]:
         body.append(f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>{html.escape(captions[key])}</p>{html_table(*tables[key])}")
     body.append("<h2 id='figures'>Figures</h2>" + "".join(f"<img alt='{html.escape(fig_titles[k])}' src='{_img_data(v)}'>" for k, v in figs.items()))
     body.append(f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}")
+    body.append(f"<h3>{titles['fidelity_breakdown']}</h3><p class='meta'>{html.escape(captions['fidelity_breakdown'])}</p>{html_table(*tables['fidelity_breakdown'])}")
     for key in ("fidelity_domain", "fidelity_tool"):
         body.append(f"<details><summary>{titles[key]}</summary>{html_table(*tables[key])}</details>")
     body.append("<h2 id='trajectories'>Trajectories</h2><p>Rehearsed vs real observations with mismatches highlighted: "
@@ -445,6 +565,6 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 
 
 __all__ = [
-    "write_report", "main_table", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
-    "trajectory_html", "json_html", "mean_std", "fmt_ms", "eval_values", "curve", "LOADED_SUFFIX",
+    "write_report", "main_table", "paired_table", "kind_table", "per_task_outcomes", "success_cell", "seed_cell", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
+    "trajectory_html", "json_html", "fidelity_breakdown_table", "mean_std", "fmt_ms", "eval_values", "curve", "LOADED_SUFFIX",
 ]

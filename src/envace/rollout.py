@@ -16,8 +16,9 @@ calls of all trajectories as one batch per call index. A format error (Act outpu
 answered by the parser's structured error; with ``validate_in_code`` unknown tools and schema violations are
 too, else the Rehearse role must produce those errors itself (METHOD.md section 1). With ``reference_cache``
 a call identical to a recorded reference call is answered from the record (counted). ``shadow`` executes each
-rehearsed call in a copy of the real environment and records the real observation next to the rehearsed one
-(for fidelity evaluation only; never shown to the policy).
+rehearsed call in a copy of the real environment and records the real observation next to the rehearsed one,
+with the top-level state fields that real call changed (``Step.shadow_changed``; for fidelity evaluation only;
+never shown to the policy).
 """
 from __future__ import annotations
 
@@ -285,8 +286,13 @@ class RolloutEngine:
         elif not lv.done and lv.steps_in_turn >= self.cfg.max_steps_per_turn:
             self._truncate(lv, "max_steps_per_turn")
 
-    def _shadow(self, lv: _Live, call: ToolCall) -> Any:
-        return lv.env.call(call) if (self.cfg.shadow and lv.env is not None and not self.observer.needs_env) else None
+    def _shadow(self, lv: _Live, call: ToolCall) -> tuple[Any, list[str]] | None:
+        """Shadow mode: (the real observation of ``call``, the top-level state fields it changed); else None."""
+        if not (self.cfg.shadow and lv.env is not None and not self.observer.needs_env):
+            return None
+        before = lv.env.state()
+        obs = lv.env.call(call)
+        return obs, changed_fields(before, lv.env.state())
 
     # -- lockstep: all live trajectories' Act in one batch, then their observations call index by call index -----
     def _run_lockstep(self, lives: list[_Live], bar: Any) -> None:
@@ -429,12 +435,18 @@ class RolloutEngine:
         for call, obs, source, shadow in results:
             step.observations.append(obs)
             step.sources.append(source)
-            step.shadow.append(shadow)
+            step.shadow.append(None if shadow is None else shadow[0])
+            step.shadow_changed.append(None if shadow is None else shadow[1])
             content = tool_message_content(obs)
             lv.traj.messages.append(Message("tool", content))
             lv.act_ids += self.fmt.message("tool", content)
             if raw:
                 lv.reh_pending += ["[assistant] (malformed tool call)", f"[tool] {content}"]
+
+
+def changed_fields(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """The top-level keys of two ``state()`` snapshots whose values differ (added and removed keys too), sorted."""
+    return sorted(k for k in set(before) | set(after) if k not in before or k not in after or before[k] != after[k])
 
 
 def rollout(policy: Backend, tasks: list[Task], cfg: RolloutConfig, **kw: Any) -> list[Trajectory]:

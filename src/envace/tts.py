@@ -466,7 +466,7 @@ def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, sample
             rec.count(f"final/{key}", v)
         rec.timing["real_s"] = res.metrics["wall_s"]
     metrics = {**res.metrics, **tts_metrics(records)}
-    return TTSEvalResult(metrics, res.per_task, res.trajectories, records)
+    return TTSEvalResult(metrics, res.per_task, res.trajectories, split=res.split, records=records)
 
 
 def run_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[RehearsalRecord]:

@@ -246,7 +246,9 @@ class Step:
 
     ``calls`` are the parsed tool calls (empty for a text reply or a parse failure); ``observations[i]`` is the
     observation fed back for ``calls[i]`` and ``sources[i]`` where it came from. ``shadow[i]`` holds the real
-    observation recorded next to a rehearsed one in shadow mode (never shown to the policy).
+    observation recorded next to a rehearsed one in shadow mode (never shown to the policy), and
+    ``shadow_changed[i]`` the top-level fields of the environment's ``state()`` that this real call changed
+    (``[]``: a read; None where no real observation was recorded).
     """
 
     user_turn: int
@@ -257,6 +259,7 @@ class Step:
     observations: list[Any] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     shadow: list[Any] = field(default_factory=list)
+    shadow_changed: list[list[str] | None] = field(default_factory=list)
     rehearse_texts: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""Intervals and paired tests by hand: known Wilson values, exact McNemar against a direct binomial sum, the
+sign-flip test by enumeration, and a seeded paired bootstrap that is deterministic and covers the true difference."""
+import math
+
+import numpy as np
+import pytest
+
+from envace.stats import (
+    EXACT_FLIPS, fmt_rate, mcnemar_exact, paired_bootstrap, paired_comparison, rate_interval, seed_spread, sign_flip_p, wilson_interval,
+)
+
+
+def test_wilson_interval_matches_known_values():
+    # textbook values (Newcombe 1998; Agresti & Coull 1998) for z = 1.96
+    assert wilson_interval(8, 10) == pytest.approx((0.4902, 0.9433), abs=1e-4)
+    assert wilson_interval(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)  # upper = z^2 / (n + z^2)
+    assert wilson_interval(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)  # Newcombe's example 81/263
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def test_rate_interval_is_wilson_over_tasks_of_the_per_task_means():
+    assert rate_interval([[True], [False], [True], [True]]) == pytest.approx((0.75, *wilson_interval(3, 4)))
+    # two samples per task: the tasks are the units (n = 4 tasks, not 8 trials), so the interval is wider
+    two = [[True, True], [True, False], [False, True], [False, False]]
+    rate, lo, hi = rate_interval(two)
+    assert (rate, lo, hi) == pytest.approx((0.5, *wilson_interval(2, 4)))
+    assert hi - lo > wilson_interval(4, 8)[1] - wilson_interval(4, 8)[0]
+    with pytest.raises(ValueError, match="at least one sample"):
+        rate_interval([[True], []])
+    assert fmt_rate(*rate_interval([[True], [False]])) == "0.500 [0.095, 0.905]"
+
+
+def test_seed_spread_is_mean_sample_std_min_and_max():
+    assert seed_spread([0.5, 1.0]) == pytest.approx({"n": 2, "mean": 0.75, "std": 0.35355339, "min": 0.5, "max": 1.0})
+    assert seed_spread([0.4]) == {"n": 1.0, "mean": 0.4, "std": 0.0, "min": 0.4, "max": 0.4}
+    assert seed_spread([])["n"] == 0 and math.isnan(seed_spread([])["mean"])
+
+
+def _binomial_two_sided(k: int, n: int) -> float:
+    """Reference: sum of the Binomial(n, 1/2) probabilities of every outcome at most as likely as k."""
+    pmf = [math.comb(n, i) / 2**n for i in range(n + 1)]
+    return min(1.0, sum(p for p in pmf if p <= pmf[k] * (1 + 1e-12)))
+
+
+@pytest.mark.parametrize("n01,n10,concordant", [(1, 6, 5), (0, 4, 0), (3, 3, 2), (2, 9, 10), (0, 0, 7), (5, 1, 0)])
+def test_mcnemar_exact_is_the_binomial_test_of_the_discordant_pairs(n01, n10, concordant):
+    a = [False] * n01 + [True] * n10 + [True] * concordant
+    b = [True] * n01 + [False] * n10 + [True] * concordant
+    expected = 1.0 if n01 + n10 == 0 else _binomial_two_sided(min(n01, n10), n01 + n10)
+    assert mcnemar_exact(a, b) == pytest.approx(expected)
+    assert mcnemar_exact(b, a) == pytest.approx(expected)  # symmetric
+
+
+def test_mcnemar_exact_by_hand():
+    # 1 vs 6 discordant: 2 * (C(7,0) + C(7,1)) / 2^7 = 2 * 8 / 128
+    assert mcnemar_exact([0, 1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0, 0]) == pytest.approx(0.125)
+    assert mcnemar_exact([0, 0, 0, 0], [1, 1, 1, 1]) == pytest.approx(0.125)  # 2 / 2^4
+    with pytest.raises(ValueError):
+        mcnemar_exact([True], [True, False])
+
+
+def test_sign_flip_p_enumerates_the_sign_patterns_exactly():
+    assert sign_flip_p([0, 0, 0], [1, 1, 1]) == pytest.approx(2 / 8)  # only all-plus and all-minus reach |sum| 3
+    # differences (1, 1, -1, 0.5): zero differences are ignored; |sum| >= 1.5 in 6 of 16 patterns
+    d = np.array([1, 1, -1, 0.5])
+    signs = np.array([[s1, s2, s3, s4] for s1 in (1, -1) for s2 in (1, -1) for s3 in (1, -1) for s4 in (1, -1)])
+    expected = float(np.mean(np.abs(signs @ d) >= abs(d.sum()) - 1e-12))
+    assert sign_flip_p([0, 0, 1, 0, 0.2], [1, 1, 0, 0.5, 0.2]) == pytest.approx(expected)
+    assert sign_flip_p([0.5, 0.5], [0.5, 0.5]) == 1.0
+
+
+def test_sign_flip_p_monte_carlo_is_seeded_and_close_to_the_exact_value():
+    m = EXACT_FLIPS + 4  # past the exact limit
+    a, b = [0.0] * m, [1.0] * (m - 4) + [0.0, 0.0, -1.0, -1.0]  # 14 non-zero differences of size 1, sum 10
+    p = sign_flip_p(a, b, resamples=20_000, seed=3)
+    assert p == sign_flip_p(a, b, resamples=20_000, seed=3)
+    # exact: |sum of 14 random signs| >= 10, i.e. at least 12 of one sign: 2 * sum_{k>=12} C(14,k) / 2^14
+    exact = 2 * sum(math.comb(14, k) for k in range(12, 15)) / 2**14
+    assert p == pytest.approx(exact, abs=0.005)
+
+
+def test_paired_bootstrap_is_deterministic_with_a_seed_and_exact_for_a_constant_difference():
+    rng = np.random.default_rng(0)
+    a, b = rng.random(40), rng.random(40) + 0.2  # per-task mean successes
+    assert paired_bootstrap(a, b, seed=1) == paired_bootstrap(a, b, seed=1)
+    assert paired_bootstrap(a, b, seed=1) != paired_bootstrap(a, b, seed=2)
+    assert paired_bootstrap([0, 0, 0], [0.5, 0.5, 0.5]) == (0.5, 0.5)
+    lo, hi = paired_bootstrap(np.zeros(200), np.r_[np.ones(60), np.zeros(140)])
+    assert lo < 0.3 < hi and hi - lo == pytest.approx(2 * 1.96 * math.sqrt(0.3 * 0.7 / 200), abs=0.02)
+
+
+def test_paired_bootstrap_covers_the_true_difference_about_95_percent_of_the_time():
+    rng = np.random.default_rng(7)
+    covered, reps = 0, 200
+    for r in range(reps):  # true success 0.4 (A) and 0.6 (B), correlated through a per-task difficulty
+        hard = rng.random(60)
+        p_a = np.where(hard < 0.5, 0.2, 0.6)  # mean 0.4
+        p_b = np.where(hard < 0.5, 0.4, 0.8)  # mean 0.6
+        a, b = rng.random(60) < p_a, rng.random(60) < p_b
+        lo, hi = paired_bootstrap(a, b, resamples=2_000, seed=r)
+        covered += lo <= 0.2 <= hi
+    assert 0.88 <= covered / reps <= 0.99
+
+
+def test_paired_comparison_uses_mcnemar_for_one_binary_sample_and_sign_flip_otherwise():
+    a = [[False]] * 6 + [[True]] * 4
+    b = [[True]] * 6 + [[True]] * 4
+    c = paired_comparison(a, b, resamples=2_000)
+    assert c["p_method"] == "mcnemar_exact" and c["p"] == pytest.approx(2 / 2**6) and c["diff"] == pytest.approx(0.6)
+    assert c["a"] == pytest.approx(rate_interval(a)) and c["n_tasks"] == 10 and c["diff_ci"][0] <= 0.6 <= c["diff_ci"][1]
+    k2 = paired_comparison([[False, True]] * 3, [[True, True]] * 3)
+    assert k2["p_method"] == "sign_flip" and k2["p"] == pytest.approx(2 / 8) and k2["diff_ci"] == (0.5, 0.5)
+    with pytest.raises(ValueError, match="same tasks"):
+        paired_comparison([[True]], [[True], [False]])
