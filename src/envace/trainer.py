@@ -275,7 +275,7 @@ def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:
 def _check_context(trajs: list[Trajectory], cfg: TrainConfig) -> None:
     """A batch in which no trajectory got a single step because no prompt fits the context is a configuration
     error (training on it would silently do nothing); a few over-long tasks are only counted (truncated/context)."""
-    if trajs and all(t.truncated == "context" and not t.steps for t in trajs):
+    if trajs and all(t.truncated == "context:act" and not t.steps for t in trajs):
         r = cfg.rollout
         raise ValueError(
             f"no task of the batch fits the context: the first prompt of each ({', '.join(sorted({t.task_id for t in trajs}))[:200]}) "

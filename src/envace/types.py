@@ -284,7 +284,7 @@ class Trajectory:
     rows: list[Row] = field(default_factory=list)
     reward: float | None = None  # None = unscored (e.g. a judge failure): masked out of the update
     reward_info: dict[str, Any] = field(default_factory=dict)
-    truncated: str | None = None  # None, or why the episode was cut ("max_steps", "max_steps_per_turn", "context")
+    truncated: str | None = None  # None, or why the episode was cut ("max_steps", "max_steps_per_turn", "context:act", "context:rehearse")
     counters: dict[str, int] = field(default_factory=dict)
 
     def count(self, key: str, n: int = 1) -> None:
