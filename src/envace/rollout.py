@@ -17,7 +17,9 @@ answered by the parser's structured error; with ``validate_in_code`` unknown too
 too, else the Rehearse role must produce those errors itself (METHOD.md section 1). With ``reference_cache``
 a call identical to a recorded reference call is answered from the record (counted). ``shadow`` executes each
 rehearsed call in a copy of the real environment and records the real observation next to the rehearsed one
-(for fidelity evaluation only; never shown to the policy).
+(for fidelity evaluation only; never shown to the policy). Where a real environment ran a trajectory's calls
+(real mode, shadow copy), its own success check is applied to it when the trajectory ends
+(``Trajectory.env_outcome``), so scoring never executes those calls a second time.
 
 Context bound: before every Act generation and every Rehearse generation (the policy's, a second model's, or a
 simulator's chat) the engine checks prompt + ``max_new_tokens`` against ``max_context_tokens``; a context that
@@ -34,7 +36,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from .backends.base import Backend, Request, SamplingParams
-from .envs import USERS, Environment, UserSimulator, make_env
+from .envs import USERS, Environment, UserSimulator, final_outcome, make_env
 from .parsing import format_observation, parse_act, parse_observation, validate_call
 from .prompts import ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
 from .registry import Registry
@@ -280,6 +282,8 @@ class RolloutEngine:
             self.observer.backend.release(sessions)
         for lv in lives:
             if lv.env is not None:
+                # the outcome is checked in the environment the calls ran in, so scoring never runs them again
+                lv.traj.env_outcome = final_outcome(lv.env, lv.traj)
                 for kind, n in lv.env.faults.items():  # tool exceptions, timeouts, ... are counted, not silent
                     lv.traj.count(f"env/{kind}", n)
                 lv.env.close()
