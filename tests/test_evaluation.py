@@ -197,3 +197,41 @@ def test_compare_refuses_other_task_sets_splits_and_suites(tmp_path):
     (tmp_path / "x.json").write_text(json.dumps({"metrics": {}}))
     p = _compare_cli(tmp_path / "a.json", tmp_path / "x.json")
     assert p.returncode == 2 and "not a saved evaluation result" in p.stderr
+
+
+EVAL_CALLS: dict[str, list[str]] = {}  # task id -> every Environment.call on an environment made for it
+
+
+def _counting_bank(task):
+    from envace.envs import ENVS
+
+    env = ENVS.get("bank")(task)
+    inner = env.call
+    env.call = lambda c: EVAL_CALLS.setdefault(task.id, []).append(c.key()) or inner(c)
+    return env
+
+
+def test_evaluation_scores_each_trial_from_its_own_run_and_executes_every_call_once(tokenizer):
+    """The real trials' calls run once each; success comes from the environment they ran in (no replay)."""
+    from envace.envs import ENVS, make_env
+
+    make_env(load_tasks("bank", "train", n=1)[0])  # registers the built-in environments
+    if "eval_count" not in ENVS:
+        ENVS.add("eval_count", _counting_bank)
+    tasks = [t for t in load_tasks("bank", "test", n=30) if len(t.user_turns) == 1 and len(t.flat_gold()) >= 2][:3]
+    assert len(tasks) == 3
+    for t in tasks:
+        t.env = "eval_count"
+    by_user = {t.user_turns[0]: t for t in tasks}
+
+    def gold(prompt):  # the gold calls one per step, then the gold reply
+        task = next(t for u, t in by_user.items() if u in prompt)
+        n = prompt.count("<|im_start|>tool")
+        return task.flat_gold()[n].to_text() if n < len(task.flat_gold()) else task.gold_replies[0] or "Done."
+
+    EVAL_CALLS.clear()
+    res = evaluate(ScriptedBackend(tokenizer, gold), tasks, samples=2, rollout=RolloutConfig(max_steps=12, max_steps_per_turn=8))
+    assert res.metrics["success_rate"] == 1.0
+    for task in tasks:
+        assert sorted(EVAL_CALLS[task.id]) == sorted([c.key() for c in task.flat_gold()] * 2)  # two trials (interleaved), every call once
+    assert all(t.reward_info["scored_in"] == "rollout" and t.reward_info["n_replayed"] == 0 for t in res.trajectories)

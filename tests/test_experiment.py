@@ -17,7 +17,7 @@ from envace.envs import load_tasks
 from envace.experiment import ARMS, ExperimentConfig, budgets, load_experiment_config, run_experiment
 from envace.fidelity import measure_fidelity
 from envace.parsing import format_observation
-from envace.report import LOADED_SUFFIX, fidelity_breakdown_table, fmt_ms, json_html, kind_table, main_table, mean_std, paired_table, tts_table, write_report
+from envace.report import LOADED_SUFFIX, TRAIN_SUCCESS_CURVES, curve_lines, fidelity_breakdown_table, fmt_ms, json_html, kind_table, main_table, mean_std, paired_table, tts_table, write_report
 from envace.rollout import RolloutConfig
 from envace.sft import GoldTeacher
 
@@ -134,7 +134,7 @@ def synthetic(tokenizer, tmp_path_factory):
                           {"n": 1, "mode": "sequential", "metrics": _metrics(s, s)}],
                 "fidelity": fid.summary,
                 "examples": [t.to_dict(with_rows=False) for t in fid.trajectories],
-                "curve": [{"step": i, "reward/mean": 0.1 * i + s, "reward/success_rate": s} for i in (1, 2, 3)] if arm == "envace" else [{"step": 1, "sft/nll": 3.0}, {"step": 2, "sft/nll": 2.0}],
+                "curve": [{"step": i, "reward/mean": 0.1 * i + s, "reward/imagined_success_rate": s} for i in (1, 2, 3)] if arm == "envace" else [{"step": 1, "sft/nll": 3.0}, {"step": 2, "sft/nll": 2.0}],
                 "train_s": 10.0,
             }
     results = {"config": to_dict(cfg), "arms": list(cfg.arms), "docs": {a: ARMS.get(a).doc for a in cfg.arms}, "runs": runs}
@@ -143,6 +143,16 @@ def synthetic(tokenizer, tmp_path_factory):
         json.dump(results, f)
     files = write_report(results, str(out))
     return results, files
+
+
+def test_training_success_curves_name_imagined_and_real_success_apart(synthetic):
+    results, files = synthetic
+    curves = {"envace": [{"step": 1, "reward/imagined_success_rate": 0.75}], "real_env": [{"step": 1, "reward/real_success_rate": 0.25}],
+              "old": [{"step": 1, "reward/success_rate": 0.5}]}  # a plain key says neither: it is not drawn as either
+    res = {"arms": list(curves), "runs": {a: {"0": {"curve": c}} for a, c in curves.items()}}
+    assert curve_lines(res, TRAIN_SUCCESS_CURVES) == [("envace (imagined)", "envace", "reward/imagined_success_rate"), ("real_env (real env)", "real_env", "reward/real_success_rate")]
+    md = open(files["md"]).read()
+    assert "Training success: imagined vs real env" in md and "'imagined' is the success of rehearsed" in md
 
 
 def test_report_tables_show_wilson_intervals_over_tasks_and_the_spread_over_seeds(synthetic):
@@ -295,6 +305,8 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
         assert os.path.isfile(os.path.join(rec["models"]["policy"], "config.json")) or rec["models"]["policy"] == "tiny-random"
     for arm in ("real_env", "envace", "per_role", "simulator"):  # same budget: one iteration each, from the SFT checkpoint
         assert [m["step"] for m in res["runs"][arm]["0"]["curve"]] == [1]
+        world = "real" if arm == "real_env" else "imagined"
+        assert {k for k in res["runs"][arm]["0"]["curve"][0] if k.endswith("success_rate")} == {f"reward/{world}_success_rate"}
     assert res["runs"]["per_role"]["0"]["models"]["rehearser"].endswith("rehearser")
     assert res["runs"]["simulator"]["0"]["models"]["simulator"] == res["runs"]["sft"]["0"]["models"]["policy"]
     md = (out / "report.md").read_text()

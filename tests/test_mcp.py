@@ -122,3 +122,59 @@ def test_check_env_passes(explore_task):
     calls = [ToolCall("increment", {"by": 2}), ToolCall("add_note", {"title": "x", "text": "y"}), ToolCall("fail", {})]
     report = check_env(explore_task, calls=calls)
     assert report.ok, report.problems
+
+
+def _side_effect_tasks(tmp_path, **extra):
+    """The count_to_3 task on a server whose ``increment`` appends to a file (a real side effect)."""
+    log = tmp_path / "side_effects.txt"
+    spec = {"command": COMMAND, "env": {"MCP_TEST_SIDE_EFFECTS": str(log)}, **extra, "tasks": [
+        {"id": "count_to_3", "user_turns": ["Add 1 and then 2 to the counter and tell me the total."],
+         "gold_actions": [[{"name": "increment", "arguments": {"by": 1}}, {"name": "increment", "arguments": {"by": 2}}]],
+         "expected_outputs": ["3"], "split": "test"}]}
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(spec))
+    return load_tasks(f"mcp:{path}", "test"), log
+
+
+def _gold_then_reply(task):
+    def respond(prompt: str) -> str:
+        if "tool simulator" in prompt:
+            return '<observation>{"result": 0}</observation>'
+        n = prompt.count("<|im_start|>tool")
+        return task.flat_gold()[n].to_text() if n < len(task.flat_gold()) else "The counter is at 3."
+
+    return respond
+
+
+def _ran(log) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_evaluating_on_an_mcp_server_runs_each_call_once(tokenizer, tmp_path):
+    from envace.backends.scripted import ScriptedBackend
+    from envace.evaluation import evaluate
+    from envace.rollout import RolloutConfig
+
+    (task,), log = _side_effect_tasks(tmp_path)
+    res = evaluate(ScriptedBackend(tokenizer, _gold_then_reply(task)), [task], samples=1, rollout=RolloutConfig(max_steps=4))
+    assert _ran(log) == ["increment 1", "increment 2"]  # the single real execution, not replayed for scoring
+    assert res.metrics["success_rate"] == 1.0 and res.trajectories[0].reward_info["scored_in"] == "rollout"
+
+
+def test_scoring_a_rehearsed_trajectory_on_an_mcp_server_needs_the_replay_opt_in(tokenizer, tmp_path):
+    from envace.backends.scripted import ScriptedBackend
+    from envace.envs import ReplayNotAllowedError
+    from envace.rewards import REWARDS, RewardContext
+    from envace.rollout import RolloutConfig, RolloutEngine
+
+    (task,), log = _side_effect_tasks(tmp_path)
+    rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=4)
+    (traj,) = RolloutEngine(ScriptedBackend(tokenizer, _gold_then_reply(task)), rc).run([task])
+    assert traj.env_outcome is None and len(traj.calls()) == 2
+    with pytest.raises(ReplayNotAllowedError, match="allow_replay"):
+        REWARDS.get("grounded")(task, traj, RewardContext())
+    assert _ran(log) == []  # refused before anything ran
+    (task,), log = _side_effect_tasks(tmp_path, allow_replay=True)  # explicit opt-in: the calls run once, now
+    res = REWARDS.get("grounded")(task, traj, RewardContext())
+    assert res.value == 1.0 and res.info["scored_in"] == "replay" and res.info["n_replayed"] == 2
+    assert _ran(log) == ["increment 1", "increment 2"]

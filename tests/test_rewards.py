@@ -302,6 +302,17 @@ def test_grounded_replays_calls_in_a_fresh_real_environment():
     assert wrong.value == 0.0 and wrong.info["details"]["total"] == 2 and wrong.info["n_error_obs"] == 2
 
 
+def test_grounded_takes_the_outcome_of_the_run_itself_and_builds_no_environment():
+    import dataclasses
+
+    ran = dataclasses.replace(GOOD, env_outcome={"success": False, "reward": 0.25, "details": {"total": 4}, "n_calls": 2})
+    res = REWARDS.get("grounded")(make_task(env="rwtest_no_such_env"), ran, CTX)  # building that env would raise
+    assert res.value == 0.0 and res.info["scored_in"] == "rollout" and res.info["n_replayed"] == 0 and res.info["env_reward"] == 0.25
+    crashed = dataclasses.replace(GOOD, env_outcome={"error": "RuntimeError: boom", "n_calls": 2})
+    res = REWARDS.get("grounded")(make_task(env="rwtest_no_such_env"), crashed, CTX)
+    assert res.value is None and res.info["grounded_error"] == "RuntimeError: boom"
+
+
 def test_grounded_scorer_crash_is_unscored_and_unknown_env_raises():
     res = REWARDS.get("grounded")(make_task(env="rwtest_broken"), GOOD, CTX)
     assert res.value is None and "scorer crashed" in res.info["grounded_error"]

@@ -1,4 +1,5 @@
 """Rollout modes: role-tagged rows, what each role sees, the rehearsal firewall, limits and counters."""
+import dataclasses
 import json
 
 import pytest
@@ -252,3 +253,81 @@ def test_continuous_batching_unrolls_the_same_trajectories_as_lockstep(tiny, mod
         for x, y in zip(a.rows, b.rows):
             assert max((abs(p - q) for p, q in zip(x.old_logprobs, y.old_logprobs)), default=0.0) < 1e-4
     assert lock_calls > 0 and cont_calls == 0  # the continuous run went through the stream, not batch rounds
+
+
+class _SeenGoldHF(_GoldActHF):
+    """_GoldActHF that records (session, prompt length) of every generation it is asked for, batch or stream."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.seen = []
+
+    def generate(self, prompts, params, sessions=None):
+        self.seen += [(s, len(p)) for s, p in zip(sessions or [None] * len(prompts), prompts)]
+        return super().generate(prompts, params, sessions)
+
+    def generate_stream(self, requests, on_done, seed=None):
+        def spy(req, g):
+            nxt = on_done(req, g)
+            self.seen += [(r.session, len(r.prompt)) for r in nxt]
+            return nxt
+
+        self.seen += [(r.session, len(r.prompt)) for r in requests]
+        return super().generate_stream(requests, spy, seed)
+
+
+class _SeenHF(HFBackend):
+    """The tiny model as a second Rehearse model or a simulator, recording the prompt length of each generation."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.seen = []
+
+    def generate(self, prompts, params, sessions=None):
+        self.seen += [("other", len(p)) for p in prompts]
+        return super().generate(prompts, params, sessions)
+
+
+@pytest.mark.parametrize("mode,schedule", [("rehearsal", "lockstep"), ("rehearsal", "continuous"), ("per_role", "lockstep"), ("simulator", "lockstep"), ("real", "continuous")])
+def test_a_rehearse_context_over_the_limit_is_never_generated_from_and_is_counted(tiny, mode, schedule):
+    """A limit that Act's first context fits but the first call's Rehearse context (schemas, references, the
+    serialized conversation) does not: the trajectory ends there, visibly, with no Rehearse generation."""
+    model, tok = tiny
+    task = load_tasks("builtin", "train", n=4, seed=3)[0]
+    greedy = SamplingParams(temperature=0, max_new_tokens=48)
+    base = RolloutConfig(mode="rehearsal", schedule=schedule, group_size=2, max_steps=4, act=greedy, rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]))
+    probe = RolloutEngine(ScriptedBackend(tok, lambda p: ""), base)
+    lv = probe._start(task, 0, "probe")
+    n_act, n_reh = len(lv.act_ids), len(probe.rehearse_prompt(lv, task.flat_gold()[0]))
+    act_fits = n_act + 48 + 2
+    assert n_reh + 10 + 2 > act_fits  # the Rehearse context is the longer one here, as on the built-in suites
+
+    def run(limit):
+        be, other = _SeenGoldHF(model, tok, [task]), _SeenHF(model, tok)
+        c = dataclasses.replace(base, mode=mode, max_context_tokens=limit)
+        trajs = RolloutEngine(be, c, rehearser=other if mode == "per_role" else None, simulator=other if mode == "simulator" else None).run([task])
+        rehearse_gens = [n for s, n in be.seen if s is None or not s.endswith("/act")] + [n for _, n in other.seen]
+        return trajs, rehearse_gens
+
+    trajs, gens = run(act_fits)
+    if mode == "real":  # no Rehearse context at all: the real environment answered
+        assert all("context/rehearse" not in t.counters and t.steps[0].sources == ["real"] for t in trajs)
+        return
+    assert gens == []  # no Rehearse generation, least of all from an over-long prompt
+    for t in trajs:
+        assert t.truncated == "context:rehearse" and t.counters["context/rehearse"] == 1 and t.counters["truncated/context"] == 1
+        assert "context/act" not in t.counters
+        assert [r.role for r in t.rows] == ["act"] and len(t.steps) == 1 and t.steps[0].calls == task.flat_gold()[:1]
+    # a limit the first Rehearse context just fits: it is generated from (so the spies above can see one), and
+    # every Rehearse generation that happens fits the limit
+    limit = n_reh + 10 + 2
+    trajs, gens = run(limit)
+    assert gens and gens[0] == n_reh and all(n + 10 + 2 <= limit for n in gens)
+    assert all(t.steps[0].sources == ["rehearsed" if mode != "simulator" else "simulator"] for t in trajs)
+
+
+def test_an_act_context_over_the_limit_ends_the_trajectory_before_acting(tokenizer, bank_tasks):
+    be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
+    tr = RolloutEngine(be, cfg(max_context_tokens=64)).run(bank_tasks[:1])[0]
+    assert tr.truncated == "context:act" and tr.counters["context/act"] == 1 and tr.counters["truncated/context"] == 1
+    assert tr.steps == [] and tr.rows == [] and be.prompts == []

@@ -98,6 +98,37 @@ def test_every_variant_runs_a_short_cpu_training(tmp_path, variant):
     m = read_metrics(res.out_dir)[-1]
     assert m["step"] == 1 and "reward/mean" in m and "perf/iteration_s" in m
     assert m["rehearse/rows"] == 0 or VARIANTS.get(variant).mode in ("rehearsal", "per_role")
+    world = "real" if VARIANTS.get(variant).mode == "real" else "imagined"  # success is named by its world
+    assert {k for k in m if k.endswith("success_rate")} == {f"reward/{world}_success_rate"}
+
+
+def test_success_of_imagined_rollouts_is_never_logged_as_real_success(tokenizer):
+    """A rehearsal batch whose imagined calls all match the gold logs imagined success 1 and no plain or real
+    success key; a real batch logs real success by the environment's own check (here: not reached, since the
+    policy never replies with the expected outputs), whatever the gold-call reward says."""
+    from envace.rewards import RewardContext, make_reward
+    from envace.trainer import _summarise, score
+
+    tasks = [t for t in load_tasks("bank", "train", n=40) if len(t.user_turns) == 1 and t.expected_outputs][:2]
+    by_user = {t.user_turns[0]: t for t in tasks}
+
+    def gold_calls_then_ok(prompt):
+        if "tool simulator" in prompt:
+            return '<observation>{"ok": true}</observation>'
+        task = next(t for u, t in by_user.items() if u in prompt)
+        n = prompt.count("<|im_start|>tool")
+        return task.flat_gold()[n].to_text() if n < len(task.flat_gold()) else "ok"
+
+    out = {}
+    for mode in ("rehearsal", "real"):
+        trajs = RolloutEngine(ScriptedBackend(tokenizer, gold_calls_then_ok), RolloutConfig(mode=mode, group_size=2, max_steps=8)).run(tasks)
+        score(trajs, {t.id: t for t in tasks}, make_reward("gold_exact"), RewardContext())
+        assert all(t.reward == 1.0 for t in trajs)  # the calls are the gold ones either way
+        out[mode] = _summarise(trajs, 0)
+    assert out["rehearsal"]["reward/imagined_success_rate"] == 1.0
+    assert {k for k in out["rehearsal"] if "success" in k} == {"reward/imagined_success_rate"}
+    assert {k for k in out["real"] if "success" in k} == {"reward/real_success_rate"}
+    assert out["real"]["reward/real_success_rate"] == 0.0  # the real check wants the expected outputs in a reply
 
 
 def test_bf16_rollouts_decode_through_packed_weights_while_the_update_stays_float32(tmp_path, tiny):

@@ -105,9 +105,81 @@ def test_firewall_no_real_env_before_the_single_real_execution(tokenizer, tasks,
             assert all(o == {"rehearsed": True} for st in t.steps for o in st.observations)
         assert rec.final.mode == "real" and rec.final.steps[0].sources == ["real"]
         assert rec.success is not None
-    # one real execution per task: its calls are the first real calls (scoring replays them afterwards)
+    # one real execution per task: its calls are all the real calls (scoring does not replay them)
     real_calls = [e[1] for e in after if e[0] == "real"]
-    assert real_calls[: len(tasks)] == [tasks[i].flat_gold()[0].key() for i in range(len(tasks))]
+    assert real_calls == [tasks[i].flat_gold()[0].key() for i in range(len(tasks))]
+    assert after.count(("env",)) == len(tasks)
+
+
+CALLS: dict[str, list[str]] = {}  # task id -> every Environment.call on an environment made for it, in order
+
+
+def _counting_factory(task):
+    """A bank environment that records each ``call`` it is asked to run under the task's id."""
+    env = ENVS.get("bank")(task)
+    inner = env.call
+
+    def call(c):
+        CALLS.setdefault(task.id, []).append(c.key())
+        return inner(c)
+
+    env.call = call
+    return env
+
+
+@pytest.fixture
+def counted(tasks):
+    if "tts_count" not in ENVS:
+        ENVS.add("tts_count", _counting_factory)
+    for t in tasks:
+        t.env = "tts_count"
+    CALLS.clear()
+    return tasks
+
+
+def _executions_per_task(tasks, trajs):
+    """(ran, expected) per task id: every real ``call`` made for the task, and the calls of its real trials
+    (sorted: the trials of a task run side by side)."""
+    return {t.id: (sorted(CALLS.get(t.id, [])), sorted(c.key() for tr in trajs if tr.task_id == t.id for c in tr.calls())) for t in tasks}
+
+
+@pytest.mark.parametrize("n,mode", [(0, "parallel"), (2, "parallel"), (2, "sequential")])
+def test_each_task_s_calls_run_exactly_once_in_the_real_environment(tokenizer, counted, n, mode):
+    """run_tts and evaluate_at_budget: the real environment runs each call of the single real execution once;
+    scoring it (grounded success) uses that run and executes nothing again."""
+    from envace.evaluation import evaluate_at_budget
+
+    recs = run_tts(ScriptedBackend(tokenizer, scripted(counted)), counted, tcfg(n=n, mode=mode))
+    for task, rec in zip(counted, recs):
+        ran, expected = _executions_per_task([task], [rec.final])[task.id]
+        assert expected == [task.flat_gold()[0].key()]  # the real run made its call ...
+        assert ran == expected  # ... and it was executed once, not again for scoring
+        assert rec.success is not None and rec.final.reward_info["scored_in"] == "rollout"
+    CALLS.clear()
+    res = evaluate_at_budget(ScriptedBackend(tokenizer, scripted(counted)), counted, samples=2, rollout=tcfg().rollout, n=n, mode=mode)
+    for task_id, (ran, expected) in _executions_per_task(counted, res.trajectories).items():
+        assert len(expected) == 2 and ran == expected, task_id  # K=2 trials, each run once
+
+
+def test_the_execution_count_catches_a_final_run_that_happens_twice_or_is_replayed(tokenizer, counted, monkeypatch):
+    """The check above is not vacuous: a real phase that runs twice, or scoring that replays the calls, fails it."""
+    import envace.rollout
+    import envace.tts
+
+    def twice(*a, **k):
+        evaluate(*a, **k)
+        return evaluate(*a, **k)
+
+    def forgotten_outcome(env, traj):  # as if the rollout kept no outcome: scoring must replay
+        return None
+
+    for target, name, fake in ((envace.tts, "evaluate", twice), (envace.rollout, "final_outcome", forgotten_outcome)):
+        with monkeypatch.context() as m:
+            m.setattr(target, name, fake)
+            CALLS.clear()
+            recs = run_tts(ScriptedBackend(tokenizer, scripted(counted)), counted, tcfg(n=1))
+            counts = _executions_per_task(counted, [r.final for r in recs])
+            assert all(ran == sorted(expected + expected) for ran, expected in counts.values()), name
 
 
 def test_zero_budget_equals_plain_acting(tiny, tasks):

@@ -2,9 +2,9 @@
 
 Each task is run K times (``samples``) for real (``real`` rollout mode), optionally after private test-time
 rehearsal with a budget of N attempts (:func:`evaluate_at_budget`, which hands N > 0 to ``envace.tts``).
-Success is the task's own state-based check, applied by replaying the trajectory's calls in a fresh environment
-(``grounded`` reward): real environments here are deterministic, so this equals checking the environment the
-trajectory ran in.
+Success is the task's own check (``grounded`` reward) applied to the environment each trajectory ran in: the
+rollout records it when the trajectory ends (``Trajectory.env_outcome``), so every call of a real trial is
+executed exactly once (no replay: an MCP server's tools, or any with side effects, never run twice).
 
 Metrics (keys of :attr:`EvalResult.metrics`):
 

@@ -9,7 +9,9 @@
   changed, real success vs error, position; per domain, per tool) and the
   figures. The HTML page embeds its figures (base64) and needs nothing from the network.
 - ``curve_reward.png`` (training reward vs step, one line per RL arm, mean +- std band over seeds),
-  ``curve_train_success.png``, ``curve_sft_nll.png`` (the warm-up) and ``tts_budget.png`` (success vs N).
+  ``curve_train_success.png`` (success on the training rollouts, named by where their observations came from:
+  *imagined* for rehearsed / simulated rollouts, *real env* for real_env; the two are not the same quantity),
+  ``curve_sft_nll.png`` (the warm-up) and ``tts_budget.png`` (success vs N).
 - ``trajectories.html``: shadow trajectories of each arm, each rehearsed observation beside the real one,
   mismatching leaves highlighted (envace.fidelity.mismatched_leaves).
 
@@ -43,6 +45,17 @@ MAIN_METRICS: tuple[tuple[str, str], ...] = (
     ("wall_s", "eval s"),
 )
 RATE_METRICS = ("success_rate", "tool_f1", "tool_precision", "tool_recall", "call_f1", "format_valid_rate")
+TRAIN_SUCCESS_CURVES: dict[str, str] = {
+    "reward/imagined_success_rate": "imagined",
+    "reward/real_success_rate": "real env",
+}
+"""Training-success metrics (envace.trainer._summarise) -> the legend's name for them: success of imagined
+(rehearsed / simulated) trajectories is never drawn as if it were real-environment success."""
+TRAIN_SUCCESS_NOTE = (
+    "Training success: 'imagined' is the success of rehearsed or simulated rollouts (envace, per_role, simulator), "
+    "whose tool results the model imagined; 'real env' is the success of real_env's rollouts in the real environment. "
+    "They measure different things; the real-environment evaluation is the main table."
+)
 LOADED_SUFFIX = " [loaded]"
 """Appended to ``document.title`` by each page's script once it ran."""
 
@@ -296,24 +309,35 @@ def _plt():
     return plt
 
 
-def plot_curves(results: dict[str, Any], key: str, path: str, title: str, arms: Sequence[str] | None = None) -> str:
+def curve_lines(results: dict[str, Any], keys: str | dict[str, str], arms: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
+    """The lines a figure of training metrics draws, as ``(legend label, arm, metric key)``: for one metric
+    (``keys`` a str) one line per arm that logged it, labelled with the arm; for several named ones
+    (``{key: name}``) one line per (arm, key) the arm logged, labelled ``"<arm> (<name>)"``."""
+    named = {keys: ""} if isinstance(keys, str) else dict(keys)
+    out = []
+    for arm in arms if arms is not None else results["arms"]:
+        for key, name in named.items():
+            if curve(results, arm, key)[0]:
+                out.append((f"{arm} ({name})" if name else arm, arm, key))
+    return out
+
+
+def plot_curves(results: dict[str, Any], key: str | dict[str, str], path: str, title: str, arms: Sequence[str] | None = None, ylabel: str | None = None) -> str:
+    """Training metric(s) vs step, mean +- std band over seeds; ``key`` as in :func:`curve_lines`."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
-    drawn = 0
-    for arm in arms if arms is not None else results["arms"]:
-        steps, mean, std = curve(results, arm, key)
-        if not steps:
-            continue
+    lines = curve_lines(results, key, arms)
+    for label, arm, k in lines:
+        steps, mean, std = curve(results, arm, k)
         m, s = np.asarray(mean), np.asarray(std)
-        ax.plot(steps, m, marker="o", ms=3, label=arm)
+        ax.plot(steps, m, marker="o", ms=3, label=label)
         ax.fill_between(steps, m - s, m + s, alpha=0.2)
-        drawn += 1
-    if not drawn:
+    if not lines:
         ax.text(0.5, 0.5, "no training steps logged", ha="center", va="center", transform=ax.transAxes)
     else:
         ax.legend(fontsize=8)
     ax.set_xlabel("step")
-    ax.set_ylabel(key)
+    ax.set_ylabel(ylabel or (key if isinstance(key, str) else "value"))
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -493,7 +517,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     rl_arms = [a for a in results["arms"] if a not in ("base", "sft")]
     figs = {
         "curve_reward": plot_curves(results, "reward/mean", p("curve_reward.png"), "Training reward (mean ± std over seeds)", rl_arms),
-        "curve_train_success": plot_curves(results, "reward/success_rate", p("curve_train_success.png"), "Training success rate (on rollouts)", rl_arms),
+        "curve_train_success": plot_curves(results, TRAIN_SUCCESS_CURVES, p("curve_train_success.png"), "Training success on rollouts: imagined (rehearsed) vs real env", rl_arms, ylabel="success rate"),
         "curve_sft_nll": plot_curves(results, "sft/nll", p("curve_sft_nll.png"), "SFT warm-up NLL", [a for a in results["arms"] if a == "sft"]),
         "tts_budget": plot_tts(results, p("tts_budget.png")),
     }
@@ -526,7 +550,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
                               "state fields the real call changed, real success vs error observation, and the Act step the call came from (1, 2, 3+).",
     }
     titles = {"main": "Main results", "paired": "Paired comparison with SFT", "kinds": "Success by task kind", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool", "fidelity_breakdown": "Fidelity by state change, outcome and position"}
-    fig_titles = {"curve_reward": "Training reward", "curve_train_success": "Training success", "curve_sft_nll": "SFT warm-up", "tts_budget": "Rehearsal budget"}
+    fig_titles = {"curve_reward": "Training reward", "curve_train_success": "Training success: imagined vs real env", "curve_sft_nll": "SFT warm-up", "tts_budget": "Rehearsal budget"}
     docs = results.get("docs", {})
     arms_md = "\n".join(f"- **{a}**: {docs.get(a, '')}" for a in results["arms"])
 
@@ -534,7 +558,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
     for key in [k for k in ("main", "paired", "kinds", "tts") if tables[k][1]]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
-    md.append("## Figures\n\n" + "\n\n".join(f"![{fig_titles[k]}]({os.path.basename(v)})" for k, v in figs.items()) + "\n")
+    md.append("## Figures\n\n" + TRAIN_SUCCESS_NOTE + "\n\n" + "\n\n".join(f"![{fig_titles[k]}]({os.path.basename(v)})" for k, v in figs.items()) + "\n")
     for key in ("fidelity", "fidelity_breakdown", "fidelity_domain", "fidelity_tool"):
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     md.append("## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: [trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n")
@@ -548,7 +572,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     body = [f"<h1>EnvACE experiment in miniature</h1><p>{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"]
     for key in [k for k in ("main", "paired", "kinds", "tts") if tables[k][1]]:
         body.append(f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>{html.escape(captions[key])}</p>{html_table(*tables[key])}")
-    body.append("<h2 id='figures'>Figures</h2>" + "".join(f"<img alt='{html.escape(fig_titles[k])}' src='{_img_data(v)}'>" for k, v in figs.items()))
+    body.append(f"<h2 id='figures'>Figures</h2><p class='meta'>{html.escape(TRAIN_SUCCESS_NOTE)}</p>" + "".join(f"<img alt='{html.escape(fig_titles[k])}' src='{_img_data(v)}'>" for k, v in figs.items()))
     body.append(f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}")
     body.append(f"<h3>{titles['fidelity_breakdown']}</h3><p class='meta'>{html.escape(captions['fidelity_breakdown'])}</p>{html_table(*tables['fidelity_breakdown'])}")
     for key in ("fidelity_domain", "fidelity_tool"):
@@ -566,5 +590,5 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 
 __all__ = [
     "write_report", "main_table", "paired_table", "kind_table", "per_task_outcomes", "success_cell", "seed_cell", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
-    "trajectory_html", "json_html", "fidelity_breakdown_table", "mean_std", "fmt_ms", "eval_values", "curve", "LOADED_SUFFIX",
+    "trajectory_html", "json_html", "fidelity_breakdown_table", "mean_std", "fmt_ms", "eval_values", "curve", "curve_lines", "TRAIN_SUCCESS_CURVES", "LOADED_SUFFIX",
 ]

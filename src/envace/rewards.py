@@ -10,9 +10,12 @@ Built-in rewards:
 - ``"gold_f1"``: multiset F1 of called vs gold calls (see :func:`call_prf`).
 - ``"checklist"``: fraction of the task's rule-checked checklist items that hold (rules in :data:`RULES`).
 - ``"checklist_judge"``: fraction of checklist items that an LLM judge (``ctx.judge``) says hold.
-- ``"grounded"``: **uses the real environment**: replays the trajectory's calls in a fresh real environment
-  of the task and applies the environment's own success check. It is the only reward here that runs the
-  world; use it for evaluation or for the real-env GRPO baseline, not when training must be env-free.
+- ``"grounded"``: **uses the real environment**: the environment's own success check. A trajectory that ran in
+  a real environment (real mode, shadow copy) is scored from that run (``traj.env_outcome``, recorded by the
+  rollout), so no call is executed twice; only a rehearsed trajectory is replayed, in a fresh real environment
+  of the task, and that is refused for environments whose tools have real side effects (MCP) unless the task
+  opts in (``env_config["allow_replay"]``, envace.envs.replay). It is the only reward here that runs the world;
+  use it for evaluation or for the real-env GRPO baseline, not when training must be env-free.
 
 :func:`make_reward` builds a weighted sum of rewards from a spec (``"gold_f1"``, ``["gold_exact", ...]`` or
 ``{"gold_exact": 0.5, "checklist": 0.5}``); :func:`score_trajectories` writes ``traj.reward`` /
@@ -330,31 +333,47 @@ def checklist_judge(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardR
 # --------------------------------------------------------------------------------------------------------
 
 
+def _real_observations(traj: Trajectory) -> list[Any]:
+    """The observations a real environment gave during the rollout (real mode, or shadow copies)."""
+    real = [o for s in traj.steps for o, src in zip(s.observations, s.sources) if src == "real"]
+    return real + [x for s in traj.steps for x in s.shadow if x is not None]
+
+
 @REWARDS.register("grounded")
 def grounded(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
-    """USES THE REAL ENVIRONMENT. Replays the trajectory's calls, in order, in a fresh real environment of the
-    task (:func:`envace.envs.replay`) and applies the environment's own ``score(traj)``: 1 on success, else
-    0. Note the policy chose later calls after *rehearsed* observations; the replay executes them as they
-    were, so a call that only made sense after a hallucinated observation fails here, as it would in the
-    world. An environment that cannot be built raises; a crash of its scorer -> unscored with ``info["grounded_error"]``."""
-    from .envs import replay
+    """USES THE REAL ENVIRONMENT. The environment's own success check (``score(traj)``): 1 on success, else 0.
+
+    A trajectory that ran in a real environment is scored from that run (``traj.env_outcome``; ``info["scored_in"]``
+    = ``"rollout"``, ``n_replayed`` = 0): its calls are never executed twice. A rehearsed trajectory
+    (``env_outcome`` None) has its calls replayed, in order, in a fresh real environment of the task
+    (:func:`envace.envs.replay`; ``scored_in`` = ``"replay"``); the policy chose later calls after *rehearsed*
+    observations and the replay executes them as they were, so a call that only made sense after a hallucinated
+    observation fails here, as it would in the world. A replay on an environment with real side effects (MCP)
+    without the task's opt-in raises :class:`envace.envs.ReplayNotAllowedError`, as does an environment that
+    cannot be built; a crash of the success check -> unscored with ``info["grounded_error"]``."""
+    from .envs import final_outcome, replay
 
     calls = traj.calls()
-    env, observations = replay(task, calls)  # an unknown environment is a configuration error: it raises
-    try:
-        score = env.score(traj)
-    except Exception as e:  # noqa: BLE001 - counted as unscored, with the reason
-        return RewardResult(None, {"grounded_error": f"{type(e).__name__}: {str(e)[:300]}"})
-    finally:
-        env.close()
+    if traj.env_outcome is not None:
+        out, scored_in, n_replayed, observations = traj.env_outcome, "rollout", 0, _real_observations(traj)
+    else:
+        env, observations = replay(task, calls)  # refused for side effects without opt-in; unknown env: raises
+        try:
+            out = final_outcome(env, traj)
+        finally:
+            env.close()
+        scored_in, n_replayed = "replay", len(calls)
+    if "error" in out:  # counted as unscored, with the reason
+        return RewardResult(None, {"grounded_error": out["error"], "scored_in": scored_in})
     info = {
-        "success": bool(score.success),
-        "env_reward": float(score.reward),
-        "details": score.details,
-        "n_replayed": len(calls),
+        "success": bool(out["success"]),
+        "env_reward": float(out["reward"]),
+        "details": out["details"],
+        "scored_in": scored_in,
+        "n_replayed": n_replayed,
         "n_error_obs": sum(is_error_obs(o) for o in observations),
     }
-    return RewardResult(1.0 if score.success else 0.0, info)
+    return RewardResult(1.0 if out["success"] else 0.0, info)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -18,7 +18,14 @@ too, else the Rehearse role must produce those errors itself (METHOD.md section 
 a call identical to a recorded reference call is answered from the record (counted). ``shadow`` executes each
 rehearsed call in a copy of the real environment and records the real observation next to the rehearsed one,
 with the top-level state fields that real call changed (``Step.shadow_changed``; for fidelity evaluation only;
-never shown to the policy).
+never shown to the policy). Where a real environment ran a trajectory's calls
+(real mode, shadow copy), its own success check is applied to it when the trajectory ends
+(``Trajectory.env_outcome``), so scoring never executes those calls a second time.
+
+Context bound: before every Act generation and every Rehearse generation (the policy's, a second model's, or a
+simulator's chat) the engine checks prompt + ``max_new_tokens`` against ``max_context_tokens``; a context that
+does not fit is never generated from: the trajectory ends there, ``truncated`` says whose context it was
+(``context:act`` / ``context:rehearse``) and the counters ``context/act`` / ``context/rehearse`` count it.
 """
 from __future__ import annotations
 
@@ -30,7 +37,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from .backends.base import Backend, Request, SamplingParams
-from .envs import USERS, Environment, UserSimulator, make_env
+from .envs import USERS, Environment, UserSimulator, final_outcome, make_env
 from .parsing import format_observation, parse_act, parse_observation, validate_call
 from .prompts import ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
 from .registry import Registry
@@ -50,7 +57,10 @@ class RolloutConfig:
     max_steps_per_turn: int = 5
     """Act generations within one user turn before it is truncated ("max_steps_per_turn")."""
     max_context_tokens: int = 4096
-    """An Act or Rehearse context that would exceed this (prompt + max_new_tokens) truncates the trajectory."""
+    """An Act or Rehearse context that would exceed this (prompt + max_new_tokens) truncates the trajectory before
+    that generation (``truncated`` = ``context:act`` / ``context:rehearse``, counters ``truncated/context`` and
+    ``context/act`` / ``context/rehearse``). The Rehearse context (references, schema, serialized conversation)
+    is usually the longer one."""
     act: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=160))
     rehearse: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=160, stop=["</observation>"]))
     validate_in_code: bool = False
@@ -99,14 +109,16 @@ class _Live:
 
 
 class Observer(ABC):
-    """Produces observations for a batch of (live trajectory, call) pairs."""
+    """Produces observations for a batch of (live trajectory, call, Rehearse context) items."""
 
     needs_env = False
+    rehearses = False  # answers from a Rehearse context, which the engine builds and bounds before asking
     trained_role: str | None = None  # role of the rows it produces, or None
 
     @abstractmethod
-    def observe(self, engine: "RolloutEngine", items: list[tuple[_Live, ToolCall]]) -> list[tuple[Any, str]]:
-        """Return (observation, source) per item."""
+    def observe(self, engine: "RolloutEngine", items: list[tuple[_Live, ToolCall, list[int]]]) -> list[tuple[Any, str]]:
+        """Return (observation, source) per item. The token ids are the call's Rehearse context (it fits
+        ``max_context_tokens``) when the observer ``rehearses``, else empty."""
 
 
 OBSERVERS: Registry[Callable[..., Observer]] = Registry("rollout mode")
@@ -116,25 +128,26 @@ class RealObserver(Observer):
     needs_env = True
 
     def observe(self, engine, items):
-        return [(lv.env.call(call), "real") for lv, call in items]
+        return [(lv.env.call(call), "real") for lv, call, _ in items]
 
 
 class RehearseObserver(Observer):
     """The Rehearse role of a token-level backend (the policy itself, or a second model in per_role mode)."""
 
+    rehearses = True
     trained_role = "rehearse"
 
     def __init__(self, backend: Backend):
         self.backend = backend
 
     def observe(self, engine, items):
-        reqs = [self.request(engine, lv, call) for lv, call in items]
+        reqs = [self.request(engine, lv, prompt) for lv, _, prompt in items]
         gens = self.backend.generate([r.prompt for r in reqs], engine.params("rehearse"), [r.session for r in reqs])
-        return [self.receive(engine, lv, r.prompt, g) for (lv, call), r, g in zip(items, reqs, gens)]
+        return [self.receive(engine, lv, r.prompt, g) for (lv, _, _), r, g in zip(items, reqs, gens)]
 
-    def request(self, engine: "RolloutEngine", lv: _Live, call: ToolCall) -> Request:
-        """The Rehearse generation that answers ``call``."""
-        return Request(prompt=engine.rehearse_prompt(lv, call), params=engine.cfg.rehearse, session=lv.traj.id + "/rehearse", tag=(lv, "rehearse"))
+    def request(self, engine: "RolloutEngine", lv: _Live, prompt: list[int]) -> Request:
+        """The Rehearse generation from ``prompt`` (the call's Rehearse context, see ``RolloutEngine.rehearse_prompt``)."""
+        return Request(prompt=prompt, params=engine.cfg.rehearse, session=lv.traj.id + "/rehearse", tag=(lv, "rehearse"))
 
     def receive(self, engine: "RolloutEngine", lv: _Live, prompt: list[int], g: Any) -> tuple[Any, str]:
         """Record a Rehearse generation (a row, the Rehearse context) and parse it into the observation."""
@@ -151,23 +164,25 @@ class RehearseObserver(Observer):
 
 
 class SimulatorObserver(Observer):
-    """A separate frozen model answers through ``chat`` (any backend: HF, HTTP ...). No rows."""
+    """A separate frozen model answers through ``chat`` (any backend: HF, HTTP ...). No rows. It sees the
+    Rehearse context as a chat (``lv.reh_messages``, which building the context extended by the call)."""
+
+    rehearses = True
 
     def __init__(self, backend: Backend):
         self.backend = backend
 
     def observe(self, engine, items):
-        convs = []
-        for lv, call in items:
-            engine.rehearse_prompt(lv, call)  # appends the user message to lv.reh_messages
-            convs.append(list(lv.reh_messages))
+        convs = [list(lv.reh_messages) for lv, _, _ in items]
         texts = self.backend.chat(convs, engine.params("rehearse"))
+        n_gen = len(engine.fmt.generation_prompt())
         out = []
-        for (lv, call), text in zip(items, texts):
+        for (lv, _, prompt), text in zip(items, texts):
             obs, err = parse_observation(text)
             if err:
                 lv.traj.count("simulator/parse_errors")
             lv.reh_messages.append({"role": "assistant", "content": text})
+            lv.reh_ids = prompt[: len(prompt) - n_gen] + engine.fmt.message("assistant", text)  # the chat, as the bound counts it
             lv.traj.steps[-1].rehearse_texts.append(text)
             out.append((obs, "simulator"))
         return out
@@ -246,9 +261,12 @@ class RolloutEngine:
         lv.reh_messages.append({"role": "user", "content": content})
         return lv.reh_ids + self.fmt.message("user", content) + self.fmt.generation_prompt()
 
-    def _truncate(self, lv: _Live, why: str) -> None:
-        lv.traj.truncated = why
+    def _truncate(self, lv: _Live, why: str, role: str | None = None) -> None:
+        """End the trajectory; ``role`` says whose generation did not fit (``truncated`` = ``why:role``)."""
+        lv.traj.truncated = why if role is None else f"{why}:{role}"
         lv.traj.count(f"truncated/{why}")
+        if role is not None:
+            lv.traj.count(f"{why}/{role}")
         lv.done = True
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -265,6 +283,8 @@ class RolloutEngine:
             self.observer.backend.release(sessions)
         for lv in lives:
             if lv.env is not None:
+                # the outcome is checked in the environment the calls ran in, so scoring never runs them again
+                lv.traj.env_outcome = final_outcome(lv.env, lv.traj)
                 for kind, n in lv.env.faults.items():  # tool exceptions, timeouts, ... are counted, not silent
                     lv.traj.count(f"env/{kind}", n)
                 lv.env.close()
@@ -275,10 +295,25 @@ class RolloutEngine:
         own_rehearse = isinstance(self.observer, RehearseObserver) and self.observer.backend is self.policy
         return bool(getattr(self.policy, "streams", False)) and (own_rehearse or isinstance(self.observer, RealObserver))
 
+    def _fits(self, n_prompt: int, params: SamplingParams) -> bool:
+        """Whether a prompt of ``n_prompt`` tokens and its completion (+ the closing tokens) fit the context."""
+        return n_prompt + params.max_new_tokens + 2 <= self.cfg.max_context_tokens
+
     def _guard(self, lv: _Live) -> None:
         """Context guard before an Act generation."""
-        if len(lv.act_ids) + self.cfg.act.max_new_tokens + 2 > self.cfg.max_context_tokens:
-            self._truncate(lv, "context")
+        if not self._fits(len(lv.act_ids), self.cfg.act):
+            self._truncate(lv, "context", "act")
+
+    def _observer_input(self, lv: _Live, call: ToolCall) -> list[int] | None:
+        """What the observer answers ``call`` from: its Rehearse context when the observer rehearses (else []);
+        None, with the trajectory truncated (``context:rehearse``), when that context does not fit."""
+        if not self.observer.rehearses:
+            return []
+        prompt = self.rehearse_prompt(lv, call)
+        if not self._fits(len(prompt), self.cfg.rehearse):
+            self._truncate(lv, "context", "rehearse")
+            return None
+        return prompt
 
     def _close_step(self, lv: _Live) -> None:
         if not lv.done and len(lv.traj.steps) >= self.cfg.max_steps:
@@ -334,13 +369,16 @@ class RolloutEngine:
         model (validation, reference cache, real environment), close the step, guard the context; return the
         next generation it waits for (a Rehearse or an Act request), or None once it is done."""
         if lv.open_step:
-            while len(lv.results) < len(lv.calls):
+            while not lv.done and len(lv.results) < len(lv.calls):
                 call = lv.calls[len(lv.results)]
                 if self._answer_locally(lv, call):
                     continue
+                prompt = self._observer_input(lv, call)
+                if prompt is None:  # the Rehearse context does not fit: truncated
+                    break
                 if isinstance(self.observer, RehearseObserver):
-                    return self.observer.request(self, lv, call)
-                ((obs, source),) = self.observer.observe(self, [(lv, call)])
+                    return self.observer.request(self, lv, prompt)
+                ((obs, source),) = self.observer.observe(self, [(lv, call, prompt)])
                 self._record(lv, call, obs, source)
             self._finish_calls(lv)
             lv.open_step = False
@@ -389,9 +427,15 @@ class RolloutEngine:
     def _observe(self, live: list[_Live]) -> None:
         width = max((len(lv.calls) for lv in live), default=0)
         for j in range(width):  # call j of every trajectory, batched; calls of one step stay in order
-            todo = [(lv, lv.calls[j]) for lv in live if j < len(lv.calls) and not self._answer_locally(lv, lv.calls[j])]
+            todo = []
+            for lv in live:
+                if lv.done or j >= len(lv.calls) or self._answer_locally(lv, lv.calls[j]):
+                    continue
+                prompt = self._observer_input(lv, lv.calls[j])
+                if prompt is not None:  # else truncated: its Rehearse context does not fit
+                    todo.append((lv, lv.calls[j], prompt))
             if todo:
-                for (lv, call), (obs, source) in zip(todo, self.observer.observe(self, todo)):
+                for (lv, call, _), (obs, source) in zip(todo, self.observer.observe(self, todo)):
                     self._record(lv, call, obs, source)
         for lv in live:
             self._finish_calls(lv)

@@ -99,18 +99,30 @@ class TrainResult:
 
 
 def _success(t: Trajectory) -> bool:
-    """Success from a grounded component when there is one, else a full reward."""
+    """Success by the real environment's own check where the trajectory ran in one, else by a grounded reward
+    component when there is one, else a full reward."""
+    if t.env_outcome is not None and t.mode == "real":
+        return bool(t.env_outcome.get("success", False))
     g = t.reward_info.get("grounded") if isinstance(t.reward_info.get("grounded"), dict) else t.reward_info
     return bool(g.get("success", t.reward is not None and t.reward >= 1.0))
 
 
+def _world(t: Trajectory) -> str:
+    """``real`` for a trajectory the real environment answered, ``imagined`` for a rehearsed / simulated one."""
+    return "real" if t.mode == "real" else "imagined"
+
+
 def _summarise(trajs: list[Trajectory], n_unscored: int) -> dict[str, float]:
+    """Metrics of a batch. Success is named by where the observations came from: ``reward/imagined_success_rate``
+    for trajectories whose observations were imagined (rehearsal, per_role, simulator: success of a dream, not
+    of the world) and ``reward/real_success_rate`` for trajectories the real environment answered (real_env)."""
     scored = [t.reward for t in trajs if t.reward is not None]
     m: dict[str, float] = {
         "reward/mean": float(np.mean(scored)) if scored else 0.0,
         "reward/unscored": float(n_unscored),
-        "reward/success_rate": float(np.mean([_success(t) for t in trajs])) if trajs else 0.0,
     }
+    for world in sorted({_world(t) for t in trajs}):
+        m[f"reward/{world}_success_rate"] = float(np.mean([_success(t) for t in trajs if _world(t) == world]))
     totals: dict[str, int] = {}
     for t in trajs:
         for k, v in t.counters.items():
@@ -386,7 +398,7 @@ def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:
 def _check_context(trajs: list[Trajectory], cfg: TrainConfig) -> None:
     """A batch in which no trajectory got a single step because no prompt fits the context is a configuration
     error (training on it would silently do nothing); a few over-long tasks are only counted (truncated/context)."""
-    if trajs and all(t.truncated == "context" and not t.steps for t in trajs):
+    if trajs and all(t.truncated == "context:act" and not t.steps for t in trajs):
         r = cfg.rollout
         raise ValueError(
             f"no task of the batch fits the context: the first prompt of each ({', '.join(sorted({t.task_id for t in trajs}))[:200]}) "

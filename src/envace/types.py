@@ -287,8 +287,12 @@ class Trajectory:
     rows: list[Row] = field(default_factory=list)
     reward: float | None = None  # None = unscored (e.g. a judge failure): masked out of the update
     reward_info: dict[str, Any] = field(default_factory=dict)
-    truncated: str | None = None  # None, or why the episode was cut ("max_steps", "max_steps_per_turn", "context")
+    truncated: str | None = None  # None, or why the episode was cut ("max_steps", "max_steps_per_turn", "context:act", "context:rehearse")
     counters: dict[str, int] = field(default_factory=dict)
+    env_outcome: dict[str, Any] | None = None
+    """The real environment's own success check, applied by the rollout when it ended to the environment this
+    trajectory's calls ran in (real mode, or the shadow copy): ``{"success", "reward", "details", "n_calls"}``
+    or ``{"error"}`` (envace.envs.final_outcome). None when no real environment ran them (rehearsed)."""
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -309,6 +313,7 @@ class Trajectory:
             "reward_info": self.reward_info,
             "truncated": self.truncated,
             "counters": self.counters,
+            "env_outcome": self.env_outcome,
             "messages": [m.to_dict() for m in self.messages],
             "steps": [s.to_dict() for s in self.steps],
             "rows": [r.to_dict() for r in self.rows] if with_rows else [],
@@ -328,6 +333,7 @@ class Trajectory:
             reward_info=d.get("reward_info", {}),
             truncated=d.get("truncated"),
             counters=d.get("counters", {}),
+            env_outcome=d.get("env_outcome"),
         )
 
 

@@ -45,6 +45,10 @@ class Environment(ABC):
     a subclass, or on an instance, for tools that may hang)."""
 
     call_timeout_s: float | None = None
+    replay_safe: bool = True
+    """Whether running calls again in a fresh instance has no effect outside this process, so that scoring may
+    replay a trajectory that no real environment ran (a rehearsed one, :func:`replay`). False where tools reach
+    the world (MCP servers): such a replay then needs the task's explicit opt-in ``env_config["allow_replay"]``."""
 
     def __init__(self, task: Task):
         self.task = task
@@ -163,10 +167,44 @@ def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int 
     return SUITES.get(spec.split(":", 1)[0])(spec, split=split, n=n, seed=seed)
 
 
+class ReplayNotAllowedError(ValueError):
+    """A replay would execute calls a second time in an environment whose tools may have real side effects."""
+
+
+def replay_allowed(task: Task) -> bool:
+    """Whether :func:`replay` may run calls in a fresh environment of ``task``: its environment is replay-safe
+    (:attr:`Environment.replay_safe`), or the task opts in with ``env_config["allow_replay"] = True``."""
+    from . import ensure_registered
+
+    ensure_registered(task.env)
+    factory = ENVS.get(task.env.split(":", 1)[0])
+    return bool(getattr(factory, "replay_safe", True)) or task.env_config.get("allow_replay") is True
+
+
 def replay(task: Task, calls: list[ToolCall]) -> tuple[Environment, list[Any]]:
-    """Execute calls in a fresh real environment of the task; return the environment and the observations."""
+    """Execute calls in a fresh real environment of the task; return the environment and the observations.
+
+    Refused (:class:`ReplayNotAllowedError`) where the environment is not replay-safe and the task does not
+    opt in: on an MCP server the calls would really run again."""
+    if not replay_allowed(task):
+        raise ReplayNotAllowedError(
+            f"replaying {len(calls)} call(s) of task {task.id!r} would run them again on environment {task.env!r}, "
+            "whose tools may have real side effects; score trajectories that ran in it from that run (real mode records "
+            "its outcome), or, if re-running the calls is harmless, opt in with env_config allow_replay: true "
+            '(an MCP tasks file: "allow_replay": true)'
+        )
     env = make_env(task)
     return env, [env.call(c) for c in calls]
+
+
+def final_outcome(env: Environment, traj: Trajectory) -> dict[str, Any]:
+    """``env``'s own success check of ``traj`` (``env`` being the environment its calls ran in), as JSON:
+    ``{"success", "reward", "details", "n_calls"}``, or ``{"error": ...}`` when the check raised."""
+    try:
+        s = env.score(traj)
+        return json.loads(json.dumps({"success": bool(s.success), "reward": float(s.reward), "details": s.details, "n_calls": env.n_calls}, default=str))
+    except Exception as e:  # noqa: BLE001 - a crashing success check is reported, the trajectory goes unscored
+        return {"error": f"{type(e).__name__}: {str(e)[:300]}", "n_calls": env.n_calls}
 
 
 @dataclass

@@ -17,6 +17,13 @@ output appears in its replies.
 
 The server's state is not visible from outside, so :meth:`MCPEnv.state` is the command and the history of
 calls with their observations (what the environment knows), which is what determinism checks compare.
+
+**No second execution.** A server's tools may act on the world, so nothing here runs a trajectory's calls twice:
+a trajectory that ran against the server (real mode, or a shadow copy) is scored from that very run (the rollout
+records the outcome when it ends). Scoring a *rehearsed* trajectory with the ``grounded`` reward would need a
+replay of its calls on a fresh server; that is refused (:class:`envace.envs.ReplayNotAllowedError`) unless the
+tasks file opts in with ``"allow_replay": true`` (top level or per task ``env_config``), for servers where
+re-running calls is harmless (read-only, sandboxed).
 """
 from __future__ import annotations
 
@@ -232,6 +239,8 @@ def _server_config(task: Task) -> dict[str, Any]:
 class MCPEnv(Environment):
     """One task against a fresh MCP server subprocess."""
 
+    replay_safe = False  # the server's tools may reach the world: a replay needs env_config["allow_replay"]
+
     def __init__(self, task: Task):
         super().__init__(task)
         cfg = _server_config(task)
@@ -314,7 +323,7 @@ def tasks_from_file(path: str) -> list[Task]:
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     command = doc["command"]
-    server_cfg = {k: doc[k] for k in ("env", "cwd", "call_timeout_s") if k in doc}
+    server_cfg = {k: doc[k] for k in ("env", "cwd", "call_timeout_s", "allow_replay") if k in doc}
     tools: list[ToolSpec] | None = None
     out = []
     for i, d in enumerate(doc["tasks"]):

@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from ...registry import Registry
 from ...types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, dumps, is_error_obs
-from ..base import Environment, Score, ToolError, replay
+from ..base import Environment, Score, ToolError
 
 SPLITS: tuple[str, ...] = ("train", "test", "ood")
 OOD_SPLIT = "ood"  # the split drawn from the held-out templates and name pools
@@ -120,9 +120,13 @@ class ToolEnv(Environment):
         return self.state()
 
     def score(self, traj: Trajectory) -> Score:
-        """Success = this env's outcome state equals the one after replaying the gold actions in a fresh env,
-        and every expected output appears (case-insensitively) in the text replies."""
-        gold_env, _ = replay(self.task, self.task.flat_gold())
+        """Success = this env's outcome state equals the one after running the gold actions in a fresh instance of
+        this domain, and every expected output appears (case-insensitively) in the text replies. That reference run
+        is part of the check, not an execution of the task: it uses the domain class itself, never the registry's
+        factory for ``task.env`` (which may wrap the environment, e.g. to count or forward its calls)."""
+        gold_env = type(self)(self.task)
+        for call in self.task.flat_gold():
+            gold_env.call(call)
         want, got = gold_env.outcome_state(), self.outcome_state()
         gold_env.close()
         diffs = json_diff(want, got)
