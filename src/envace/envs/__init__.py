@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib
 
 from ..registry import UnknownNameError
-from .base import ENVS, SUITES, USERS, ScriptedUser, UserSimulator, CheckReport, Environment, Score, ToolError, call_with_timeout, check_env, load_tasks, make_env, replay
+from .base import ENVS, SUITES, USERS, ScriptedUser, UserSimulator, CheckReport, EnvStartupError, Environment, Score, ToolError, call_with_timeout, check_env, load_tasks, make_env, replay
 
 # Modules that register environments / suites, by name prefix. Optional adapters are imported lazily so that
 # a missing extra only matters when that environment is asked for.
