@@ -330,3 +330,36 @@ def test_token_logprobs_gradient_flows_to_the_logits():
     # d log softmax_2 / d z = onehot(2) - softmax = [-0.25, -0.25, 0.75, -0.25]
     assert logits.grad[0, 0].tolist() == pytest.approx([-0.25, -0.25, 0.75, -0.25])
 
+
+
+def test_the_update_divides_by_the_count_a_new_aggregation_declares(tiny):
+    """optimizer_step asks the aggregation registry for the batch's divisor: a new aggregation (here one whose
+    count is neither the tokens nor the rows) gets its own, in every micro-batch."""
+    import copy
+
+    from envace.algos import Aggregation, rows_normalizer
+    from envace.types import Row
+    from envace.update import optimizer_step
+
+    lengths = [3, 1, 4]
+    rows = [Row("act", [5, 6, 7 + i], list(range(20, 20 + n)), [0.0] * n, "t", f"traj{i}", "g") for i, n in enumerate(lengths)]
+    squares = Aggregation(total=lambda x, m: (x * m).sum(), count=lambda m: (m.sum(-1) ** 2).sum(), doc="test only")
+    AGGREGATIONS.add("test_squared_lengths", squares)
+    try:
+        assert rows_normalizer(lengths, "test_squared_lengths") == rows_normalizer(lengths + [0], "test_squared_lengths") == 9 + 1 + 16
+        seen = []
+
+        def loss_fn(logp, mask, idxs, normalizer):
+            seen.append(normalizer)
+            return aggregate(-logp, mask, "test_squared_lengths", normalizer), {"n_tokens": float(mask.sum())}
+
+        model = copy.deepcopy(tiny[0])
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        optimizer_step(model, opt, rows, loss_fn, agg="test_squared_lengths", micro_batch_tokens=4, temperatures={}, max_grad_norm=1e9)
+        assert len(seen) >= 2 and set(seen) == {26.0}  # not the 8 tokens, not the 3 non-empty rows
+    finally:
+        AGGREGATIONS.remove("test_squared_lengths")
+    assert "test_squared_lengths" not in AGGREGATIONS
+    assert rows_normalizer(lengths + [0], "token_mean") == 8.0 and rows_normalizer(lengths + [0], "seq_mean") == 3.0
+    with pytest.raises(UnknownNameError, match="token_mean"):
+        rows_normalizer(lengths, "test_squared_lengths")

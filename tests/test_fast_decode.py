@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from envace.backends.base import Request, SamplingParams
 from envace.backends.fastdecode import LlamaDecoder, decoder_for
 from envace.backends.hf import HFBackend, _Stream
+from numerics import assert_close_rel, assert_logprobs_close
 
 
 def _tiny(cls, cfg_cls, **over):
@@ -60,12 +61,12 @@ def test_the_packed_decoder_computes_the_models_own_logits_in_float32(tiny, llam
     dec.refresh()
     kv = st.data.clone()
     got = dec.step(ids[:, 0], pos[:, 0], kv, st.lo, st.col, am)
-    assert torch.allclose(got, ref, atol=1e-4, rtol=1e-4), (got - ref).abs().max()
+    assert_close_rel(got, ref, what="decoder logits")
     # it wrote the fed tokens' keys/values where the model does
     ref_kv = st.data.clone()
     with torch.no_grad():
         be._forward(ids, am, pos, st.cache)
-    assert torch.allclose(kv[..., st.col, :], st.data[..., st.col, :], atol=1e-5)
+    assert_close_rel(kv[..., st.col, :], st.data[..., st.col, :], what="written keys/values")
     assert not torch.equal(ref_kv[..., st.col, :], st.data[..., st.col, :])  # (the column was empty before)
 
 
@@ -96,7 +97,9 @@ def test_bf16_backend_decodes_through_the_packed_weights_alike_in_stream_and_loc
     if params.temperature == 0:  # sampled streams draw in another order; greedy ones must agree token for token
         for i, g in enumerate(lock):
             assert got[i].token_ids == g.token_ids
-            assert max(abs(a - b) for a, b in zip(got[i].logprobs, g.logprobs)) < 1e-3
+            # bf16 on both sides, the same packed weights: float32 accumulation order, plus where it tips a bf16
+            # rounding the other way a bf16-sized step in one activation (hence 10x the float32 bound)
+            assert_logprobs_close(got[i].logprobs, g.logprobs, rel=1e-4, elem=1e-4)
     plain = HFBackend(model, tok, bf16=True, packed=False)  # bf16 autocast through the model
     assert plain._decoder is None
     ref = plain.generate(prompts, params.with_(seed=3))
@@ -137,13 +140,14 @@ def _mostly_same(a, b) -> None:
     assert sum(same) >= 0.75 * len(same), same
     for x, y, s in zip(a, b, same):
         if s:
-            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
+            assert_logprobs_close(x.logprobs, y.logprobs)
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_new_tokens=10), SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, stop=["."])], ids=["greedy", "sampled"])
 def test_packed_float32_generation_equals_the_models_own(tiny, params):
     """Every forward of the backend through the decoder (prompt prefill with kept sessions and shared prefixes,
-    lockstep decoding and continuous batching): same tokens, log-probs within 1e-4 (sampled: see _mostly_same)."""
+    lockstep decoding and continuous batching): same tokens, log-probs equal up to float32 rounding (sampled: see
+    _mostly_same)."""
     from test_perf_equivalence import _same, _three_turns
 
     check = _same if params.temperature == 0 else _mostly_same
@@ -164,7 +168,7 @@ def test_packed_float32_generation_equals_the_models_own(tiny, params):
 def test_cascade_attention_over_shared_prefixes_changes_nothing_but_the_work(tiny, monkeypatch):
     """Rows that start with the same long prompt prefix attend to one copy of it, merged with their own columns by
     log-sum-exp: greedy streams (requests joining and leaving, follow-ups continuing their sessions, slab rebuilds)
-    give the tokens of the model's own forward and log-probs within 1e-4."""
+    give the tokens of the model's own forward and its log-probs up to float32 rounding."""
     from envace.backends import hf
 
     monkeypatch.setattr(hf._Stream, "MARGIN", 2)

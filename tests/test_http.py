@@ -18,6 +18,7 @@ from envace.backends.hf import HFBackend
 from envace.backends.http import HTTPBackend
 from envace.prompts import ChatFormat
 from envace.serve import Batcher
+from numerics import assert_logprobs_close
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_served_model_answers_chat_and_token_completions_like_the_local_backend(
     remote, local = client.generate(prompts, greedy), HFBackend(model, tok).generate(prompts, greedy)
     for r, g in zip(remote, local):  # the same tokens, the same log-probs (up to batching numerics)
         assert r.token_ids == g.token_ids and r.finish_reason == g.finish_reason and r.prompt_tokens == g.prompt_tokens
-        assert r.logprobs == pytest.approx(g.logprobs, abs=1e-3)
+        assert_logprobs_close(r.logprobs, g.logprobs)
         assert r.text == g.text
     assert client.stats["generated_tokens"] >= 16 and client.stats["retries"] == 0
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -84,6 +85,32 @@ def test_a_server_that_cannot_start_raises_a_clear_error():
     assert "did not start" in str(err.value) and "boom on startup" in str(err.value)
     with pytest.raises(MCPStartupError, match="No such file"):
         load_tasks("mcp:/nonexistent/mcp-server --flag")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "envace.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("server,reason", [
+    ("/nonexistent/mcp-server --flag", "no such program (No such file or directory: '/nonexistent/mcp-server')"),
+    ("python -c \"import sys; sys.exit('cannot read config.toml')\"", "closed the connection before the MCP handshake"),
+    ("true", "closed the connection before the MCP handshake"),
+], ids=["missing_program", "exits_with_a_message", "exits_silently"])
+def test_a_failing_server_start_is_a_one_line_cli_error(server, reason):
+    p = _cli("tasks", "--suite", f"mcp:{server}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("envace tasks: error: MCP server `") and " did not start: " in lines[0] and reason in lines[0]
+    if "config.toml" in server:
+        assert lines[0].endswith("its stderr ends: cannot read config.toml")  # what the server said, last
+
+
+def test_rollout_against_a_server_that_cannot_start_ends_with_the_one_line_error():
+    p = _cli("rollout", "--model", "tiny-random", "--suite", "mcp:/nonexistent/mcp-server", "-n", "1", "-k", "1")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    errors = [line for line in p.stderr.splitlines() if "error" in line.lower()]
+    assert errors == [p.stderr.strip().splitlines()[-1]] and errors[0].startswith("envace rollout: error: MCP server `/nonexistent/mcp-server`")
 
 
 def test_tasks_from_a_json_file_are_scored_by_gold_calls_and_outputs(tmp_path):

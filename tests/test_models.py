@@ -6,8 +6,12 @@ test uses the shared cache, where the tiny model is built once and then loads in
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -276,6 +280,52 @@ def test_model_in_the_local_hf_cache_loads_offline(
     reference, _ = models.load(tiny_folder)
     torch.testing.assert_close(_logits(model, tokenizer), _logits(reference, tokenizer), rtol=0, atol=0)
     assert no_network == []
+
+
+_NO_NETWORK_IMPORT = """
+import json, os, socket, sys
+attempts = []
+def refuse(*args, **kwargs):
+    attempts.append(repr(args)[:200])
+    raise OSError("a test tried to reach the network")
+socket.socket.connect = socket.socket.connect_ex = refuse
+socket.getaddrinfo = socket.create_connection = refuse
+hub_first = sys.argv[1] == "hub_first"
+if hub_first:
+    import huggingface_hub.constants
+    before = huggingface_hub.constants.HF_HUB_OFFLINE
+from envace import models
+import huggingface_hub.constants
+model, tokenizer = models.load("tiny-random")
+try:
+    models.load("envace-no-such-org/no-such-model")
+    missing = "loaded"
+except models.ModelNotFoundError:
+    missing = "ModelNotFoundError"
+print(json.dumps({"env": os.environ.get("HF_HUB_OFFLINE"), "offline": huggingface_hub.constants.HF_HUB_OFFLINE,
+                  "before": before if hub_first else None, "eos": tokenizer.eos_token, "layers": model.config.num_hidden_layers,
+                  "missing": missing, "attempts": attempts}))
+"""
+
+
+@pytest.mark.parametrize("order", ["hub_first", "envace_first"])
+def test_importing_envace_models_leaves_the_processs_hub_settings_alone_and_loads_without_network(
+    tmp_path: Path, order: str
+) -> None:
+    """No HF_HUB_OFFLINE for the whole process (the user's other code keeps the hub): every load is local by its
+    own ``local_files_only=True``; a fresh process with every connection refused builds and loads the tiny model."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    if order == "envace_first":
+        env["ENVACE_CACHE"] = str(tmp_path)  # a fresh cache: the tiny model is built here (GGUF tokenizer), too
+    p = subprocess.run([sys.executable, "-c", _NO_NETWORK_IMPORT, order], capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["env"] is None  # not set for the process
+    assert out["offline"] is False and out["before"] in (None, False)  # huggingface_hub's own setting, unchanged
+    assert (out["eos"], out["layers"], out["missing"]) == ("<|im_end|>", 2, "ModelNotFoundError")
+    assert out["attempts"] == []
+    if order == "envace_first":
+        assert (tmp_path / "models" / TINY_MODEL / models.BUILD_MARKER).is_file()
 
 
 # --------------------------------------------------------------------------------------------- the tiny model

@@ -19,6 +19,7 @@ from envace.sft import gold_trajectories
 from envace.trainer import rows_with_advantages, train
 from envace.update import completion_logprobs, optimizer_step, pack_rows, pad_rows
 from envace import algos
+from numerics import assert_logprobs_close
 
 
 def _scored_group(tokenizer, mode):
@@ -61,7 +62,7 @@ def test_packed_logprobs_equal_row_by_row_logprobs(tiny):
             logits = model(torch.tensor([r.prompt_ids + r.completion_ids])).logits[0].float()
         t = 1.0 if r.role == "act" else 0.6
         lp = torch.log_softmax(logits[len(r.prompt_ids) - 1 : -1] / t, -1).gather(-1, torch.tensor(r.completion_ids)[:, None]).squeeze(-1)
-        assert torch.allclose(packed[i].detach(), lp, atol=1e-4), r.role
+        assert_logprobs_close(packed[i], lp, what=f"{r.role} row {i}")
 
 
 def test_one_update_step_changes_the_trainable_parameters(tiny):

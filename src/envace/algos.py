@@ -18,8 +18,10 @@ Pieces:
 
 Gradient accumulation. A mean over a batch is a *total* divided by a *count*. When a batch is split into
 micro-batches, pass every micro-batch the count of the whole batch as ``normalizer`` (sum
-:func:`loss_normalizer` over the micro-batches; across data-parallel ranks, all-reduce it): the micro-batch
-losses then add up exactly to the full-batch loss, so their gradients do too.
+:func:`loss_normalizer` over the micro-batches, or take :func:`rows_normalizer` of the whole batch's rows; across
+data-parallel ranks, all-reduce it): the micro-batch losses then add up exactly to the full-batch loss, so their
+gradients do too. The count is the aggregation's own (:attr:`Aggregation.count`), so a new aggregation brings
+its divisor with it.
 
 Departures from the paper / reference code, all documented where they happen:
 
@@ -31,7 +33,7 @@ Departures from the paper / reference code, all documented where they happen:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -216,6 +218,19 @@ def loss_normalizer(mask: Tensor, agg: str = "token_mean") -> float:
     ``token_mean``, the number of non-empty rows for ``seq_mean``. Sum it over the micro-batches of a batch
     and pass the sum as ``normalizer`` to every micro-batch's loss."""
     return float(AGGREGATIONS.get(agg).count(mask.float()))
+
+
+def lengths_mask(lengths: Sequence[int]) -> Tensor:
+    """(rows, max(lengths)) float mask of right-padded rows with ``lengths[i]`` loss tokens each."""
+    n = torch.tensor(list(lengths), dtype=torch.long).reshape(-1)  # (rows,)
+    width = int(n.max()) if n.numel() else 0
+    return (torch.arange(width)[None, :] < n[:, None]).float()  # (rows, T)
+
+
+def rows_normalizer(lengths: Sequence[int], agg: str = "token_mean") -> float:
+    """:func:`loss_normalizer` of rows with these numbers of loss tokens (their right-padded mask): the divisor
+    of a batch known before any of its micro-batches runs."""
+    return loss_normalizer(lengths_mask(lengths), agg)
 
 
 def aggregate(values: Tensor, mask: Tensor, agg: str = "token_mean", normalizer: float | None = None) -> Tensor:

@@ -380,10 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .envs.base import EnvStartupError
+
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ValueError, KeyError, FileNotFoundError, ImportError) as e:
+    except (ValueError, KeyError, FileNotFoundError, ImportError, EnvStartupError) as e:
         print(f"envace {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

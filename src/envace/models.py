@@ -19,10 +19,10 @@ A loaded model's ``name_or_path`` is the name it was loaded by (a built-in or hu
 folder as an absolute path), not the cache folder: PEFT records it as the base of a LoRA adapter trained on
 the model, so that the adapter's base resolves again on another machine or with another cache.
 
-Nothing here reaches the network: every ``from_pretrained`` call passes ``local_files_only=True``, and
-importing this module puts the process in Hugging Face offline mode (``HF_HUB_OFFLINE=1``). A name that
-none of the above resolves raises :class:`ModelNotFoundError`, which says what was looked for and how to
-get the model.
+Nothing here reaches the network: every ``from_pretrained`` / hub call passes ``local_files_only=True``. The
+process-wide Hugging Face settings (``HF_HUB_OFFLINE`` and ``huggingface_hub.constants``) are left as they are,
+so the user's other code keeps its hub access. A name that none of the above resolves raises
+:class:`ModelNotFoundError`, which says what was looked for and how to get the model.
 
 Where built-in models go (``<cache>`` is ``$ENVACE_CACHE``, else ``~/.cache/envace``)::
 
@@ -47,17 +47,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub reads it, where this module is imported first
+import huggingface_hub
+from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, LlamaForCausalLM
 
-import huggingface_hub  # noqa: E402
-from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, LlamaForCausalLM  # noqa: E402
-
-from .registry import Registry  # noqa: E402
-
-huggingface_hub.constants.HF_HUB_OFFLINE = True  # where huggingface_hub was imported before this module
+from .registry import Registry
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 TINY_MODEL = "tiny-random"

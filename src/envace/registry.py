@@ -34,6 +34,12 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is registered twice")
         self._entries[name] = obj
 
+    def remove(self, name: str) -> T:
+        """Take an entry out (a test's temporary entry, say); an unknown name raises as :meth:`get` does."""
+        entry = self.get(name)
+        del self._entries[name]
+        return entry
+
     def get(self, name: str) -> T:
         try:
             return self._entries[name]

@@ -59,7 +59,7 @@ def build_model(name: str, lora_r: int = 0, lora_alpha: int = 32, adapter: str |
         from peft import LoraConfig, PeftModel, get_peft_model
 
         if adapter:
-            model = PeftModel.from_pretrained(model, adapter, is_trainable=True)
+            model = PeftModel.from_pretrained(model, adapter, is_trainable=True, local_files_only=True)
         else:
             model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
     model.eval()

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 
 import torch
 
+from .algos import rows_normalizer
 from .distributed import Dist, each_micro_batch
 from .prefixes import common_prefix, prefix_runs
 from .types import Row
@@ -213,14 +214,15 @@ LossFn = Any  # (logp (rows,T), mask (rows,T), row_indices list[int], normalizer
 def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn, *, agg: str, micro_batch_tokens: int, temperatures: dict[str, float], max_grad_norm: float, bf16: bool = False, dist: Dist = ONE_PROCESS, share_prefixes: bool = True) -> dict[str, float]:
     """One optimizer step over ``rows``: packed micro-batches, gradient accumulation, clipping, step.
 
-    The loss of every micro-batch is divided by the whole batch's normalizer (algos.loss_normalizer semantics:
-    completion tokens for token_mean, rows for seq_mean; summed over processes), so the accumulated gradient is
-    the full-batch one. Every process must call it (with its own rows, maybe none); it returns {} when no
+    The loss of every micro-batch is divided by the whole batch's normalizer (:func:`envace.algos.rows_normalizer`:
+    the count that the aggregation ``agg`` of :data:`envace.algos.AGGREGATIONS` declares, e.g. completion tokens
+    for token_mean, non-empty rows for seq_mean; summed over processes), so the accumulated gradient is the
+    full-batch one. Every process must call it (with its own rows, maybe none); it returns {} when no
     process has a row. ``share_prefixes``: run the common prefix of a micro-batch's packs once (exact; needs the
     trunk, so only where ``dist.direct_head``).
     """
     share_prefixes = share_prefixes and dist.direct_head
-    local = float(sum(len(r.completion_ids) for r in rows)) if agg == "token_mean" else float(sum(1 for r in rows if r.completion_ids))
+    local = rows_normalizer([len(r.completion_ids) for r in rows], agg)
     normalizer = dist.sum(local)
     if normalizer == 0:
         return {}

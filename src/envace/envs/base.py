@@ -27,6 +27,11 @@ class ToolError(Exception):
     """Raised by a tool to report an expected failure (becomes a ``tool_error`` observation)."""
 
 
+class EnvStartupError(RuntimeError):
+    """An environment's server or subprocess could not be started. The message is one line: what was run and
+    why it failed (the CLI prints it as ``envace <cmd>: error: ...``)."""
+
+
 @dataclass
 class Score:
     """Outcome of a finished trajectory. ``success`` is the task's own success check; ``reward`` in [0, 1]."""

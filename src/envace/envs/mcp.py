@@ -4,8 +4,9 @@
 ``python`` / ``python3`` means this interpreter). Each environment starts its own server subprocess, lists
 its tools and calls them through an MCP ``ClientSession``. The async client runs in a background event-loop
 thread behind a synchronous facade (:class:`MCPClient`); every call has a timeout. A tool result with
-``isError`` becomes a ``tool_error`` observation; a server that cannot be started raises
-:class:`MCPStartupError` with the command and the tail of its stderr. :meth:`MCPEnv.close` ends the
+``isError`` becomes a ``tool_error`` observation; a server that cannot be started (no such program, it exits at
+once, no handshake in time) raises :class:`MCPStartupError`, a one-line message with the command, the reason and
+the last lines of its stderr. :meth:`MCPEnv.close` ends the
 subprocess.
 
 Suites: ``load_tasks("mcp:<command line>")`` gives one "explore" task (the server's tools, no gold, no
@@ -44,7 +45,7 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from ..types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
-from .base import ENVS, SUITES, Environment, Score
+from .base import ENVS, SUITES, EnvStartupError, Environment, Score
 
 STARTUP_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 30.0
@@ -54,8 +55,34 @@ EXPLORE_PROMPT = ("Explore the tools of this server: call them to learn what the
                   "then reply with a short summary of what you found.")
 
 
-class MCPStartupError(RuntimeError):
+class MCPStartupError(EnvStartupError):
     """The MCP server could not be started or did not complete the MCP handshake."""
+
+
+STDERR_TAIL_CHARS = 300
+
+
+def _one_line(text: str, limit: int = STDERR_TAIL_CHARS) -> str:
+    """The last non-empty lines of ``text`` joined by `` | ``, at most ``limit`` characters (the end kept)."""
+    joined = " | ".join(line.strip() for line in text.splitlines() if line.strip())
+    return joined if len(joined) <= limit else "..." + joined[-limit:]
+
+
+_CLOSED = ("BrokenResourceError", "ClosedResourceError", "EndOfStream", "BrokenPipeError")  # anyio / OS: the pipe is gone
+
+
+def _startup_reason(e: BaseException) -> str:
+    """Why the start failed, from the leaf exceptions: a missing program, a server that closed the connection."""
+    reasons = []
+    for x in _leaves(e):
+        what = f"{type(x).__name__}: {x}" if str(x) else type(x).__name__
+        if isinstance(x, FileNotFoundError):
+            reasons.append(f"no such program ({x.strerror}: {x.filename!r})" if x.filename else f"no such program ({x})")
+        elif type(x).__name__ in _CLOSED or "connection closed" in str(x).lower():
+            reasons.append(f"the server closed the connection before the MCP handshake (it exited?) ({what})")
+        else:
+            reasons.append(what)
+    return _one_line("; ".join(dict.fromkeys(reasons)), 500)
 
 
 def parse_command(command: str | list[str]) -> list[str]:
@@ -123,14 +150,11 @@ class MCPClient:
             self._ready.result(startup_timeout_s)
         except BaseException as e:  # noqa: BLE001 - re-raised as a startup error with the server's stderr
             timed_out = isinstance(e, concurrent.futures.TimeoutError)
-            if timed_out:
-                reason = f"no MCP handshake within {startup_timeout_s:g}s"
-            else:
-                reason = "; ".join(f"{type(x).__name__}: {x}" for x in _leaves(e))
-            tail = self._stderr_tail()
+            reason = f"no MCP handshake within {startup_timeout_s:g}s" if timed_out else _startup_reason(e)
+            tail = _one_line(self._stderr_tail())
             self.close()
             raise MCPStartupError(
-                f"MCP server {shlex.join(self.argv)!r} did not start ({reason}); stderr tail: {tail!r}"
+                f"MCP server `{shlex.join(self.argv)}` did not start: {reason}; its stderr ends: {tail or '(nothing)'}"
             ) from (None if timed_out else e)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self._closing, self._owner, self._errfile)
