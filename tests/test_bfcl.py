@@ -224,9 +224,22 @@ def test_tasks_round_trip_through_json(all_tasks):
     assert score(again, again.gold_actions).success
 
 
-def test_references_are_real_gold_results(all_tasks):
-    task = all_tasks["multi_turn_base"][0]
-    assert task.references and task.references[0].call == task.gold_actions[0][0]
+def test_references_are_real_gold_results_of_other_train_tasks(all_tasks):
+    by_id = {t.id: t for ts in all_tasks.values() for t in ts}
+    tests = [t for t in all_tasks["multi_turn_base"] if t.split == "test"][:10]
+    for task in tests:
+        assert 1 <= len(task.references) <= 3
+        gold = {c.key() for c in task.flat_gold()}
+        for ref in task.references:
+            source = by_id[ref.source]
+            assert source.split == "train" and source.id != task.id and ref.call.key() not in gold
+            env = make_env(source)  # the source's gold calls, in order, in a fresh environment
+            assert (ref.call, ref.result) in [(c, env.call(c)) for c in source.flat_gold()]
+
+
+def test_oracle_references_are_the_tasks_own_gold_results():
+    task = load_tasks("bfcl:multi_turn_base@oracle-references", "all", n=3)[0]
+    assert task.metadata["references"] == "oracle" and [r.call for r in task.references] == task.flat_gold()
     env = make_env(task)
     for ref in task.references[:3]:
         assert env.call(ref.call) == ref.result

@@ -9,6 +9,7 @@ import pytest
 
 from envace.envs import ENVS, SUITES, check_env, load_tasks, make_env, replay
 from envace.envs.builtin import DEFAULT_N, DOMAINS, BankEnv, FilesEnv, ShopEnv, make_task
+from envace.envs.references import initial_state_key
 from envace.envs.builtin.common import MONEY_RE, split_of
 from envace.rewards import check_rule
 from envace.types import Step, Task, ToolCall, Trajectory, is_error_obs
@@ -201,8 +202,11 @@ def test_every_task_has_references_checklist_and_short_prompt(tasks):
     for ts in tasks.values():
         for t in ts:
             assert 1 <= len(t.references) <= 3
-            for r in t.references:  # recorded in a fresh env on the initial state
-                assert make_env(t).call(r.call) == r.result
+            for r in t.references:  # recorded in a fresh env of another train task, on its initial state
+                domain, split, index = r.source.split("-")
+                source = make_task(domain, split, int(index))
+                assert (domain, split) == (t.env, "train") and source.id != t.id
+                assert make_env(source).call(r.call) == r.result and r.state == initial_state_key(source)
             kinds = {c.rule["type"] for c in t.checklist}
             assert "max_calls" in kinds and kinds <= {"called", "not_called", "reply_contains", "max_calls"}
             assert "properties" not in t.system_prompt and len(t.system_prompt) < 400

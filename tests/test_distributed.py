@@ -53,7 +53,10 @@ def test_two_processes_give_the_one_process_advantages_and_update(two_processes,
     assert m2["metrics"]["grad_norm"] == pytest.approx(m1["metrics"]["grad_norm"], rel=1e-4)
     d1, d2 = torch.load(tmp_path / "delta.pt"), torch.load(two_processes / "delta.pt")
     assert d1.keys() == d2.keys() and any(bool(v.abs().max() > 0) for v in d1.values())
-    assert_all_close_rel(d2, d1, what="update of ")  # all-reduced sums add in another order: rounding only
+    # all-reduced sums add in another order: rounding only. AdamW's step divides by sqrt(v), which magnifies a
+    # gradient's rounding where |g| is near eps (measured up to 1.7e-5 / 4e-5 elementwise), so these bounds are
+    # 10x the default; the gradients themselves are pinned by n_tokens and grad_norm above
+    assert_all_close_rel(d2, d1, rel=2e-4, elem=2e-3, what="update of ")
 
 
 def test_two_process_training_checkpoints_once_and_resumes_on_one_process(two_processes):

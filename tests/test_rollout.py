@@ -1,4 +1,5 @@
 """Rollout modes: role-tagged rows, what each role sees, the rehearsal firewall, limits and counters."""
+import copy
 import dataclasses
 import json
 
@@ -8,6 +9,7 @@ from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import ENVS, load_tasks, make_env
+from envace.envs.references import initial_state_key, record_each
 from envace.prompts import REHEARSE_SYSTEM
 from envace.rollout import RolloutConfig, RolloutEngine
 from envace.types import ToolCall, Trajectory, read_jsonl, write_jsonl
@@ -117,19 +119,32 @@ def test_shadow_records_the_real_observation_without_showing_it(tokenizer, bank_
     assert json.dumps(real) not in act_prompts  # the policy never sees the shadow observation
 
 
-def test_reference_cache_hits_are_answered_from_the_record_and_counted(tokenizer, bank_tasks):
-    task = bank_tasks[0]
-    ref = task.references[0]
-
+def _cache_run(tokenizer, task, call):
     def respond(prompt):
         if "tool simulator" in prompt:
             return '<observation>{"rehearsed": true}</observation>'
-        return ref.call.to_text() if "<|im_start|>tool" not in prompt else "ok"
+        return call.to_text() if "<|im_start|>tool" not in prompt else "ok"
 
-    tr = RolloutEngine(ScriptedBackend(tokenizer, respond), cfg(reference_cache=True)).run([task])[0]
-    assert tr.steps[0].observations == [ref.result] and tr.steps[0].sources == ["cache"]
+    return RolloutEngine(ScriptedBackend(tokenizer, respond), cfg(reference_cache=True)).run([task])[0]
+
+
+def test_reference_cache_hits_are_answered_from_the_record_and_counted(tokenizer, bank_tasks):
+    task = copy.deepcopy(bank_tasks[0])
+    call = task.flat_gold()[0]
+    task.references = record_each(task, [call], make_env)  # recorded on this task's own initial state
+    tr = _cache_run(tokenizer, task, call)
+    assert tr.steps[0].observations == [task.references[0].result] and tr.steps[0].sources == ["cache"]
     assert tr.counters["rehearse/cache_hits"] == 1
     assert {r.role for r in tr.rows} == {"act"}
+
+
+def test_a_record_of_another_tasks_world_is_not_a_cache_hit(tokenizer, bank_tasks):
+    task = bank_tasks[0]
+    ref = task.references[0]
+    assert ref.source != task.id and ref.state != initial_state_key(task)  # another train task's world
+    tr = _cache_run(tokenizer, task, ref.call)
+    assert tr.steps[0].observations == [{"rehearsed": True}] and tr.steps[0].sources == ["rehearsed"]
+    assert tr.counters["rehearse/cache_other_state"] == 1 and "rehearse/cache_hits" not in tr.counters
 
 
 def test_parse_errors_and_truncation_are_counted_not_silent(tokenizer, bank_tasks):

@@ -12,6 +12,7 @@ import pytest
 from envace.backends.base import Backend, SamplingParams
 from envace.envs import USERS, check_env, load_tasks, make_env
 from envace.envs import tau2 as t2
+from envace.envs.references import record_gold
 from envace.parsing import validate_call
 from envace.types import Message, Step, Task, ToolCall, Trajectory, is_error_obs
 
@@ -63,7 +64,7 @@ def test_tasks_round_trip_through_json(retail_test):
 def test_corrupted_write_call_scores_zero(retail_test):
     def effective_write(task: Task) -> bool:  # the first write action succeeds in the gold replay
         write = task.gold_actions[1][0]
-        return any(r.call == write and not is_error_obs(r.result) for r in task.references)
+        return any(r.call == write and not is_error_obs(r.result) for r in record_gold(task))
 
     task = next(t for t in retail_test if len(t.gold_actions) > 1 and effective_write(t))
     turns = copy.deepcopy(task.gold_actions)

@@ -15,10 +15,13 @@ joins the running batch, so the batch stays full instead of waiting for the long
 calls of all trajectories as one batch per call index. A format error (Act output that does not parse) is
 answered by the parser's structured error; with ``validate_in_code`` unknown tools and schema violations are
 too, else the Rehearse role must produce those errors itself (METHOD.md section 1). With ``reference_cache``
-a call identical to a recorded reference call is answered from the record (counted). ``shadow`` executes each
-rehearsed call in a copy of the real environment and records the real observation next to the rehearsed one,
-with the top-level state fields that real call changed (``Step.shadow_changed``; for fidelity evaluation only;
-never shown to the policy). Where a real environment ran a trajectory's calls
+a call identical to a recorded reference call is answered from the record (counted) when the record was made
+on this task's initial state (``envace.envs.references.cache_lookup``: references come from other tasks, so a
+record of another world goes to Rehearse instead, counted as ``rehearse/cache_other_state``; as before, a hit
+is the initial state's answer even if earlier calls of the trajectory changed the state). ``shadow`` executes
+each rehearsed call in a copy of the real environment and records the real observation next to the rehearsed
+one, with the top-level state fields that real call changed (``Step.shadow_changed``; for fidelity evaluation
+only; never shown to the policy). Where a real environment ran a trajectory's calls
 (real mode, shadow copy), its own success check is applied to it when the trajectory ends
 (``Trajectory.env_outcome``), so scoring never executes those calls a second time.
 
@@ -38,6 +41,7 @@ from tqdm.auto import tqdm
 
 from .backends.base import Backend, Request, SamplingParams
 from .envs import USERS, Environment, UserSimulator, final_outcome, make_env
+from .envs.references import cache_lookup
 from .parsing import format_observation, parse_act, parse_observation, validate_call
 from .prompts import ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
 from .registry import Registry
@@ -66,7 +70,8 @@ class RolloutConfig:
     validate_in_code: bool = False
     """Answer unknown-tool / schema errors by code instead of asking Rehearse (format errors always are)."""
     reference_cache: bool = False
-    """Answer a call identical to a recorded reference call from the record (counted as rehearse/cache_hits)."""
+    """Answer a call identical to a recorded reference call from the record (counted as rehearse/cache_hits),
+    when the record was made on this task's initial state (else rehearsed, counted as rehearse/cache_other_state)."""
     shadow: bool = False
     """Also run each rehearsed call in a real environment copy and record its observation (evaluation only)."""
     user: str = "scripted"
@@ -467,10 +472,11 @@ class RolloutEngine:
                 lv.traj.count("rehearse/validation_errors")
                 return err, "validation"
         if self.cfg.reference_cache:
-            for ref in lv.task.references:
-                if ref.call.key() == call.key():
-                    lv.traj.count("rehearse/cache_hits")
-                    return ref.result, "cache"
+            found, ref = cache_lookup(lv.task, call)
+            if found != "miss":
+                lv.traj.count("rehearse/cache_hits" if ref is not None else "rehearse/cache_other_state")
+            if ref is not None:
+                return ref.result, "cache"
         return None, ""
 
     def _feed(self, lv: _Live, results: list[tuple[ToolCall, Any, str, Any]], raw: bool = False) -> None:

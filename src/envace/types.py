@@ -108,17 +108,21 @@ class Message:
 
 @dataclass
 class ReferenceExample:
-    """A recorded real call and the result it returned (grounding for Rehearse; may be served as a cache hit)."""
+    """A recorded real call and the result it returned (grounding for Rehearse; may be served as a cache hit).
+    ``source`` is the id of the task whose environment produced it; ``state`` the key of the initial state it
+    was made on when it was the first call of a fresh environment ("" otherwise; see ``envace.envs.references``)."""
 
     call: ToolCall
     result: Any
+    source: str = ""
+    state: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"call": self.call.to_dict(), "result": self.result}
+        return {"call": self.call.to_dict(), "result": self.result, "source": self.source, "state": self.state}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ReferenceExample":
-        return cls(call=ToolCall.from_dict(d["call"]), result=d["result"])
+        return cls(call=ToolCall.from_dict(d["call"]), result=d["result"], source=d.get("source", ""), state=d.get("state", ""))
 
 
 @dataclass

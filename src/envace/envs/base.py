@@ -165,11 +165,17 @@ def make_env(task: Task) -> Environment:
 
 
 def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-    """Load ``n`` tasks of a suite (``"builtin"``, ``"bank"``, ``"bfcl:multi_turn_base"``, ...) and split."""
+    """Load ``n`` tasks of a suite (``"builtin"``, ``"bank"``, ``"bfcl:multi_turn_base"``, ...) and split.
+    Their references are records of other train tasks (``envace.envs.references``); the suffix
+    ``@oracle-references`` (``"bank@oracle-references"``, ablations only: the answer leaks) gives each task its
+    own gold calls with their real results instead, and every report using it says so in its title."""
     from . import ensure_registered
+    from .references import REFERENCE_MODES, split_spec
 
+    spec, mode = split_spec(spec)
     ensure_registered(spec)
-    return SUITES.get(spec.split(":", 1)[0])(spec, split=split, n=n, seed=seed)
+    tasks = SUITES.get(spec.split(":", 1)[0])(spec, split=split, n=n, seed=seed)
+    return REFERENCE_MODES.get(mode)(tasks) if mode else tasks
 
 
 class ReplayNotAllowedError(ValueError):

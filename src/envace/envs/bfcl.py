@@ -23,6 +23,9 @@ How this adapter departs from BFCL's own harness, and why:
 - **Split.** BFCL has no train/test split: a task is ``test`` when a hash of its scenario index falls in the
   lowest :data:`TEST_FRACTION` (about 30%), else ``train``. The index is shared by the four categories (they
   are variants of the same 200 scenarios), so a scenario is on the same side in every category.
+- **References** (BFCL has none): the gold calls of :data:`POOL_TASKS` train tasks of the category (evenly
+  spread over it), run in order in a fresh environment of their task, form the category's pool; every task
+  draws 1-3 records of its tools from it, never one of its own gold calls (:mod:`envace.envs.references`).
 """
 from __future__ import annotations
 
@@ -59,8 +62,9 @@ from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPIN
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as _checker_module  # noqa: E402
 from bfcl_eval.utils import load_dataset_entry, load_file  # noqa: E402
 
-from ..types import ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs  # noqa: E402
+from ..types import Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
 from .base import ENVS, SUITES, Environment, Score  # noqa: E402
+from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = (
     "multi_turn_base",
@@ -69,6 +73,7 @@ CATEGORIES: tuple[str, ...] = (
     "multi_turn_long_context",
 )
 TEST_FRACTION = 0.3
+POOL_TASKS = 64  # train tasks per category (spread over it) whose recorded gold calls are its reference pool
 SPLITS: tuple[str, ...] = ("train", "test", "all")
 # Method names BFCL's executor refuses to run (kept so that scoring matches the official harness).
 _BLOCKED_METHODS = frozenset({"kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run"})
@@ -332,6 +337,13 @@ class BFCLEnv(Environment):
         super().__init__(task)
         self.instances = make_instances(task.env_config)
 
+    @staticmethod
+    def initial_state_key(task: Task) -> str:
+        """What the backends are loaded from (see :func:`make_instances`)."""
+        cfg = task.env_config
+        return digest({"env": "bfcl", "initial_config": cfg["initial_config"], "involved_classes": cfg["involved_classes"],
+                       "long_context": bool(cfg.get("long_context"))})
+
     def _execute(self, call: ToolCall) -> Any:
         try:
             result = invoke(self.instances, call)
@@ -387,7 +399,7 @@ def _user_turn_text(messages: list[dict[str, str]], held_out: bool) -> str:
 
 def convert_entry(entry: dict[str, Any], ground_truth: list[list[str]], category: str) -> Task:
     """One BFCL test entry (as the official loader returns it) and its ground truth -> :class:`Task`
-    (without references; see :func:`with_references`)."""
+    (without references; see :func:`reference_pool`)."""
     entry = copy.deepcopy(entry)
     held = {int(t): docs for t, docs in (entry.get("missed_function") or {}).items()}
     docs = list(entry["function"]) + [d for t in sorted(held) for d in held[t]]
@@ -431,18 +443,19 @@ def convert_entry(entry: dict[str, Any], ground_truth: list[list[str]], category
     )
 
 
-def with_references(task: Task) -> Task:
-    """Record the gold calls' real results (executed through this adapter in a fresh environment) as the task's
-    reference examples; results over the observation size limit are left out."""
-    env = BFCLEnv(task)
-    refs = []
-    for call in task.flat_gold():
-        obs = env.call(call)
-        if is_error_obs(obs) and obs["error"]["kind"] == "too_large":
-            continue
-        refs.append(ReferenceExample(call=copy.deepcopy(call), result=obs))
-    task.references = refs
-    return task
+def reference_pool(category: str) -> ReferencePool:
+    """The recorded gold calls of :data:`POOL_TASKS` train tasks of the category (built once per process)."""
+
+    def build() -> ReferencePool:
+        entries, answers = _raw_entries(category)
+        train = spread([e for e in entries if split_of(e["id"]) == "train"], POOL_TASKS)
+        records = []
+        for e in train:
+            task = convert_entry(e, answers[e["id"]], category)
+            records += record_sequence(task, task.flat_gold(), BFCLEnv)
+        return ReferencePool.from_records(records)
+
+    return cached_pool(f"bfcl:{category}", build)
 
 
 def _categories(spec: str) -> list[str]:
@@ -466,7 +479,7 @@ def load_bfcl_tasks(spec: str, split: str = "train", n: int | None = None, seed:
     if n is not None and n < len(chosen):
         keep = sorted(random.Random(seed).sample(range(len(chosen)), n))
         chosen = [chosen[i] for i in keep]
-    return [with_references(convert_entry(e, gt, cat)) for e, gt, cat in chosen]
+    return assign([convert_entry(e, gt, cat) for e, gt, cat in chosen], lambda t: reference_pool(t.env_config["category"]))
 
 
 SUITES.add("bfcl", load_bfcl_tasks)

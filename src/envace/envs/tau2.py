@@ -32,6 +32,9 @@ How this adapter departs from tau2's harness, and why:
   shown in the chat.
 - **Split.** tau2's own ``train`` / ``test`` splits (airline, retail, telecom); mock has none, so a hash of
   the task id puts about 30% in ``test``.
+- **References** (tau2 has none): the gold calls of :data:`POOL_TASKS` train tasks of the domain, run in order
+  in a fresh environment of their task, form the domain's pool; every task draws 1-3 records from it, never
+  one of its own gold calls nor one that mentions its expected outputs (:mod:`envace.envs.references`).
 """
 from __future__ import annotations
 
@@ -66,13 +69,15 @@ from tau2.user.user_simulator import SYSTEM_PROMPT as USER_SYSTEM_PROMPT, get_gl
 
 from ..backends.base import Backend, SamplingParams  # noqa: E402
 from ..parsing import validate_call  # noqa: E402
-from ..types import Message, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
+from ..types import Message, Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
 from .base import ENVS, SUITES, USERS, Environment, Score, UserSimulator  # noqa: E402
+from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
 
 DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom", "mock")
 DEFAULT_DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom")  # the benchmark's three
 SPLITS: tuple[str, ...] = ("train", "test", "all")
 TEST_FRACTION = 0.3  # hash split for domains without tau2 splits (mock)
+POOL_TASKS = 16  # train tasks per domain (spread over it) whose recorded gold calls are its reference pool
 FIRST_AGENT_MESSAGE = "Hi! How can I help you today?"  # tau2's opening agent message
 CONFIRM_MESSAGE = "Yes, I confirm. Please go ahead."
 STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
@@ -201,6 +206,12 @@ class Tau2Env(Environment):
         super().__init__(task)
         self.env = _initialised_env(task)
         self._ids = 0
+
+    @staticmethod
+    def initial_state_key(task: Task) -> str:
+        """The domain's database and the task's initialisation (what :func:`_initialised_env` builds from)."""
+        init = tau2_task(task).initial_state
+        return digest({"env": "tau2", "domain": task.env_config["domain"], "initial_state": init.model_dump(mode="json") if init else None})
 
     def _execute(self, call: ToolCall) -> Any:
         self._ids += 1
@@ -432,11 +443,15 @@ def convert_task(domain: str, t2: T2Task) -> Task:
     )
 
 
-def with_references(task: Task) -> Task:
-    """Record the gold calls' real results (through :class:`Tau2Env`) as reference examples."""
-    env = Tau2Env(task)
-    task.references = [ReferenceExample(call=copy.deepcopy(c), result=env.call(c)) for c in task.flat_gold()]
-    return task
+def reference_pool(domain: str) -> ReferencePool:
+    """The recorded gold calls of :data:`POOL_TASKS` train tasks of the domain (built once per process)."""
+
+    def build() -> ReferencePool:
+        train = [t for t in (convert_task(domain, t2) for t2 in _domain_info(domain)["tasks"]) if t.split == "train"]
+        records = [r for t in spread(train, POOL_TASKS) for r in record_sequence(t, t.flat_gold(), Tau2Env)]
+        return ReferencePool.from_records(records)
+
+    return cached_pool(f"tau2:{domain}", build)
 
 
 def _domains(spec: str) -> list[str]:
@@ -458,7 +473,7 @@ def load_tau2_tasks(spec: str, split: str = "train", n: int | None = None, seed:
     if n is not None and n < len(tasks):
         keep = sorted(random.Random(seed).sample(range(len(tasks)), n))
         tasks = [tasks[i] for i in keep]
-    return [with_references(t) for t in tasks]
+    return assign(tasks, lambda t: reference_pool(t.env_config["domain"]))
 
 
 SUITES.add("tau2", load_tau2_tasks)

@@ -8,9 +8,12 @@ model sees are derived from those decorators, and ``_execute`` calls the bound m
 schema-validated) arguments as keywords. Nothing is ever evaluated. The whole state is one JSON dict
 (``self.s``), deep-copied from ``task.env_config``, so a fresh environment of a task always starts the same.
 
-Task generation runs the gold calls on a live environment while the episode is scripted, so gold replies,
-expected outputs and references quote real observations, and every gold call is known to behave as intended
-(succeed, or fail where the template says it should).
+Task generation runs the gold calls on a live environment while the episode is scripted, so gold replies and
+expected outputs quote real observations, and every gold call is known to behave as intended (succeed, or fail
+where the template says it should). References come from other tasks: a domain's pool holds the gold and
+``suggest()``ed calls of its first :data:`POOL_TASKS` train tasks, each run on a fresh environment of its task,
+and every task draws 1-3 records from it (:mod:`envace.envs.references`).
+
 
 Splits (:data:`SPLITS`); task ``i`` of a split is a pure function of (domain, split, i):
 
@@ -34,6 +37,7 @@ import copy
 import posixpath
 import random
 import re
+import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -41,6 +45,7 @@ from typing import Any, Callable
 from ...registry import Registry
 from ...types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, dumps, is_error_obs
 from ..base import Environment, Score, ToolError
+from ..references import ReferencePool, cached_pool, choose_references, record_each
 
 SPLITS: tuple[str, ...] = ("train", "test", "ood")
 OOD_SPLIT = "ood"  # the split drawn from the held-out templates and name pools
@@ -50,6 +55,7 @@ INDEX_SPACE = 1_000_000  # task indices of one split; seed > 0 samples n of them
 TEST_SHARE = 5  # one in TEST_SHARE parameter combinations belongs to the test split, the rest to train
 MONEY_RE = re.compile(r"\$\d+(?:\.\d+)?")
 MAX_ATTEMPTS = 200  # sub-seeds tried per task index before giving up (never reached in practice)
+POOL_TASKS = 64  # train tasks of a domain whose recorded calls are the reference pool of all its tasks
 
 
 # ----------------------------------------------------------------------------------------------- tools
@@ -268,7 +274,7 @@ class TaskBuilder:
         task.gold_actions = [list(t) for t in self.gold]
         task.gold_replies = list(self.replies)
         task.expected_outputs = list(self.expected)
-        task.references = self._references(task, self.rng)
+        task.references = []  # set by Domain from other train tasks' records (see own_records)
         task.checklist = self._checklist()
         flat = task.flat_gold()
         read_only = not any(c.name in self.env_cls._mutating for c in flat)
@@ -276,29 +282,16 @@ class TaskBuilder:
         task.metadata["kind"] = task_kind(task, self.env_cls)
         return task
 
-    def _references(self, task: Task, rng: random.Random) -> list[ReferenceExample]:
-        """1-3 real call -> result records, each run in a fresh env on the initial state: maybe a gold read
-        call, then plausible calls the template suggested (reads of other entities, an erroring call)."""
-        reads = [c for c, _ in self.required if c.name not in self.env_cls._mutating]
-        pool: list[ToolCall] = []
-        if reads and rng.random() < 0.6:
-            pool.append(rng.choice(reads))
-        extras = list(self.extra_refs)
-        rng.shuffle(extras)
-        pool.extend(extras)
-        if not pool:  # a mutating gold call as a last resort
-            pool.append(task.flat_gold()[0])
-        seen, chosen = set(), []
-        for c in pool:
+    def own_records(self, task: Task) -> list[ReferenceExample]:
+        """This task's real records for the reference pool of the domain (never shown for this task itself):
+        its gold calls and the calls its template suggested, each run on a fresh env on the initial state."""
+        seen: set[str] = set()
+        calls = []
+        for c in task.flat_gold() + self.extra_refs:
             if c.key() not in seen:
                 seen.add(c.key())
-                chosen.append(c)
-        chosen = chosen[: rng.randint(1, 3)]
-        refs = []
-        for c in chosen:
-            env = self.env_cls(task)
-            refs.append(ReferenceExample(call=ToolCall(c.name, dict(c.arguments)), result=env.call(c)))
-        return refs
+                calls.append(c)
+        return record_each(task, calls, self.env_cls)
 
     def _checklist(self) -> list[ChecklistItem]:
         items = []
@@ -403,6 +396,8 @@ class Domain:
     entities: Callable[[dict[str, Any]], set[str]] | None = None
     """The entity names (accounts, products, path parts) of a task's initial state, for leak scans."""
 
+    _pool_build: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         for kind, (seen, held) in self.pools.items():
             both = sorted(set(seen) & set(held))
@@ -439,11 +434,34 @@ class Domain:
                 continue
             if split != OOD_SPLIT and split_of(b.split_key(template)) != split:
                 continue
-            return b.build(f"{self.name}-{split}-{index:06d}", split, template)
+            return self._with_references(b, b.build(f"{self.name}-{split}-{index:06d}", split, template))
         raise RuntimeError(f"could not generate {self.name} task {split}/{index} in {MAX_ATTEMPTS} attempts")
 
     def load(self, spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         return [self.make_task(split, i) for i in split_indices(n, seed)]
+
+    def _with_references(self, b: TaskBuilder, task: Task) -> Task:
+        """A built task with references drawn from the domain's pool; while this thread builds the pool, the
+        task stays raw and its own records go to the pool instead (so pool building never recurses)."""
+        collecting = getattr(self._pool_build, "records", None)
+        if collecting is not None:
+            collecting.extend(b.own_records(task))
+        else:
+            task.references = choose_references(task, self.reference_pool())
+        return task
+
+    def reference_pool(self) -> ReferencePool:
+        """The records of the domain's first :data:`POOL_TASKS` train tasks (built once per process)."""
+        return cached_pool(self.name, self._build_pool)
+
+    def _build_pool(self) -> ReferencePool:
+        self._pool_build.records = []
+        try:
+            for i in range(POOL_TASKS):
+                self.make_task("train", i)
+            return ReferencePool.from_records(self._pool_build.records)
+        finally:
+            self._pool_build.records = None
 
 
 def split_of(key: str) -> str:
