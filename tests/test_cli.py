@@ -36,8 +36,11 @@ def test_sft_then_eval(tmp_path):
 def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     out = run("demo", "--quick", "--model", "tiny-random", "--eval-tasks", "2", "--out", str(tmp_path))
     assert "| after SFT + EnvACE |" in out and "| untrained |" in out
-    assert set(json.loads((tmp_path / "demo_results.json").read_text())) == {"untrained", "after SFT", "after SFT + EnvACE"}
+    saved = json.loads((tmp_path / "demo_results.json").read_text())
+    assert {"untrained", "after SFT", "after SFT + EnvACE", "comparison", "times", "hardware", "seed"} <= set(saved)
+    assert saved["comparison"]["n_tasks"] == 2 and saved["hardware"]["cores"] >= 1 and saved["times"]["total_s"] > 0
+    assert "paired 95% CI" in out and "Hardware:" in out and (tmp_path / "results.md").read_text().startswith("Held-out bank test tasks: 2")
     row = next(line for line in out.splitlines() if line.startswith("| untrained |"))
     assert re.match(r"\| untrained \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", row)  # success with its 95% interval
-    sft, envace = (json.loads((tmp_path / f"eval_{n}.json").read_text()) for n in ("sft", "envace"))
+    sft, envace = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("sft", "envace"))
     assert sft["task_ids"] == envace["task_ids"] and len(sft["per_task"]) == 2  # comparable with envace compare

@@ -200,39 +200,67 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """SFT warm-up, EnvACE training, before/after evaluation on held-out tasks, as a table."""
+    """SFT warm-up, EnvACE training, before/after evaluation on held-out tasks, as a table with intervals and
+    the paired comparison of SFT + EnvACE against SFT. Writes into ``--out``: ``untrained.json``, ``sft.json`` and
+    ``envace.json`` (evaluation results with per-task outcomes; ``envace compare sft.json envace.json`` recomputes
+    the comparison), ``demo_results.json`` (metrics, comparison, stage times, hardware) and ``results.md``."""
     from .config import SFTConfig, TrainConfig
-    from .evaluation import rate_with_ci, save_result
+    from .evaluation import compare_results, format_comparison, rate_with_ci, save_result
     from .models import DEFAULT_MODEL
+    from .precision import hardware_summary
     from .sft import sft
     from .trainer import train
 
     out = args.out
     quick = args.quick
     t_start = time.perf_counter()
-    print(f"[demo] model {args.model}; output in {out}", flush=True)
+    times: dict[str, float] = {}
+
+    def stage(name: str, fn: Any) -> Any:
+        t0 = time.perf_counter()
+        r = fn()
+        times[name] = round(time.perf_counter() - t0, 1)
+        return r
+
+    print(f"[demo] model {args.model}; seed {args.seed}; output in {out}", flush=True)
     print("[demo] 1/4 evaluating the untrained model on held-out tasks", flush=True)
-    before = _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1)
+    before = stage("eval_untrained_s", lambda: _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1))
     print("[demo] 2/4 SFT warm-up on gold trajectories", flush=True)
-    s = sft(SFTConfig(model=args.model, suite=args.suite, n_tasks=64 if quick else 256, steps=2 if quick else args.sft_steps, batch_tasks=args.sft_batch, lr=1e-4 if args.model == DEFAULT_MODEL else 1e-3, bf16="auto", micro_batch_tokens=4096, out_dir=os.path.join(out, "sft"), tensorboard=False))
+    s = stage("sft_s", lambda: sft(SFTConfig(model=args.model, suite=args.suite, n_tasks=64 if quick else 256, steps=2 if quick else args.sft_steps, batch_tasks=args.sft_batch, lr=1e-4 if args.model == DEFAULT_MODEL else 1e-3, bf16="auto", micro_batch_tokens=4096, seed=args.seed, out_dir=os.path.join(out, "sft"), tensorboard=False)))
     print("[demo] 3/4 evaluating after SFT", flush=True)
-    mid = _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1)
+    mid = stage("eval_sft_s", lambda: _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1))
     print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
-    tr = train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1", iterations=1 if quick else args.rl_iterations, batch_tasks=2 if quick else args.rl_batch, lr=args.rl_lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False))
-    after = _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1)
+    tr = stage("envace_s", lambda: train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1", iterations=1 if quick else args.rl_iterations, batch_tasks=2 if quick else args.rl_batch, lr=args.rl_lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, seed=args.seed, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False)))
+    after = stage("eval_envace_s", lambda: _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1))
+    results = {"untrained": before, "sft": mid, "envace": after}
+    for name, res in results.items():  # per-task outcomes, for envace compare
+        save_result(res, os.path.join(out, f"{name}.json"))
+    comparison = compare_results(*(json.loads(json.dumps(results[n].to_dict(), default=str)) for n in ("sft", "envace")), names=("SFT", "SFT + EnvACE"))
+    times["total_s"] = round(time.perf_counter() - t_start, 1)
+    hardware = hardware_summary()
     rows = [("untrained", before.metrics), ("after SFT", mid.metrics), ("after SFT + EnvACE", after.metrics)]
     keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
+    lines = [
+        f"Held-out {args.suite} test tasks: {len(mid.per_task)}, greedy, real environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
+        "",
+        "| model | " + " | ".join(keys) + " |",
+        "|---|" + "---|" * len(keys),
+        *(f"| {name} | " + " | ".join(rate_with_ci(m, k) for k in keys) + " |" for name, m in rows),
+        "",
+        "Paired comparison on the same tasks (A = after SFT, B = after SFT + EnvACE):",
+        "",
+        format_comparison(comparison),
+        "",
+        f"Hardware: {hardware['cpu']} ({hardware['cores']} cores, torch CPU capability {hardware['torch_cpu_capability']}; SFT bf16: {hardware['bf16_decision']})",
+        "Time: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items()),
+    ]
     print()
-    print(f"Held-out {args.suite} test tasks: {args.eval_tasks}, greedy, real environment; success with its 95% Wilson interval over tasks")
-    print("| model | " + " | ".join(keys) + " |")
-    print("|---|" + "---|" * len(keys))
-    for name, m in rows:
-        print(f"| {name} | " + " | ".join(rate_with_ci(m, k) for k in keys) + " |")
-    print(f"\n[demo] total time {time.perf_counter() - t_start:.0f}s")
+    print("\n".join(lines))
+    print(f"\n[demo] total time {times['total_s']:.0f}s")
     with open(os.path.join(out, "demo_results.json"), "w", encoding="utf-8") as f:
-        json.dump({name: m for name, m in rows}, f, indent=1)
-    for name, res in (("untrained", before), ("sft", mid), ("envace", after)):  # per-task outcomes, for envace compare
-        save_result(res, os.path.join(out, f"eval_{name}.json"))
+        json.dump({**{name: m for name, m in rows}, "comparison": comparison, "times": times, "hardware": hardware, "seed": args.seed, "args": {k: v for k, v in vars(args).items() if k != "fn"}}, f, indent=1, default=str)
+    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
     return 0
 
 
@@ -257,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="SmolLM2-135M-Instruct")
     d.add_argument("--suite", default="bank", help="built-in suite to train and evaluate on (bank, shop, files or builtin = all three)")
     d.add_argument("--out", default="runs/demo")
-    d.add_argument("--eval-tasks", type=int, default=30)
+    d.add_argument("--eval-tasks", type=int, default=100, help="held-out test tasks each model is evaluated on")
+    d.add_argument("--seed", type=int, default=0, help="seed of SFT and EnvACE training (the evaluation tasks stay the same)")
     d.add_argument("--sft-steps", type=int, default=30)
     d.add_argument("--sft-batch", type=int, default=4, help="gold trajectories per SFT step")
     d.add_argument("--rl-iterations", type=int, default=4)

@@ -134,3 +134,31 @@ def use_bf16(requested: bool | str | None, device: str | torch.device = "cpu", p
         _said.add(note)
         print(f"envace: {note}", file=sys.stderr, flush=True)
     return use
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`), for result files."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware_summary() -> dict[str, Any]:
+    """What a result was measured on: CPU model, cores, torch's CPU capability, and what bf16 ``auto`` decides
+    here (with the probe's timings), so every stored number says which kind of CPU it came from."""
+    import os
+
+    p = cpu_bf16_probe()
+    return {
+        "cpu": cpu_model_name(),
+        "cores": os.cpu_count(),
+        "torch_cpu_capability": p.capability,
+        "bf16_decision": ("bf16" if p.fast else "float32") + f" ({p.describe()})",
+    }
