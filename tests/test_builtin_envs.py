@@ -59,7 +59,7 @@ def test_default_suite_size_is_thousands_and_seed_picks_other_tasks():
 
 
 def test_unknown_split_is_an_error():
-    with pytest.raises(ValueError, match="train, test"):
+    with pytest.raises(ValueError, match="train, val, test, ood"):
         load_tasks("files", "validation", n=1)
 
 

@@ -1,18 +1,20 @@
-"""The built-in suites' out-of-distribution split and task kinds: what ``ood`` holds out, that every split has
-every kind, that the labels are derived correctly, and that the in-distribution test split did not change."""
+"""The built-in suites' validation and out-of-distribution splits and task kinds: what ``val`` and ``ood`` hold
+out, that every split has every kind, that the labels are derived correctly, and that the in-distribution test
+split (and, outside the carved-out val keys, train) did not change."""
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
 import re
+import zlib
 from typing import Any
 
 import pytest
 
 from envace.envs import load_tasks
 from envace.envs.builtin import DOMAINS, KINDS, SPLITS, BankEnv, Domain, make_task, task_kind
-from envace.envs.builtin.common import carried
+from envace.envs.builtin.common import MONEY_RE, TEST_SHARE, VAL_SHARE, carried, split_of
 from envace.types import Task, ToolCall
 
 DOMAIN_NAMES = ["bank", "shop", "files"]
@@ -29,7 +31,7 @@ def tasks() -> dict[tuple[str, str], list[Task]]:
 
 
 def test_ood_is_a_split_of_every_builtin_suite(tasks):
-    assert SPLITS == ("train", "test", "ood")
+    assert SPLITS == ("train", "val", "test", "ood")
     for d in DOMAIN_NAMES:
         ts = tasks[(d, "ood")]
         assert [t.id for t in ts[:2]] == [f"{d}-ood-000000", f"{d}-ood-000001"]
@@ -96,7 +98,7 @@ def test_a_domain_refuses_a_pool_whose_halves_overlap():
 
 
 def test_unknown_split_names_the_valid_ones():
-    with pytest.raises(ValueError, match="train, test, ood"):
+    with pytest.raises(ValueError, match="train, val, test, ood"):
         DOMAINS["bank"].template_names("validation")
 
 
@@ -217,7 +219,7 @@ TEST_HASHES = {
 def _hash(t: Task) -> str:
     d = t.to_dict()
     d.pop("references", None)
-    d["metadata"].pop("kind", None)
+    d["metadata"] = {k: v for k, v in d["metadata"].items() if k != "kind"}  # to_dict() shares the dict
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -226,3 +228,100 @@ def test_in_distribution_test_tasks_are_unchanged(tasks):
         ts = tasks[(d, "test")][:20]
         assert [t.id for t in ts] == [f"{d}-test-{i:06d}" for i in range(20)]
         assert [_hash(t) for t in ts] == TEST_HASHES[d].split(), d
+
+
+# ------------------------------------------------------------------------------------- the val split
+
+SCAN = 300  # tasks per (domain, split) scanned for key overlaps
+
+
+def _key(t: Task) -> str:
+    """The task's parameter combination, as :meth:`TaskBuilder.split_key` computes it."""
+    return t.metadata["template"] + "|" + MONEY_RE.sub("$#", "\n".join(t.user_turns))
+
+
+@pytest.fixture(scope="module")
+def scanned() -> dict[tuple[str, str], list[Task]]:
+    return {(d, s): load_tasks(d, s, n=SCAN) for d in DOMAIN_NAMES for s in ("train", "val", "test")}
+
+
+def test_val_is_a_split_of_every_builtin_suite(tasks):
+    for d in [*DOMAIN_NAMES, "builtin"]:
+        ts = tasks[(d, "val")]
+        assert len(ts) == N and all(t.split == "val" for t in ts)
+    for d in DOMAIN_NAMES:
+        ts = tasks[(d, "val")]
+        assert [t.id for t in ts[:2]] == [f"{d}-val-000000", f"{d}-val-000001"] and all(t.env == d for t in ts)
+        assert make_task(d, "val", 7).to_dict() == ts[7].to_dict()
+        a, b = load_tasks(d, "val", n=5, seed=3), load_tasks(d, "val", n=5, seed=3)
+        assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
+    assert [t.id for t in tasks[("builtin", "val")][:4]] == ["bank-val-000000", "shop-val-000000", "files-val-000000", "bank-val-000001"]
+
+
+def test_train_val_and_test_keys_are_pairwise_disjoint(scanned):
+    for d in DOMAIN_NAMES:
+        keys = {s: {_key(t) for t in scanned[(d, s)]} for s in ("train", "val", "test")}
+        for s, ks in keys.items():
+            assert all(split_of(k) == s for k in ks), (d, s)
+            assert len(ks) >= SCAN // 3, (d, s, len(ks))  # many combinations, not a few repeated ones
+        assert keys["train"].isdisjoint(keys["val"]), d
+        assert keys["train"].isdisjoint(keys["test"]), d
+        assert keys["val"].isdisjoint(keys["test"]), d
+        turns = {s: {tuple(t.user_turns) for t in scanned[(d, s)]} for s in ("train", "val", "test")}
+        assert turns["val"].isdisjoint(turns["train"] | turns["test"]), d
+
+
+def test_val_is_train_distribution_with_every_kind_and_template(scanned):
+    for d in DOMAIN_NAMES:
+        val = scanned[(d, "val")]
+        assert {t.metadata["kind"] for t in val} == set(KINDS), d
+        assert {t.metadata["template"] for t in val} == set(DOMAINS[d].template_names("train")), d
+        assert DOMAINS[d].template_names("val") == DOMAINS[d].template_names("train")
+
+
+def test_split_of_gives_test_and_val_their_shares():
+    counts = {s: 0 for s in ("train", "val", "test")}
+    n = 30_000
+    for i in range(n):
+        counts[split_of(f"k{i}")] += 1
+    assert abs(counts["test"] / n - 1 / TEST_SHARE) < 0.01
+    assert abs(counts["val"] / n - 1 / (TEST_SHARE * VAL_SHARE)) < 0.008
+    # test is the old rule exactly: crc32 % TEST_SHARE == 0, whatever val takes
+    assert all((split_of(f"k{i}") == "test") == (zlib.crc32(f"k{i}".encode()) % TEST_SHARE == 0) for i in range(2000))
+
+
+def _digest(ts: list[Task]) -> str:
+    """sha256 (16 hex digits) of the tasks' to_dict() without references (metadata["kind"] included)."""
+    def one(t: Task) -> str:
+        d = t.to_dict()
+        d.pop("references", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+    return hashlib.sha256(" ".join(one(t) for t in ts).encode()).hexdigest()[:16]
+
+
+# _digest of the first 20 tasks of each suite, captured from the code before the val split existed
+BEFORE_VAL = {
+    ("bank", "test"): "06a48a2479062213", ("shop", "test"): "d86e2e55c83f81ec", ("files", "test"): "b956e664626c2d20",
+    ("builtin", "test"): "0d7cbc930d98a76f",
+    ("bank", "ood"): "30a02a4e2248cde6", ("shop", "ood"): "c9e7706f3c7c6e62", ("files", "ood"): "be17185dab95e70f",
+    ("builtin", "ood"): "67ef80d44724f89c",
+}
+# of the first 256 train tasks, the indices whose first accepted draw had a key that is now val (so a later
+# sub-seed decides them now), and _digest of the other indices' tasks, captured before the val split existed
+TRAIN_CHANGED = {
+    "bank": ([20, 28, 66, 67, 87, 101, 105, 115, 133, 146, 154, 162, 165, 171, 186, 194, 196, 202, 204, 206, 242, 249], "5021ee58503aa164"),
+    "shop": ([22, 67, 70, 73, 81, 83, 99, 105, 127, 132, 136, 137, 141, 153, 166, 200, 204, 205, 212, 218, 226, 233, 241, 247], "68025e4dcd78de3d"),
+    "files": ([3, 10, 21, 33, 46, 56, 58, 69, 79, 81, 94, 159, 190, 205, 210, 220], "85c07886fe769fe4"),
+}
+
+
+def test_test_and_ood_splits_did_not_change_when_val_was_carved_out(tasks):
+    for (suite, split), digest in BEFORE_VAL.items():
+        assert _digest(tasks[(suite, split)][:20]) == digest, (suite, split)
+
+
+def test_train_changed_only_where_a_draw_fell_into_val(scanned):
+    for d, (changed, digest) in TRAIN_CHANGED.items():
+        train = scanned[(d, "train")][:256]
+        assert _digest([t for i, t in enumerate(train) if i not in set(changed)]) == digest, d
+        assert len(changed) <= 256 // 10  # about one in twelve

@@ -227,7 +227,7 @@ def test_same_seed_same_rollouts_same_first_update_and_no_real_env_after_loading
     import envace.trainer as trainer
 
     loaded = {"done": False}
-    real_load_tasks = trainer.load_tasks
+    real_load_tasks = trainer.load_tasks_of_kinds
 
     def load_tasks(*a, **kw):
         tasks = real_load_tasks(*a, **kw)  # task generation runs the built-in tools: that is data, not rollout
@@ -240,7 +240,7 @@ def test_same_seed_same_rollouts_same_first_update_and_no_real_env_after_loading
         assert not loaded["done"], "a real environment was created during rehearsal training"
         real_init(self, task)
 
-    monkeypatch.setattr(trainer, "load_tasks", load_tasks)
+    monkeypatch.setattr(trainer, "load_tasks_of_kinds", load_tasks)
     monkeypatch.setattr(Environment, "__init__", init)
     runs = []
     for name in ("a", "b"):

@@ -59,7 +59,13 @@ class TrainConfig:
     suite: str = "builtin"
     """Task suite for training (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
     n_train_tasks: int | None = None
-    """How many training tasks to load (None: as many as the run visits, at least 64)."""
+    """How many training tasks to load (None: as many as the run visits, at least 64); with ``task_kinds``, how
+    many of those kinds."""
+    task_kinds: tuple[str, ...] | None = None
+    """Train only on tasks of these kinds (``metadata["kind"]`` of the built-in suites, envace.envs.builtin.KINDS:
+    recovery, chained, read_only_report, simple), e.g. the kinds an SFT warm-up left unsolved; None: every kind.
+    The tasks are the first ``n_train_tasks`` of the train split of those kinds (envace.envs.load_tasks_of_kinds);
+    one that keeps no task is an error."""
     variant: str = "envace"
     """envace | real_env | simulator | per_role | caller_frozen | caller_only (envace.config.VARIANTS)."""
     advantage: str = "rolewise"
@@ -142,6 +148,7 @@ class TrainConfig:
         self.rollout.mode = v.mode  # derived: the variant decides the rollout mode
         self.rollout.__post_init__()
         self.bf16 = bf16_setting(self.bf16, "TrainConfig.bf16")
+        self.task_kinds = task_kinds_setting(self.task_kinds, "TrainConfig.task_kinds")
         if self.rollout_bf16 is not None:
             self.rollout_bf16 = bf16_setting(self.rollout_bf16, "TrainConfig.rollout_bf16")
         if self.iterations < 0 or self.batch_tasks < 1 or self.lr <= 0:
@@ -163,7 +170,10 @@ class SFTConfig:
     """Model to warm up (as ``TrainConfig.model``: a name, a model folder, a training checkpoint / run folder)."""
     suite: str = "builtin"
     n_tasks: int = 256
-    """Gold trajectories to train on (training split)."""
+    """Gold trajectories to train on (training split); with ``task_kinds``, how many of those kinds."""
+    task_kinds: tuple[str, ...] | None = None
+    """Warm up only on tasks of these kinds (as ``TrainConfig.task_kinds``), e.g. ``[simple, read_only_report]`` to
+    teach the format and the simple tasks and leave ``chained`` and ``recovery`` to RL; None: every kind."""
     steps: int = 60
     """Optimizer steps."""
     batch_tasks: int = 8
@@ -187,8 +197,24 @@ class SFTConfig:
     def __post_init__(self) -> None:
         self.roles = tuple(self.roles)
         self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
+        self.task_kinds = task_kinds_setting(self.task_kinds, "SFTConfig.task_kinds")
         if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("steps >= 0, batch_tasks >= 1 and lr > 0 are required")
+
+
+def task_kinds_setting(value: Any, where: str) -> tuple[str, ...] | None:
+    """A ``task_kinds`` value as a tuple of known kinds without repeats (a string is a comma-separated list;
+    None stays None: every kind). An unknown kind, or none at all, is an error that lists the valid ones."""
+    if value is None:
+        return None
+    from .envs.builtin.common import KINDS
+
+    kinds = tuple(x.strip() for x in value.split(",") if x.strip()) if isinstance(value, str) else tuple(value)
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        what = f"unknown kind(s) {bad}" if bad else "no kind (use None for every kind)"
+        raise ValueError(f"{where}: bad value {value!r}: {what}; valid kinds: {', '.join(KINDS)}")
+    return tuple(dict.fromkeys(kinds))
 
 
 def _coerce(tp: Any, value: Any) -> Any:

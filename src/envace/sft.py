@@ -21,7 +21,7 @@ from . import algos
 from .backends.base import Backend, Generation, SamplingParams
 from .checkpoint import save_checkpoint
 from .config import SFTConfig, to_dict
-from .envs import load_tasks, make_env
+from .envs import load_tasks_of_kinds, make_env
 from .logging import MetricsLogger
 from .parsing import format_observation
 from .precision import use_bf16
@@ -98,7 +98,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
     model, tok = build_model(cfg.model, cfg.lora_r, cfg.lora_alpha)
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
-    tasks = load_tasks(cfg.suite, "train", n=cfg.n_tasks, seed=cfg.seed)
+    tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
     trajs = gold_trajectories(tok, tasks)
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
     logger = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard)

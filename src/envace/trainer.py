@@ -34,7 +34,7 @@ from .backends.hf import HFBackend
 from .checkpoint import latest_checkpoint, load_rng, load_state
 from .config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, to_dict
 from .distributed import Dist, SilentLogger, init_distributed
-from .envs import load_tasks
+from .envs import load_tasks_of_kinds
 from .logging import MetricsLogger, truncate_jsonl
 from .models import context_length, load, model_path
 from .precision import use_bf16
@@ -174,7 +174,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     role_model = {"act": "policy", "rehearse": "rehearser" if "rehearser" in models else "policy"}
     # -- data, reward, state -------------------------------------------------------------------------------
     n_tasks = cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks)  # what the run will visit, at least
-    tasks = load_tasks(cfg.suite, "train", n=n_tasks, seed=cfg.seed)
+    tasks = load_tasks_of_kinds(cfg.suite, "train", n_tasks, cfg.seed, cfg.task_kinds, "TrainConfig.task_kinds")
     tasks_by_id = {t.id: t for t in tasks}
     order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
     reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, backend, dist)

@@ -178,6 +178,33 @@ def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int 
     return REFERENCE_MODES.get(mode)(tasks) if mode else tasks
 
 
+KIND_GROWTH = 64  # load_tasks_of_kinds loads at most KIND_GROWTH * n tasks to find n of the asked kinds
+
+
+def load_tasks_of_kinds(spec: str, split: str, n: int | None, seed: int, kinds: tuple[str, ...] | None, where: str = "task_kinds") -> list[Task]:
+    """``n`` tasks of a suite and split whose ``metadata["kind"]`` is one of ``kinds`` (None: :func:`load_tasks`
+    itself). They are the first ``n`` such tasks of ``load_tasks(spec, split, m, seed)`` for the smallest
+    ``m = n * 2**j`` that has ``n`` of them (so with seed 0, the first ``n`` of the split's tasks of those kinds);
+    fewer only where the suite runs out or ``m`` reaches ``KIND_GROWTH * n``. A filter that keeps no task is an
+    error naming the kinds the suite's tasks do have (only the built-in suites label kinds)."""
+    if kinds is None or n == 0:
+        return load_tasks(spec, split, n=n, seed=seed)
+    m = n
+    while True:
+        tasks = load_tasks(spec, split, n=m, seed=seed)
+        kept = [t for t in tasks if t.metadata.get("kind") in kinds]
+        if n is None or len(kept) >= n or len(tasks) < m or m >= KIND_GROWTH * n:
+            break
+        m *= 2
+    if not kept:
+        have: dict[str, int] = {}
+        for t in tasks:
+            k = str(t.metadata.get("kind", "<no kind label>"))
+            have[k] = have.get(k, 0) + 1
+        raise ValueError(f"{where}={list(kinds)} keeps none of {len(tasks)} {spec}/{split} tasks; their kinds: {have}")
+    return kept[:n] if n is not None else kept
+
+
 class ReplayNotAllowedError(ValueError):
     """A replay would execute calls a second time in an environment whose tools may have real side effects."""
 

@@ -8,6 +8,8 @@ templates. Task ``i`` of a split is a pure function of (domain, split, i). Split
 split    holds out
 ======== =========================================================================================================
 train    nothing (the training distribution: in-distribution templates and name pools)
+val      part of train's distribution with disjoint keys (1 in 15 parameter combinations, carved out of train):
+         the split to choose settings on (hyper-parameters, checkpoints), so that ``test`` is only reported
 test     requests: parameter combinations disjoint from train (see :func:`~envace.envs.builtin.common.split_of`),
          same templates, phrasings and name pools as train
 ood      templates (``ood_*``, never in train/test) and entity names: account, memo, product, directory, file

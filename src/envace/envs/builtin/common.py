@@ -17,10 +17,15 @@ and every task draws 1-3 records from it (:mod:`envace.envs.references`).
 
 Splits (:data:`SPLITS`); task ``i`` of a split is a pure function of (domain, split, i):
 
-* ``train`` and ``test``: the in-distribution templates and name pools. Each parameter combination (template +
-  the user's words with dollar amounts blanked, see :func:`split_of`) belongs to exactly one of them, one in
-  :data:`TEST_SHARE` to ``test``; so ``test`` holds out requests, not templates, phrasings or names.
-* ``ood``: only the held-out templates (registered with ``ood=True``, never drawn for train or test), run on
+* ``train``, ``val`` and ``test``: the in-distribution templates and name pools. Each parameter combination
+  (template + the user's words with dollar amounts blanked, see :func:`split_of`) belongs to exactly one of them:
+  one in :data:`TEST_SHARE` to ``test``, one in ``TEST_SHARE * VAL_SHARE`` (1/15, a twelfth of what train had
+  before ``val`` existed) to ``val``, the rest to ``train``. So ``test`` and ``val`` hold out requests, not
+  templates, phrasings or names. ``val`` is part of train's distribution with keys disjoint from train and test:
+  the split to choose settings (hyper-parameters, checkpoints) on, so that ``test`` is only reported.
+  Carving ``val`` out of train left ``test`` exactly as it was; a train task changed only where its first
+  accepted draw had a key that is now ``val`` (about 8% of train indices; the later sub-seeds decide instead).
+* ``ood``: only the held-out templates (registered with ``ood=True``, never drawn for train, val or test), run on
   worlds drawn from the held-out name pools (``Domain.pools``: account / product / directory and file names,
   plus memos and file lines, that no train or test task uses). It measures generalisation to unseen task
   structures and unseen entities together.
@@ -47,14 +52,15 @@ from ...types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, 
 from ..base import Environment, Score, ToolError
 from ..references import ReferencePool, cached_pool, choose_references, record_each
 
-SPLITS: tuple[str, ...] = ("train", "test", "ood")
+SPLITS: tuple[str, ...] = ("train", "val", "test", "ood")
 OOD_SPLIT = "ood"  # the split drawn from the held-out templates and name pools
 KINDS: tuple[str, ...] = ("recovery", "chained", "read_only_report", "simple")  # task_kind labels, in precedence order
 DEFAULT_N = 2000  # tasks a suite returns when n is None
 INDEX_SPACE = 1_000_000  # task indices of one split; seed > 0 samples n of them
-TEST_SHARE = 5  # one in TEST_SHARE parameter combinations belongs to the test split, the rest to train
+TEST_SHARE = 5  # one in TEST_SHARE parameter combinations belongs to the test split
+VAL_SHARE = 3  # of the combinations in the next crc32 % TEST_SHARE bucket, one in VAL_SHARE belongs to val
 MONEY_RE = re.compile(r"\$\d+(?:\.\d+)?")
-MAX_ATTEMPTS = 200  # sub-seeds tried per task index before giving up (never reached in practice)
+MAX_ATTEMPTS = 1000  # sub-seeds tried per task index before giving up (never reached: val keeps about 1 draw in 14)
 POOL_TASKS = 64  # train tasks of a domain whose recorded calls are the reference pool of all its tasks
 
 
@@ -416,14 +422,14 @@ class Domain:
         return self.templates.register(name)
 
     def template_names(self, split: str) -> list[str]:
-        """The templates a split draws from (sorted): the held-out ones for ``ood``, all others for train/test."""
+        """The templates a split draws from (sorted): the held-out ones for ``ood``, all others for train/val/test."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
         return [n for n in self.templates.names() if (n in self.held_out) == (split == OOD_SPLIT)]
 
     def make_task(self, split: str, index: int) -> Task:
         """Task ``index`` of ``split``: a pure function of (domain, split, index). Sub-seeds are tried until a
-        template yields a task (and, for train/test, one whose parameter combination belongs to the split)."""
+        template yields a task (and, for train/val/test, one whose parameter combination belongs to the split)."""
         names = self.template_names(split)
         for attempt in range(MAX_ATTEMPTS):
             rng = random.Random(f"{self.name}/{split}/{index}/{attempt}")
@@ -465,9 +471,14 @@ class Domain:
 
 
 def split_of(key: str) -> str:
-    """The in-distribution split (train or test) a parameter combination belongs to (stable across runs and
-    Python versions). The ``ood`` split does not use it: its templates are held out as a whole."""
-    return "test" if zlib.crc32(key.encode("utf-8")) % TEST_SHARE == 0 else "train"
+    """The in-distribution split (train, val or test) a parameter combination belongs to (stable across runs and
+    Python versions): with ``q, r = divmod(crc32(key), TEST_SHARE)``, ``test`` if r == 0 (as before ``val``
+    existed), ``val`` if r == 1 and q % VAL_SHARE == 0, else ``train``. The ``ood`` split does not use it: its
+    templates are held out as a whole."""
+    q, r = divmod(zlib.crc32(key.encode("utf-8")), TEST_SHARE)
+    if r == 0:
+        return "test"
+    return "val" if r == 1 and q % VAL_SHARE == 0 else "train"
 
 
 def split_indices(n: int | None, seed: int) -> list[int]:
