@@ -300,6 +300,26 @@ def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
     assert [r[0] for r in tts_table(_claims_results())[1]] == ["base", "envace"]  # only the arms that were swept
 
 
+def test_a_sweep_on_fewer_seeds_and_tasks_is_paired_with_the_n0_outcomes_of_the_same_seeds_and_tasks():
+    res = _claims_results()
+    for arm, rec in res["runs"].items():  # a second seed without the sweep, where envace solves nothing at N=0
+        n0 = json.loads(json.dumps(rec["0"]["evals"][0]))
+        if arm == "envace":
+            for r in n0["per_task"]:
+                r["successes"] = [False]
+        rec["1"] = {"evals": [n0]}
+    for arm in ("base", "envace"):  # the sweep kept only the first 4 tasks
+        for e in res["runs"][arm]["0"]["evals"][1:]:
+            e["per_task"] = e["per_task"][:4]
+    by = {r[0]: r for r in claims_table(res)[1]}
+    assert by["EnvACE > SFT"][3:8] == ["+0.500", "[+0.500, +0.500]", "0.00781", "8", "2"]  # N=0 claims: both seeds (two outcomes a task: exact sign flip, 2 / 2^8)
+    # N=2 - N=0 on seed 0 only (where envace solved all at N=0) and on the 4 swept tasks (exact McNemar: 2 / 2^4)
+    assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:8] == ["-1.000", "[-1.000, -1.000]", "0.125", "4", "1"]
+    head, rows = tts_table(res)
+    envace = next(r for r in rows if r[0] == "envace")
+    assert head[1] == "N=0" and envace[1] == "1.000 [0.510, 1.000]" and envace[2] == "0.000 [0.000, 0.490]"  # 4 tasks of seed 0
+
+
 def test_fidelity_curve_is_drawn_from_each_seed_s_points_on_the_shadow_set():
     def point(step, leaf, n=4.0):
         return {"step": step, "summary": {"overall": {"n": n, "valid": 1.0, "exact": 0.0, "keys": 1.0, "leaf_acc": leaf, "outcome": 1.0}}}

@@ -210,11 +210,57 @@ def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def sweep_scope(results: dict[str, Any], arm: str) -> tuple[list[str], set[str]] | None:
+    """(seeds, task ids) of an arm's test-time sweep (its evaluations at N > 0: ``tts_seeds`` and ``tts_tasks``
+    may make them a subset of the N=0 ones), or None without a sweep or when it kept no per-task outcomes."""
+    seeds: list[str] = []
+    ids: set[str] = set()
+    for s in sorted(results["runs"].get(arm, {}), key=int):
+        ev = [e for e in results["runs"][arm][s]["evals"] if e["n"] > 0]
+        if not ev:
+            continue
+        if any("per_task" not in e for e in ev):
+            return None
+        seeds.append(s)
+        ids |= {r["task_id"] for e in ev for r in e["per_task"]}
+    return (seeds, ids) if seeds else None
+
+
+def sweep_rate(results: dict[str, Any], arm: str, n: int, mode: str) -> tuple[tuple[float, float, float], list[float]] | None:
+    """((rate, low, high) pooled over the sweep's seeds and tasks, [rate of each seed]) at (n, mode), N=0
+    included, so every budget of the N curve is measured on the same tasks and seeds; None without a scope."""
+    scope = sweep_scope(results, arm)
+    if scope is None:
+        return None
+    seeds, ids = scope
+    rows = [r for r in per_task_outcomes(results, arm, n, mode, seeds) if r["task_id"] in ids]
+    if not rows:
+        return None
+    per_seed = []
+    for s in seeds:
+        mine = [r["successes"] for r in per_task_outcomes(results, arm, n, mode, [s]) if r["task_id"] in ids]
+        if mine:
+            per_seed.append(rate_interval(mine)[0])
+    return rate_interval([r["successes"] for r in rows]), per_seed
+
+
 def tts_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Success at every budget: ``rate [95% CI]`` pooled over seeds, and ``· sd`` over seeds when several."""
+    """Success at every budget: ``rate [95% CI]`` pooled over the sweep's seeds and tasks (:func:`sweep_rate`, N=0
+    on the same ones), and ``· sd`` over seeds when several. Results without per-task outcomes at N > 0 show
+    :func:`success_cell` instead."""
     keys = budget_keys(results)
     head = ["arm", *[_budget_label(n, m) for n, m in keys]]
-    rows = [[arm, *[success_cell(results, arm, n, m, spread=True) for n, m in keys]] for arm in tts_arms_run(results)]
+    rows = []
+    for arm in tts_arms_run(results):
+        cells = []
+        for n, m in keys:
+            sr = sweep_rate(results, arm, n, m)
+            if sr is None:
+                cells.append(success_cell(results, arm, n, m, spread=True))
+                continue
+            (rate, lo, hi), per_seed = sr
+            cells.append(fmt_rate(rate, lo, hi) + (f" · sd {mean_std(per_seed)[1]:.3f}" if len(per_seed) > 1 else ""))
+        rows.append([arm, *cells])
     return head, rows
 
 
@@ -344,14 +390,15 @@ def claim_verdict(lo: float, hi: float, direction: str = ">") -> str:
 
 def measure_claim(results: dict[str, Any], claim: Claim, resamples: int = 10_000, seed: int = 0) -> dict[str, Any] | None:
     """The claim's contrast over the tasks every term was evaluated on (per-task outcomes pooled over the seeds
-    every arm of the claim ran): ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and
+    in which every term was evaluated: a test-time sweep of fewer seeds pairs its N=0 term with those seeds only): ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and
     ``p_method``, ``n_tasks``, ``seeds``; None when some evaluation is missing. Two terms (B - A) are exactly
     :func:`envace.stats.paired_comparison` (exact McNemar with one binary outcome per task); more (a difference
     of gains) resample the per-task contrast, with a sign-flip p-value."""
     arms = {a for _, a, _, _ in claim.terms}
     if not arms <= set(results["arms"]):
         return None
-    seeds = sorted(set.intersection(*(set(results["runs"].get(a, {})) for a in arms)), key=int)
+    common = sorted(set.intersection(*(set(results["runs"].get(a, {})) for a in arms)), key=int)
+    seeds = [s for s in common if all(_eval_entry(results["runs"][a][s], n, m) is not None for _, a, n, m in claim.terms)]  # paired seed by seed
     rows = [per_task_outcomes(results, a, n, m, seeds) for _, a, n, m in claim.terms]
     if not seeds or not all(rows):
         return None
@@ -521,21 +568,29 @@ def plot_curves(results: dict[str, Any], key: str | dict[str, str], path: str, t
 
 
 def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -> str:
-    """Success vs rehearsal budget N per arm: parallel solid, sequential dashed (both from the N=0 point)."""
+    """Success vs rehearsal budget N per swept arm: parallel solid, sequential dashed, plan dotted (all from the N=0
+    point), on the sweep's tasks and seeds with 95% Wilson bars (:func:`sweep_rate`; else mean ± std over seeds)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     keys = budget_keys(results)
     modes = sorted({m for n, m in keys if n > 0}) or ["none"]
     styles = {"parallel": "-", "sequential": "--", "plan": ":"}
+    def point(arm: str, n: int, mode: str) -> tuple[float, float, float]:  # (y, below, above): Wilson on the sweep, else ± std over seeds
+        sr = sweep_rate(results, arm, n, mode) if metric == "success_rate" else None
+        if sr is not None:
+            (rate, lo, hi), _ = sr
+            return rate, rate - lo, hi - rate
+        m, sd = mean_std(eval_values(results, arm, n, mode, metric))
+        return m, sd, sd
+
     for i, arm in enumerate(tts_arms_run(results) or results["arms"]):
         color = f"C{i % 10}"
-        base = mean_std(eval_values(results, arm, 0, "none", metric))
         for mode in modes:
-            pts = [(0, base)] + [(n, mean_std(eval_values(results, arm, n, mode, metric))) for n, m in keys if n > 0 and m == mode]
+            pts = [(0, point(arm, 0, "none"))] + [(n, point(arm, n, mode)) for n, m in keys if n > 0 and m == mode]
             pts = [(n, v) for n, v in pts if v[0] == v[0]]  # drop budgets without values (nan)
             if pts:
                 label = arm if mode == "none" else f"{arm} ({mode})"
-                ax.errorbar([n for n, _ in pts], [v[0] for _, v in pts], yerr=[v[1] for _, v in pts], color=color, linestyle=styles.get(mode, ":"), marker="o", ms=3, capsize=2, label=label)
+                ax.errorbar([n for n, _ in pts], [v[0] for _, v in pts], yerr=[[v[1] for _, v in pts], [v[2] for _, v in pts]], color=color, linestyle=styles.get(mode, ":"), marker="o", ms=3, capsize=2, label=label)
     ax.set_xlabel("rehearsal budget N")
     ax.set_ylabel(metric)
     ax.set_title("Test-time rehearsal budget")
@@ -752,8 +807,9 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
                   "bootstrap 95% interval over tasks (10,000 resamples, seeded) and its p-value (exact McNemar for one binary outcome per task, "
                   "else a paired sign-flip permutation test of per-task mean success).",
         "kinds": "Success at N=0 by task kind (rate [95% Wilson interval] (tasks), pooled over seeds).",
-        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential): "
-               "rate [95% Wilson interval over tasks] pooled over seeds, · sd = std of the per-seed rates.",
+        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential, "
+               "plan = the compute-matched baseline: N plans without tool results): rate [95% Wilson interval over tasks] pooled over the sweep's "
+               "seeds and tasks (tts_seeds, tts_tasks; N=0 on the same ones), · sd = std of the per-seed rates.",
         "tts_tokens": "Generated tokens per task before the real run, at each budget: attempts · all (attempts = Act + Rehearse tokens of the rehearsed "
                       "attempts, or the plans' tokens of the compute-matched baseline; all = + reflections and memory), mean over seeds; "
                       "(plan ≤ T): the plan budget, the mean tokens of one parallel attempt of the same arm at that N. Per-task counts are in results.json.",
@@ -809,6 +865,6 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 
 __all__ = [
     "Claim", "VERDICTS", "paper_claims", "claim_verdict", "measure_claim", "claim_n", "claims_table", "fidelity_curve", "fidelity_curve_table", "plot_fidelity_curve",
-    "tts_tokens_table", "tts_arms_run", "write_report", "main_table", "paired_table", "kind_table", "per_task_outcomes", "success_cell", "seed_cell", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
+    "tts_tokens_table", "tts_arms_run", "sweep_scope", "sweep_rate", "write_report", "main_table", "paired_table", "kind_table", "per_task_outcomes", "success_cell", "seed_cell", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
     "trajectory_html", "json_html", "fidelity_breakdown_table", "mean_std", "fmt_ms", "eval_values", "curve", "curve_lines", "TRAIN_SUCCESS_CURVES", "LOADED_SUFFIX",
 ]
