@@ -311,7 +311,7 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
         assert res is not None
         models = _arm_models(variant, res.checkpoint, start)
         models.curve = read_metrics(out)  # every step, also those of earlier runs of a resumed arm
-        if steps:
+        if c.fidelity_every > 0 and c.fidelity_tasks > 0:
             models.fidelity_curve = [run.fidelity_start()] + [{"step": int(k), "summary": v} for k, v in sorted(points.items(), key=lambda kv: int(kv[0]))]
         return models
 
