@@ -14,27 +14,32 @@ import pytest
 
 from envace.config import to_dict
 from envace.envs import load_tasks
-from envace.experiment import ARMS, ExperimentConfig, budgets, load_experiment_config, run_experiment
+from envace.experiment import ARMS, ExperimentConfig, budgets, fidelity_steps, load_experiment_config, plan_budget, rl_train_tasks, run_experiment, sft_more_steps
 from envace.fidelity import measure_fidelity
 from envace.parsing import format_observation
-from envace.report import LOADED_SUFFIX, TRAIN_SUCCESS_CURVES, curve_lines, fidelity_breakdown_table, fmt_ms, json_html, kind_table, main_table, mean_std, paired_table, tts_table, write_report
+from envace.report import (
+    LOADED_SUFFIX, TRAIN_SUCCESS_CURVES, VERDICTS, claim_verdict, claims_table, curve_lines, fidelity_breakdown_table, fidelity_curve, fidelity_curve_table, fmt_ms,
+    json_html, kind_table, main_table, mean_std, paired_table, tts_table, tts_tokens_table, write_report,
+)
 from envace.rollout import RolloutConfig
 from envace.sft import GoldTeacher
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-REPORT_FILES = ("report.md", "report.html", "trajectories.html", "results.json", "curve_reward.png", "curve_train_success.png", "curve_sft_nll.png", "tts_budget.png")
-ALL_ARMS = ("base", "sft", "real_env", "envace", "per_role", "simulator")
+REPORT_FILES = ("report.md", "report.html", "trajectories.html", "results.json", "curve_reward.png", "curve_train_success.png", "curve_sft_nll.png", "tts_budget.png", "fidelity_curve.png")
+ALL_ARMS = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
+RL_ARMS = ("real_env", "envace", "per_role", "simulator", "caller_only")
+TTS_ARMS = ("base", "sft", "envace")
 
 TINY_YAML = """\
 model: tiny-random
 suite: bank
-arms: [base, sft, real_env, envace, per_role, simulator]
+arms: [base, sft, sft_more, real_env, envace, per_role, simulator, caller_only]
 seeds: [0]
 sft_steps: 1
 sft_tasks: 4
 sft_batch_tasks: 2
 sft_lr: 0.001
-iterations: 1
+iterations: 2
 batch_tasks: 1
 group_size: 2
 lr: 0.001
@@ -43,13 +48,16 @@ rollout:
   max_steps_per_turn: 2
   act: {temperature: 1.0, max_new_tokens: 8}
   rehearse: {temperature: 0.6, top_p: 0.8, max_new_tokens: 8, stop: ["</observation>"]}
-eval_tasks: 1
+eval_tasks: 2
 tts_budgets: [0, 1]
-tts_modes: [parallel, sequential]
+tts_modes: [parallel, sequential, plan]
+tts_arms: [base, sft, envace]
+tts_tasks: 1
 tts_memory: concat
 tts_max_new_tokens: 8
 fidelity_tasks: 1
 fidelity_samples: 1
+fidelity_every: 1
 progress: false
 """
 
@@ -60,14 +68,21 @@ progress: false
 
 
 def test_every_paper_arm_is_registered_and_unknown_names_list_the_valid_ones():
-    for arm in ALL_ARMS + ("caller_frozen", "caller_only"):
+    for arm in ALL_ARMS + ("caller_frozen",):
         assert arm in ARMS
+    assert ExperimentConfig().arms == ALL_ARMS and ExperimentConfig().tts_arms == TTS_ARMS
     with pytest.raises(KeyError, match="valid names: .*envace"):
         ExperimentConfig(arms=("base", "nope"))
     with pytest.raises(KeyError, match="parallel"):
         ExperimentConfig(tts_modes=("diagonal",))
     with pytest.raises(ValueError):
         ExperimentConfig(arms=("base", "base"))
+    with pytest.raises(KeyError, match="valid names"):
+        ExperimentConfig(tts_arms=("envac",))
+    with pytest.raises(ValueError, match="needs 'parallel'"):  # the plan budget is measured on the parallel attempts
+        ExperimentConfig(tts_modes=("sequential", "plan"))
+    with pytest.raises(ValueError, match="must hold 0"):
+        ExperimentConfig(tts_budgets=(1, 2))
 
 
 def test_budgets_evaluate_n0_once_and_every_positive_n_in_every_mode():
@@ -76,12 +91,34 @@ def test_budgets_evaluate_n0_once_and_every_positive_n_in_every_mode():
     assert budgets(cfg) == [(0, "none"), (1, "parallel"), (1, "sequential"), (2, "parallel"), (2, "sequential")]
 
 
+def test_only_the_tts_arms_and_seeds_get_the_sweep_with_rehearsal_before_the_plan_baseline():
+    cfg = ExperimentConfig(tts_budgets=(0, 2), tts_modes=("plan", "sequential", "parallel"), tts_arms=("base", "envace"), tts_seeds=(1,))
+    assert budgets(cfg, "envace", 1) == [(0, "none"), (2, "sequential"), (2, "parallel"), (2, "plan")]
+    assert budgets(cfg, "envace", 0) == budgets(cfg, "sft", 1) == [(0, "none")]
+
+
+def test_plan_budget_is_the_mean_tokens_of_one_parallel_attempt_at_the_same_n():
+    evals = [{"n": 1, "mode": "parallel", "metrics": {"tts/attempt_tokens_per_attempt": 99.0}},
+             {"n": 2, "mode": "sequential", "metrics": {"tts/attempt_tokens_per_attempt": 80.0}},
+             {"n": 2, "mode": "parallel", "metrics": {"tts/attempt_tokens_per_attempt": 37.4}}]
+    assert plan_budget(evals, 2, 160) == (37, "parallel N=2") and plan_budget(evals, 1, 160) == (99, "parallel N=1")
+    assert plan_budget(evals[1:2], 2, 160) == (160, "fallback (tts_max_new_tokens)")  # never matched to another mode
+
+
+def test_sft_more_takes_as_many_steps_as_rl_and_fidelity_segments_end_every_fidelity_every():
+    cfg = ExperimentConfig(iterations=7, batch_tasks=3, fidelity_every=3, fidelity_tasks=2)
+    assert sft_more_steps(cfg) == 7 and rl_train_tasks(cfg) == 64 and fidelity_steps(cfg) == [3, 6]
+    assert rl_train_tasks(ExperimentConfig(iterations=30, batch_tasks=4)) == 120 and rl_train_tasks(ExperimentConfig(train_tasks=10)) == 10
+    assert fidelity_steps(ExperimentConfig(iterations=6, fidelity_every=3)) == [3]  # the end is the final fidelity
+    assert fidelity_steps(ExperimentConfig(fidelity_every=0)) == [] == fidelity_steps(ExperimentConfig(fidelity_every=2, fidelity_tasks=0))
+
+
 def test_config_loads_from_yaml_with_overrides(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text(TINY_YAML)
     cfg = load_experiment_config(str(path), ["seeds=[3, 4]", "rollout.max_steps=3", "out_dir=/tmp/x"])
     assert cfg.seeds == (3, 4) and cfg.rollout.max_steps == 3 and cfg.rollout.act.max_new_tokens == 8 and cfg.out_dir == "/tmp/x"
-    assert cfg.arms == ALL_ARMS and cfg.tts_budgets == (0, 1)
+    assert cfg.arms == ALL_ARMS and cfg.tts_budgets == (0, 1) and cfg.tts_modes == ("parallel", "sequential", "plan") and cfg.fidelity_every == 1
 
 
 def test_mean_std_and_formatting_by_hand():
@@ -211,6 +248,93 @@ def test_results_without_per_task_outcomes_fall_back_to_the_spread_over_seeds(sy
     assert paired_table(old)[1] == [["envace"] + ["–"] * 8] and kind_table(old)[1] == []
 
 
+def test_claim_verdicts_by_hand():
+    assert claim_verdict(0.01, 0.20) == "holds" == claim_verdict(0.02, 0.30, ">=")
+    assert claim_verdict(-0.20, -0.01) == "does not hold" == claim_verdict(-0.30, -0.05, ">=")
+    for lo, hi in ((-0.10, 0.10), (0.0, 0.10), (-0.10, 0.0), (0.0, 0.0)):  # an interval that contains (or touches) 0
+        assert claim_verdict(lo, hi) == "cannot tell at this scale" == claim_verdict(lo, hi, ">="), (lo, hi)
+    assert claim_verdict(float("nan"), float("nan")) == "not measured"
+    assert set(VERDICTS) == {"holds", "does not hold", "cannot tell at this scale", "not measured"}
+    with pytest.raises(ValueError, match="direction"):
+        claim_verdict(0.1, 0.2, "<")
+
+
+def _claims_results():
+    """8 held-out tasks, one seed, hand-chosen outcomes: envace solves every task at N=0, sft none, real_env every one;
+    at N=2 parallel envace solves none (a loss of 1 per task), its plan baseline the last four, base nothing at all."""
+    def ev(n, mode, succ, **extra):
+        per_task = [{"task_id": f"bank-test-{i}", "domain": "bank", "successes": [bool(x)]} for i, x in enumerate(succ)]
+        m = {"success_rate": sum(succ) / len(succ), "tts/attempt_tokens_per_task": 100.0 * n, "tts/rehearsal_tokens_per_task": 150.0 * n}
+        return {"n": n, "mode": mode, "metrics": m, "per_task": per_task, **extra}
+    one, zero, half = [1] * 8, [0] * 8, [0] * 4 + [1] * 4
+    evals = {
+        "base": [ev(0, "none", zero), ev(2, "parallel", zero), ev(2, "plan", zero, plan_max_new_tokens=50)],
+        "sft": [ev(0, "none", zero)],
+        "envace": [ev(0, "none", one), ev(2, "parallel", zero), ev(2, "plan", half, plan_max_new_tokens=60)],
+        "real_env": [ev(0, "none", one)],
+    }
+    cfg = ExperimentConfig(arms=("base", "sft", "envace", "real_env", "per_role"), seeds=(0,), tts_budgets=(0, 2), tts_modes=("parallel", "plan"))
+    return {"config": to_dict(cfg), "arms": list(cfg.arms), "runs": {a: {"0": {"evals": e}} for a, e in evals.items()}}
+
+
+def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
+    head, rows = claims_table(_claims_results())
+    assert head == ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
+    by = {r[0]: r for r in rows}
+    assert len(rows) == 10
+    # every task +1: a point interval above 0; exact McNemar with 8 discordant pairs, 2 / 2^8
+    assert by["EnvACE > SFT"][2:] == ["envace@N=0 − sft@N=0", "+1.000", "[+1.000, +1.000]", "0.00781", "8", "1", "holds"]
+    assert by["EnvACE ≥ real-env GRPO"][3:] == ["+0.000", "[+0.000, +0.000]", "1", "8", "1", "cannot tell at this scale"]
+    assert by["shared weights ≥ per-role"][-1] == "not measured"  # per_role was not run
+    assert by["EnvACE > SFT continued (compute-matched)"][-1] == "not measured"  # sft_more is not an arm here
+    # test-time rehearsal: envace loses 1 per task at N=2, base 0: the difference of gains is -1 on every task
+    assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:5] == ["-1.000", "[-1.000, -1.000]"]
+    gain = by["TTS gain EnvACE > base (N=2 parallel)"]
+    assert gain[2] == "envace@N=2 par − envace@N=0 − base@N=2 par + base@N=0"
+    assert gain[3:] == ["-1.000", "[-1.000, -1.000]", "0.00781", "8", "1", "does not hold"]  # exact sign flip: 2 of 2^8
+    assert by["TTS gain EnvACE > base (N=2 sequential)"][-1] == "not measured"
+    plan = by["rehearsal > compute-matched plans (EnvACE, N=2 parallel vs plan)"]
+    assert plan[3] == "-0.500" and plan[-1] == "does not hold"
+    head, rows = tts_tokens_table(_claims_results())
+    assert head == ["arm", "N=2 par", "N=2 plan"] and rows == [["base", "200 · 300", "200 · 300 (plan ≤ 50)"], ["envace", "200 · 300", "200 · 300 (plan ≤ 60)"]]
+    assert [r[0] for r in tts_table(_claims_results())[1]] == ["base", "envace"]  # only the arms that were swept
+
+
+def test_a_sweep_on_fewer_seeds_and_tasks_is_paired_with_the_n0_outcomes_of_the_same_seeds_and_tasks():
+    res = _claims_results()
+    for arm, rec in res["runs"].items():  # a second seed without the sweep, where envace solves nothing at N=0
+        n0 = json.loads(json.dumps(rec["0"]["evals"][0]))
+        if arm == "envace":
+            for r in n0["per_task"]:
+                r["successes"] = [False]
+        rec["1"] = {"evals": [n0]}
+    for arm in ("base", "envace"):  # the sweep kept only the first 4 tasks
+        for e in res["runs"][arm]["0"]["evals"][1:]:
+            e["per_task"] = e["per_task"][:4]
+    by = {r[0]: r for r in claims_table(res)[1]}
+    assert by["EnvACE > SFT"][3:8] == ["+0.500", "[+0.500, +0.500]", "0.00781", "8", "2"]  # N=0 claims: both seeds (two outcomes a task: exact sign flip, 2 / 2^8)
+    # N=2 - N=0 on seed 0 only (where envace solved all at N=0) and on the 4 swept tasks (exact McNemar: 2 / 2^4)
+    assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:8] == ["-1.000", "[-1.000, -1.000]", "0.125", "4", "1"]
+    head, rows = tts_table(res)
+    envace = next(r for r in rows if r[0] == "envace")
+    assert head[1] == "N=0" and envace[1] == "1.000 [0.510, 1.000]" and envace[2] == "0.000 [0.000, 0.490]"  # 4 tasks of seed 0
+
+
+def test_fidelity_curve_is_drawn_from_each_seed_s_points_on_the_shadow_set():
+    def point(step, leaf, n=4.0):
+        return {"step": step, "summary": {"overall": {"n": n, "valid": 1.0, "exact": 0.0, "keys": 1.0, "leaf_acc": leaf, "outcome": 1.0}}}
+    runs = {"envace": {"0": {"evals": [], "fidelity_curve": [point(0, 0.2), point(2, 0.4), point(4, 0.6)]},
+                       "1": {"evals": [], "fidelity_curve": [point(0, 0.4), point(2, 0.6), point(4, 0.8)]}},
+            "real_env": {"0": {"evals": [], "fidelity_curve": [point(0, 0.2), point(2, 0.0, n=0.0), point(4, 0.1)]}}}
+    res = {"arms": ["envace", "real_env"], "runs": runs}
+    steps, mean, std = fidelity_curve(res, "envace")
+    assert steps == [0, 2, 4] and mean == pytest.approx([0.3, 0.5, 0.7]) and std == pytest.approx([0.14142136] * 3)
+    assert fidelity_curve(res, "real_env")[:2] == ([0, 4], [0.2, 0.1])  # a point without scored pairs is left out
+    head, rows = fidelity_curve_table(res)
+    assert head == ["arm", "step 0", "step 2", "step 4"] and rows[0] == ["envace", "0.300 ± 0.141", "0.500 ± 0.141", "0.700 ± 0.141"]
+    assert rows[1] == ["real_env", "0.200 ± 0.000", "–", "0.100 ± 0.000"]
+
+
 def test_viewer_puts_rehearsed_beside_real_and_highlights_wrong_balances(synthetic):
     _, files = synthetic
     page = open(files["viewer"]).read()
@@ -291,28 +415,58 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
     for name in REPORT_FILES:
         if name.endswith(".png"):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "[experiment] [6/6] seed 0 arm simulator" in stdout and "report:" in stdout
+    assert "[experiment] [8/8] seed 0 arm caller_only" in stdout and "report:" in stdout
     res = json.loads((out / "results.json").read_text())
     assert res["arms"] == list(ALL_ARMS)
     for arm in ALL_ARMS:
         rec = res["runs"][arm]["0"]
-        assert [(e["n"], e["mode"]) for e in rec["evals"]] == [(0, "none"), (1, "parallel"), (1, "sequential")]
+        swept = [(0, "none"), (1, "parallel"), (1, "sequential"), (1, "plan")]
+        assert [(e["n"], e["mode"]) for e in rec["evals"]] == (swept if arm in TTS_ARMS else swept[:1])
         for e in rec["evals"]:
             assert {"success_rate", "success_rate/ci_lo", "success_rate/ci_hi", "pass^1", "tool_f1", "call_f1", "format_valid_rate", "wall_s", "gen_tokens_per_task"} <= set(e["metrics"])
-            assert [len(r["successes"]) for r in e["per_task"]] == [1] and e["per_task"][0]["task_id"].startswith("bank-test-")
-        assert rec["evals"][1]["metrics"]["tts/n"] == 1.0
+            assert [len(r["successes"]) for r in e["per_task"]] == ([1, 1] if e["n"] == 0 else [1])  # tts_tasks: 1 of the 2
+            assert e["per_task"][0]["task_id"].startswith("bank-test-")
+            for r in e["per_task"]:  # generated tokens per task, rehearsal included
+                assert r["gen_tokens"] == r["private_tokens"] + r["real_tokens"] and r["real_tokens"] > 0
+                assert (r["attempt_tokens"] > 0 and r["private_tokens"] > r["attempt_tokens"]) == (e["n"] > 0)
+        if arm in TTS_ARMS:
+            par, plan = rec["evals"][1], rec["evals"][3]
+            assert par["metrics"]["tts/n"] == 1.0 and plan["metrics"]["tts/n"] == 1.0
+            # the plan baseline's budget: the mean tokens of one parallel attempt at the same N, and it stays within it
+            assert plan["plan_max_new_tokens"] == max(1, round(par["metrics"]["tts/attempt_tokens_per_attempt"])) and plan["plan_budget_from"] == "parallel N=1"
+            assert 0 < plan["per_task"][0]["attempt_tokens"] <= plan["plan_max_new_tokens"]
         assert set(rec["fidelity"]) >= {"overall", "by_domain", "by_tool", "skipped"}
         assert os.path.isfile(os.path.join(rec["models"]["policy"], "config.json")) or rec["models"]["policy"] == "tiny-random"
-    for arm in ("real_env", "envace", "per_role", "simulator"):  # same budget: one iteration each, from the SFT checkpoint
-        assert [m["step"] for m in res["runs"][arm]["0"]["curve"]] == [1]
+    start = res["runs"]["envace"]["0"]["fidelity_curve"][0]
+    for arm in RL_ARMS:  # same budget: two iterations each (one optimizer step each), from the SFT checkpoint
+        rec = res["runs"][arm]["0"]
+        assert [m["step"] for m in rec["curve"]] == [1, 2]  # both segments' steps, read back from the run's log
         world = "real" if arm == "real_env" else "imagined"
-        assert {k for k in res["runs"][arm]["0"]["curve"][0] if k.endswith("success_rate")} == {f"reward/{world}_success_rate"}
+        assert {k for k in rec["curve"][0] if k.endswith("success_rate")} == {f"reward/{world}_success_rate"}
+        # fidelity on the same shadow set at the start (the SFT model, shared), after iteration 1, and at the end
+        assert [p["step"] for p in rec["fidelity_curve"]] == [0, 1, 2]
+        assert rec["fidelity_curve"][0] == start and rec["fidelity_curve"][-1]["summary"] == rec["fidelity"]
+        assert set(rec["fidelity_curve"][1]["summary"]) >= {"overall", "by_state"}
+    for arm in ("base", "sft", "sft_more"):
+        assert "fidelity_curve" not in res["runs"][arm]["0"]
+    # sft_more: SFT continued from the warm-up for as many optimizer steps as each RL arm took
+    more = res["runs"]["sft_more"]["0"]
+    assert [m["step"] for m in more["curve"]] == [1, 2] and all("sft/nll" in m for m in more["curve"])
+    done = json.loads((out / "seed0" / "sft_more" / "done.json").read_text())
+    assert done["steps"] == 2 and done["batch_tasks"] == 1 and done["n_tasks"] == 64 and more["models"]["policy"] != res["runs"]["sft"]["0"]["models"]["policy"]
     assert res["runs"]["per_role"]["0"]["models"]["rehearser"].endswith("rehearser")
     assert res["runs"]["simulator"]["0"]["models"]["simulator"] == res["runs"]["sft"]["0"]["models"]["policy"]
     md = (out / "report.md").read_text()
     for arm in ALL_ARMS:
         assert f"| {arm} |" in md
-    assert "## Paired comparison with SFT" in md and "mcnemar exact" in md  # one task, one sample: binary outcomes
+    assert "## Paired comparison with SFT" in md and "mcnemar exact" in md  # one sample per task: binary outcomes
+    assert "## The paper's claims" in md and "## Test-time compute: generated tokens" in md and "![Rehearsal fidelity over training](fidelity_curve.png)" in md
+    assert ("## Rehearsal fidelity over training" in md) == bool(fidelity_curve_table(res)[1])  # the tiny model may score no pair
+    claims = claims_table(res)[1]
+    assert len(claims) == 10 and all(r[-1] in VERDICTS for r in claims)
+    assert {r[0]: r[-1] != "not measured" for r in claims}["EnvACE > SFT continued (compute-matched)"]
+    # claim_n=2 was not evaluated: the test-time claims use the largest N run (1)
+    assert any(r[0] == "rehearsal > compute-matched plans (EnvACE, N=1 parallel vs plan)" and r[-1] != "not measured" for r in claims)
 
 
 def test_a_rerun_with_the_same_config_skips_finished_arms_and_another_config_is_refused(tiny_experiment, capsys):
@@ -321,8 +475,8 @@ def test_a_rerun_with_the_same_config_skips_finished_arms_and_another_config_is_
     res = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}"]))
     assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
     assert res.results["runs"] == before and os.path.exists(res.report["html"])
-    with pytest.raises(ValueError, match=r"another config \(iterations: 1 -> 2\)"):  # names the field
-        run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}", "iterations=2"]))
+    with pytest.raises(ValueError, match=r"another config \(iterations: 2 -> 3\)"):  # names the field
+        run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}", "iterations=3"]))
 
 
 def test_a_rerun_may_report_a_subset_of_the_seeds_run_there(tiny_experiment, capsys):
@@ -339,3 +493,38 @@ def test_a_rerun_may_report_a_subset_of_the_seeds_run_there(tiny_experiment, cap
     assert capsys.readouterr().out.count("done before, skipped") == 3 * len(ALL_ARMS)
     assert (out / "report.md").read_text() == alone
     assert "9" in json.loads((out / "results.json").read_text())["runs"]["envace"]  # kept, only not shown
+
+
+def _first_of_group(task, traj, ctx):
+    """A reward that differs within every group (a random tiny model never earns a real one), so the update moves."""
+    from envace.rewards import RewardResult
+
+    return RewardResult(1.0 if traj.id.endswith("/0") else 0.0)
+
+
+def test_training_in_fidelity_segments_ends_with_the_weights_of_one_uninterrupted_run(tmp_path, monkeypatch):
+    """The fidelity curve trains each RL arm in segments (train to step 1, measure, resume to step 2): the
+    segments must compute what one run computes, or the curve's arms would not be the arms evaluated."""
+    import dataclasses
+
+    import torch
+    from safetensors.torch import load_file
+
+    from envace.backends.base import SamplingParams
+    from envace.config import TrainConfig
+    from envace.rewards import REWARDS
+    from envace.trainer import train
+
+    monkeypatch.setitem(REWARDS._entries, "segments_first_of_group", _first_of_group)  # only for this test
+    small = SamplingParams(temperature=1.0, max_new_tokens=8)
+    rc = RolloutConfig(group_size=2, max_steps=2, max_steps_per_turn=2, act=small, rehearse=small.with_(stop=["</observation>"]), progress=False)
+    base = TrainConfig(model="tiny-random", suite="bank", n_train_tasks=8, variant="envace", reward="segments_first_of_group", iterations=2, batch_tasks=1, lr=1e-3,
+                       rollout=rc, save_every=2, keep_checkpoints=1, tensorboard=False, progress=False)
+    whole = train(dataclasses.replace(base, out_dir=str(tmp_path / "whole")))
+    first = train(dataclasses.replace(base, out_dir=str(tmp_path / "seg"), iterations=1))
+    w1 = load_file(os.path.join(first.checkpoint, "policy", "model.safetensors"))
+    seg = train(dataclasses.replace(base, out_dir=str(tmp_path / "seg")))
+    a, b = (load_file(os.path.join(r.checkpoint, "policy", "model.safetensors")) for r in (whole, seg))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(w1[k], b[k]) for k in b)  # the second step moved the weights: the check can fail
+    assert [m["step"] for m in seg.metrics] == [2] and whole.metrics[1]["reward/mean"] == seg.metrics[0]["reward/mean"]

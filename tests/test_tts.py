@@ -17,8 +17,8 @@ from envace.evaluation import EvalResult, evaluate
 from envace.prompts import REHEARSE_SYSTEM
 from envace.rollout import RolloutConfig, RolloutEngine
 from envace.tts import (
-    MEMORY_SYSTEM, RECORD_FIELDS, REFLECT_SYSTEM, RehearsalRecord, TTSConfig, cap_tokens, evaluate_with_tts, load_records,
-    rehearse, run_tts, save_records,
+    MEMORY_SYSTEM, PLAN_MEMORY_SYSTEM, PLAN_REFLECT_SYSTEM, PLAN_SYSTEM, RECORD_FIELDS, REFLECT_SYSTEM, REHEARSAL_MODES, RehearsalRecord, TTSConfig,
+    cap_tokens, evaluate_with_tts, format_record, load_records, rehearse, run_tts, save_records,
 )
 
 EVENTS: list[tuple] = []  # ("env",) when a real environment is built, ("real", key) per real call, ("gen", kind)
@@ -51,10 +51,14 @@ def tasks():
 
 
 def kind_of(prompt: str) -> str:
-    for kind, system in (("reflect", REFLECT_SYSTEM), ("memory", MEMORY_SYSTEM), ("rehearse", REHEARSE_SYSTEM)):
+    kinds = (("reflect", REFLECT_SYSTEM), ("memory", MEMORY_SYSTEM), ("rehearse", REHEARSE_SYSTEM), ("plan", PLAN_SYSTEM), ("plan_reflect", PLAN_REFLECT_SYSTEM), ("plan_memory", PLAN_MEMORY_SYSTEM))
+    for kind, system in kinds:
         if prompt.startswith("<|im_start|>system\n" + system[:40]):
             return kind
     return "act"
+
+
+PLAN_TEXT = "1. call the balance tool with the account id; if it fails, ask again."
 
 
 def scripted(tasks, memory_text="Remember: call the gold tool first.", reflection=None):
@@ -69,8 +73,12 @@ def scripted(tasks, memory_text="Remember: call the gold tool first.", reflectio
         if kind == "reflect":
             k = (re.findall(r"## Attempt (\d+)", prompt) or ["?"])[-1]  # "?" when a tiny prompt cap cut it
             return reflection if reflection is not None else f"reflection on attempt {k}: call it again"
-        if kind == "memory":
+        if kind in ("memory", "plan_memory"):
             return memory_text
+        if kind == "plan":
+            return PLAN_TEXT
+        if kind == "plan_reflect":
+            return "the plan misses a check: " + str(prompt.count("## Plan "))
         task = next(t for t in tasks if t.user_turns[0] in prompt)
         if "<|im_start|>tool" not in prompt:
             return task.flat_gold()[0].to_text()
@@ -289,7 +297,7 @@ def test_tasks_are_batched_in_lockstep(tokenizer, tasks, mode):
 
 
 def test_config_rejects_what_would_break_the_method():
-    with pytest.raises(KeyError, match="parallel, sequential"):
+    with pytest.raises(KeyError, match="parallel, plan, sequential"):
         TTSConfig(mode="magic")
     with pytest.raises(KeyError, match="concat, model"):
         TTSConfig(memory="magic")
@@ -329,3 +337,61 @@ def test_cli_rehearse_prints_attempts_reflections_memory_and_the_real_run(tmp_pa
         assert text in p.stdout, text
     rec = RehearsalRecord.from_dict(json.loads(out.read_text()))
     assert rec.n == 1 and rec.final is not None
+
+
+# --------------------------------------------------------------------------------------------------------
+# The compute-matched baseline: plans without rehearsed observations
+# --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("memory", ["model", "concat"])
+def test_plan_baseline_calls_no_tool_and_imagines_no_result_before_the_single_real_run(tokenizer, tasks, n, memory):
+    be = ScriptedBackend(tokenizer, scripted(tasks))
+    recs = run_tts(be, tasks, tcfg(n=n, mode="plan", memory=memory))
+    first_env = EVENTS.index(("env",))
+    before, after = EVENTS[:first_env], EVENTS[first_env:]
+    assert not any(e[0] == "real" for e in before)
+    # before the real run: only plans, their reflections and (model memory) one distillation per task; no Act, no Rehearse
+    kinds = [e[1] for e in before]
+    assert kinds.count("plan") == kinds.count("plan_reflect") == n * len(tasks)
+    assert kinds.count("plan_memory") == (len(tasks) if memory == "model" else 0) and len(kinds) == (2 * n + (memory == "model")) * len(tasks)
+    assert {e[1] for e in after if e[0] == "gen"} == {"act"}
+    for task, rec in zip(tasks, recs):
+        assert rec.attempts == [] and rec.plans == [PLAN_TEXT] * n and len(rec.reflections) == len(rec.reflect_rows) == n
+        assert {r.role for r in rec.plan_rows} == {"plan"}
+        plan_prompt = tokenizer.decode(rec.plan_rows[0].prompt_ids)
+        assert task.user_turns[0] in plan_prompt and task.tools[0].name in plan_prompt and "<|im_start|>tool" not in plan_prompt
+        assert "## Plan 1 (nothing executed, no tool results)" in tokenizer.decode(rec.reflect_rows[0].prompt_ids)
+        assert rec.memory and rec.memory in rec.final.messages[0].content and rec.final.mode == "real"
+        assert "plan 1 (private; no tool called)" in format_record(rec)
+    assert [e[1] for e in after if e[0] == "real"] == [t.flat_gold()[0].key() for t in tasks]
+    assert not REHEARSAL_MODES.get("plan").imagined and REHEARSAL_MODES.get("parallel").imagined
+
+
+def test_generated_tokens_are_counted_per_task_for_rehearsal_and_for_plans(tokenizer, tasks):
+    """attempt_tokens = Act + Rehearse tokens of the rehearsed attempts, or the plans' tokens; private_tokens adds
+    reflections and memory; gen_tokens adds the real run's Act tokens; a plan never exceeds its budget."""
+    enc = lambda text: len(tokenizer.encode(text, add_special_tokens=False)) + 1  # noqa: E731 - + the end token
+    budget = 12
+    assert enc(PLAN_TEXT) > budget  # so the budget binds
+    for mode in ("parallel", "plan"):
+        res = evaluate_with_tts(ScriptedBackend(tokenizer, scripted(tasks)), tasks, tcfg(n=2, mode=mode, memory="concat", plan_max_new_tokens=budget), samples=1)
+        for row, rec, task in zip(res.per_task, res.records, tasks):
+            c = rec.counters
+            if mode == "plan":
+                assert c["tokens/plan"] == 2 * budget and c["plan/truncated"] == 2 and c["tokens/act"] == c["tokens/rehearse"] == 0
+                assert row["attempt_tokens"] == 2 * budget
+            else:  # every rehearsed observation is the same scripted text
+                rows = [r for t in rec.attempts for r in t.rows]
+                n_obs = sum(r.role == "rehearse" for r in rows)
+                assert n_obs >= 2 and c["tokens/rehearse"] == n_obs * enc('<observation>{"rehearsed": true}</observation>') and c["tokens/plan"] == 0
+                assert c["tokens/act"] == sum(len(r.completion_ids) for r in rows if r.role == "act") > 0
+                assert row["attempt_tokens"] == c["tokens/act"] + c["tokens/rehearse"]
+            assert row["private_tokens"] == row["attempt_tokens"] + c["tokens/reflect"] + c["tokens/memory"] and c["tokens/reflect"] > 0
+            assert row["real_tokens"] == sum(len(r.completion_ids) for r in rec.final.rows if r.role == "act") > 0
+            assert row["gen_tokens"] == row["private_tokens"] + row["real_tokens"]
+        m = res.metrics
+        assert m["tts/attempt_tokens_per_task"] == pytest.approx(sum(r["attempt_tokens"] for r in res.per_task) / len(tasks))
+        assert m["tts/attempt_tokens_per_attempt"] == pytest.approx(m["tts/attempt_tokens_per_task"] / 2)
+        assert m["tts/rehearsal_tokens_per_task"] == pytest.approx(sum(r["private_tokens"] for r in res.per_task) / len(tasks))

@@ -4,15 +4,29 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
 :data:`ARMS` produces its models, and every arm is evaluated the same way:
 
 - **base**: ``model`` untouched; **sft**: the warm-up checkpoint;
+- **sft_more**: SFT continued from the warm-up checkpoint for exactly as many optimizer steps as each RL arm
+  takes -- ``iterations`` (the trainer makes one optimizer step per iteration: one update epoch per batch; the
+  per-role arm steps each of its two models once) -- on gold trajectories of the RL arms' own training-task
+  pool (the same ``n_train_tasks`` tasks, the same seed), ``batch_tasks`` tasks per step (an RL step sees
+  ``batch_tasks`` tasks too, as ``group_size`` sampled trajectories each; one gold trajectory per task is the
+  same token-mean gradient as ``group_size`` identical copies), at the warm-up's learning rate ``sft_lr`` and a
+  fresh optimizer. The compute-matched control that uses gold: does RL beat simply more SFT?
 - **RL arms** (one per :data:`envace.config.VARIANTS` entry: ``real_env``, ``envace``, ``per_role``,
   ``simulator``, ``caller_frozen``, ``caller_only``): role-wise GRPO from the SFT checkpoint with the *same*
   budget (``iterations`` x ``batch_tasks`` tasks x ``group_size`` trajectories, same reward, same rollout limits).
-- **evaluation**: held-out tasks in the real environment, ``eval_samples`` trials each, at every rehearsal
-  budget N of ``tts_budgets`` (N=0: plain acting; N>0: private rehearsal in each mode of ``tts_modes``,
-  envace.tts) -- see envace.evaluation;
+- **evaluation**: held-out tasks in the real environment, ``eval_samples`` trials each, at N=0 (plain acting)
+  for every arm and, for the arms of ``tts_arms``, at every rehearsal budget N > 0 of ``tts_budgets`` in each
+  mode of ``tts_modes`` (envace.tts; ``plan`` is the compute-matched baseline: its plan budget is the mean
+  generated tokens of one rehearsed attempt of the same arm at the same N in the ``parallel`` mode, measured
+  just before, so the rehearsal modes run first at each N) -- see envace.evaluation. Every per-task row holds
+  its generated tokens (``attempt_tokens``, ``private_tokens``, ``real_tokens``, ``gen_tokens``);
 - **rehearsal fidelity**: shadow rollouts of held-out tasks, each rehearsed observation scored against the real
   one (envace.fidelity), with the arm's own Rehearse model (the policy; the second model for ``per_role``; the
-  frozen simulator for ``simulator``).
+  frozen simulator for ``simulator``). With ``fidelity_every`` > 0, every RL arm is also measured on the same
+  shadow set (the same tasks, rollout seed and mode) at the start (the SFT model, measured once per seed) and
+  after every ``fidelity_every`` iterations: training runs in segments that end there (each resumes the
+  previous segment's checkpoint, which the trainer makes exact: same data order, RNG and optimizer state), and
+  the curve (``fidelity_curve``: step, summary) ends with the arm's final fidelity.
 
 Everything goes to ``out_dir``: ``results.json`` (each evaluation with its metrics and per-task outcomes; rewritten after every arm; a rerun with the same config skips
 the (arm, seed) pairs already there -- ``seeds`` may differ: more seeds are added, fewer are reported -- and training itself resumes from its checkpoints), the per-arm training
@@ -34,8 +48,13 @@ from typing import Any, Callable
 
 from .backends.base import SamplingParams
 from .config import SFTConfig, TrainConfig, VARIANTS, config_diff, describe_diff, from_dict, load_config, to_dict
+from .precision import bf16_setting
 from .registry import Registry
 from .rollout import RolloutConfig
+
+PLAN_MATCHES = "parallel"
+"""The rehearsal mode whose attempt tokens set the plan baseline's budget at the same N (the claims compare the
+two)."""
 
 
 def _small_rollout() -> RolloutConfig:
@@ -52,8 +71,8 @@ class ExperimentConfig:
     run folder, LoRA ones merged: envace.models.load)."""
     suite: str = "builtin"
     """Task suite: training tasks from its train split, evaluation tasks from ``eval_split``."""
-    arms: tuple[str, ...] = ("base", "sft", "real_env", "envace", "per_role", "simulator")
-    """Arms to run (envace.experiment.ARMS): base, sft, and any training variant."""
+    arms: tuple[str, ...] = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
+    """Arms to run (envace.experiment.ARMS): base, sft, sft_more, and any training variant."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """One full run of every arm per seed; the report shows mean +- std over seeds."""
     sft_steps: int = 60
@@ -85,9 +104,24 @@ class ExperimentConfig:
     eval_temperature: float = 0.0
     """Act temperature of the real trials (0 = greedy; use > 0 with eval_samples > 1)."""
     tts_budgets: tuple[int, ...] = (0, 1, 2, 3)
-    """Rehearsal budgets N evaluated for every arm (0 = no rehearsal)."""
-    tts_modes: tuple[str, ...] = ("parallel", "sequential")
-    """Test-time rehearsal modes for N > 0 (envace.tts.REHEARSAL_MODES)."""
+    """Rehearsal budgets N (0 = no rehearsal; must be listed: every arm is evaluated at N=0)."""
+    tts_modes: tuple[str, ...] = ("parallel", "sequential", "plan")
+    """Test-time rehearsal modes for N > 0 (envace.tts.REHEARSAL_MODES); ``plan`` is the compute-matched baseline
+    (needs ``parallel`` too: its budget is measured there)."""
+    tts_arms: tuple[str, ...] = ("base", "sft", "envace")
+    """Arms evaluated at the budgets N > 0 (the sweep costs several evaluations per budget and mode); the others
+    at N=0 only. Arms not run are ignored."""
+    tts_tasks: int | None = None
+    """Held-out tasks of the sweep at N > 0: the first ``tts_tasks`` evaluation tasks (None: all). Gains are paired
+    over these tasks, against the N=0 outcomes of the same tasks."""
+    tts_seeds: tuple[int, ...] | None = None
+    """Seeds whose ``tts_arms`` get the sweep (None: every seed)."""
+    claim_n: int = 2
+    """Budget N of the test-time claims of the report (the paper's best: N=2); the largest evaluated N if absent."""
+    generate_bf16: bool | str = False
+    """Generate in bf16 in the evaluations, fidelity rollouts and RL rollouts (HFBackend bf16; TrainConfig.rollout_bf16,
+    the update stays float32): true, false or ``auto`` (envace.precision). ~1.8x faster generation on a CPU with
+    AVX-512-BF16 (docs/benchmarks.md); SFT is unchanged."""
     tts_memory: str = "model"
     """How the rehearsal memory is made (envace.tts.MEMORY_BUILDERS): model | concat."""
     tts_max_new_tokens: int = 160
@@ -96,6 +130,9 @@ class ExperimentConfig:
     """Held-out tasks rolled out in shadow mode per arm for rehearsal fidelity (0: skip)."""
     fidelity_samples: int = 2
     """Shadow trajectories per fidelity task."""
+    fidelity_every: int = 0
+    """Fidelity curve: measure each RL arm on the shadow set (the fidelity tasks) at the start (the SFT model) and
+    after every ``fidelity_every`` iterations, the last point being the final fidelity (0: final fidelity only)."""
     viewer_trajectories: int = 4
     """Shadow trajectories per arm (first seed) kept for the trajectory viewer."""
     out_dir: str = "runs/experiment"
@@ -107,22 +144,30 @@ class ExperimentConfig:
         from .tts import MEMORY_BUILDERS, REHEARSAL_MODES
 
         self.arms = tuple(self.arms)
+        self.tts_arms = tuple(self.tts_arms)
         self.seeds = tuple(int(s) for s in self.seeds)
+        if self.tts_seeds is not None:
+            self.tts_seeds = tuple(int(s) for s in self.tts_seeds)
+        self.generate_bf16 = bf16_setting(self.generate_bf16, "ExperimentConfig.generate_bf16")
         self.tts_budgets = tuple(sorted({int(n) for n in self.tts_budgets}))
         self.tts_modes = tuple(self.tts_modes)
         if isinstance(self.rollout, dict):
             self.rollout = from_dict(RolloutConfig, self.rollout)
-        for a in self.arms:
+        for a in self.arms + self.tts_arms:
             ARMS.get(a)  # raises, listing the valid arms
         for m in self.tts_modes:
             REHEARSAL_MODES.get(m)
         MEMORY_BUILDERS.get(self.tts_memory)
+        if any(not REHEARSAL_MODES.get(m).imagined for m in self.tts_modes) and PLAN_MATCHES not in self.tts_modes:
+            raise ValueError(f"tts_modes {list(self.tts_modes)}: a compute-matched baseline needs {PLAN_MATCHES!r} too (its token budget is measured there)")
         if len(set(self.arms)) != len(self.arms) or not self.arms:
             raise ValueError(f"arms must be a non-empty list without repeats, got {self.arms}")
-        if not self.seeds or not self.tts_budgets or min(self.tts_budgets) < 0:
-            raise ValueError("seeds and tts_budgets must be non-empty and budgets >= 0")
+        if not self.seeds or not self.tts_budgets or min(self.tts_budgets) < 0 or 0 not in self.tts_budgets:
+            raise ValueError(f"seeds must be non-empty and tts_budgets must hold 0 (every arm's main evaluation) and no negative budget, got {list(self.tts_budgets)}")
         if self.eval_tasks < 1 or self.eval_samples < 1 or self.fidelity_tasks < 0 or self.fidelity_samples < 1:
             raise ValueError("eval_tasks, eval_samples, fidelity_samples >= 1 and fidelity_tasks >= 0 are required")
+        if self.fidelity_every < 0 or (self.tts_tasks is not None and self.tts_tasks < 1) or self.claim_n < 1:
+            raise ValueError("fidelity_every >= 0, tts_tasks >= 1 (or null) and claim_n >= 1 are required")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -142,35 +187,72 @@ class ArmModels:
     """The frozen external simulator of the simulator arm."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """Training metrics, one dict per step (empty for untrained arms)."""
+    fidelity_curve: list[dict[str, Any]] | None = None
+    """RL arms with ``fidelity_every`` > 0: ``{"step", "summary"}`` on the shadow set at step 0 (the SFT model) and
+    every ``fidelity_every`` iterations before the last; run_experiment appends the final fidelity. None: no curve."""
+
+
+def rl_train_tasks(cfg: ExperimentConfig) -> int:
+    """The training-task pool of every RL arm and of sft_more (the trainer's own default, fixed here so that the
+    fidelity segments and sft_more draw from the very same pool)."""
+    return cfg.train_tasks or max(64, cfg.iterations * cfg.batch_tasks)
+
+
+def sft_more_steps(cfg: ExperimentConfig) -> int:
+    """Optimizer steps of sft_more: one per RL iteration, as each RL arm (and each model of per_role) takes."""
+    return cfg.iterations
+
+
+def fidelity_steps(cfg: ExperimentConfig) -> list[int]:
+    """RL steps after which the fidelity curve measures, before the final one: every ``fidelity_every``."""
+    if cfg.fidelity_every <= 0 or cfg.fidelity_tasks <= 0:
+        return []
+    return list(range(cfg.fidelity_every, cfg.iterations, cfg.fidelity_every))
+
+
+def _read_json(path: str) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 class SeedRun:
-    """One seed's shared state: its folder and the SFT warm-up (run once, on first use, reused on a rerun)."""
+    """One seed's shared state: its folder, the SFT warm-up and the fidelity of the SFT model on the shadow set
+    (each made once, on first use, and reused on a rerun)."""
 
     def __init__(self, cfg: ExperimentConfig, seed: int):
         self.cfg, self.seed = cfg, seed
         self.dir = os.path.join(cfg.out_dir, f"seed{seed}")
         self._sft: tuple[str, list[dict[str, Any]]] | None = None
 
+    def run_sft(self, name: str, scfg: SFTConfig, what: str) -> tuple[str, list[dict[str, Any]]]:
+        """(checkpoint folder, metrics) of an SFT run in ``<seed dir>/<name>``, run unless it finished before."""
+        from .sft import sft
+
+        done = os.path.join(self.dir, name, "done.json")
+        if os.path.exists(done):
+            d = _read_json(done)
+            return d["checkpoint"], d["metrics"]
+        _say(f"seed {self.seed}: {what}")
+        res = sft(scfg)
+        _write_json(done, {"checkpoint": res.checkpoint, "metrics": res.metrics, "steps": scfg.steps, "batch_tasks": scfg.batch_tasks, "n_tasks": scfg.n_tasks})
+        return res.checkpoint, res.metrics
+
     def sft(self) -> tuple[str, list[dict[str, Any]]]:
         """(SFT checkpoint folder, SFT metrics)."""
         if self._sft is None:
-            from .sft import sft
-
-            out = os.path.join(self.dir, "sft")
-            done = os.path.join(out, "done.json")
-            if os.path.exists(done):
-                with open(done, encoding="utf-8") as f:
-                    d = json.load(f)
-                self._sft = (d["checkpoint"], d["metrics"])
-            else:
-                c = self.cfg
-                _say(f"seed {self.seed}: SFT warm-up ({c.sft_steps} steps on {c.sft_tasks} gold trajectories)")
-                res = sft(SFTConfig(model=c.model, suite=c.suite, n_tasks=c.sft_tasks, steps=c.sft_steps, batch_tasks=c.sft_batch_tasks, lr=c.sft_lr, out_dir=out, seed=self.seed, tensorboard=False, progress=c.progress))
-                self._sft = (res.checkpoint, res.metrics)
-                with open(done, "w", encoding="utf-8") as f:
-                    json.dump({"checkpoint": res.checkpoint, "metrics": res.metrics}, f)
+            c = self.cfg
+            scfg = SFTConfig(model=c.model, suite=c.suite, n_tasks=c.sft_tasks, steps=c.sft_steps, batch_tasks=c.sft_batch_tasks, lr=c.sft_lr, out_dir=os.path.join(self.dir, "sft"), seed=self.seed, tensorboard=False, progress=c.progress)
+            self._sft = self.run_sft("sft", scfg, f"SFT warm-up ({c.sft_steps} steps on {c.sft_tasks} gold trajectories)")
         return self._sft
+
+    def fidelity_start(self) -> dict[str, Any]:
+        """The fidelity curve's first point: the SFT model (rehearsal mode) on the shadow set, once per seed."""
+        path = os.path.join(self.dir, "fidelity_start.json")
+        if not os.path.exists(path):
+            _say(f"seed {self.seed}: rehearsal fidelity of the SFT model (the curves' start)")
+            fid = arm_fidelity(self.cfg, ArmModels(policy=self.sft()[0]), self.seed)
+            _write_json(path, {"step": 0, "summary": fid.summary})
+        return _read_json(path)
 
 
 @dataclass(frozen=True)
@@ -184,28 +266,66 @@ ARMS.add("base", Arm("the base model, no training", lambda run: ArmModels(policy
 ARMS.add("sft", Arm("SFT warm-up on gold trajectories", lambda run: ArmModels(*run.sft()[:1], curve=run.sft()[1])))
 
 
+def _sft_more(run: SeedRun) -> ArmModels:
+    c = run.cfg
+    start, _ = run.sft()
+    n = sft_more_steps(c)
+    scfg = SFTConfig(model=start, suite=c.suite, n_tasks=rl_train_tasks(c), steps=n, batch_tasks=c.batch_tasks, lr=c.sft_lr, out_dir=os.path.join(run.dir, "sft_more"), seed=run.seed, tensorboard=False, progress=c.progress)
+    ckpt, metrics = run.run_sft("sft_more", scfg, f"SFT continued for {n} steps (as many as an RL arm) on gold trajectories of the RL task pool")
+    return ArmModels(policy=ckpt, curve=metrics)
+
+
+ARMS.add("sft_more", Arm("SFT continued from the warm-up for as many optimizer steps as each RL arm takes (one per iteration), on gold "
+                         "trajectories of the RL tasks: the compute-matched control that uses gold", _sft_more))
+
+
 def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
     def build(run: SeedRun) -> ArmModels:
+        from .checkpoint import load_state
+        from .logging import read_metrics
         from .trainer import train
 
         c = run.cfg
         start, _ = run.sft()
         rc = dataclasses.replace(c.rollout, group_size=c.group_size, progress=False)
+        out = os.path.join(run.dir, variant)
         tcfg = TrainConfig(
-            model=start, suite=c.suite, n_train_tasks=c.train_tasks, variant=variant, reward=c.reward, iterations=c.iterations,
-            batch_tasks=c.batch_tasks, lr=c.lr, rollout=rc, out_dir=os.path.join(run.dir, variant), save_every=max(1, c.iterations),
+            model=start, suite=c.suite, n_train_tasks=rl_train_tasks(c), variant=variant, reward=c.reward, iterations=c.iterations,
+            batch_tasks=c.batch_tasks, lr=c.lr, rollout=rc, out_dir=out, save_every=max(1, c.iterations), rollout_bf16=c.generate_bf16,
             keep_checkpoints=1, seed=run.seed, tensorboard=False, progress=c.progress,
         )
-        res = train(tcfg)
-        ckpt = res.checkpoint
-        models = ArmModels(policy=os.path.join(ckpt, "policy") if ckpt else start, curve=res.metrics)
-        if variant == "per_role":
-            models.rehearser = os.path.join(ckpt, "rehearser") if ckpt else start
-        if variant == "simulator":
-            models.simulator = start  # the trainer's simulator: the frozen initial (SFT) weights
+        steps = fidelity_steps(c)
+        cache = os.path.join(out, "fidelity_curve.json")
+        points: dict[str, Any] = _read_json(cache) if os.path.exists(cache) else {}
+        res = None
+        for end in steps + [c.iterations]:  # segments; each resumes the last one's checkpoint (iterations is resumable)
+            res = train(dataclasses.replace(tcfg, iterations=end))
+            if end == c.iterations or str(end) in points:
+                continue
+            if res.checkpoint and int(load_state(res.checkpoint)["step"]) == end:
+                _say(f"seed {run.seed} arm {variant}: rehearsal fidelity after {end} of {c.iterations} iterations")
+                points[str(end)] = arm_fidelity(c, _arm_models(variant, res.checkpoint, start), run.seed).summary
+                _write_json(cache, points)
+            else:  # a later checkpoint already existed (a rerun after a crash): this point cannot be measured any more
+                _say(f"seed {run.seed} arm {variant}: no checkpoint at step {end}; its fidelity point is missing")
+        assert res is not None
+        models = _arm_models(variant, res.checkpoint, start)
+        models.curve = read_metrics(out)  # every step, also those of earlier runs of a resumed arm
+        if c.fidelity_every > 0 and c.fidelity_tasks > 0:
+            models.fidelity_curve = [run.fidelity_start()] + [{"step": int(k), "summary": v} for k, v in sorted(points.items(), key=lambda kv: int(kv[0]))]
         return models
 
     return build
+
+
+def _arm_models(variant: str, ckpt: str | None, start: str) -> ArmModels:
+    """The models of an RL arm at checkpoint ``ckpt`` (None: untrained, the start)."""
+    models = ArmModels(policy=os.path.join(ckpt, "policy") if ckpt else start)
+    if variant == "per_role":
+        models.rehearser = os.path.join(ckpt, "rehearser") if ckpt else start
+    if variant == "simulator":
+        models.simulator = start  # the trainer's simulator: the frozen initial (SFT) weights
+    return models
 
 
 for _v in VARIANTS.names():
@@ -221,25 +341,67 @@ def _say(msg: str) -> None:
     print(f"[experiment] {msg}", flush=True)
 
 
-def budgets(cfg: ExperimentConfig) -> list[tuple[int, str]]:
-    """The (N, mode) pairs evaluated: N=0 once (mode "none"), every N > 0 in every mode."""
+def sweeps(cfg: ExperimentConfig, arm: str, seed: int) -> bool:
+    """Whether (arm, seed) gets the test-time sweep at N > 0."""
+    return arm in cfg.tts_arms and (cfg.tts_seeds is None or seed in cfg.tts_seeds)
+
+
+def budgets(cfg: ExperimentConfig, arm: str | None = None, seed: int | None = None) -> list[tuple[int, str]]:
+    """The (N, mode) pairs evaluated: N=0 once (mode "none"), every N > 0 in every mode -- for ``arm`` and ``seed``
+    only when they get the sweep (:func:`sweeps`; None: the full list). At each N the modes that rehearse come
+    first: the compute-matched baseline's token budget is measured on them."""
+    from .tts import REHEARSAL_MODES
+
+    full = arm is None or seed is None or sweeps(cfg, arm, seed)
+    modes = sorted(cfg.tts_modes, key=lambda m: not REHEARSAL_MODES.get(m).imagined)  # stable: rehearsal modes first
     out: list[tuple[int, str]] = []
     for n in cfg.tts_budgets:
-        out += [(0, "none")] if n == 0 else [(n, m) for m in cfg.tts_modes]
+        out += [(0, "none")] if n == 0 else ([(n, m) for m in modes] if full else [])
     return out
 
 
-def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "") -> dict[str, Any]:
-    """Real-environment evaluation at every (N, mode), then rehearsal fidelity; JSON-able."""
+def plan_budget(evals: list[dict[str, Any]], n: int, fallback: int) -> tuple[int, str]:
+    """(max new tokens of one plan, where it came from): the mean generated tokens (Act + Rehearse) of one rehearsed
+    attempt in this arm's :data:`PLAN_MATCHES` evaluation at budget ``n``, rounded; ``fallback`` without one."""
+    for e in evals:
+        if e["n"] == n and e["mode"] == PLAN_MATCHES and e["metrics"].get("tts/attempt_tokens_per_attempt", 0) > 0:
+            return max(1, round(e["metrics"]["tts/attempt_tokens_per_attempt"])), f"{PLAN_MATCHES} N={n}"
+    return fallback, "fallback (tts_max_new_tokens)"
+
+
+def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: Any = None) -> Any:
+    """Rehearsal fidelity (envace.fidelity.FidelityResult) of an arm's models on the fixed shadow set: the first
+    ``fidelity_tasks`` held-out tasks, the same rollout seed for every arm and checkpoint; Rehearse is the
+    policy, the per-role arm's second model, or the simulator arm's frozen simulator."""
     from .backends.hf import HFBackend
     from .envs import load_tasks
-    from .evaluation import evaluate_at_budget
     from .fidelity import measure_fidelity
     from .models import load
 
+    backend = lambda name: HFBackend(*load(name), bf16=cfg.generate_bf16)  # noqa: E731
+    ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
+    extra: dict[str, Any] = {}
+    mode = "rehearsal"
+    if models.rehearser:
+        extra["rehearser"], mode = backend(models.rehearser), "per_role"
+    elif models.simulator:
+        extra["simulator"], mode = backend(models.simulator), "simulator"
+    fcfg = dataclasses.replace(cfg.rollout, mode=mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress)
+    return measure_fidelity(policy or backend(models.policy), ftasks, fcfg, **extra)
+
+
+def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "", arm: str | None = None) -> dict[str, Any]:
+    """Real-environment evaluation at every (N, mode) of :func:`budgets`, then rehearsal fidelity; JSON-able."""
+    from .backends.hf import HFBackend
+    from .envs import load_tasks
+    from .evaluation import evaluate_at_budget
+    from .models import load
+    from .tts import REHEARSAL_MODES, add_token_counts
+
     m, tok = load(models.policy)
-    policy = HFBackend(m, tok)
+    policy = HFBackend(m, tok, bf16=cfg.generate_bf16)
     tasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.eval_tasks, seed=0)  # the same held-out tasks for every seed
+    tts_tasks = tasks[: cfg.tts_tasks] if cfg.tts_tasks else tasks
     rc = dataclasses.replace(cfg.rollout, mode="real", act=cfg.rollout.act.with_(temperature=cfg.eval_temperature), seed=seed, progress=cfg.progress)
     tts_options = {
         "memory": cfg.tts_memory,
@@ -248,24 +410,23 @@ def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str
         "final_act": rc.act,
     }
     attempts_rc = dataclasses.replace(rc, act=cfg.rollout.act)  # rehearsal attempts sample at the training temperature
-    evals = []
-    for n, mode in budgets(cfg):
-        _say(f"{label}: evaluating at N={n}" + (f" ({mode})" if n else "") + f" on {len(tasks)} tasks x {cfg.eval_samples}")
-        res = evaluate_at_budget(policy, tasks, samples=cfg.eval_samples, rollout=rc if n == 0 else attempts_rc, n=n, mode=mode, tts_options=tts_options)
+    evals: list[dict[str, Any]] = []
+    for n, mode in budgets(cfg, arm, seed):
+        ts = tasks if n == 0 else tts_tasks
+        extra: dict[str, Any] = {}
+        if n > 0 and not REHEARSAL_MODES.get(mode).imagined:  # the compute-matched baseline: as many tokens per plan as per attempt
+            extra["plan_max_new_tokens"], extra["plan_budget_from"] = plan_budget(evals, n, cfg.tts_max_new_tokens)
+        _say(f"{label}: evaluating at N={n}" + (f" ({mode})" if n else "") + f" on {len(ts)} tasks x {cfg.eval_samples}" + (f", {extra['plan_max_new_tokens']} tokens per plan" if extra else ""))
+        opts = tts_options | ({"plan_max_new_tokens": extra["plan_max_new_tokens"]} if extra else {})
+        res = evaluate_at_budget(policy, ts, samples=cfg.eval_samples, rollout=rc if n == 0 else attempts_rc, n=n, mode=mode, tts_options=opts)
         policy.release_all()
-        evals.append({"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task})  # per-task outcomes: paired comparisons
+        if n == 0:
+            add_token_counts(res.per_task, res.trajectories)  # (N > 0: envace.tts counts them, rehearsal included)
+        evals.append({"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task, **extra})  # per-task outcomes: paired comparisons
     out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
     if cfg.fidelity_tasks > 0:
         _say(f"{label}: rehearsal fidelity on {cfg.fidelity_tasks} tasks x {cfg.fidelity_samples} (shadow mode)")
-        ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
-        extra: dict[str, Any] = {}
-        mode = "rehearsal"
-        if models.rehearser:
-            extra["rehearser"], mode = HFBackend(*load(models.rehearser)), "per_role"
-        elif models.simulator:
-            extra["simulator"], mode = HFBackend(*load(models.simulator)), "simulator"
-        fcfg = dataclasses.replace(cfg.rollout, mode=mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress)
-        fid = measure_fidelity(policy, ftasks, fcfg, **extra)
+        fid = arm_fidelity(cfg, models, seed, policy)
         out["fidelity"] = fid.summary
         keep = [t for t in fid.trajectories if any(s in ("rehearsed", "simulator") for st in t.steps for s in st.sources)]
         out["examples"] = [t.to_dict(with_rows=False) for t in (keep or fid.trajectories)[: cfg.viewer_trajectories]]
@@ -287,6 +448,7 @@ class ExperimentResult:
 
 
 def _write_json(path: str, obj: Any) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1, default=str)
@@ -334,12 +496,14 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             t_arm = time.perf_counter()
             models = ARMS.get(arm).build(run)
             t_train = time.perf_counter() - t_arm
-            rec = evaluate_arm(cfg, models, seed, label)
+            rec = evaluate_arm(cfg, models, seed, label, arm=arm)
             rec |= {"models": {"policy": models.policy, "rehearser": models.rehearser, "simulator": models.simulator}, "curve": models.curve, "train_s": t_train, "eval_s": time.perf_counter() - t_arm - t_train}
+            if models.fidelity_curve is not None:  # the start, every fidelity_every iterations, and the final fidelity
+                rec["fidelity_curve"] = models.fidelity_curve + ([{"step": cfg.iterations, "summary": rec["fidelity"]}] if rec["fidelity"] else [])
             results["runs"].setdefault(arm, {})[str(seed)] = rec
             results["elapsed_s"] = time.perf_counter() - t0
             _write_json(path, results)
-            head = next(e for e in rec["evals"] if e["n"] == min(cfg.tts_budgets))["metrics"]
+            head = next(e for e in rec["evals"] if e["n"] == 0)["metrics"]
             _say(f"{label}: success {rate_with_ci(head)}, tool F1 {head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)")
     _write_json(path, results)  # every seed ever run here; the report shows the config's seeds
     shown = {**results, "runs": {arm: {s: r for s, r in runs.items() if int(s) in cfg.seeds} for arm, runs in results["runs"].items()}}
@@ -353,4 +517,7 @@ def load_experiment_config(path: str | None = None, overrides: list[str] | None 
     return load_config(ExperimentConfig, path, overrides)
 
 
-__all__ = ["ExperimentConfig", "ArmModels", "Arm", "ARMS", "SeedRun", "budgets", "evaluate_arm", "ExperimentResult", "run_experiment", "load_experiment_config"]
+__all__ = [
+    "ExperimentConfig", "ArmModels", "Arm", "ARMS", "SeedRun", "budgets", "sweeps", "plan_budget", "rl_train_tasks", "sft_more_steps", "fidelity_steps",
+    "arm_fidelity", "evaluate_arm", "ExperimentResult", "run_experiment", "load_experiment_config", "PLAN_MATCHES",
+]

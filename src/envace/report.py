@@ -2,16 +2,20 @@
 
 :func:`write_report` turns an experiment's ``results.json`` content (envace.experiment) into, in its folder:
 
-- ``report.md`` and ``report.html``: the main table (every arm at N=0: success with its 95% Wilson interval over
+- ``report.md`` and ``report.html``: the paper's claims (:func:`claims_table`: one row per claim of
+  :func:`paper_claims` with its measured paired difference, 95% interval and verdict, :func:`claim_verdict`),
+  the main table (every arm at N=0: success with its 95% Wilson interval over
   tasks and its spread over seeds), the paired comparison of every RL arm with SFT (difference, paired bootstrap
   interval, p-value; envace.stats), success by task kind (when tasks carry one), the test-time rehearsal table
-  (success at every budget N and mode), the rehearsal-fidelity tables (overall; read vs write, state fields
-  changed, real success vs error, position; per domain, per tool) and the
+  (success at every budget N and mode, the compute-matched ``plan`` baseline included) and its generated tokens
+  per task, rehearsal fidelity over training (each RL arm on the fixed shadow set), the rehearsal-fidelity tables
+  (overall; read vs write, state fields changed, real success vs error, position; per domain, per tool) and the
   figures. The HTML page embeds its figures (base64) and needs nothing from the network.
 - ``curve_reward.png`` (training reward vs step, one line per RL arm, mean +- std band over seeds),
   ``curve_train_success.png`` (success on the training rollouts, named by where their observations came from:
   *imagined* for rehearsed / simulated rollouts, *real env* for real_env; the two are not the same quantity),
-  ``curve_sft_nll.png`` (the warm-up) and ``tts_budget.png`` (success vs N).
+  ``curve_sft_nll.png`` (the warm-up), ``tts_budget.png`` (success vs N; plan dotted) and ``fidelity_curve.png``
+  (fidelity on the shadow set vs RL step, one line per arm).
 - ``trajectories.html``: shadow trajectories of each arm, each rehearsed observation beside the real one,
   mismatching leaves highlighted (envace.fidelity.mismatched_leaves).
 
@@ -23,6 +27,7 @@ import base64
 import html
 import json
 import os
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -30,7 +35,7 @@ import numpy as np
 from .fidelity import BREAKDOWNS as FID_BREAKDOWNS
 from .fidelity import METRICS as FID_METRICS
 from .fidelity import Path, mismatched_leaves, observation_fidelity
-from .stats import fmt_p, fmt_rate, rate_interval, seed_spread
+from .stats import fmt_p, fmt_rate, paired_bootstrap, paired_comparison, rate_interval, seed_spread, sign_flip_p
 from .types import Trajectory
 
 MAIN_METRICS: tuple[tuple[str, str], ...] = (
@@ -182,8 +187,11 @@ def curve(results: dict[str, Any], arm: str, key: str) -> tuple[list[int], list[
 # --------------------------------------------------------------------------------------------------------
 
 
+MODE_SHORT = {"parallel": "par", "sequential": "seq"}
+
+
 def _budget_label(n: int, mode: str) -> str:
-    return "N=0" if n == 0 else f"N={n} {mode[:3]}"
+    return "N=0" if n == 0 else f"N={n} {MODE_SHORT.get(mode, mode)}"
 
 
 def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -202,11 +210,82 @@ def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def sweep_scope(results: dict[str, Any], arm: str) -> tuple[list[str], set[str]] | None:
+    """(seeds, task ids) of an arm's test-time sweep (its evaluations at N > 0: ``tts_seeds`` and ``tts_tasks``
+    may make them a subset of the N=0 ones), or None without a sweep or when it kept no per-task outcomes."""
+    seeds: list[str] = []
+    ids: set[str] = set()
+    for s in sorted(results["runs"].get(arm, {}), key=int):
+        ev = [e for e in results["runs"][arm][s]["evals"] if e["n"] > 0]
+        if not ev:
+            continue
+        if any("per_task" not in e for e in ev):
+            return None
+        seeds.append(s)
+        ids |= {r["task_id"] for e in ev for r in e["per_task"]}
+    return (seeds, ids) if seeds else None
+
+
+def sweep_rate(results: dict[str, Any], arm: str, n: int, mode: str) -> tuple[tuple[float, float, float], list[float]] | None:
+    """((rate, low, high) pooled over the sweep's seeds and tasks, [rate of each seed]) at (n, mode), N=0
+    included, so every budget of the N curve is measured on the same tasks and seeds; None without a scope."""
+    scope = sweep_scope(results, arm)
+    if scope is None:
+        return None
+    seeds, ids = scope
+    rows = [r for r in per_task_outcomes(results, arm, n, mode, seeds) if r["task_id"] in ids]
+    if not rows:
+        return None
+    per_seed = []
+    for s in seeds:
+        mine = [r["successes"] for r in per_task_outcomes(results, arm, n, mode, [s]) if r["task_id"] in ids]
+        if mine:
+            per_seed.append(rate_interval(mine)[0])
+    return rate_interval([r["successes"] for r in rows]), per_seed
+
+
 def tts_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Success at every budget: ``rate [95% CI]`` pooled over seeds, and ``· sd`` over seeds when several."""
+    """Success at every budget: ``rate [95% CI]`` pooled over the sweep's seeds and tasks (:func:`sweep_rate`, N=0
+    on the same ones), and ``· sd`` over seeds when several. Results without per-task outcomes at N > 0 show
+    :func:`success_cell` instead."""
     keys = budget_keys(results)
     head = ["arm", *[_budget_label(n, m) for n, m in keys]]
-    rows = [[arm, *[success_cell(results, arm, n, m, spread=True) for n, m in keys]] for arm in results["arms"]]
+    rows = []
+    for arm in tts_arms_run(results):
+        cells = []
+        for n, m in keys:
+            sr = sweep_rate(results, arm, n, m)
+            if sr is None:
+                cells.append(success_cell(results, arm, n, m, spread=True))
+                continue
+            (rate, lo, hi), per_seed = sr
+            cells.append(fmt_rate(rate, lo, hi) + (f" · sd {mean_std(per_seed)[1]:.3f}" if len(per_seed) > 1 else ""))
+        rows.append([arm, *cells])
+    return head, rows
+
+
+def tts_arms_run(results: dict[str, Any]) -> list[str]:
+    """The arms evaluated at some budget N > 0 (the test-time sweep), in arm order."""
+    return [a for a in results["arms"] if any(e["n"] > 0 for rec in _seeds(results, a) for e in rec["evals"])]
+
+
+def tts_tokens_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Generated tokens per task at every budget N > 0: ``attempts A · all P`` with A the tokens of the private
+    attempts (Act + Rehearse of rehearsed attempts, or the plans of the compute-matched baseline) and P everything
+    generated before the real run (+ reflections, memory), mean over seeds of the per-seed means; then the
+    plan budget that was set. Whether the baseline was matched can be read off each row."""
+    keys = [k for k in budget_keys(results) if k[0] > 0]
+    head = ["arm", *[_budget_label(n, m) for n, m in keys]]
+    rows = []
+    for arm in tts_arms_run(results):
+        cells = []
+        for n, m in keys:
+            att = eval_values(results, arm, n, m, "tts/attempt_tokens_per_task")
+            allt = eval_values(results, arm, n, m, "tts/rehearsal_tokens_per_task")
+            budgets = [e["plan_max_new_tokens"] for rec in _seeds(results, arm) for e in rec["evals"] if e["n"] == n and e["mode"] == m and "plan_max_new_tokens" in e]
+            cell = f"{np.mean(att):.0f} · {np.mean(allt):.0f}" if att and allt else "–"
+            cells.append(cell + (f" (plan ≤ {np.mean(budgets):.0f})" if budgets else ""))
+        rows.append([arm, *cells])
     return head, rows
 
 
@@ -249,6 +328,148 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
         rows.append([arm, fmt_rate(c["a"]["rate"], *c["a"]["ci95"]), fmt_rate(c["b"]["rate"], *c["b"]["ci95"]), f"{c['diff']:+.3f}",
                      "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]), fmt_p(c["p"]), c["p_method"].replace("_", " "), str(c["n_tasks"]), str(len(seeds))])
     return head, rows
+
+
+# --------------------------------------------------------------------------------------------------------
+# The paper's claims, each with its paired difference, interval and verdict
+# --------------------------------------------------------------------------------------------------------
+
+Term = tuple[int, str, int, str]
+"""(coefficient, arm, N, mode) of a claim's per-task contrast: the task's mean success in that evaluation."""
+
+VERDICTS = ("holds", "does not hold", "cannot tell at this scale", "not measured")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim of the paper as a contrast of evaluations: ``sum(coef * success(arm, N, mode))`` per task, claimed
+    to be > 0 (``>``) or >= 0 (``>=``)."""
+
+    text: str
+    paper: str
+    """What the paper (or METHOD.md) reports for it."""
+    direction: str
+    terms: tuple[Term, ...]
+
+
+def paper_claims(n: int) -> list[Claim]:
+    """The claims of the report's table; the test-time ones at budget ``n``."""
+    e0 = (1, "envace", 0, "none")
+    vs = lambda arm: (-1, arm, 0, "none")  # noqa: E731
+    gain = lambda arm, mode, sign=1: ((sign, arm, n, mode), (-sign, arm, 0, "none"))  # noqa: E731
+    return [
+        Claim("EnvACE > SFT", "RL on rehearsal improves on its SFT start", ">", (e0, vs("sft"))),
+        Claim("EnvACE ≥ real-env GRPO", "tau2: 36.7 vs 31.2", ">=", (e0, vs("real_env"))),
+        Claim("shared weights ≥ per-role", "tau2: 36.7 vs 35.5", ">=", (e0, vs("per_role"))),
+        Claim("EnvACE > external simulator", "overall: 32.91 vs 20.03 (Simulator-8B)", ">", (e0, vs("simulator"))),
+        Claim("EnvACE > SFT continued (compute-matched)", "not reported (METHOD.md section 6 asks for it)", ">", (e0, vs("sft_more"))),
+        Claim("training Rehearse helps: EnvACE > caller-only", "ablation: Rehearse not trained", ">", (e0, vs("caller_only"))),
+        Claim(f"test-time rehearsal helps EnvACE (N={n} parallel > N=0)", "+4.2 (N=2 parallel)", ">", gain("envace", "parallel")),
+        Claim(f"TTS gain EnvACE > base (N={n} parallel)", "+4.2 vs ~0", ">", gain("envace", "parallel") + gain("base", "parallel", -1)),
+        Claim(f"TTS gain EnvACE > base (N={n} sequential)", "+2.4 vs −1.8", ">", gain("envace", "sequential") + gain("base", "sequential", -1)),
+        Claim(f"rehearsal > compute-matched plans (EnvACE, N={n} parallel vs plan)", "not reported (METHOD.md section 6 asks for it)", ">", ((1, "envace", n, "parallel"), (-1, "envace", n, "plan"))),
+    ]
+
+
+def claim_verdict(lo: float, hi: float, direction: str = ">") -> str:
+    """The verdict of a claimed difference from its paired 95% interval [lo, hi]: ``holds`` when the interval
+    excludes 0 in the claimed direction (lo > 0), ``does not hold`` when it excludes 0 in the other direction
+    (hi < 0), else ``cannot tell at this scale``; ``not measured`` without an interval (nan). A ``>=`` claim
+    has no non-inferiority margin here, so the same rule applies: an interval that reaches below 0 cannot rule
+    out "worse", one wholly below 0 refutes it."""
+    if direction not in (">", ">="):
+        raise ValueError(f"a claim's direction is '>' or '>=', got {direction!r}")
+    if lo != lo or hi != hi:
+        return "not measured"
+    if lo > 0:
+        return "holds"
+    if hi < 0:
+        return "does not hold"
+    return "cannot tell at this scale"
+
+
+def measure_claim(results: dict[str, Any], claim: Claim, resamples: int = 10_000, seed: int = 0) -> dict[str, Any] | None:
+    """The claim's contrast over the tasks every term was evaluated on (per-task outcomes pooled over the seeds
+    in which every term was evaluated: a test-time sweep of fewer seeds pairs its N=0 term with those seeds only): ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and
+    ``p_method``, ``n_tasks``, ``seeds``; None when some evaluation is missing. Two terms (B - A) are exactly
+    :func:`envace.stats.paired_comparison` (exact McNemar with one binary outcome per task); more (a difference
+    of gains) resample the per-task contrast, with a sign-flip p-value."""
+    arms = {a for _, a, _, _ in claim.terms}
+    if not arms <= set(results["arms"]):
+        return None
+    common = sorted(set.intersection(*(set(results["runs"].get(a, {})) for a in arms)), key=int)
+    seeds = [s for s in common if all(_eval_entry(results["runs"][a][s], n, m) is not None for _, a, n, m in claim.terms)]  # paired seed by seed
+    rows = [per_task_outcomes(results, a, n, m, seeds) for _, a, n, m in claim.terms]
+    if not seeds or not all(rows):
+        return None
+    by_id = [{r["task_id"]: r["successes"] for r in rs} for rs in rows]
+    ids = [t for t in by_id[0] if all(t in d for d in by_id[1:])]
+    if not ids:
+        return None
+    coefs = [c for c, _, _, _ in claim.terms]
+    if coefs == [1, -1]:
+        c = paired_comparison([by_id[1][t] for t in ids], [by_id[0][t] for t in ids], resamples, seed)
+        diff, ci, p, method = c["diff"], c["diff_ci"], c["p"], c["p_method"]
+    else:
+        v = np.array([sum(k * float(np.mean(d[t])) for k, d in zip(coefs, by_id)) for t in ids])  # (tasks,)
+        zero = np.zeros_like(v)
+        diff, ci, p, method = float(v.mean()), paired_bootstrap(zero, v, resamples, seed), sign_flip_p(zero, v, resamples, seed), "sign_flip"
+    return {"diff": diff, "ci95": [float(ci[0]), float(ci[1])], "p": p, "p_method": method, "n_tasks": len(ids), "seeds": seeds}
+
+
+def claim_n(results: dict[str, Any]) -> int:
+    """The budget N of the test-time claims: the config's ``claim_n`` when evaluated, else the largest N > 0."""
+    ns = sorted({n for n, _ in budget_keys(results) if n > 0})
+    want = int(results["config"].get("claim_n", 2))
+    return want if want in ns or not ns else ns[-1]
+
+
+def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per claim of :func:`paper_claims`: the contrast, the paper's number, the measured difference with its
+    paired 95% interval and p-value, tasks, seeds and the verdict (:func:`claim_verdict`)."""
+    head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
+    rows = []
+    for claim in paper_claims(claim_n(results)):
+        contrast = " ".join(("+ " if c > 0 else "− ") + f"{a}@{_budget_label(n, m)}" for c, a, n, m in claim.terms).lstrip("+ ")
+        m = measure_claim(results, claim)
+        if m is None:
+            rows.append([claim.text, claim.paper, contrast, "–", "–", "–", "0", "0", "not measured"])
+            continue
+        lo, hi = m["ci95"]
+        rows.append([claim.text, claim.paper, contrast, f"{m['diff']:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]", fmt_p(m["p"]), str(m["n_tasks"]), str(len(m["seeds"])), claim_verdict(lo, hi, claim.direction)])
+    return head, rows
+
+
+# --------------------------------------------------------------------------------------------------------
+# Rehearsal fidelity over training
+# --------------------------------------------------------------------------------------------------------
+
+
+def fidelity_curve(results: dict[str, Any], arm: str, metric: str = "leaf_acc") -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean, std over seeds) of an arm's fidelity on the fixed shadow set (``fidelity_curve`` of each
+    seed's record), at the steps every seed measured with at least one scored pair."""
+    per_seed = []
+    for rec in _seeds(results, arm):
+        pts = {int(p["step"]): float(p["summary"]["overall"][metric]) for p in rec.get("fidelity_curve") or [] if p.get("summary") and p["summary"]["overall"].get("n")}
+        if pts:
+            per_seed.append(pts)
+    if not per_seed:
+        return [], [], []
+    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+    ms = [mean_std([d[s] for d in per_seed]) for s in steps]
+    return steps, [m for m, _ in ms], [s for _, s in ms]
+
+
+def fidelity_curve_table(results: dict[str, Any], metric: str = "leaf_acc") -> tuple[list[str], list[list[str]]]:
+    """Fidelity ``metric`` per RL arm at every measured step (mean ± std over seeds)."""
+    curves = {a: fidelity_curve(results, a, metric) for a in results["arms"]}
+    steps = sorted({s for st, _, _ in curves.values() for s in st})
+    rows = []
+    for arm, (st, mean, std) in curves.items():
+        if st:
+            at = {s: (m, sd) for s, m, sd in zip(st, mean, std)}
+            rows.append([arm, *[fmt_ms(at[s]) if s in at else "–" for s in steps]])
+    return ["arm", *[f"step {s}" for s in steps]], rows
 
 
 def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[list[str], list[list[str]]]:
@@ -347,21 +568,29 @@ def plot_curves(results: dict[str, Any], key: str | dict[str, str], path: str, t
 
 
 def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -> str:
-    """Success vs rehearsal budget N per arm: parallel solid, sequential dashed (both from the N=0 point)."""
+    """Success vs rehearsal budget N per swept arm: parallel solid, sequential dashed, plan dotted (all from the N=0
+    point), on the sweep's tasks and seeds with 95% Wilson bars (:func:`sweep_rate`; else mean ± std over seeds)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     keys = budget_keys(results)
     modes = sorted({m for n, m in keys if n > 0}) or ["none"]
-    styles = {"parallel": "-", "sequential": "--"}
-    for i, arm in enumerate(results["arms"]):
+    styles = {"parallel": "-", "sequential": "--", "plan": ":"}
+    def point(arm: str, n: int, mode: str) -> tuple[float, float, float]:  # (y, below, above): Wilson on the sweep, else ± std over seeds
+        sr = sweep_rate(results, arm, n, mode) if metric == "success_rate" else None
+        if sr is not None:
+            (rate, lo, hi), _ = sr
+            return rate, rate - lo, hi - rate
+        m, sd = mean_std(eval_values(results, arm, n, mode, metric))
+        return m, sd, sd
+
+    for i, arm in enumerate(tts_arms_run(results) or results["arms"]):
         color = f"C{i % 10}"
-        base = mean_std(eval_values(results, arm, 0, "none", metric))
         for mode in modes:
-            pts = [(0, base)] + [(n, mean_std(eval_values(results, arm, n, mode, metric))) for n, m in keys if n > 0 and m == mode]
+            pts = [(0, point(arm, 0, "none"))] + [(n, point(arm, n, mode)) for n, m in keys if n > 0 and m == mode]
             pts = [(n, v) for n, v in pts if v[0] == v[0]]  # drop budgets without values (nan)
             if pts:
                 label = arm if mode == "none" else f"{arm} ({mode})"
-                ax.errorbar([n for n, _ in pts], [v[0] for _, v in pts], yerr=[v[1] for _, v in pts], color=color, linestyle=styles.get(mode, ":"), marker="o", ms=3, capsize=2, label=label)
+                ax.errorbar([n for n, _ in pts], [v[0] for _, v in pts], yerr=[[v[1] for _, v in pts], [v[2] for _, v in pts]], color=color, linestyle=styles.get(mode, ":"), marker="o", ms=3, capsize=2, label=label)
     ax.set_xlabel("rehearsal budget N")
     ax.set_ylabel(metric)
     ax.set_title("Test-time rehearsal budget")
@@ -370,6 +599,33 @@ def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -
         ax.set_ylim(-0.03, 1.03)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_acc") -> str:
+    """Rehearsal fidelity on the fixed shadow set vs RL step, one line per arm (mean ± std band over seeds)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
+    drawn = 0
+    for arm in results["arms"]:
+        steps, mean, std = fidelity_curve(results, arm, metric)
+        if steps:
+            m, sd = np.asarray(mean), np.asarray(std)
+            ax.plot(steps, m, marker="o", ms=3, label=arm)
+            ax.fill_between(steps, m - sd, m + sd, alpha=0.2)
+            drawn += 1
+    if drawn:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no fidelity curve (fidelity_every = 0)", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("RL iteration (0 = the SFT model)")
+    ax.set_ylabel(f"fidelity {metric}")
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_title("Rehearsal fidelity on the fixed held-out shadow set")
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -520,20 +776,30 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "curve_train_success": plot_curves(results, TRAIN_SUCCESS_CURVES, p("curve_train_success.png"), "Training success on rollouts: imagined (rehearsed) vs real env", rl_arms, ylabel="success rate"),
         "curve_sft_nll": plot_curves(results, "sft/nll", p("curve_sft_nll.png"), "SFT warm-up NLL", [a for a in results["arms"] if a == "sft"]),
         "tts_budget": plot_tts(results, p("tts_budget.png")),
+        "fidelity_curve": plot_fidelity_curve(results, p("fidelity_curve.png")),
     }
     c = results["config"]
     n_seeds = max((len(results["runs"].get(a, {})) for a in results["arms"]), default=0)
     tables = {
+        "claims": claims_table(results),
         "main": main_table(results),
         "paired": paired_table(results),
         "kinds": kind_table(results),
         "tts": tts_table(results),
+        "tts_tokens": tts_tokens_table(results),
+        "fidelity_curve": fidelity_curve_table(results),
         "fidelity": fidelity_table(results),
         "fidelity_domain": fidelity_table(results, "by_domain"),
         "fidelity_tool": fidelity_table(results, "by_tool"),
         "fidelity_breakdown": fidelity_breakdown_table(results),
     }
     captions = {
+        "claims": "Each claim as a per-task contrast of evaluations on the same held-out tasks (outcomes pooled over the seeds every arm of the claim ran): "
+                  "the measured difference, its paired bootstrap 95% interval over tasks and p-value (two evaluations: envace.stats.paired_comparison, "
+                  "exact McNemar for one binary outcome per task; a difference of gains: sign-flip permutation of the per-task contrast). "
+                  "Verdict: holds = the interval excludes 0 in the claimed direction; does not hold = it excludes 0 in the other direction; "
+                  "cannot tell at this scale = it contains 0 (a ≥ claim has no margin here: it needs the same evidence as >). "
+                  "The paper's numbers are Qwen3-8B on tau2-Bench / BFCL; this is a small model on CPU.",
         "main": f"Held-out tasks in the real environment, no test-time rehearsal (N=0). Success: the per-task outcomes of all {n_seeds} seed(s) pooled, "
                 "with the 95% Wilson interval over tasks (conservative with several outcomes per task, envace.stats); over seeds: mean ± std (min–max) "
                 "of each seed's rate. Other columns: mean ± std over seeds.",
@@ -541,25 +807,32 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
                   "bootstrap 95% interval over tasks (10,000 resamples, seeded) and its p-value (exact McNemar for one binary outcome per task, "
                   "else a paired sign-flip permutation test of per-task mean success).",
         "kinds": "Success at N=0 by task kind (rate [95% Wilson interval] (tasks), pooled over seeds).",
-        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential): "
-               "rate [95% Wilson interval over tasks] pooled over seeds, · sd = std of the per-seed rates.",
+        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential, "
+               "plan = the compute-matched baseline: N plans without tool results): rate [95% Wilson interval over tasks] pooled over the sweep's "
+               "seeds and tasks (tts_seeds, tts_tasks; N=0 on the same ones), · sd = std of the per-seed rates.",
+        "tts_tokens": "Generated tokens per task before the real run, at each budget: attempts · all (attempts = Act + Rehearse tokens of the rehearsed "
+                      "attempts, or the plans' tokens of the compute-matched baseline; all = + reflections and memory), mean over seeds; "
+                      "(plan ≤ T): the plan budget, the mean tokens of one parallel attempt of the same arm at that N. Per-task counts are in results.json.",
+        "fidelity_curve": "Leaf-value accuracy of rehearsed observations on the same held-out shadow tasks (same rollout seed) at step 0 (the SFT model) "
+                          "and every fidelity_every RL iterations, mean ± std over seeds.",
         "fidelity": "Rehearsal fidelity of each arm's Rehearse model on shadow rollouts (valid JSON, exact match, key-set match, leaf-value accuracy, error-vs-success agreement).",
         "fidelity_domain": "Fidelity per domain.",
         "fidelity_tool": "Fidelity per tool.",
         "fidelity_breakdown": "Fidelity split where rehearsal fails: read (the real call changed no top-level state field) vs write, the number of "
                               "state fields the real call changed, real success vs error observation, and the Act step the call came from (1, 2, 3+).",
     }
-    titles = {"main": "Main results", "paired": "Paired comparison with SFT", "kinds": "Success by task kind", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool", "fidelity_breakdown": "Fidelity by state change, outcome and position"}
-    fig_titles = {"curve_reward": "Training reward", "curve_train_success": "Training success: imagined vs real env", "curve_sft_nll": "SFT warm-up", "tts_budget": "Rehearsal budget"}
+    titles = {"claims": "The paper's claims", "tts_tokens": "Test-time compute: generated tokens", "fidelity_curve": "Rehearsal fidelity over training", "main": "Main results", "paired": "Paired comparison with SFT", "kinds": "Success by task kind", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool", "fidelity_breakdown": "Fidelity by state change, outcome and position"}
+    fig_titles = {"curve_reward": "Training reward", "curve_train_success": "Training success: imagined vs real env", "curve_sft_nll": "SFT warm-up", "tts_budget": "Rehearsal budget",
+                  "fidelity_curve": "Rehearsal fidelity over training"}
     docs = results.get("docs", {})
     arms_md = "\n".join(f"- **{a}**: {docs.get(a, '')}" for a in results["arms"])
 
     # Markdown
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
-    for key in [k for k in ("main", "paired", "kinds", "tts") if tables[k][1]]:
+    for key in [k for k in ("claims", "main", "paired", "kinds", "tts", "tts_tokens") if tables[k][1]]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     md.append("## Figures\n\n" + TRAIN_SUCCESS_NOTE + "\n\n" + "\n\n".join(f"![{fig_titles[k]}]({os.path.basename(v)})" for k, v in figs.items()) + "\n")
-    for key in ("fidelity", "fidelity_breakdown", "fidelity_domain", "fidelity_tool"):
+    for key in [k for k in ("fidelity_curve",) if tables[k][1]] + ["fidelity", "fidelity_breakdown", "fidelity_domain", "fidelity_tool"]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     md.append("## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: [trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n")
     if "elapsed_s" in results:
@@ -570,9 +843,11 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     # HTML
     arms_html = "".join(f"<li><b>{html.escape(a)}</b>: {html.escape(docs.get(a, ''))}</li>" for a in results["arms"])
     body = [f"<h1>EnvACE experiment in miniature</h1><p>{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"]
-    for key in [k for k in ("main", "paired", "kinds", "tts") if tables[k][1]]:
+    for key in [k for k in ("claims", "main", "paired", "kinds", "tts", "tts_tokens") if tables[k][1]]:
         body.append(f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>{html.escape(captions[key])}</p>{html_table(*tables[key])}")
     body.append(f"<h2 id='figures'>Figures</h2><p class='meta'>{html.escape(TRAIN_SUCCESS_NOTE)}</p>" + "".join(f"<img alt='{html.escape(fig_titles[k])}' src='{_img_data(v)}'>" for k, v in figs.items()))
+    if tables["fidelity_curve"][1]:
+        body.append(f"<h3>{titles['fidelity_curve']}</h3><p class='meta'>{html.escape(captions['fidelity_curve'])}</p>{html_table(*tables['fidelity_curve'])}")
     body.append(f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}")
     body.append(f"<h3>{titles['fidelity_breakdown']}</h3><p class='meta'>{html.escape(captions['fidelity_breakdown'])}</p>{html_table(*tables['fidelity_breakdown'])}")
     for key in ("fidelity_domain", "fidelity_tool"):
@@ -589,6 +864,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 
 
 __all__ = [
-    "write_report", "main_table", "paired_table", "kind_table", "per_task_outcomes", "success_cell", "seed_cell", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
+    "Claim", "VERDICTS", "paper_claims", "claim_verdict", "measure_claim", "claim_n", "claims_table", "fidelity_curve", "fidelity_curve_table", "plot_fidelity_curve",
+    "tts_tokens_table", "tts_arms_run", "sweep_scope", "sweep_rate", "write_report", "main_table", "paired_table", "kind_table", "per_task_outcomes", "success_cell", "seed_cell", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
     "trajectory_html", "json_html", "fidelity_breakdown_table", "mean_std", "fmt_ms", "eval_values", "curve", "curve_lines", "TRAIN_SUCCESS_CURVES", "LOADED_SUFFIX",
 ]

@@ -17,9 +17,21 @@ runs the task **once** for real:
 4. **The real execution**: :func:`envace.evaluation.evaluate` (real mode, memory={task.id: m_x}) runs each task
    once against its real environment and scores it.
 
+**The compute-matched baseline** (mode ``plan``): the same pipeline without rehearsed observations. Step 1 is
+replaced by N independent *plans* (role ``plan``): one generation each, in its own chat (:data:`PLAN_SYSTEM`; the
+task, its tool schemas), listing the tool calls the model would make and what could go wrong -- no tool is
+called and no tool result is imagined. Each plan gets a reflection, the same memory builder distills them, and
+the real run is the same. Its cost is matched in generated tokens: a plan may use up to
+``plan_max_new_tokens``, which envace.experiment sets to the mean tokens (Act + Rehearse) one rehearsed attempt
+of the same model generated at the same N; every record counts its tokens per role (``tokens/plan``,
+``tokens/act``, ``tokens/rehearse``, ``tokens/reflect``, ``tokens/memory``) and the metrics report the mean
+per task (``tts/attempt_tokens_per_task``, ``tts/rehearsal_tokens_per_task``), so whether the two paths were
+matched is measured, not assumed. A gain of rehearsal over ``plan`` is then a gain of the imagined
+observations, not of extra tokens.
+
 **The firewall.** :func:`rehearse` (steps 1-3) receives only the policy, the tasks and the config; it builds
-rehearsal-mode engines only (checked: the observer needs no environment, shadow is off) and this module
-never imports an environment factory. The real environment first exists inside the final ``evaluate`` call.
+rehearsal-mode engines only (checked: the observer needs no environment, shadow is off; plans use no engine at
+all, only ``policy.generate``) and this module never imports an environment factory. The real environment first exists inside the final ``evaluate`` call.
 
 **Where things go in prompts.** Reflections, earlier attempts (sequential) and m_x reach Act through the
 "Notes from private rehearsal" block of its system prompt (:func:`envace.prompts.act_system`), so N=0 (no
@@ -43,7 +55,7 @@ from typing import Any, Callable
 
 from .backends.base import Backend, SamplingParams
 from .evaluation import EvalResult, evaluate
-from .prompts import ChatFormat, serialize_messages
+from .prompts import ChatFormat, render_tools, serialize_messages
 from .registry import Registry
 from .rollout import RolloutConfig, RolloutEngine, format_trajectory
 from .types import Row, Task, Trajectory
@@ -61,11 +73,30 @@ MEMORY_SYSTEM = (
     "Do not address the user."
 )
 
+PLAN_SYSTEM = (
+    "You plan a tool-use task before doing it for real. No tool will be called now and you will see no tool "
+    "results. Write a short numbered plan: the tool calls you would make, in order, with their arguments, and "
+    "for each what could go wrong and what you would then do. Do not invent tool results."
+)
+
+PLAN_REFLECT_SYSTEM = (
+    "You check a plan for a tool-use task. Nothing was executed and no tool result is known. In a few short "
+    "lines say: what in the plan is right, what is missing or wrong, and what to change (which tools to call, "
+    "in which order, with which arguments)."
+)
+
+PLAN_MEMORY_SYSTEM = (
+    "You distill private plans for a tool-use task into a short memory for an agent that will now do the task "
+    "for real, once. Write compact notes: the path to follow (tool calls in order, with arguments), pitfalls to "
+    "avoid, and what must be checked because no tool result is known yet. Do not address the user."
+)
+
 NOTES_HEADER = (
     "You already rehearsed this task privately (the tool results were imagined; nothing was executed). "
     "Your earlier attempts and your reflections on them:"
 )
 CONCAT_HEADER = "Lessons from private rehearsals (tool results were imagined):"
+PLAN_CONCAT_HEADER = "Lessons from private plans (no tool was called):"
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -82,7 +113,8 @@ class TTSConfig:
     The paper reports an inverted U over N=1..3: N=2 is best, N=3 dips as the context grows."""
     mode: str = "parallel"
     """parallel: N independent attempts | sequential: attempt n sees attempts < n and their reflections
-    (paper, tau2 + BFCL: parallel +4.2, sequential +2.4 over the trained policy)."""
+    (paper, tau2 + BFCL: parallel +4.2, sequential +2.4 over the trained policy) | plan: the compute-matched
+    baseline, N plans without any tool result (module docstring); see REHEARSAL_MODES."""
     memory: str = "model"
     """How m_x is made: model (a Memory-role generation distills attempts and reflections) | concat
     (deterministic: the reflections concatenated, each with an equal share of memory_max_tokens)."""
@@ -105,6 +137,10 @@ class TTSConfig:
     must be 'rehearsal' and shadow off (attempts never run the world); group_size is ignored (from n)."""
     final_act: SamplingParams | None = None
     """Act sampling of the final real run; None = rollout.act (e.g. sample attempts at T=1, act greedily)."""
+    plan_max_new_tokens: int = 256
+    """Token budget of one plan (mode plan; sampled at rollout.act's temperature and top-p). To match compute,
+    set it to the mean generated tokens (Act + Rehearse) of one rehearsed attempt of the same model at the same
+    N (envace.experiment does); the tokens actually generated are counted (``tokens/plan``)."""
 
     def __post_init__(self) -> None:
         REHEARSAL_MODES.get(self.mode)  # unknown names raise, listing the valid ones
@@ -114,6 +150,8 @@ class TTSConfig:
         for name in ("memory_max_tokens", "transcript_max_tokens", "notes_max_tokens", "prompt_max_tokens"):
             if getattr(self, name) < 16:
                 raise ValueError(f"{name} must be >= 16 tokens, got {getattr(self, name)}")
+        if self.plan_max_new_tokens < 1:
+            raise ValueError(f"plan_max_new_tokens must be >= 1, got {self.plan_max_new_tokens}")
         if self.rollout.mode != "rehearsal" or self.rollout.shadow:
             raise ValueError("TTSConfig.rollout must have mode='rehearsal' and shadow=False: attempts are self-rehearsed and never touch the real environment (the final run is always real)")
 
@@ -134,7 +172,7 @@ class Cut:
     """Text removed to respect a token cap."""
 
     where: str
-    """transcript | notes | reflect_prompt | memory_prompt | reflection | memory"""
+    """transcript | notes | plan_prompt | reflect_prompt | memory_prompt | reflection | memory"""
     attempt: int | None
     """0-based index of the attempt the text belongs to (for notes: the attempt that was shown them; None for
     memory / memory_prompt)."""
@@ -159,6 +197,10 @@ class RehearsalRecord:
     mode: str
     memory_mode: str
     attempts: list[Trajectory] = field(default_factory=list)
+    """Self-rehearsed attempts (modes that imagine tool results; empty for plan)."""
+    plans: list[str] = field(default_factory=list)
+    """The plans of mode plan (no tool called, no tool result imagined; empty for the other modes)."""
+    plan_rows: list[Row] = field(default_factory=list)
     reflections: list[str] = field(default_factory=list)
     reflect_rows: list[Row] = field(default_factory=list)
     memory: str = ""
@@ -179,6 +221,11 @@ class RehearsalRecord:
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
 
+    @property
+    def n_done(self) -> int:
+        """Private attempts made so far: rehearsed attempts or plans."""
+        return len(self.attempts) + len(self.plans)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "task_id": self.task_id,
@@ -186,6 +233,8 @@ class RehearsalRecord:
             "mode": self.mode,
             "memory_mode": self.memory_mode,
             "attempts": [t.to_dict() for t in self.attempts],
+            "plans": list(self.plans),
+            "plan_rows": [r.to_dict() for r in self.plan_rows],
             "reflections": list(self.reflections),
             "reflect_rows": [r.to_dict() for r in self.reflect_rows],
             "memory": self.memory,
@@ -208,6 +257,8 @@ class RehearsalRecord:
             mode=d["mode"],
             memory_mode=d["memory_mode"],
             attempts=[Trajectory.from_dict(t) for t in d.get("attempts", [])],
+            plans=list(d.get("plans", [])),
+            plan_rows=[Row.from_dict(r) for r in d.get("plan_rows", [])],
             reflections=list(d.get("reflections", [])),
             reflect_rows=[Row.from_dict(r) for r in d.get("reflect_rows", [])],
             memory=d.get("memory", ""),
@@ -270,9 +321,10 @@ class _Rehearsal:
     def __init__(self, policy: Backend, cfg: TTSConfig):
         self.policy = policy
         self.cfg = cfg
+        self.mode = REHEARSAL_MODES.get(cfg.mode)
         self.fmt = ChatFormat.for_tokenizer(policy.tokenizer)
         self._calls = 0
-        self._transcripts: dict[str, str] = {}
+        self._transcripts: dict[tuple[str, int], str] = {}
 
     def params(self, base: SamplingParams) -> SamplingParams:
         self._calls += 1
@@ -291,25 +343,52 @@ class _Rehearsal:
             raise RuntimeError("rehearsal attempts must not use a real environment")
         return engine.run(tasks, group_prefix=f"tts{attempt}-")
 
+    def write_plans(self, tasks: list[Task], recs: list[RehearsalRecord], n: int) -> None:
+        """``n`` plans per task, all in one generation batch (no engine, no environment: text only)."""
+        prompts = []
+        for task, rec in zip(tasks, recs):
+            user = self.cap(rec, "plan_prompt", None, task_header(task) + "\n\n# Tools\n" + render_tools(task.tools), self.cfg.prompt_max_tokens, "middle")
+            prompt = self.fmt.render([{"role": "system", "content": PLAN_SYSTEM}, {"role": "user", "content": user + "\n\nWrite your plan."}])
+            prompts += [prompt] * n
+        if not prompts:
+            return
+        act = self.cfg.rollout.act
+        gens = self.policy.generate(prompts, self.params(SamplingParams(temperature=act.temperature, top_p=act.top_p, max_new_tokens=self.cfg.plan_max_new_tokens)))
+        for i, (prompt, g) in enumerate(zip(prompts, gens)):
+            rec, k = recs[i // n], i % n
+            rec.plan_rows.append(Row(role="plan", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=self.attempt_id(rec, k), group_id=f"tts-plan:{rec.task_id}", step=k, truncated=g.finish_reason == "length"))
+            rec.plans.append(g.text.strip())
+            rec.count("plan/rows")
+            if g.finish_reason == "length":
+                rec.count("plan/truncated")
+            if not g.text.strip():
+                rec.count("plan/empty")
+
+    def attempt_id(self, rec: RehearsalRecord, k: int) -> str:
+        return rec.attempts[k].id if k < len(rec.attempts) else f"tts-plan:{rec.task_id}:{k}"
+
     # -- text shown to Reflect / Memory / later attempts ------------------------------------------------------
     def transcript(self, rec: RehearsalRecord, k: int) -> str:
-        traj = rec.attempts[k]
-        if traj.id not in self._transcripts:
-            ending = f"(cut off: {traj.truncated})" if traj.truncated else "(the attempt ended)"
-            text = serialize_messages(traj.messages) + "\n" + ending
-            self._transcripts[traj.id] = self.cap(rec, "transcript", k, text, self.cfg.transcript_max_tokens, "middle")
-        return self._transcripts[traj.id]
+        """Attempt ``k`` as text: a rehearsed trajectory's transcript, or a plan (capped either way)."""
+        if (rec.task_id, k) not in self._transcripts:
+            if k < len(rec.attempts):
+                traj = rec.attempts[k]
+                text = serialize_messages(traj.messages) + "\n" + (f"(cut off: {traj.truncated})" if traj.truncated else "(the attempt ended)")
+            else:
+                text = rec.plans[k] or "(empty plan)"
+            self._transcripts[rec.task_id, k] = self.cap(rec, "transcript", k, text, self.cfg.transcript_max_tokens, "middle")
+        return self._transcripts[rec.task_id, k]
 
     def attempt_block(self, rec: RehearsalRecord, k: int, with_reflection: bool = True) -> str:
-        text = f"## Attempt {k + 1} (tool results imagined)\n{self.transcript(rec, k)}"
+        text = f"## {self.mode.title} {k + 1} ({self.mode.note})\n{self.transcript(rec, k)}"
         if with_reflection:
-            text += f"\n### Reflection on attempt {k + 1}\n{rec.reflections[k].strip() or '(empty)'}"
+            text += f"\n### Reflection on {self.mode.title.lower()} {k + 1}\n{rec.reflections[k].strip() or '(empty)'}"
         return text
 
     def notes(self, rec: RehearsalRecord) -> str:
         """The notes block a sequential attempt sees: every earlier attempt and its reflection."""
-        body = "\n\n".join(self.attempt_block(rec, k) for k in range(len(rec.attempts)))
-        return NOTES_HEADER + "\n\n" + self.cap(rec, "notes", len(rec.attempts), body, self.cfg.notes_max_tokens, "tail")
+        body = "\n\n".join(self.attempt_block(rec, k) for k in range(rec.n_done))
+        return NOTES_HEADER + "\n\n" + self.cap(rec, "notes", rec.n_done, body, self.cfg.notes_max_tokens, "tail")
 
     def prompt(self, rec: RehearsalRecord, where: str, attempt: int | None, system: str, task: Task, body: str, ask: str) -> list[int]:
         user = self.cap(rec, where, attempt, task_header(task) + "\n\n" + body, self.cfg.prompt_max_tokens, "middle") + "\n\n" + ask
@@ -318,13 +397,14 @@ class _Rehearsal:
     # -- generations ------------------------------------------------------------------------------------------
     def reflect(self, tasks: list[Task], recs: list[RehearsalRecord], ks: list[int]) -> None:
         """Reflect on attempt ``ks[i]`` of ``recs[i]``: one batch over all tasks."""
-        prompts = [self.prompt(rec, "reflect_prompt", k, REFLECT_SYSTEM, task, self.attempt_block(rec, k, with_reflection=False), "Reflect: what worked, what failed, what to change.") for task, rec, k in zip(tasks, recs, ks)]
+        prompts = [self.prompt(rec, "reflect_prompt", k, self.mode.reflect_system, task, self.attempt_block(rec, k, with_reflection=False), self.mode.reflect_ask) for task, rec, k in zip(tasks, recs, ks)]
         if not prompts:
             return
         gens = self.policy.generate(prompts, self.params(self.cfg.reflect_sampling))
         for rec, k, prompt, g in zip(recs, ks, prompts, gens):
-            traj = rec.attempts[k]
-            rec.reflect_rows.append(Row(role="reflect", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=traj.id + "/reflect", group_id=traj.group_id, step=k, truncated=g.finish_reason == "length"))
+            aid = self.attempt_id(rec, k)
+            group = rec.attempts[k].group_id if k < len(rec.attempts) else f"tts-plan:{rec.task_id}"
+            rec.reflect_rows.append(Row(role="reflect", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=aid + "/reflect", group_id=group, step=k, truncated=g.finish_reason == "length"))
             rec.reflections.append(g.text.strip())
             rec.count("reflect/rows")
             if g.finish_reason == "length":
@@ -333,11 +413,27 @@ class _Rehearsal:
                 rec.count("reflect/empty")
 
 
-# A rehearsal mode fills ``attempts`` and ``reflections`` of every record: fn(ctx, tasks, records).
-REHEARSAL_MODES: Registry[Callable[[_Rehearsal, list[Task], list[RehearsalRecord]], None]] = Registry("rehearsal mode")
+@dataclass(frozen=True)
+class RehearsalMode:
+    """A way to spend the private budget N: ``run(ctx, tasks, records)`` fills every record's attempts (or plans)
+    and one reflection per attempt; the texts say what Reflect and Memory are looking at."""
+
+    run: Callable[[_Rehearsal, list[Task], list[RehearsalRecord]], None]
+    imagined: bool
+    """True: the attempts are self-rehearsed trajectories (tool results imagined by Rehearse); False: no tool
+    result exists (plans), the compute-matched baseline of the rehearsal modes."""
+    doc: str
+    title: str = "Attempt"
+    note: str = "tool results imagined"
+    reflect_system: str = REFLECT_SYSTEM
+    reflect_ask: str = "Reflect: what worked, what failed, what to change."
+    memory_system: str = MEMORY_SYSTEM
+    concat_header: str = CONCAT_HEADER
 
 
-@REHEARSAL_MODES.register("parallel")
+REHEARSAL_MODES: Registry[RehearsalMode] = Registry("rehearsal mode")
+
+
 def _parallel(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
     n = ctx.cfg.n
     trajs = ctx.run_attempts(tasks, n, 0, memory={})
@@ -347,7 +443,6 @@ def _parallel(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -
         ctx.reflect(tasks, recs, [k] * len(recs))
 
 
-@REHEARSAL_MODES.register("sequential")
 def _sequential(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
     for k in range(ctx.cfg.n):
         notes = {task.id: ctx.notes(rec) for task, rec in zip(tasks, recs) if rec.attempts}
@@ -357,11 +452,26 @@ def _sequential(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord])
         ctx.reflect(tasks, recs, [k] * len(recs))
 
 
+def _plan(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
+    ctx.write_plans(tasks, recs, ctx.cfg.n)
+    for k in range(ctx.cfg.n):  # one reflection per plan, as parallel reflects on each attempt
+        ctx.reflect(tasks, recs, [k] * len(recs))
+
+
+REHEARSAL_MODES.add("parallel", RehearsalMode(_parallel, True, "N independent self-rehearsed attempts"))
+REHEARSAL_MODES.add("sequential", RehearsalMode(_sequential, True, "attempt n sees attempts < n and their reflections"))
+REHEARSAL_MODES.add("plan", RehearsalMode(
+    _plan, False, "compute-matched baseline: N independent plans without tool results, each reflected on, the same memory",
+    title="Plan", note="nothing executed, no tool results", reflect_system=PLAN_REFLECT_SYSTEM, reflect_ask="Check the plan: what is right, what is missing, what to change.",
+    memory_system=PLAN_MEMORY_SYSTEM, concat_header=PLAN_CONCAT_HEADER,
+))
+
+
 def _concat(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
     share = max(16, ctx.cfg.memory_max_tokens // max(1, len(rec.reflections)))
-    lines = [CONCAT_HEADER]
+    lines = [ctx.mode.concat_header]
     for k, r in enumerate(rec.reflections):
-        lines.append(f"- Attempt {k + 1}: " + ctx.cap(rec, "reflection", k, r.strip() or "(empty)", share, "head"))
+        lines.append(f"- {ctx.mode.title} {k + 1}: " + ctx.cap(rec, "reflection", k, r.strip() or "(empty)", share, "head"))
     return "\n".join(lines)
 
 
@@ -379,8 +489,8 @@ def _memory_concat(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecor
 def _memory_model(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
     prompts = []
     for task, rec in zip(tasks, recs):
-        body = "\n\n".join(ctx.attempt_block(rec, k) for k in range(len(rec.attempts)))
-        prompts.append(ctx.prompt(rec, "memory_prompt", None, MEMORY_SYSTEM, task, body, f"Write the memory now (at most about {int(ctx.cfg.memory_max_tokens * 0.7)} words)."))
+        body = "\n\n".join(ctx.attempt_block(rec, k) for k in range(rec.n_done))
+        prompts.append(ctx.prompt(rec, "memory_prompt", None, ctx.mode.memory_system, task, body, f"Write the memory now (at most about {int(ctx.cfg.memory_max_tokens * 0.7)} words)."))
     gens = ctx.policy.generate(prompts, ctx.params(ctx.cfg.memory_sampling))
     for task, rec, prompt, g in zip(tasks, recs, prompts, gens):
         rec.memory_row = Row(role="memory", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=f"tts-memory:{task.id}", group_id=f"tts-memory:{task.id}", step=0, truncated=g.finish_reason == "length")
@@ -412,7 +522,7 @@ def rehearse(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[Rehears
     ctx = _Rehearsal(policy, cfg)
     recs = [RehearsalRecord(task_id=t.id, n=cfg.n, mode=cfg.mode, memory_mode=cfg.memory, config=cfg.to_dict()) for t in tasks]
     if cfg.n > 0 and tasks:
-        REHEARSAL_MODES.get(cfg.mode)(ctx, tasks, recs)
+        ctx.mode.run(ctx, tasks, recs)
         MEMORY_BUILDERS.get(cfg.memory)(ctx, tasks, recs)
     for rec in recs:
         rec.memory = ctx.cap(rec, "memory", None, rec.memory_raw, cfg.memory_max_tokens, "head") if rec.memory_raw else ""
@@ -421,19 +531,56 @@ def rehearse(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[Rehears
     return recs
 
 
+ATTEMPT_ROLES = ("act", "rehearse", "plan")
+"""Roles of the private attempts' generations (rehearsed trajectories: act + rehearse; plans: plan)."""
+PRIVATE_ROLES = ATTEMPT_ROLES + ("reflect", "memory")
+"""Every role that generates before the real run."""
+
+
 def _count_rehearsal(rec: RehearsalRecord, fmt: ChatFormat) -> None:
-    rec.count("rehearsal/attempts", len(rec.attempts))
-    rec.count("rehearsal/truncated_attempts", sum(t.truncated is not None for t in rec.attempts))
+    rec.count("rehearsal/attempts", rec.n_done)
+    rec.count("rehearsal/truncated_attempts", sum(t.truncated is not None for t in rec.attempts) + sum(r.truncated for r in rec.plan_rows))
     for t in rec.attempts:
         for key, v in t.counters.items():
             rec.count(f"rehearsal/{key}", v)
-    rows = [r for t in rec.attempts for r in t.rows] + rec.reflect_rows + ([rec.memory_row] if rec.memory_row else [])
-    for role in ("act", "rehearse", "reflect", "memory"):
+    rows = [r for t in rec.attempts for r in t.rows] + rec.plan_rows + rec.reflect_rows + ([rec.memory_row] if rec.memory_row else [])
+    for role in PRIVATE_ROLES:
         rec.count(f"tokens/{role}", sum(len(r.completion_ids) for r in rows if r.role == role))
     rec.count("memory/raw_tokens", len(fmt.encode(rec.memory_raw)) if rec.memory_raw else 0)
     rec.count("memory/tokens", len(fmt.encode(rec.memory)) if rec.memory else 0)
     rec.count("cuts", len(rec.cuts))
     rec.count("cut_tokens", sum(c.tokens_before - c.tokens_after for c in rec.cuts))
+
+
+def attempt_tokens(rec: RehearsalRecord) -> int:
+    """Tokens the private attempts generated (Act + Rehearse of rehearsed attempts, or the plans)."""
+    return sum(rec.counters.get(f"tokens/{role}", 0) for role in ATTEMPT_ROLES)
+
+
+def private_tokens(rec: RehearsalRecord) -> int:
+    """Every token generated before the real run: attempts, reflections and the memory."""
+    return sum(rec.counters.get(f"tokens/{role}", 0) for role in PRIVATE_ROLES)
+
+
+def real_tokens(trajs: list[Trajectory]) -> int:
+    """Act tokens generated in real trials."""
+    return sum(len(r.completion_ids) for t in trajs for r in t.rows if r.role == "act")
+
+
+def add_token_counts(per_task: list[dict[str, Any]], trajectories: list[Trajectory], records: list[RehearsalRecord] | None = None) -> None:
+    """Write each task's generated tokens into its per-task row (in place): ``attempt_tokens`` and
+    ``private_tokens`` of the rehearsal phase (0 without one), ``real_tokens`` (Act tokens of its real trials,
+    all samples) and ``gen_tokens``, their sum. The per-task record of what a budget cost, so a compute-matched
+    comparison can be checked task by task."""
+    by_rec = {r.task_id: r for r in records or []}
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        by_task.setdefault(t.task_id, []).append(t)
+    for row in per_task:
+        rec = by_rec.get(row["task_id"])
+        att, priv = (attempt_tokens(rec), private_tokens(rec)) if rec else (0, 0)
+        real = real_tokens(by_task.get(row["task_id"], []))
+        row |= {"attempt_tokens": att, "private_tokens": priv, "real_tokens": real, "gen_tokens": priv + real}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -465,6 +612,7 @@ def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, sample
         for key, v in final.counters.items():
             rec.count(f"final/{key}", v)
         rec.timing["real_s"] = res.metrics["wall_s"]
+    add_token_counts(res.per_task, res.trajectories, records)
     metrics = {**res.metrics, **tts_metrics(records)}
     return TTSEvalResult(metrics, res.per_task, res.trajectories, split=res.split, records=records)
 
@@ -480,7 +628,7 @@ def tts_metrics(records: list[RehearsalRecord]) -> dict[str, float]:
     def mean(key: str) -> float:
         return sum(r.counters.get(key, 0) for r in records) / n
 
-    attempts = max(1, sum(len(r.attempts) for r in records))
+    attempts = max(1, sum(r.n_done for r in records))
     return {
         "tts/n": float(records[0].n) if records else 0.0,
         "tts/memory_tokens": mean("memory/tokens"),
@@ -489,7 +637,9 @@ def tts_metrics(records: list[RehearsalRecord]) -> dict[str, float]:
         "tts/cuts_per_task": mean("cuts"),
         "tts/attempt_truncated_rate": sum(r.counters.get("rehearsal/truncated_attempts", 0) for r in records) / attempts,
         "tts/attempt_tool_calls": sum(r.counters.get("rehearsal/act/tool_calls", 0) for r in records) / attempts,
-        "tts/rehearsal_tokens_per_task": sum(r.counters.get(f"tokens/{role}", 0) for r in records for role in ("act", "rehearse", "reflect", "memory")) / n,
+        "tts/attempt_tokens_per_task": sum(attempt_tokens(r) for r in records) / n,
+        "tts/attempt_tokens_per_attempt": sum(attempt_tokens(r) for r in records) / attempts,
+        "tts/rehearsal_tokens_per_task": sum(private_tokens(r) for r in records) / n,
         "tts/rehearsal_wall_s": max((r.timing.get("rehearsal_s", 0.0) for r in records), default=0.0),
     }
 
@@ -504,6 +654,10 @@ def format_record(rec: RehearsalRecord) -> str:
     out = [f"=== task {rec.task_id}: N={rec.n} {rec.mode} rehearsal, memory={rec.memory_mode} ==="]
     for k, traj in enumerate(rec.attempts):
         out += [f"--- attempt {k + 1} (private; tool results imagined) ---", format_trajectory(traj)]
+        if k < len(rec.reflections):
+            out += [f"--- reflection {k + 1} ---", rec.reflections[k] or "(empty)"]
+    for k, plan in enumerate(rec.plans):
+        out += [f"--- plan {k + 1} (private; no tool called) ---", plan or "(empty)"]
         if k < len(rec.reflections):
             out += [f"--- reflection {k + 1} ---", rec.reflections[k] or "(empty)"]
     out += [f"--- memory ({rec.memory_source}, {rec.counters.get('memory/tokens', 0)} tokens) ---", rec.memory or "(none)"]
@@ -528,6 +682,7 @@ def load_records(path: str) -> list[RehearsalRecord]:
 
 
 __all__ = [
-    "TTSConfig", "RehearsalRecord", "Cut", "TTSEvalResult", "REHEARSAL_MODES", "MEMORY_BUILDERS", "REFLECT_SYSTEM", "MEMORY_SYSTEM",
+    "TTSConfig", "RehearsalRecord", "RehearsalMode", "Cut", "TTSEvalResult", "REHEARSAL_MODES", "MEMORY_BUILDERS", "REFLECT_SYSTEM", "MEMORY_SYSTEM",
+    "PLAN_SYSTEM", "PLAN_REFLECT_SYSTEM", "PLAN_MEMORY_SYSTEM", "ATTEMPT_ROLES", "PRIVATE_ROLES", "attempt_tokens", "private_tokens", "real_tokens", "add_token_counts",
     "cap_tokens", "rehearse", "run_tts", "evaluate_with_tts", "tts_metrics", "format_record", "save_records", "load_records", "task_header",
 ]
