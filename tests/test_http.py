@@ -3,8 +3,6 @@ backend; the client's errors are clear and bounded for a stopped server, a slow 
 recover from a transient 503; the concurrency limit holds; the server batches concurrent requests."""
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -19,25 +17,14 @@ from envace.backends.http import HTTPBackend
 from envace.prompts import ChatFormat
 from envace.serve import Batcher
 from numerics import assert_logprobs_close
+from servers import envace_serve
 
 
 @pytest.fixture(scope="module")
 def served():
     """``envace serve --model tiny-random --port 0`` in a subprocess: its /v1 URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "serve", "--model", "tiny-random", "--served-model-name", "tiny", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        deadline, url = time.time() + 120, None
-        while time.time() < deadline and url is None:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-            if "http://" in line:
-                url = line.split(" at ")[1].split()[0]
-        assert url and url.startswith("http://127.0.0.1:"), "envace serve did not start"
+    with envace_serve("--model", "tiny-random", "--served-model-name", "tiny") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _post(url, body, raw=None):

@@ -2,9 +2,6 @@
 the policy itself, or a local model; a verdict the tiny random judge cannot give is unscored, masked and counted."""
 import json
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 
@@ -13,6 +10,7 @@ from envace.config import TrainConfig, load_config
 from envace.logging import read_metrics
 from envace.rollout import RolloutConfig
 from envace.trainer import train
+from servers import envace_serve
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
@@ -22,21 +20,8 @@ def judge_server(tmp_path_factory):
     """``envace serve --model tiny-random --port 0 --verbose`` in a subprocess: (its /v1 URL, its request log)."""
     log = tmp_path_factory.mktemp("serve") / "requests.log"
     env = os.environ | {"PYTHONPATH": SRC}
-    with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "serve", "--model", "tiny-random", "--port", "0", "--verbose"], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-        try:
-            deadline, url = time.time() + 120, None
-            while time.time() < deadline and url is None:
-                line = proc.stdout.readline()
-                if not line and proc.poll() is not None:
-                    break
-                if "http://" in line:
-                    url = line.split(" at ")[1].split()[0]
-            assert url and url.startswith("http://127.0.0.1:"), "envace serve did not start"
-            yield url, log
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with open(log, "w") as err, envace_serve("--model", "tiny-random", "--verbose", stderr=err, env=env) as url:
+        yield url, log
 
 
 def _cfg(out, **kw):

@@ -315,6 +315,18 @@ def cap_tokens(text: str, max_tokens: int, fmt: ChatFormat, keep: str = "head") 
 # --------------------------------------------------------------------------------------------------------
 
 
+
+def _record_generation(rec: RehearsalRecord, rows: list[Row], role: str, prompt: list[int], g: Any, traj_id: str, group_id: str, step: int) -> None:
+    """Keep one private generation (a plan or a reflection) as a row of ``role`` and count it: ``<role>/rows``,
+    ``<role>/truncated`` (cut at its token budget) and ``<role>/empty``."""
+    truncated = g.finish_reason == "length"
+    rows.append(Row(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=traj_id, group_id=group_id, step=step, truncated=truncated))
+    rec.count(f"{role}/rows")
+    if truncated:
+        rec.count(f"{role}/truncated")
+    if not g.text.strip():
+        rec.count(f"{role}/empty")
+
 class _Rehearsal:
     """State of one rehearsal phase: the policy, the config and a seed counter. Holds no environment."""
 
@@ -356,13 +368,8 @@ class _Rehearsal:
         gens = self.policy.generate(prompts, self.params(SamplingParams(temperature=act.temperature, top_p=act.top_p, max_new_tokens=self.cfg.plan_max_new_tokens)))
         for i, (prompt, g) in enumerate(zip(prompts, gens)):
             rec, k = recs[i // n], i % n
-            rec.plan_rows.append(Row(role="plan", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=self.attempt_id(rec, k), group_id=f"tts-plan:{rec.task_id}", step=k, truncated=g.finish_reason == "length"))
+            _record_generation(rec, rec.plan_rows, "plan", prompt, g, self.attempt_id(rec, k), f"tts-plan:{rec.task_id}", k)
             rec.plans.append(g.text.strip())
-            rec.count("plan/rows")
-            if g.finish_reason == "length":
-                rec.count("plan/truncated")
-            if not g.text.strip():
-                rec.count("plan/empty")
 
     def attempt_id(self, rec: RehearsalRecord, k: int) -> str:
         return rec.attempts[k].id if k < len(rec.attempts) else f"tts-plan:{rec.task_id}:{k}"
@@ -404,13 +411,8 @@ class _Rehearsal:
         for rec, k, prompt, g in zip(recs, ks, prompts, gens):
             aid = self.attempt_id(rec, k)
             group = rec.attempts[k].group_id if k < len(rec.attempts) else f"tts-plan:{rec.task_id}"
-            rec.reflect_rows.append(Row(role="reflect", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=aid + "/reflect", group_id=group, step=k, truncated=g.finish_reason == "length"))
+            _record_generation(rec, rec.reflect_rows, "reflect", prompt, g, aid + "/reflect", group, k)
             rec.reflections.append(g.text.strip())
-            rec.count("reflect/rows")
-            if g.finish_reason == "length":
-                rec.count("reflect/truncated")
-            if not g.text.strip():
-                rec.count("reflect/empty")
 
 
 @dataclass(frozen=True)
