@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--reward", action="append", default=None, help="a reward spec as YAML (repeatable; default: the candidates in this script)")
     ap.add_argument("--baseline", default=DEFAULT_BASELINE)
     ap.add_argument("--judge", default=None, help="add checklist_judge with this judge: policy, a model name / folder, or an http(s)://.../v1 URL")
+    ap.add_argument("--judge-max-new-tokens", type=int, default=JUDGE_MAX_NEW_TOKENS, help="most tokens of one verdict (cut short = unparsable = unscored)")
     ap.add_argument("--bf16", default="auto", help="bf16 rollouts: true, false or auto (where faster than float32)")
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--out-dir", default=str(DEFAULT_OUT))
@@ -85,7 +86,7 @@ def main() -> None:
     policy = HFBackend(model, tok, bf16=bf16)
     ctx = RewardContext()
     if args.judge:
-        ctx = RewardContext(judge=_judge_backend(args.judge, policy, bf16), judge_params=SamplingParams(temperature=0.0, max_new_tokens=JUDGE_MAX_NEW_TOKENS))
+        ctx = RewardContext(judge=_judge_backend(args.judge, policy, bf16), judge_params=SamplingParams(temperature=0.0, max_new_tokens=args.judge_max_new_tokens))
     tasks = load_tasks(args.suite, args.split, n=args.n, seed=args.seed)
     rollout_cfg = _demo_rollout(group_size=args.k, shadow=True, seed=args.seed)
     t1 = time.perf_counter()
@@ -95,7 +96,7 @@ def main() -> None:
     print(table)
     setup = {
         "model": args.model, "suite": args.suite, "split": args.split, "n_tasks": len(tasks), "K": args.k, "seed": args.seed,
-        "bf16": bf16, "judge": args.judge, "rewards": [spec_label(s) for s in specs], "rollout": "envace.cli._demo_rollout(group_size=K, shadow=True)",
+        "bf16": bf16, "judge": args.judge, "judge_max_new_tokens": args.judge_max_new_tokens if args.judge else None, "rewards": [spec_label(s) for s in specs], "rollout": "envace.cli._demo_rollout(group_size=K, shadow=True)",
         "load_s": round(t1 - t0, 1), "rollout_and_scoring_s": round(wall, 1),
         "n_calls_per_traj": sum(len(t.calls()) for t in trajs) / max(len(trajs), 1),
         "truncated": sum(t.truncated is not None for t in trajs),

@@ -218,7 +218,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("[demo] 3/4 evaluating after SFT", flush=True)
     mid = _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1)
     print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
-    tr = train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1", iterations=1 if quick else args.rl_iterations, batch_tasks=2 if quick else args.rl_batch, lr=args.rl_lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False))
+    tr = train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1*reply_facts", iterations=1 if quick else args.rl_iterations, batch_tasks=2 if quick else args.rl_batch, lr=args.rl_lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False))
     after = _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1)
     rows = [("untrained", before.metrics), ("after SFT", mid.metrics), ("after SFT + EnvACE", after.metrics)]
     keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
