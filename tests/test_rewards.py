@@ -16,7 +16,9 @@ from envace.rewards import (
     RewardResult,
     call_prf,
     make_reward,
+    outcome_rules,
     parse_reward_spec,
+    reward_names,
     parse_verdict,
     JudgeError,
     score_trajectories,
@@ -98,7 +100,7 @@ CTX = RewardContext()
 
 
 def test_reward_registry_names_and_unknown_name():
-    assert REWARDS.names() == ["checklist", "checklist_judge", "gold_exact", "gold_f1", "grounded"]
+    assert REWARDS.names() == ["checklist", "checklist_judge", "gold_exact", "gold_f1", "grounded", "outcome_checklist", "reply_facts"]
     with pytest.raises(UnknownNameError, match="gold_f1"):
         REWARDS.get("gold")
 
@@ -375,3 +377,126 @@ def test_reward_result_default_info_is_not_shared():
     a, b = RewardResult(1.0), RewardResult(0.0)
     a.info["x"] = 1
     assert b.info == {}
+
+
+# ---------------------------------------------------------------------------------------------- outcome rewards
+
+
+def _balance_task(**kw: Any) -> Task:
+    """A read-only question: the reply must state the balance that get_balance returns (142.50)."""
+    base = dict(
+        id="ro",
+        env="rwtest_counter",
+        system_prompt="You bank.",
+        user_turns=["What is the balance of rent?"],
+        tools=[ToolSpec("get_balance", "read", {"type": "object", "properties": {"account": {"type": "string"}}})],
+        gold_actions=[[ToolCall("get_balance", {"account": "rent"})]],
+        expected_outputs=["142.50"],
+        checklist=[
+            ChecklistItem("Calls get_balance(account=rent)", {"type": "called", "tool": "get_balance", "arguments": {"account": "rent"}}),
+            ChecklistItem("Does not call transfer", {"type": "not_called", "tool": "transfer"}),
+            ChecklistItem("Tells the user '142.50'", {"type": "reply_contains", "text": "142.50"}),
+        ],
+    )
+    base.update(kw)
+    return Task(**base)
+
+
+def _balance_traj(rehearsed: str, tid: str = "tr") -> Trajectory:
+    """The gold call, a rehearsed balance, and a reply that reports the rehearsed balance."""
+    call = ToolCall("get_balance", {"account": "rent"})
+    return make_traj(calls_step(call, obs=[{"account": "rent", "balance": rehearsed}]), reply_step(f"Your rent account holds ${rehearsed}.", turn=0), tid=tid)
+
+
+def test_outcome_rewards_tell_an_invented_balance_from_the_right_one_where_gold_f1_cannot():
+    task, right, invented = _balance_task(), _balance_traj("142.50"), _balance_traj("999.00")
+    score = lambda spec, traj: make_reward(spec)(task, traj, CTX).value  # noqa: E731
+    assert score("gold_f1", right) == score("gold_f1", invented) == 1.0  # blind to what the reply says
+    assert score("gold_exact", invented) == 1.0
+    assert (score("reply_facts", right), score("reply_facts", invented)) == (1.0, 0.0)
+    assert (score("outcome_checklist", right), score("outcome_checklist", invented)) == (1.0, pytest.approx(2 / 3))
+    assert (score("gold_f1*reply_facts", right), score("gold_f1*reply_facts", invented)) == (1.0, 0.0)
+    assert score({"gold_f1": 0.5, "reply_facts": 0.5}, invented) == pytest.approx(0.5)
+    res = REWARDS.get("reply_facts")(task, invented, CTX)
+    assert res.info == {"n_facts": 1, "missing": ["142.50"]}
+
+
+def test_reply_facts_is_case_insensitive_needs_every_fact_and_is_1_without_facts():
+    task = _balance_task(expected_outputs=["Grocery Store", "63.29"])
+    f = REWARDS.get("reply_facts")
+    assert f(task, make_traj(reply_step("last: grocery store, $63.29", turn=0)), CTX).value == 1.0
+    assert f(task, make_traj(reply_step("last: grocery store", turn=0)), CTX).value == 0.5
+    assert f(task, make_traj(calls_step(ADD2)), CTX).value == 0.0  # no reply at all
+    nothing = f(_balance_task(expected_outputs=[]), make_traj(), CTX)
+    assert nothing.value == 1.0 and nothing.info["n_facts"] == 0
+
+
+def test_outcome_rules_keep_the_checklist_add_missing_facts_and_derive_calls_where_there_is_no_checklist():
+    task = _balance_task(expected_outputs=["142.50", "Frozen"])
+    rules = outcome_rules(task)
+    assert rules[:3] == [i.rule for i in task.checklist]
+    assert rules[3:] == [{"type": "reply_contains", "text": "Frozen"}]  # "142.50" is checked already
+    # no checklist (BFCL / tau2): one called rule per distinct gold call, then the facts
+    bare = make_task(checklist=[], gold_actions=[[ADD2, ADD2], [ADD3]], expected_outputs=["5"])
+    assert outcome_rules(bare) == [
+        {"type": "called", "tool": "add", "arguments": {"n": 2}},
+        {"type": "called", "tool": "add", "arguments": {"n": 3}},
+        {"type": "reply_contains", "text": "5"},
+    ]
+    res = REWARDS.get("outcome_checklist")(bare, make_traj(calls_step(ADD2), reply_step("total 4")), CTX)
+    assert res.value == pytest.approx(1 / 3) and len(res.info["failed"]) == 2
+    assert REWARDS.get("checklist")(bare, GOOD, CTX).value is None  # the plain checklist cannot score it
+    empty = make_task(checklist=[], gold_actions=[], expected_outputs=[])
+    assert REWARDS.get("outcome_checklist")(empty, GOOD, CTX).value is None
+
+
+def test_builtin_checklists_already_check_every_expected_output():
+    from envace.envs import load_tasks
+
+    tasks = [t for suite in ("bank", "shop", "files") for t in load_tasks(suite, "train", n=30)]
+    assert any(t.expected_outputs for t in tasks)
+    for t in tasks:
+        assert outcome_rules(t) == [i.rule for i in t.checklist if i.rule is not None], t.id
+
+
+def test_product_terms_multiply_and_parse_to_one_canonical_name():
+    assert parse_reward_spec("gold_f1 * reply_facts") == {"gold_f1*reply_facts": 1.0}
+    assert parse_reward_spec({"gold_f1*reply_facts": 0.8, "checklist": 0.2}) == {"gold_f1*reply_facts": 0.8, "checklist": 0.2}
+    assert reward_names({"gold_f1*reply_facts": 0.8, "checklist": 0.2}) == {"gold_f1", "reply_facts", "checklist"}
+    with pytest.raises(UnknownNameError, match="reply_facts"):
+        parse_reward_spec("gold_f1*facts")
+    for bad in ("gold_f1*", "gold_f1*gold_f1", ["gold_f1*reply_facts", "gold_f1 * reply_facts"]):  # the last: one term twice
+        with pytest.raises(ValueError):
+            parse_reward_spec(bad)
+    task = _balance_task(expected_outputs=["142.50", "rent"])
+    traj = make_traj(calls_step(ToolCall("get_balance", {"account": "rent"}), ADD2), reply_step("142.50", turn=0))
+    res = make_reward({"gold_f1*reply_facts": 0.5, "gold_exact": 0.5})(task, traj, CTX)
+    # gold_f1 = 2/3 (p 1/2, r 1), reply_facts = 1/2 -> term 1/3; gold_exact 0
+    term = res.info["gold_f1*reply_facts"]
+    assert term["factors"] == {"gold_f1": pytest.approx(2 / 3), "reply_facts": 0.5}
+    assert res.info["components"]["gold_f1*reply_facts"] == pytest.approx(1 / 3)
+    assert res.value == pytest.approx(0.5 / 3)
+    assert term["reply_facts"]["missing"] == ["rent"]
+
+
+def test_an_unscored_factor_makes_its_product_and_the_whole_reward_unscored_and_it_is_masked():
+    task = _checklist_task()
+    spec = {"gold_f1*checklist_judge": 0.5, "gold_exact": 0.5}
+    res = make_reward(spec)(task, GOOD, RewardContext(judge=FakeJudge("no verdict")))
+    assert res.value is None and res.info["unscored_by"] == ["gold_f1*checklist_judge"]
+    term = res.info["gold_f1*checklist_judge"]
+    assert term["unscored_by"] == ["checklist_judge"] and term["factors"]["gold_f1"] == 1.0
+    assert "judge_error" in term["checklist_judge"]
+    trajs = [make_traj(*GOOD.steps, tid="a"), make_traj(calls_step(ADD3), tid="b")]
+    m = score_trajectories(task, trajs, make_reward(spec), RewardContext(judge=FakeJudge("garbage")))
+    assert [t.reward for t in trajs] == [None, None] and m["reward/unscored"] == 2.0
+    ok = make_reward(spec)(task, GOOD, RewardContext(judge=FakeJudge(_verdict(True, True, True, True, False, False))))
+    assert ok.value == pytest.approx(0.5 * 1.0 * 4 / 6 + 0.5 * 1.0)
+
+
+def test_trainer_needs_a_judge_for_checklist_judge_inside_a_product_too():
+    from envace.config import TrainConfig
+    from envace.trainer import reward_context
+
+    with pytest.raises(ValueError, match="needs a judge"):
+        reward_context(TrainConfig(reward="gold_f1*checklist_judge"), None, None)

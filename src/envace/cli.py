@@ -230,7 +230,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("[demo] 3/4 evaluating after SFT", flush=True)
     mid = stage("eval_sft_s", lambda: _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1))
     print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
-    tr = stage("envace_s", lambda: train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1", iterations=1 if quick else args.rl_iterations, batch_tasks=2 if quick else args.rl_batch, lr=args.rl_lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, seed=args.seed, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False)))
+    tr = stage("envace_s", lambda: train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1*reply_facts", iterations=1 if quick else args.rl_iterations, batch_tasks=2 if quick else args.rl_batch, lr=args.rl_lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, seed=args.seed, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False)))
     after = stage("eval_envace_s", lambda: _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1))
     results = {"untrained": before, "sft": mid, "envace": after}
     for name, res in results.items():  # per-task outcomes, for envace compare

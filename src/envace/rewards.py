@@ -9,6 +9,14 @@ Built-in rewards:
 - ``"gold_exact"``: the flattened, ordered calls equal the task's gold calls (name + canonical arguments).
 - ``"gold_f1"``: multiset F1 of called vs gold calls (see :func:`call_prf`).
 - ``"checklist"``: fraction of the task's rule-checked checklist items that hold (rules in :data:`RULES`).
+- ``"reply_facts"``: fraction of the task's expected outputs (the facts its replies must state, e.g. a balance
+  read from an observation) that the replies contain; 1 for a task with none. On a rehearsed trajectory a fact
+  is only stated correctly if Rehearse imagined the observation correctly (or Act guessed it), so this is the
+  part of a reward that couples Rehearse to the outcome; the gold-call rewards ignore observations and replies.
+- ``"outcome_checklist"``: fraction of :func:`outcome_rules` that hold: the task's rule-checked checklist, plus a
+  ``reply_contains`` item for each expected output it does not already check, plus, for a task without any
+  rule-checked item (BFCL, tau2), one ``called`` item per distinct gold call. On the built-in suites (whose
+  checklists already check every expected output) it equals ``"checklist"``.
 - ``"checklist_judge"``: fraction of checklist items that an LLM judge (``ctx.judge``) says hold.
 - ``"grounded"``: **uses the real environment**: the environment's own success check. A trajectory that ran in
   a real environment (real mode, shadow copy) is scored from that run (``traj.env_outcome``, recorded by the
@@ -18,7 +26,9 @@ Built-in rewards:
   use it for evaluation or for the real-env GRPO baseline, not when training must be env-free.
 
 :func:`make_reward` builds a weighted sum of rewards from a spec (``"gold_f1"``, ``["gold_exact", ...]`` or
-``{"gold_exact": 0.5, "checklist": 0.5}``); :func:`score_trajectories` writes ``traj.reward`` /
+``{"gold_exact": 0.5, "checklist": 0.5}``); a term may be a product of registered rewards written with ``*``
+(``"gold_f1*reply_facts"``: right calls *and* right facts; ``{"gold_f1*reply_facts": 0.8, "checklist": 0.2}``).
+A term, and the whole reward, is unscored (None) when any reward in it is. :func:`score_trajectories` writes ``traj.reward`` /
 ``traj.reward_info`` for a group and counts the unscored ones. :func:`call_prf` and :func:`tool_name_prf`
 are the pure metrics the evaluation harness reuses.
 
@@ -192,6 +202,54 @@ def checklist(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
         info["unscored"] = f"task {task.id!r} has no rule-checked checklist item"
         return RewardResult(None, info)
     return RewardResult(sum(it["satisfied"] for it in items) / len(items), info)
+
+
+def facts_found(task: Task, traj: Trajectory) -> list[bool]:
+    """For each of the task's expected outputs, whether some text reply contains it (case-insensitive: the rule
+    the environments' success checks use, envace.envs.builtin / mcp)."""
+    text = "\n".join(traj.replies()).lower()
+    return [str(fact).lower() in text for fact in task.expected_outputs]
+
+
+@REWARDS.register("reply_facts")
+def reply_facts(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """Fraction of the task's expected outputs that the replies state (:func:`facts_found`). A task with no
+    expected output scores 1 (nothing to state: a factor ``gold_f1*reply_facts`` is then plain ``gold_f1``)."""
+    found = facts_found(task, traj)
+    info = {"n_facts": len(found), "missing": [f for f, ok in zip(task.expected_outputs, found) if not ok]}
+    return RewardResult(sum(found) / len(found) if found else 1.0, info)
+
+
+def outcome_rules(task: Task) -> list[dict[str, Any]]:
+    """The rules that :func:`outcome_checklist` checks: the task's own rule-checked checklist items; a
+    ``reply_contains`` rule for each expected output that no ``reply_contains`` rule already checks (same text,
+    case-insensitive); and, when the task has no rule-checked item at all (BFCL, tau2), a ``called`` rule with the
+    full arguments for each distinct gold call. Gold calls of the built-in suites that are meant to fail are not
+    in their checklists; derived ``called`` rules cannot tell them apart and ask for every gold call."""
+    rules = [dict(item.rule) for item in task.checklist if item.rule is not None]
+    if not rules:
+        seen: set[str] = set()
+        for c in task.flat_gold():
+            if c.key() not in seen:
+                seen.add(c.key())
+                rules.append({"type": "called", "tool": c.name, "arguments": dict(c.arguments)})
+    stated = {str(r.get("text", "")).lower() for r in rules if r.get("type") == "reply_contains"}
+    for fact in task.expected_outputs:
+        if str(fact).lower() not in stated:
+            stated.add(str(fact).lower())
+            rules.append({"type": "reply_contains", "text": fact})
+    return rules
+
+
+@REWARDS.register("outcome_checklist")
+def outcome_checklist(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """Fraction of :func:`outcome_rules` that the trajectory satisfies; unscored when the task yields no rule (no
+    checklist, no gold calls, no expected outputs). ``info["failed"]`` lists the rules that do not hold."""
+    rules = outcome_rules(task)
+    if not rules:
+        return RewardResult(None, {"unscored": f"task {task.id!r} has no checklist rule, gold call or expected output"})
+    held = [check_rule(r, traj) for r in rules]
+    return RewardResult(sum(held) / len(held), {"n_rules": len(rules), "failed": [r for r, ok in zip(rules, held) if not ok]})
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -381,17 +439,37 @@ def grounded(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
 # --------------------------------------------------------------------------------------------------------
 
 RewardSpec = str | Sequence[str | Mapping[str, float]] | Mapping[str, float]
+PRODUCT = "*"  # joins registered reward names into one product term: "gold_f1*reply_facts"
+
+
+def term_factors(term: str) -> list[str]:
+    """The registered rewards a spec term multiplies: ``"gold_f1*reply_facts"`` -> ``["gold_f1", "reply_facts"]``
+    (spaces around ``*`` allowed). An unknown name raises, listing the valid ones; a factor twice is an error."""
+    factors = [f.strip() for f in term.split(PRODUCT)]
+    for f in factors:
+        if not f:
+            raise ValueError(f"reward term {term!r} has an empty factor (write names joined by '*', e.g. 'gold_f1*reply_facts')")
+        REWARDS.get(f)  # raises, listing the valid names
+    if len(set(factors)) != len(factors):
+        raise ValueError(f"reward term {term!r} names a reward twice")
+    return factors
+
+
+def reward_names(spec: RewardSpec) -> set[str]:
+    """Every registered reward a spec uses, inside product terms too (e.g. to see whether it needs a judge)."""
+    return {f for term in parse_reward_spec(spec) for f in term_factors(term)}
 
 
 def parse_reward_spec(spec: RewardSpec) -> dict[str, float]:
     """``"name"`` | ``["a", "b"]`` (weight 1 each) | ``[{"a": 0.5}, {"b": 0.5}]`` | ``{"a": 0.5, "b": 0.5}``
-    -> ``{name: weight}``. Names are checked against :data:`REWARDS`; weights must be finite numbers."""
+    -> ``{term: weight}``. A term is a registered name or a product ``"a*b"`` of them (:func:`term_factors`);
+    names are checked against :data:`REWARDS`; weights must be finite numbers."""
     weights: dict[str, float] = {}
 
     def add(name: Any, w: Any) -> None:
         if not isinstance(name, str):
             raise ValueError(f"reward name must be a string, got {name!r}")
-        REWARDS.get(name)  # raises, listing the valid names
+        name = PRODUCT.join(term_factors(name))  # canonical spelling: "a * b" -> "a*b"
         if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
             raise ValueError(f"weight of reward {name!r} must be a finite number, got {w!r}")
         if name in weights:
@@ -419,15 +497,44 @@ def parse_reward_spec(spec: RewardSpec) -> dict[str, float]:
     return weights
 
 
-def make_reward(spec: RewardSpec) -> RewardFn:
-    """A reward that is the weighted sum of the rewards named by ``spec`` (see :func:`parse_reward_spec`).
+def product_reward(factors: Sequence[str]) -> RewardFn:
+    """The product of registered rewards: None (unscored) when any factor is None, every factor is computed
+    (so each one's info is there). ``info[factor]`` holds each factor's info, ``info["factors"]`` their values,
+    ``info["unscored_by"]`` the None ones."""
+    fns = {name: REWARDS.get(name) for name in factors}
 
-    The value is None (unscored) if any component is None. ``info["components"]`` maps each name to its
-    value, ``info["weights"]`` to its weight, ``info["unscored_by"]`` lists the None components, and
-    ``info[name]`` holds each component's own info.
+    def reward(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+        info: dict[str, Any] = {"factors": {}, "unscored_by": []}
+        value: float | None = 1.0
+        for name, fn in fns.items():
+            res = fn(task, traj, ctx)
+            info["factors"][name], info[name] = res.value, res.info
+            if res.value is None:
+                info["unscored_by"].append(name)
+                value = None
+            elif value is not None:
+                value *= float(res.value)
+        return RewardResult(value, info)
+
+    reward.__name__ = PRODUCT.join(factors)
+    return reward
+
+
+def _term_fn(term: str) -> RewardFn:
+    factors = term_factors(term)
+    return REWARDS.get(factors[0]) if len(factors) == 1 else product_reward(factors)
+
+
+def make_reward(spec: RewardSpec) -> RewardFn:
+    """A reward that is the weighted sum of the terms of ``spec`` (see :func:`parse_reward_spec`); a term is one
+    registered reward or a product of them (:func:`product_reward`).
+
+    The value is None (unscored) if any term is None. ``info["components"]`` maps each term to its
+    value, ``info["weights"]`` to its weight, ``info["unscored_by"]`` lists the None terms, and
+    ``info[term]`` holds each term's own info.
     """
     weights = parse_reward_spec(spec)
-    fns = {name: REWARDS.get(name) for name in weights}
+    fns = {name: _term_fn(name) for name in weights}
 
     def reward(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
         info: dict[str, Any] = {"components": {}, "weights": dict(weights), "unscored_by": []}

@@ -38,7 +38,7 @@ from .envs import load_tasks_of_kinds
 from .logging import MetricsLogger, truncate_jsonl
 from .models import context_length, load, model_path
 from .precision import use_bf16
-from .rewards import RewardContext, make_reward, parse_reward_spec
+from .rewards import RewardContext, make_reward, reward_names
 from .rollout import RolloutEngine
 from .types import Row, Trajectory, write_jsonl
 from .update import optimizer_step, recompute_old_logprobs
@@ -379,7 +379,7 @@ def judge_backend(cfg: TrainConfig, policy: Backend, dist: Dist) -> Backend | No
 def reward_context(cfg: TrainConfig, policy: Backend, dist: Dist) -> RewardContext:
     """What the rewards get besides task and trajectory: the judge, where ``cfg.judge`` names one. A reward spec
     with ``checklist_judge`` and no judge is a configuration error, raised before any rollout."""
-    if cfg.judge is None and "checklist_judge" in parse_reward_spec(cfg.reward):
+    if cfg.judge is None and "checklist_judge" in reward_names(cfg.reward):
         raise ValueError("reward 'checklist_judge' needs a judge: set judge to policy, a local model or an http(s)://.../v1 URL (e.g. --set judge=policy)")
     judge = judge_backend(cfg, policy, dist)
     return RewardContext(judge=judge, judge_params=SamplingParams(temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens) if judge else None)
