@@ -1,5 +1,6 @@
 """The ``envace`` command line.
 
+    envace --version                 prints `envace <version>`
     envace demo                      SFT warm-up -> EnvACE training -> before/after evaluation (embedded defaults)
     envace sft   [--config F] [--set key=value ...]
     envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set rollout.group_size=4
@@ -20,6 +21,8 @@ import os
 import sys
 import time
 from typing import Any
+
+from . import __version__
 
 
 MODEL_HELP = "model name, model folder, or training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter is merged into its base)"
@@ -279,6 +282,7 @@ _BF16_ARG: dict[str, Any] = dict(nargs="?", const=True, default=False, type=_bf1
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="envace", description="EnvACE: world-rehearsal RL for tool-using LLM agents")
+    p.add_argument("--version", action="version", version=f"envace {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="SFT warm-up, EnvACE training and before/after evaluation on the embedded defaults")

@@ -1,0 +1,74 @@
+"""EnvACE: train and evaluate tool-using LLM agents with world rehearsal (arXiv 2608.06197).
+
+The public API, importable from the package itself::
+
+    import envace
+
+    model, tokenizer = envace.load("tiny-random")               # models.load
+    policy = envace.HFBackend(model, tokenizer)                  # backends.hf.HFBackend
+    envace.train(envace.TrainConfig(...))                        # trainer.train (role-wise GRPO)
+    envace.sft(envace.SFTConfig(...))                            # sft.sft (supervised warm-up)
+    envace.evaluate_model("tiny-random", "bank", n=4)            # evaluation.evaluate_model
+    envace.rehearse(policy, tasks, envace.TTSConfig(n=2))        # tts.rehearse (test-time rehearsal)
+
+``import envace`` stays cheap: it imports neither torch nor transformers. Each name is imported from its module
+on first use (a module-level ``__getattr__``, PEP 562), so ``envace --version`` and ``envace tasks`` start fast.
+
+``envace.sft`` is the module :mod:`envace.sft` (a submodule and the function share that name, and Python binds
+the submodule on the package once it is imported); calling it runs :func:`envace.sft.sft`, so
+``envace.sft(cfg)`` and ``from envace import sft; sft(cfg)`` work whatever was imported before.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The one place the version is written: pyproject.toml reads it (``[tool.setuptools.dynamic]``), so the
+# installed metadata, ``envace.__version__`` and ``envace --version`` cannot disagree.
+__version__ = "0.1.0"
+
+# public name -> module (relative to the package) that defines it
+_EXPORTS: dict[str, str] = {
+    "load": "models",
+    "HFBackend": "backends.hf",
+    "RolloutEngine": "rollout",
+    "RolloutConfig": "rollout",
+    "train": "trainer",
+    "TrainConfig": "config",
+    "sft": "sft",
+    "SFTConfig": "config",
+    "evaluate": "evaluation",
+    "evaluate_model": "evaluation",
+    "rehearse": "tts",
+    "run_tts": "tts",
+    "TTSConfig": "tts",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:  # what type checkers see (py.typed); at run time the names are imported lazily below
+    from .backends.hf import HFBackend
+    from .config import SFTConfig, TrainConfig
+    from .evaluation import evaluate, evaluate_model
+    from .models import load
+    from .rollout import RolloutConfig, RolloutEngine
+    from .sft import sft
+    from .trainer import train
+    from .tts import TTSConfig, rehearse, run_tts
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first access (PEP 562) and keep it on the package."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'envace' has no attribute {name!r}; public names: {', '.join(__all__)}")
+    where = _EXPORTS[name]
+    module = importlib.import_module(f".{where}", __name__)
+    if where == name:  # the submodule itself (envace.sft, callable); importing it already bound it here
+        return module
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

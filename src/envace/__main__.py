@@ -1,0 +1,6 @@
+"""``python -m envace``: the ``envace`` command line."""
+import sys
+
+from .cli import main
+
+sys.exit(main())
