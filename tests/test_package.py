@@ -1,0 +1,108 @@
+"""Package conventions: one version everywhere, a cheap ``import envace`` with the public API, py.typed, LICENSE."""
+import importlib
+import importlib.metadata
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import envace
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PACKAGE_DIR = ROOT / "src" / "envace"  # what package-data patterns are relative to
+
+# what the first lines of a LICENSE file say for each SPDX id pyproject may name
+LICENSE_HEADINGS = {"Apache-2.0": ("Apache License", "Version 2.0, January 2004"), "MIT": ("MIT License",)}
+
+
+def _python(code: str) -> str:
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_version_is_written_once_and_the_build_reads_it_from_the_package():
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    assert "version" not in PYPROJECT["project"], "a second copy of the version in pyproject.toml can drift"
+    assert "version" in PYPROJECT["project"]["dynamic"]
+    built = read_configuration(ROOT / "pyproject.toml", expand=True)["project"]["version"]
+    assert built == envace.__version__
+
+
+def test_version_matches_the_installed_metadata():
+    try:
+        installed = importlib.metadata.version("envace")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("envace is not installed (running from a bare source tree)")
+    assert envace.__version__ == installed, "installed metadata differs from the source: reinstall (make install)"
+
+
+@pytest.mark.parametrize("module", ["envace", "envace.cli"])
+def test_version_flag_prints_name_and_version(module):
+    p = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == f"envace {envace.__version__}\n"
+
+
+def test_import_envace_and_its_version_do_not_import_torch():
+    heavy = ["torch", "transformers", "numpy", "envace.models", "envace.trainer"]
+    out = _python(f"import sys, json, envace; envace.__version__; dir(envace); print(json.dumps([m for m in {heavy!r} if m in sys.modules]))")
+    assert json.loads(out) == []
+
+
+@pytest.mark.parametrize("name", [n for n in envace.__all__ if n != "__version__"])
+def test_every_public_name_resolves_to_its_definition(name):
+    obj = getattr(envace, name)
+    assert callable(obj)
+    where = importlib.import_module(f"envace.{envace._EXPORTS[name]}")
+    assert obj is (where if where.__name__ == f"envace.{name}" else getattr(where, name))
+    assert name in dir(envace)
+
+
+def test_star_import_gives_exactly_the_public_names():
+    ns: dict = {}
+    exec("from envace import *", ns)
+    assert set(ns) - {"__builtins__"} == set(envace.__all__)
+
+
+def test_unknown_attribute_names_the_public_ones():
+    with pytest.raises(AttributeError, match="no attribute 'nope'.*RolloutEngine"):
+        envace.nope
+
+
+def test_sft_is_the_same_callable_whichever_is_imported_first():
+    """``envace.sft`` (a submodule and the function share the name) is one object in either import order, and
+    calling it runs ``envace.sft.sft``."""
+    out = _python(
+        "import json, envace\n"
+        "first = envace.sft\n"  # the public name before anything imported the submodule
+        "import envace.sft as mod\n"
+        "from envace import sft\n"
+        "mod.sft = lambda cfg: ('ran', cfg)\n"  # what calling it runs (no training in this test)
+        "print(json.dumps([first is mod, sft is mod, hasattr(mod, 'SFTResult'), list(envace.sft('cfg'))]))"
+    )
+    assert json.loads(out) == [True, True, True, ["ran", "cfg"]]
+
+
+def test_py_typed_ships_and_every_package_data_pattern_matches_a_file_in_the_package():
+    assert (PACKAGE_DIR / "py.typed").is_file()
+    patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["envace"]
+    assert "py.typed" in patterns
+    dead = [pat for pat in patterns if not any(PACKAGE_DIR.glob(pat))]
+    assert dead == [], f"package-data patterns that match nothing inside src/envace: {dead}"
+
+
+def test_license_file_is_the_license_pyproject_names():
+    spdx = PYPROJECT["project"]["license"]
+    spdx = spdx["text"] if isinstance(spdx, dict) else spdx
+    assert spdx in LICENSE_HEADINGS, f"no known LICENSE heading for {spdx!r}"
+    text = (ROOT / "LICENSE").read_text()
+    head = " ".join(text.split()[:40])
+    for words in LICENSE_HEADINGS[spdx]:
+        assert words in head
+    assert "envace contributors" in text
