@@ -121,17 +121,21 @@ def test_report_has_every_reward_overall_and_by_kind_and_leaves_out_records_with
     specs = ["good", "bad", "gold_f1"]
     from envace.rewards import REWARDS
 
-    for name in ("good", "bad"):  # the report parses specs: register two throwaway names for this test
-        if name not in REWARDS:
-            REWARDS.add(name, lambda t, tr, c: None)
-    rep = agreement_report(recs, specs, baseline="gold_f1", resamples=50)
-    assert rep["n_no_outcome"] == 1 and rep["n_tasks"] == 6 and rep["kinds"] == {"read_only_report": 6, "simple": 6}
-    assert rep["rewards"]["good"]["overall"]["auc"] == 1.0 and rep["rewards"]["bad"]["overall"]["rewarded_failure_rate"] == 0.5
-    assert rep["rewards"]["good"]["by_kind"]["simple"]["n"] == 6
-    assert "vs_baseline" not in rep["rewards"]["gold_f1"] and rep["rewards"]["good"]["vs_baseline"]["auc"]["diff"] == 0.5
-    table = format_report(rep)
-    assert "| `good` | 12 |" in table and "AUC − gold_f1" in table and "| `bad` | read_only_report |" in table
-    json.dumps(rep)  # JSON-able
+    added = [name for name in ("good", "bad") if name not in REWARDS]  # the report parses specs: two throwaway
+    for name in added:  # names for this test only (the registry is global; test_rewards lists the built-ins)
+        REWARDS.add(name, lambda t, tr, c: None)
+    try:
+        rep = agreement_report(recs, specs, baseline="gold_f1", resamples=50)
+        assert rep["n_no_outcome"] == 1 and rep["n_tasks"] == 6 and rep["kinds"] == {"read_only_report": 6, "simple": 6}
+        assert rep["rewards"]["good"]["overall"]["auc"] == 1.0 and rep["rewards"]["bad"]["overall"]["rewarded_failure_rate"] == 0.5
+        assert rep["rewards"]["good"]["by_kind"]["simple"]["n"] == 6
+        assert "vs_baseline" not in rep["rewards"]["gold_f1"] and rep["rewards"]["good"]["vs_baseline"]["auc"]["diff"] == 0.5
+        table = format_report(rep)
+        assert "| `good` | 12 |" in table and "AUC − gold_f1" in table and "| `bad` | read_only_report |" in table
+        json.dumps(rep)  # JSON-able
+    finally:
+        for name in added:
+            REWARDS.remove(name)
 
 
 def test_real_success_reads_env_outcome():
