@@ -182,14 +182,15 @@ def cached_pool(key: str, build: Callable[[], ReferencePool]) -> ReferencePool:
 # ------------------------------------------------------------------------------------------ choosing
 
 
-def _leaf_values(x: Any) -> list[str]:
+def json_leaves(x: Any) -> list[Any]:
+    """The strings and numbers inside a JSON value (booleans and nulls are not values a call could carry)."""
     if isinstance(x, dict):
-        return [v for item in x.values() for v in _leaf_values(item)]
+        return [v for item in x.values() for v in json_leaves(item)]
     if isinstance(x, list):
-        return [v for item in x for v in _leaf_values(item)]
+        return [v for item in x for v in json_leaves(item)]
     if isinstance(x, bool) or x is None:
         return []
-    return [str(x)]
+    return [x] if isinstance(x, (str, int, float)) else []
 
 
 def _norm(value: str) -> str:
@@ -216,7 +217,7 @@ def hidden_values(task: Task) -> list[str]:
     """Values only the answer holds: expected outputs and gold-call argument values (lower-cased, ``$``
     dropped, at least :data:`MIN_HIDDEN_CHARS` characters) that :func:`shown_text` does not contain."""
     shown = shown_text(task)
-    values = list(task.expected_outputs) + [v for c in task.flat_gold() for v in _leaf_values(c.arguments)]
+    values = list(task.expected_outputs) + [v for c in task.flat_gold() for v in map(str, json_leaves(c.arguments))]
     out: list[str] = []
     for v in values:
         s = _norm(v)

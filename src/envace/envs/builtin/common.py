@@ -50,7 +50,7 @@ from typing import Any, Callable
 from ...registry import Registry
 from ...types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, dumps, is_error_obs
 from ..base import Environment, Score, ToolError
-from ..references import ReferencePool, cached_pool, choose_references, record_each
+from ..references import ReferencePool, cached_pool, choose_references, json_leaves, record_each
 
 SPLITS: tuple[str, ...] = ("train", "val", "test", "ood")
 OOD_SPLIT = "ood"  # the split drawn from the held-out templates and name pools
@@ -327,17 +327,6 @@ NUMBER_RE = re.compile(r"\d+(?:\.\d+)?")
 MIN_CHAINED_CHARS = 4  # shortest observed text that counts as carried into a longer argument
 
 
-def _leaves(x: Any) -> list[Any]:
-    """The strings and numbers inside a JSON value (booleans and nulls are not values a call could carry)."""
-    if isinstance(x, dict):
-        return [v for item in x.values() for v in _leaves(item)]
-    if isinstance(x, list):
-        return [v for item in x for v in _leaves(item)]
-    if isinstance(x, bool) or x is None:
-        return []
-    return [x] if isinstance(x, (str, int, float)) else []
-
-
 def _as_number(x: Any) -> float | None:
     """A number, or a string that is one ("-12.50"), as its magnitude; anything else None."""
     if isinstance(x, (int, float)) and not isinstance(x, bool):
@@ -369,10 +358,10 @@ def task_kind(task: Task, env_cls: type[ToolEnv]) -> str:
     observed: list[Any] = []
     failed = chained = False
     for c in task.flat_gold():
-        chained = chained or any(carried(v, observed, user_text) for v in _leaves(c.arguments))
+        chained = chained or any(carried(v, observed, user_text) for v in json_leaves(c.arguments))
         obs = env.call(c)
         failed = failed or is_error_obs(obs)
-        observed.extend(_leaves(obs))
+        observed.extend(json_leaves(obs))
     env.close()
     read_only = not any(c.name in env_cls._mutating for c in task.flat_gold())
     if failed:
