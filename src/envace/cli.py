@@ -208,7 +208,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ``envace.json`` (evaluation results with per-task outcomes; ``envace compare sft.json envace.json`` recomputes
     the comparison), ``demo_results.json`` (metrics, comparison, stage times, hardware) and ``results.md``."""
     from .config import SFTConfig, TrainConfig
-    from .evaluation import compare_results, format_comparison, rate_with_ci, save_result
+    from .evaluation import compare_results, format_comparison, load_result, rate_with_ci, save_result
     from .models import DEFAULT_MODEL
     from .precision import hardware_summary
     from .sft import sft
@@ -238,7 +238,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results = {"untrained": before, "sft": mid, "envace": after}
     for name, res in results.items():  # per-task outcomes, for envace compare
         save_result(res, os.path.join(out, f"{name}.json"))
-    comparison = compare_results(*(json.loads(json.dumps(results[n].to_dict(), default=str)) for n in ("sft", "envace")), names=("SFT", "SFT + EnvACE"))
+    comparison = compare_results(*(load_result(os.path.join(out, f"{n}.json")) for n in ("sft", "envace")), names=("SFT", "SFT + EnvACE"))  # as `envace compare` reads them
     times["total_s"] = round(time.perf_counter() - t_start, 1)
     hardware = hardware_summary()
     rows = [("untrained", before.metrics), ("after SFT", mid.metrics), ("after SFT + EnvACE", after.metrics)]
