@@ -43,6 +43,7 @@ iterations: 2
 batch_tasks: 1
 group_size: 2
 lr: 0.001
+train_options: {update_epochs: 2}
 rollout:
   max_steps: 2
   max_steps_per_turn: 2
@@ -119,6 +120,15 @@ def test_config_loads_from_yaml_with_overrides(tmp_path):
     cfg = load_experiment_config(str(path), ["seeds=[3, 4]", "rollout.max_steps=3", "out_dir=/tmp/x"])
     assert cfg.seeds == (3, 4) and cfg.rollout.max_steps == 3 and cfg.rollout.act.max_new_tokens == 8 and cfg.out_dir == "/tmp/x"
     assert cfg.arms == ALL_ARMS and cfg.tts_budgets == (0, 1) and cfg.tts_modes == ("parallel", "sequential", "plan") and cfg.fidelity_every == 1
+
+
+def test_train_options_reach_every_rl_arm_but_may_not_override_what_the_experiment_sets(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(TINY_YAML)
+    assert load_experiment_config(str(path), ["train_options.mini_batches=2"]).train_options == {"update_epochs": 2, "mini_batches": 2}
+    for bad in ("train_options.lr=0.1", "train_options.seed=3", "train_options.no_such_field=1"):
+        with pytest.raises(ValueError, match="train_options"):
+            load_experiment_config(str(path), [bad])
 
 
 def test_mean_std_and_formatting_by_hand():
@@ -418,6 +428,11 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
     assert "[experiment] [8/8] seed 0 arm caller_only" in stdout and "report:" in stdout
     res = json.loads((out / "results.json").read_text())
     assert res["arms"] == list(ALL_ARMS)
+    from envace.checkpoint import latest_checkpoint, load_state
+
+    for variant in ("real_env", "envace", "per_role", "simulator", "caller_only"):  # train_options reach every RL arm
+        ckpt = latest_checkpoint(str(out / "seed0" / variant / "checkpoints"))
+        assert load_state(ckpt)["config"]["update_epochs"] == 2, variant
     for arm in ALL_ARMS:
         rec = res["runs"][arm]["0"]
         swept = [(0, "none"), (1, "parallel"), (1, "sequential"), (1, "plan")]

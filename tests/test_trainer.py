@@ -16,7 +16,7 @@ from envace.envs import load_tasks
 from envace.logging import read_metrics
 from envace.rollout import RolloutConfig, RolloutEngine
 from envace.sft import gold_trajectories
-from envace.trainer import rows_with_advantages, train
+from envace.trainer import rows_with_advantages, train, update_parts
 from envace.update import completion_logprobs, optimizer_step, pack_rows, pad_rows
 from envace import algos
 from numerics import assert_logprobs_close
@@ -147,6 +147,25 @@ def test_bf16_rollouts_decode_through_packed_weights_while_the_update_stays_floa
     res = train(cfg)
     m = read_metrics(res.out_dir)[-1]
     assert m["step"] == 1 and m["act/rows"] > 0
+
+
+def test_update_parts_cover_every_row_once_per_epoch_and_default_to_one_step_in_order():
+    assert update_parts(5, 1, 1, seed=0) == [(0, [0, 1, 2, 3, 4])]
+    parts = update_parts(7, 3, 2, seed=1)
+    assert [e for e, _ in parts] == [0, 0, 1, 1, 2, 2]
+    for epoch in range(3):
+        rows = sorted(i for e, p in parts if e == epoch for i in p)
+        assert rows == list(range(7))
+    assert parts == update_parts(7, 3, 2, seed=1) and parts != update_parts(7, 3, 2, seed=2)
+    assert update_parts(1, 1, 2, seed=0) == [(0, [0]), (0, [])]  # a process with fewer rows than parts still steps
+
+
+def test_update_epochs_and_mini_batches_take_that_many_optimizer_steps_per_iteration(tmp_path):
+    res = train(_tiny_cfg(tmp_path, "envace", update_epochs=2, mini_batches=2))
+    opt = torch.load(os.path.join(res.checkpoint, "optimizer.pt"), weights_only=False)["policy"]
+    assert {int(s["step"]) for s in opt["state"].values()} == {4}
+    with pytest.raises(ValueError, match="update_epochs"):
+        _tiny_cfg(tmp_path, "envace", update_epochs=0)
 
 
 def test_lora_and_pooled_baseline_and_kl_are_config_values(tmp_path):

@@ -85,6 +85,12 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     clip_eps: float = 0.2
     """PPO clip range."""
+    update_epochs: int = 1
+    """Passes over each iteration's batch (PPO epochs). With one pass of one mini-batch the sampled policy is the
+    updated one, so the ratio is 1 and the clip never acts; more passes reuse the rollouts and the clip bounds
+    how far they move the policy."""
+    mini_batches: int = 1
+    """Optimizer steps per pass: the rows of each model are split (shuffled, seeded) into this many parts."""
     loss_agg: str = "token_mean"
     """Loss aggregation (envace.algos.AGGREGATIONS): token_mean (reference) or seq_mean."""
     kl_coef: float = 0.0
@@ -156,6 +162,8 @@ class TrainConfig:
             self.rollout_bf16 = bf16_setting(self.rollout_bf16, "TrainConfig.rollout_bf16")
         if self.iterations < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("iterations >= 0, batch_tasks >= 1 and lr > 0 are required")
+        if self.update_epochs < 1 or self.mini_batches < 1:
+            raise ValueError(f"TrainConfig: update_epochs >= 1 and mini_batches >= 1 are required (got {self.update_epochs}, {self.mini_batches})")
         if self.resume not in RESUME_POLICIES:
             raise ValueError(f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}")
 

@@ -61,6 +61,10 @@ def _small_rollout() -> RolloutConfig:
     return RolloutConfig(group_size=4, max_steps=6, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=96, stop=["</observation>"]))
 
 
+EXPERIMENT_SETS = frozenset({"model", "suite", "n_train_tasks", "variant", "reward", "iterations", "batch_tasks", "lr", "rollout", "out_dir", "save_every", "rollout_bf16", "keep_checkpoints", "seed", "tensorboard", "progress", "resume"})
+"""TrainConfig fields the experiment sets for each RL arm itself (not allowed in ``train_options``)."""
+
+
 @dataclass
 class ExperimentConfig:
     """The paper's comparison at CPU scale (see the module docstring). Loadable from YAML (``envace experiment
@@ -93,6 +97,10 @@ class ExperimentConfig:
     """RL reward spec (envace.rewards); "grounded" would put the real environment in every arm's loop."""
     train_tasks: int | None = None
     """Training tasks to draw batches from (None: the suite's default)."""
+    train_options: dict = field(default_factory=dict)
+    """Further :class:`envace.config.TrainConfig` fields, the same for every RL arm, e.g. ``{update_epochs: 2,
+    mini_batches: 2, bf16: auto, kl_coef: 0.001}`` (not those the experiment sets itself: model, suite, variant,
+    reward, iterations, batch_tasks, lr, rollout, seed, out_dir, ...)."""
     rollout: RolloutConfig = field(default_factory=_small_rollout)
     """Rollout limits and sampling for training, rehearsal attempts and fidelity rollouts (mode and group size
     are set per use)."""
@@ -160,6 +168,9 @@ class ExperimentConfig:
         MEMORY_BUILDERS.get(self.tts_memory)
         if any(not REHEARSAL_MODES.get(m).imagined for m in self.tts_modes) and PLAN_MATCHES not in self.tts_modes:
             raise ValueError(f"tts_modes {list(self.tts_modes)}: a compute-matched baseline needs {PLAN_MATCHES!r} too (its token budget is measured there)")
+        unknown = set(self.train_options) - (TRAIN_OPTIONS := {f.name for f in dataclasses.fields(TrainConfig)} - EXPERIMENT_SETS)
+        if unknown:
+            raise ValueError(f"train_options: {', '.join(sorted(unknown))} cannot be set there (allowed: {', '.join(sorted(TRAIN_OPTIONS))})")
         if len(set(self.arms)) != len(self.arms) or not self.arms:
             raise ValueError(f"arms must be a non-empty list without repeats, got {self.arms}")
         if not self.seeds or not self.tts_budgets or min(self.tts_budgets) < 0 or 0 not in self.tts_budgets:
@@ -292,7 +303,7 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
         tcfg = TrainConfig(
             model=start, suite=c.suite, n_train_tasks=rl_train_tasks(c), variant=variant, reward=c.reward, iterations=c.iterations,
             batch_tasks=c.batch_tasks, lr=c.lr, rollout=rc, out_dir=out, save_every=max(1, c.iterations), rollout_bf16=c.generate_bf16,
-            keep_checkpoints=1, seed=run.seed, tensorboard=False, progress=c.progress,
+            keep_checkpoints=1, seed=run.seed, tensorboard=False, progress=c.progress, **c.train_options,
         )
         steps = fidelity_steps(c)
         cache = os.path.join(out, "fidelity_curve.json")

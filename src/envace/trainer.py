@@ -220,8 +220,12 @@ def train(cfg: TrainConfig) -> TrainResult:
             if recomputes_old_logprobs(cfg, dist.device):  # the rollout engine's log-probs are not the trainer's
                 recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=update_bf16(cfg, dist.device), dist=dist)
             ref = ref_model if name == "policy" else None
-            um = optimizer_step(model, optimizers[name], sub_rows, _grpo_loss(model, sub_rows, sub_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=update_bf16(cfg, dist.device), dist=dist)
-            metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}
+            for epoch, part in update_parts(len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=cfg.seed * 100_003 + it):
+                p_rows, p_adv = [sub_rows[i] for i in part], sub_adv[part]
+                um = optimizer_step(model, optimizers[name], p_rows, _grpo_loss(model, p_rows, p_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=update_bf16(cfg, dist.device), dist=dist)
+                if epoch == 0 and um:  # the first pass: the sampled policy's view (ratio 1 on its first part)
+                    metrics |= {f"loss/{name}/first_pass/{k}": v for k, v in um.items() if k in ("clip_frac", "loss")}
+            metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}  # the last optimizer step's
         for name, engine in engines.items():  # new weights: hf drops its kept caches, vllm loads them
             engine.sync_weights(dist.weights(models[name]))
         # 5. log and checkpoint
@@ -237,6 +241,20 @@ def train(cfg: TrainConfig) -> TrainResult:
     if result.checkpoint is None:
         result.checkpoint = latest_checkpoint(ckpt_root)
     return result
+
+
+def update_parts(n_rows: int, epochs: int, mini_batches: int, seed: int) -> list[tuple[int, list[int]]]:
+    """The optimizer steps of one iteration's update: ``epochs`` passes over ``n_rows`` rows, each pass the rows in
+    a seeded shuffle split into ``mini_batches`` parts (one pass of one part: every row, in order). Every part
+    is one (epoch, row indices) step; under a launcher every process takes as many steps, some maybe empty."""
+    if epochs == 1 and mini_batches == 1:
+        return [(0, list(range(n_rows)))]
+    rng = np.random.default_rng(seed)
+    steps = []
+    for epoch in range(epochs):
+        perm = rng.permutation(n_rows).tolist()
+        steps += [(epoch, sorted(perm[k::mini_batches])) for k in range(mini_batches)]
+    return steps
 
 
 def update_bf16(cfg: TrainConfig, device: Any = None) -> bool:
