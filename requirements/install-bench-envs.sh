@@ -25,6 +25,8 @@ if [ -n "$TORCH" ]; then
   echo "torch==${TORCH%%+*}" > "$TMP/constraints.txt"   # 2.13.0+cpu -> torch==2.13.0 (matches the local build)
 fi
 
+# envace's own tested versions (requirements/constraints.txt) hold too: no benchmark package may move them
+grep -v '^[[:space:]]*\(#\|$\)' "$(dirname "$REQ")/constraints.txt" | grep -v '^torch==' >> "$TMP/constraints.txt"
 PIP=("$PY" -m pip install --disable-pip-version-check)
 "${PIP[@]}" --no-deps -r "$TMP/nodeps.txt"
 "${PIP[@]}" -r "$TMP/deps.txt" -c "$TMP/constraints.txt"

@@ -106,3 +106,30 @@ def test_license_file_is_the_license_pyproject_names():
     for words in LICENSE_HEADINGS[spdx]:
         assert words in head
     assert "envace contributors" in text
+
+
+def _requirements(lines):
+    from packaging.requirements import Requirement
+
+    return {(r := Requirement(line)).name.lower(): r for line in lines if line.strip() and not line.lstrip().startswith("#")}
+
+
+def test_every_tested_pin_lies_inside_the_range_pyproject_declares():
+    import tomllib
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    ranges = _requirements(meta["dependencies"] + meta["optional-dependencies"]["test"])
+    pins = _requirements((ROOT / "requirements" / "constraints.txt").read_text().splitlines())
+    assert set(ranges) == set(pins), "constraints.txt pins exactly the direct dependencies"
+    for name, pin in pins.items():
+        (version,) = [s.version for s in pin.specifier if s.operator == "=="]
+        assert ranges[name].specifier.contains(version), f"{name}=={version} is outside pyproject's {ranges[name].specifier}"
+        assert not any(s.operator == "==" for s in ranges[name].specifier), f"pyproject pins {name} exactly; declare a range"
+
+
+def test_the_installed_dependencies_are_the_tested_pins():
+    import importlib.metadata as md
+
+    for name, pin in _requirements((ROOT / "requirements" / "constraints.txt").read_text().splitlines()).items():
+        installed = md.version(name).split("+")[0]  # 2.13.0+cpu is torch 2.13.0
+        assert pin.specifier.contains(installed), f"{name} {installed} installed, {pin.specifier} tested"
