@@ -147,12 +147,13 @@ def test_the_demo_asks_for_bf16_sft_only_where_it_is_fast(monkeypatch, tmp_path)
 def test_eval_bf16_auto_generates_in_float32_where_bf16_is_slow(monkeypatch, cpu_is):
     import envace.backends.hf as hf
     from envace.backends.base import SamplingParams
-    from envace.cli import build_parser
+    from envace.cli import build_parser, command_config
     from envace.evaluation import evaluate_model
     from envace.rollout import RolloutConfig
 
-    assert [build_parser().parse_args(["eval", *a]).bf16 for a in ([], ["--bf16"], ["--bf16", "auto"], ["--bf16", "off"])] == [False, True, "auto", False]
-    assert build_parser().parse_args(["serve", "--bf16", "auto"]).bf16 == "auto"
+    resolved = lambda *argv: command_config(build_parser().parse_args(list(argv)))  # noqa: E731
+    assert [resolved("eval", *a).bf16 for a in ([], ["--bf16"], ["--bf16", "auto"], ["--bf16", "off"])] == [False, True, "auto", False]
+    assert resolved("serve", "--bf16", "auto").bf16 == "auto"
     built = []
 
     class Recorded(hf.HFBackend):

@@ -4,14 +4,22 @@
     envace demo                      SFT warm-up -> EnvACE training -> before/after evaluation (embedded defaults)
     envace sft   [--config F] [--set key=value ...]
     envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set rollout.group_size=4
-    envace eval  --model M --suite S [--split test] [-n 20] [--samples K] [--tts-n N --tts-mode parallel|sequential] [--out F]
+    envace eval  --model M --suite S [--split test] [-n 20] [--samples K] [--tts-n N --tts-mode parallel|sequential] [--backend hf|http|vllm] [--out F]
     envace compare A.json B.json [--json]   paired comparison of two saved eval results on the same tasks
-    envace fidelity --model M --suite S [-n 8] [-k 2] [--mode rehearsal|per_role|simulator] [--out F]
+    envace fidelity --model M --suite S [-n 8] [-k 2] [--mode rehearsal|per_role|simulator] [--backend hf|http|vllm] [--out F]
     envace experiment [--config F] [--set key=value ...]  all arms x seeds x budgets -> report.md / report.html
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]
     envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory model|concat]
     envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
+
+sft, train, eval, fidelity, experiment, rollout, rehearse and serve are each configured by one typed dataclass
+(TrainConfig, SFTConfig, EvalConfig, FidelityConfig, ExperimentConfig, RolloutBatchConfig, RehearseConfig,
+ServeConfig) and take ``--config F.yaml``, ``--set key=value`` (repeatable, dotted for nested fields) and
+``--print-config`` (print the resolved config as YAML and exit). Their other flags are shorthands of fields
+(``-n 20`` is ``--set n=20``). Precedence: dataclass defaults < the file < shorthand flags < ``--set``. ``--help``
+lists every field with its default and docstring. ``--backend http`` evaluates a served model: ``--model`` is then
+the server's http(s)://host:port/v1 URL.
 """
 from __future__ import annotations
 
@@ -28,27 +36,18 @@ from . import __version__
 MODEL_HELP = "model name, model folder, or training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter is merged into its base)"
 
 
-def _common_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted for nested: rollout.group_size=4)")
-
-
-def cmd_sft(args: argparse.Namespace) -> int:
-    from .config import SFTConfig, load_config
+def cmd_sft(cfg: Any) -> int:
     from .sft import sft
 
-    cfg = load_config(SFTConfig, args.config, args.overrides)
     res = sft(cfg)
     last = res.metrics[-1] if res.metrics else {}
     print(f"SFT done: {len(res.metrics)} steps, final nll {last.get('sft/nll', float('nan')):.3f}; checkpoint: {res.checkpoint}")
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from .config import TrainConfig, load_config
+def cmd_train(cfg: Any) -> int:
     from .trainer import train
 
-    cfg = load_config(TrainConfig, args.config, args.overrides)
     res = train(cfg)
     print(f"training done at step {res.step}; checkpoint: {res.checkpoint}; metrics: {os.path.join(res.out_dir, 'metrics.jsonl')}")
     return 0
@@ -69,19 +68,20 @@ def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 
     return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout())
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
+def cmd_eval(cfg: Any) -> int:
     from .backends.base import SamplingParams
+    from .config import to_dict
     from .evaluation import evaluate_model, save_result
     from .rollout import RolloutConfig
 
-    sp = lambda t: SamplingParams(temperature=t, top_p=0.8 if t < 1 else 1.0, max_new_tokens=args.max_new_tokens)  # noqa: E731
-    rc = RolloutConfig(max_steps=args.max_steps, act=sp(1.0), rehearse=sp(0.6).with_(stop=["</observation>"]))
-    res = evaluate_model(args.model, args.suite, args.split, args.n, args.samples, args.seed, tts_n=args.tts_n, tts_mode=args.tts_mode, rollout=rc, temperature=args.temperature, tts_options={"memory": args.tts_memory}, bf16=args.bf16)
-    print(f"{args.model} on {args.suite}/{args.split}: {len(res.per_task)} tasks x {args.samples} real trials, rehearsal budget N={args.tts_n}" + (f" ({args.tts_mode})" if args.tts_n else ""))
+    sp = lambda t: SamplingParams(temperature=t, top_p=0.8 if t < 1 else 1.0, max_new_tokens=cfg.max_new_tokens)  # noqa: E731
+    rc = RolloutConfig(max_steps=cfg.max_steps, act=sp(1.0), rehearse=sp(0.6).with_(stop=["</observation>"]))
+    res = evaluate_model(cfg.model, cfg.suite, cfg.split, cfg.n, cfg.samples, cfg.seed, tts_n=cfg.tts_n, tts_mode=cfg.tts_mode, rollout=rc, temperature=cfg.temperature, tts_options={"memory": cfg.tts_memory}, bf16=cfg.bf16, backend=cfg.backend, backend_options=cfg.backend_options)
+    print(f"{cfg.model} on {cfg.suite}/{cfg.split}: {len(res.per_task)} tasks x {cfg.samples} real trials, rehearsal budget N={cfg.tts_n}" + (f" ({cfg.tts_mode})" if cfg.tts_n else ""))
     print(res.table())
-    if args.out:
-        save_result(res, args.out, config={k: v for k, v in vars(args).items() if k != "fn"}, with_trajectories=args.trajectories)
-        print(f"wrote {args.out}")
+    if cfg.out:
+        save_result(res, cfg.out, config=to_dict(cfg), with_trajectories=cfg.trajectories)
+        print(f"wrote {cfg.out}")
     return 0
 
 
@@ -94,74 +94,74 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_fidelity(args: argparse.Namespace) -> int:
+def cmd_fidelity(cfg: Any) -> int:
     from .backends.base import SamplingParams
-    from .backends.hf import HFBackend
+    from .backends.loaders import frozen_backend, open_backend
     from .envs import load_tasks
     from .fidelity import measure_fidelity
-    from .models import load, resolve_model
     from .rollout import RolloutConfig, format_trajectory
 
-    policy = HFBackend(*load(args.model))
+    policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
     extra: dict[str, Any] = {}
-    if args.mode == "per_role":
-        extra["rehearser"] = HFBackend(*load(resolve_model(args.rehearser or args.model, "rehearser")))
-    if args.mode == "simulator":
-        extra["simulator"] = HFBackend(*load(args.simulator or args.model))
-    tasks = load_tasks(args.suite, args.split, n=args.n, seed=args.seed)
-    rc = RolloutConfig(mode=args.mode, group_size=args.k, max_steps=args.max_steps, seed=args.seed, validate_in_code=args.validate_in_code, reference_cache=args.reference_cache, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=args.max_new_tokens, stop=["</observation>"]))
+    if cfg.mode == "per_role":
+        extra["rehearser"] = frozen_backend(cfg.rehearser or cfg.model, "rehearser")
+    if cfg.mode == "simulator":
+        extra["simulator"] = frozen_backend(cfg.simulator or cfg.model)
+    tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
+    rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, validate_in_code=cfg.validate_in_code, reference_cache=cfg.reference_cache, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=cfg.max_new_tokens, stop=["</observation>"]))
     res = measure_fidelity(policy, tasks, rc, **extra)
-    for t in res.trajectories[: args.show]:
+    for t in res.trajectories[: cfg.show]:
         print(format_trajectory(t) + "\n")
-    print(f"rehearsal fidelity of {args.model} ({args.mode}) on {len(tasks)} {args.suite}/{args.split} tasks x {args.k}:")
+    print(f"rehearsal fidelity of {cfg.model} ({cfg.mode}) on {len(tasks)} {cfg.suite}/{cfg.split} tasks x {cfg.k}:")
     print(res.table())
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w", encoding="utf-8") as f:
+    if cfg.out:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
+        with open(cfg.out, "w", encoding="utf-8") as f:
             json.dump(res.to_dict(with_trajectories=True), f, indent=1, default=str)
-        print(f"wrote {args.out}")
+        print(f"wrote {cfg.out}")
     return 0
 
 
-def cmd_experiment(args: argparse.Namespace) -> int:
-    from .experiment import load_experiment_config, run_experiment
+def cmd_experiment(cfg: Any) -> int:
+    from .experiment import run_experiment
 
-    res = run_experiment(load_experiment_config(args.config, args.overrides))
+    res = run_experiment(cfg)
     print(f"report: {res.report['html']} (and report.md, trajectories.html, results.json in {res.out_dir})")
     return 0
 
 
-def cmd_rollout(args: argparse.Namespace) -> int:
+def cmd_rollout(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
+    from .backends.loaders import frozen_backend
     from .envs import load_tasks
-    from .models import load, resolve_model
+    from .models import load
     from .rollout import RolloutConfig, RolloutEngine, format_trajectory
     from .types import write_jsonl
 
-    m, tok = load(args.model)
-    tasks = load_tasks(args.suite, args.split, n=args.n, seed=args.seed)
-    cfg = RolloutConfig(mode=args.mode, group_size=args.k, max_steps=args.max_steps, seed=args.seed, shadow=args.shadow, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=args.max_new_tokens, stop=["</observation>"]))
+    m, tok = load(cfg.model)
+    tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
+    rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, shadow=cfg.shadow, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=cfg.max_new_tokens, stop=["</observation>"]))
     extra = {}
-    if args.mode == "simulator":
-        extra["simulator"] = HFBackend(*load(args.simulator or args.model))
-    if args.mode == "per_role":
-        extra["rehearser"] = HFBackend(*load(resolve_model(args.rehearser or args.model, "rehearser")))
+    if cfg.mode == "simulator":
+        extra["simulator"] = frozen_backend(cfg.simulator or cfg.model)
+    if cfg.mode == "per_role":
+        extra["rehearser"] = frozen_backend(cfg.rehearser or cfg.model, "rehearser")
     t0 = time.perf_counter()
-    trajs = RolloutEngine(HFBackend(m, tok), cfg, **extra).run(tasks)
+    trajs = RolloutEngine(HFBackend(m, tok), rc, **extra).run(tasks)
     dt = time.perf_counter() - t0
-    if os.path.exists(args.out):
-        os.remove(args.out)
-    write_jsonl(args.out, trajs)
-    for t in trajs[: args.show]:
+    if os.path.exists(cfg.out):
+        os.remove(cfg.out)
+    write_jsonl(cfg.out, trajs)
+    for t in trajs[: cfg.show]:
         print(format_trajectory(t))
         print()
     n_tok = sum(len(r.completion_ids) for t in trajs for r in t.rows)
-    print(f"{len(trajs)} trajectories, {n_tok} generated tokens in {dt:.1f}s ({n_tok / dt:.1f} tok/s); wrote {args.out}")
+    print(f"{len(trajs)} trajectories, {n_tok} generated tokens in {dt:.1f}s ({n_tok / dt:.1f} tok/s); wrote {cfg.out}")
     return 0
 
 
-def cmd_rehearse(args: argparse.Namespace) -> int:
+def cmd_rehearse(cfg: Any) -> int:
     """Test-time scaling on one task: N private attempts + reflections -> memory -> one real execution."""
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
@@ -170,27 +170,27 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     from .rollout import RolloutConfig
     from .tts import TTSConfig, format_record, run_tts
 
-    m, tok = load(args.model)
-    tasks = load_tasks(args.suite, args.split, n=args.index + 1, seed=args.seed)
-    if args.index >= len(tasks):
-        raise ValueError(f"suite {args.suite!r} split {args.split!r} has only {len(tasks)} tasks")
-    gen = SamplingParams(temperature=args.temperature, top_p=1.0, max_new_tokens=args.max_new_tokens)
-    rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=args.max_steps, seed=args.seed, act=gen, rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=args.max_new_tokens, stop=["</observation>"]))
-    cfg = TTSConfig(n=args.N, mode=args.mode, memory=args.memory, memory_max_tokens=args.memory_max_tokens, reflect_sampling=gen.with_(temperature=0.7), memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=args.memory_max_tokens), rollout=rc, final_act=gen.with_(temperature=0.0))
-    rec = run_tts(HFBackend(m, tok), [tasks[args.index]], cfg)[0]
+    m, tok = load(cfg.model)
+    tasks = load_tasks(cfg.suite, cfg.split, n=cfg.index + 1, seed=cfg.seed)
+    if cfg.index >= len(tasks):
+        raise ValueError(f"suite {cfg.suite!r} split {cfg.split!r} has only {len(tasks)} tasks")
+    gen = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
+    rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=cfg.max_steps, seed=cfg.seed, act=gen, rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=cfg.max_new_tokens, stop=["</observation>"]))
+    tts = TTSConfig(n=cfg.n, mode=cfg.mode, memory=cfg.memory, memory_max_tokens=cfg.memory_max_tokens, reflect_sampling=gen.with_(temperature=0.7), memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.memory_max_tokens), rollout=rc, final_act=gen.with_(temperature=0.0))
+    rec = run_tts(HFBackend(m, tok), [tasks[cfg.index]], tts)[0]
     print(format_record(rec))
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
+    if cfg.out:
+        with open(cfg.out, "w", encoding="utf-8") as f:
             json.dump(rec.to_dict(), f, ensure_ascii=False)
-        print(f"wrote {args.out}")
+        print(f"wrote {cfg.out}")
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(cfg: Any) -> int:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health) over a backend."""
     from .serve import serve
 
-    serve(args.model, name=args.served_model_name, host=args.host, port=args.port, backend=args.backend, device=args.device, bf16=args.bf16, max_batch=args.max_batch, batch_wait_s=args.batch_wait_ms / 1000, default_max_tokens=args.default_max_tokens, max_tokens_limit=args.max_tokens_limit, verbose=args.verbose)
+    serve(cfg.model, name=cfg.served_model_name, host=cfg.host, port=cfg.port, backend=cfg.backend, device=cfg.device, bf16=cfg.bf16, max_batch=cfg.max_batch, batch_wait_s=cfg.batch_wait_ms / 1000, default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit, verbose=cfg.verbose)
     return 0
 
 
@@ -276,12 +276,64 @@ def _bf16_arg(value: str) -> bool | str:
         raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
 
 
-# --bf16 (on), --bf16 auto|on|off; absent: float32. "on" where bf16 is slow is honoured with a warning
-_BF16_ARG: dict[str, Any] = dict(nargs="?", const=True, default=False, type=_bf16_arg, metavar="auto|on|off")
+# --bf16 (on), --bf16 auto|on|off; absent: the config's value (float32 by default). "on" where bf16 is slow is honoured with a warning
+_BF16_ARG: dict[str, Any] = dict(nargs="?", const=True, type=_bf16_arg, metavar="auto|on|off")
+
+_CONTROL = {"cmd", "fn", "config", "overrides", "print_config", "config_class"}  # parsed arguments that are no config field
+
+
+def config_class(path: str) -> type:
+    """The config dataclass that ``"module:Class"`` names (imported on use: the config modules take ~0.4 s)."""
+    import importlib
+
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class _Parser(argparse.ArgumentParser):
+    """A parser whose command may be configured by a dataclass (``config="module:Class"``): its ``--help`` ends with
+    the dataclass's fields, their defaults and docstrings (envace.config.config_help), built only when shown."""
+
+    def __init__(self, *args: Any, config: str | None = None, **kw: Any):
+        self.config = config
+        if config:
+            kw.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kw)
+
+    def format_help(self) -> str:
+        if self.config and self.epilog is None:
+            from .config import config_help
+
+            self.epilog = config_help(config_class(self.config))
+        return super().format_help()
+
+
+def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> argparse.ArgumentParser:  # noqa: A002
+    """A command configured by the dataclass ``config``: ``--config``, ``--set``, ``--print-config``."""
+    p = sub.add_parser(name, help=help, config=config)
+    p.add_argument("--config", metavar="F.yaml", help="YAML file of config fields (listed below)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted for nested: rollout.group_size=4; repeatable); wins over the file and the flags")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.set_defaults(fn=fn, config_class=config)
+    return p
+
+
+def _flag(p: argparse.ArgumentParser, field: str, *names: str, **kw: Any) -> None:
+    """A shorthand flag of ``--set FIELD=VALUE``; absent unless given, so that the config file's value stands."""
+    kw.setdefault("help", f"same as --set {field}=" + ("true" if kw.get("action") == "store_true" else "..."))
+    p.add_argument(*names, dest=field, default=argparse.SUPPRESS, **kw)
+
+
+def command_config(args: argparse.Namespace) -> Any:
+    """The config of a configured command: defaults < ``--config`` file < shorthand flags < ``--set``."""
+    from .config import load_config
+
+    flags = {k: v for k, v in vars(args).items() if k not in _CONTROL}
+    return load_config(config_class(args.config_class), args.config, args.overrides, flags)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="envace", description="EnvACE: world-rehearsal RL for tool-using LLM agents")
+    p = _Parser(prog="envace", description="EnvACE: world-rehearsal RL for tool-using LLM agents")
     p.add_argument("--version", action="version", version=f"envace {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
@@ -299,31 +351,26 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--quick", action="store_true", help="a few steps of everything (smoke run)")
     d.set_defaults(fn=cmd_demo)
 
-    s = sub.add_parser("sft", help="supervised warm-up on gold trajectories")
-    _common_config_args(s)
-    s.set_defaults(fn=cmd_sft)
+    _config_command(sub, "sft", "envace.config:SFTConfig", cmd_sft, "supervised warm-up on gold trajectories")
+    _config_command(sub, "train", "envace.config:TrainConfig", cmd_train, "role-wise GRPO training (any variant)")
 
-    t = sub.add_parser("train", help="role-wise GRPO training (any variant)")
-    _common_config_args(t)
-    t.set_defaults(fn=cmd_train)
-
-    e = sub.add_parser("eval", help="evaluate a model in the real environment (optionally after private test-time rehearsal)")
-    e.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
-    e.add_argument("--suite", default="builtin")
-    e.add_argument("--split", default="test")
-    e.add_argument("-n", type=int, default=20, help="tasks")
-    e.add_argument("--samples", "-k", type=int, default=1, help="real trials per task (pass^k for k <= samples)")
-    e.add_argument("--tts-n", type=int, default=0, help="test-time rehearsal budget N (0: none)")
-    e.add_argument("--tts-mode", default="parallel", help="parallel | sequential")
-    e.add_argument("--tts-memory", default="model", help="model | concat")
-    e.add_argument("--temperature", type=float, help="Act temperature of the real trials (default: 0 for 1 sample, else 0.7)")
-    e.add_argument("--max-steps", type=int, default=8)
-    e.add_argument("--max-new-tokens", type=int, default=160)
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--bf16", **_BF16_ARG, help="generate in bf16 (on CPU: packed bf16 weights, ~1.6x faster on a CPU with AVX-512-BF16); --bf16 auto: only where bf16 is faster than float32 here")
-    e.add_argument("--out", help="write metrics and per-task results as JSON")
-    e.add_argument("--trajectories", action="store_true", help="include the trajectories in --out")
-    e.set_defaults(fn=cmd_eval)
+    e = _config_command(sub, "eval", "envace.config:EvalConfig", cmd_eval, "evaluate a model in the real environment (optionally after private test-time rehearsal)")
+    _flag(e, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
+    _flag(e, "backend", "--backend", metavar="hf|http|vllm")
+    _flag(e, "suite", "--suite")
+    _flag(e, "split", "--split")
+    _flag(e, "n", "-n", type=int)
+    _flag(e, "samples", "--samples", "-k", type=int)
+    _flag(e, "tts_n", "--tts-n", type=int)
+    _flag(e, "tts_mode", "--tts-mode", metavar="parallel|sequential")
+    _flag(e, "tts_memory", "--tts-memory", metavar="model|concat")
+    _flag(e, "temperature", "--temperature", type=float)
+    _flag(e, "max_steps", "--max-steps", type=int)
+    _flag(e, "max_new_tokens", "--max-new-tokens", type=int)
+    _flag(e, "seed", "--seed", type=int)
+    _flag(e, "bf16", "--bf16", **_BF16_ARG)
+    _flag(e, "out", "--out")
+    _flag(e, "trajectories", "--trajectories", action="store_true")
 
     c = sub.add_parser("compare", help="paired comparison of two saved eval results (envace eval --out) on the same tasks")
     c.add_argument("a", help="result A (the baseline)")
@@ -333,75 +380,70 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     c.set_defaults(fn=cmd_compare)
 
-    f = sub.add_parser("fidelity", help="rehearsal fidelity: rehearsed vs real observations on shadow rollouts")
-    f.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
-    f.add_argument("--suite", default="builtin")
-    f.add_argument("--split", default="test")
-    f.add_argument("-n", type=int, default=8, help="tasks")
-    f.add_argument("-k", type=int, default=2, help="shadow trajectories per task")
-    f.add_argument("--mode", default="rehearsal", help="rehearsal | per_role (with --rehearser) | simulator (with --simulator)")
-    f.add_argument("--rehearser", help="per_role: the Rehearse model (default: the checkpoint's rehearser/)")
-    f.add_argument("--simulator", help="simulator: the frozen simulator model (default: --model)")
-    f.add_argument("--validate-in-code", action="store_true")
-    f.add_argument("--reference-cache", action="store_true")
-    f.add_argument("--max-steps", type=int, default=8)
-    f.add_argument("--max-new-tokens", type=int, default=160)
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--show", type=int, default=0, help="print this many shadow trajectories")
-    f.add_argument("--out", help="write the summary, every scored pair and the trajectories as JSON")
-    f.set_defaults(fn=cmd_fidelity)
+    f = _config_command(sub, "fidelity", "envace.config:FidelityConfig", cmd_fidelity, "rehearsal fidelity: rehearsed vs real observations on shadow rollouts")
+    _flag(f, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
+    _flag(f, "backend", "--backend", metavar="hf|http|vllm")
+    _flag(f, "suite", "--suite")
+    _flag(f, "split", "--split")
+    _flag(f, "n", "-n", type=int)
+    _flag(f, "k", "-k", type=int)
+    _flag(f, "mode", "--mode", metavar="rehearsal|per_role|simulator")
+    _flag(f, "rehearser", "--rehearser")
+    _flag(f, "simulator", "--simulator")
+    _flag(f, "validate_in_code", "--validate-in-code", action="store_true")
+    _flag(f, "reference_cache", "--reference-cache", action="store_true")
+    _flag(f, "max_steps", "--max-steps", type=int)
+    _flag(f, "max_new_tokens", "--max-new-tokens", type=int)
+    _flag(f, "seed", "--seed", type=int)
+    _flag(f, "show", "--show", type=int)
+    _flag(f, "out", "--out")
 
-    x = sub.add_parser("experiment", help="the paper's comparison in miniature: all arms x seeds x rehearsal budgets, report folder")
-    _common_config_args(x)
-    x.set_defaults(fn=cmd_experiment)
+    _config_command(sub, "experiment", "envace.experiment:ExperimentConfig", cmd_experiment, "the paper's comparison in miniature: all arms x seeds x rehearsal budgets, report folder")
 
-    r = sub.add_parser("rollout", help="roll out one batch and write the trajectories as JSON lines")
-    r.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
-    r.add_argument("--suite", default="builtin")
-    r.add_argument("--split", default="train")
-    r.add_argument("--mode", default="rehearsal")
-    r.add_argument("--simulator")
-    r.add_argument("--rehearser")
-    r.add_argument("-n", type=int, default=2)
-    r.add_argument("-k", type=int, default=4)
-    r.add_argument("--max-steps", type=int, default=4)
-    r.add_argument("--max-new-tokens", type=int, default=96)
-    r.add_argument("--shadow", action="store_true")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--show", type=int, default=2)
-    r.add_argument("--out", default="trajectories.jsonl")
-    r.set_defaults(fn=cmd_rollout)
+    r = _config_command(sub, "rollout", "envace.config:RolloutBatchConfig", cmd_rollout, "roll out one batch and write the trajectories as JSON lines")
+    _flag(r, "model", "--model", help=MODEL_HELP)
+    _flag(r, "suite", "--suite")
+    _flag(r, "split", "--split")
+    _flag(r, "mode", "--mode")
+    _flag(r, "simulator", "--simulator")
+    _flag(r, "rehearser", "--rehearser")
+    _flag(r, "n", "-n", type=int)
+    _flag(r, "k", "-k", type=int)
+    _flag(r, "max_steps", "--max-steps", type=int)
+    _flag(r, "max_new_tokens", "--max-new-tokens", type=int)
+    _flag(r, "shadow", "--shadow", action="store_true")
+    _flag(r, "seed", "--seed", type=int)
+    _flag(r, "show", "--show", type=int)
+    _flag(r, "out", "--out")
 
-    h = sub.add_parser("rehearse", help="test-time scaling on one task: private rehearsal, memory, one real run")
-    h.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
-    h.add_argument("--suite", default="builtin")
-    h.add_argument("--split", default="test")
-    h.add_argument("--index", type=int, default=0, help="which task of the suite/split")
-    h.add_argument("-N", type=int, default=2, help="rehearsal budget: attempts before the real run (0 = plain acting)")
-    h.add_argument("--mode", default="parallel", help="parallel | sequential")
-    h.add_argument("--memory", default="model", help="model | concat")
-    h.add_argument("--memory-max-tokens", type=int, default=256)
-    h.add_argument("--max-steps", type=int, default=6)
-    h.add_argument("--max-new-tokens", type=int, default=128)
-    h.add_argument("--temperature", type=float, default=1.0, help="Act sampling temperature of the attempts (the real run is greedy)")
-    h.add_argument("--seed", type=int, default=0)
-    h.add_argument("--out", help="write the full record as JSON")
-    h.set_defaults(fn=cmd_rehearse)
+    h = _config_command(sub, "rehearse", "envace.config:RehearseConfig", cmd_rehearse, "test-time scaling on one task: private rehearsal, memory, one real run")
+    _flag(h, "model", "--model", help=MODEL_HELP)
+    _flag(h, "suite", "--suite")
+    _flag(h, "split", "--split")
+    _flag(h, "index", "--index", type=int)
+    _flag(h, "n", "-N", type=int)
+    _flag(h, "mode", "--mode", metavar="parallel|sequential")
+    _flag(h, "memory", "--memory", metavar="model|concat")
+    _flag(h, "memory_max_tokens", "--memory-max-tokens", type=int)
+    _flag(h, "max_steps", "--max-steps", type=int)
+    _flag(h, "max_new_tokens", "--max-new-tokens", type=int)
+    _flag(h, "temperature", "--temperature", type=float)
+    _flag(h, "seed", "--seed", type=int)
+    _flag(h, "out", "--out")
 
-    v = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (for simulators, judges, evaluation)")
-    v.add_argument("--model", default="SmolLM2-135M-Instruct", help=MODEL_HELP)
-    v.add_argument("--served-model-name", help="the name clients send as 'model' (default: --model)")
-    v.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 exposes the server to the network)")
-    v.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
-    v.add_argument("--backend", default="hf", help="backend that generates (envace.backends.BACKENDS)")
-    v.add_argument("--device", default="cpu")
-    v.add_argument("--bf16", **_BF16_ARG, help="generate in bf16; --bf16 auto: only where bf16 is faster than float32 here")
-    v.add_argument("--max-batch", type=int, default=32, help="most prompts generated together")
-    v.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long the first request waits for others to batch with")
-    v.add_argument("--default-max-tokens", type=int, default=256)
-    v.add_argument("--max-tokens-limit", type=int, default=4096)
-    v.add_argument("--verbose", action="store_true", help="log every request")
-    v.set_defaults(fn=cmd_serve)
+    v = _config_command(sub, "serve", "envace.config:ServeConfig", cmd_serve, "serve a model over an OpenAI-compatible HTTP API (for simulators, judges, evaluation)")
+    _flag(v, "model", "--model", help=MODEL_HELP)
+    _flag(v, "served_model_name", "--served-model-name")
+    _flag(v, "host", "--host")
+    _flag(v, "port", "--port", type=int)
+    _flag(v, "backend", "--backend")
+    _flag(v, "device", "--device")
+    _flag(v, "bf16", "--bf16", **_BF16_ARG)
+    _flag(v, "max_batch", "--max-batch", type=int)
+    _flag(v, "batch_wait_ms", "--batch-wait-ms", type=float)
+    _flag(v, "default_max_tokens", "--default-max-tokens", type=int)
+    _flag(v, "max_tokens_limit", "--max-tokens-limit", type=int)
+    _flag(v, "verbose", "--verbose", action="store_true")
 
     k = sub.add_parser("tasks", help="print tasks of a suite")
     k.add_argument("--suite", default="builtin")
@@ -413,12 +455,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse and run one command. A configured command gets its config (``--print-config``: printed instead),
+    the others the parsed arguments; a bad config, name, model or server ends it with one line and exit code 2."""
+    from .backends.base import BackendError
     from .envs.base import EnvStartupError
 
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
-    except (ValueError, KeyError, FileNotFoundError, ImportError, EnvStartupError) as e:
+        if getattr(args, "config_class", None) is None:
+            return args.fn(args)
+        cfg = command_config(args)
+        if args.print_config:
+            from .config import config_yaml
+
+            print(config_yaml(cfg), end="")
+            return 0
+        return args.fn(cfg)
+    except (ValueError, KeyError, FileNotFoundError, ImportError, EnvStartupError, BackendError) as e:
         print(f"envace {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 

@@ -5,8 +5,12 @@ the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewi
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import inspect
 import json
+import re
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -15,6 +19,7 @@ from typing import Any
 import yaml
 
 from .backends.base import SamplingParams
+from .backends.loaders import LOADERS
 from .precision import bf16_setting
 from .registry import Registry
 from .rewards import JUDGE_MAX_NEW_TOKENS
@@ -213,6 +218,205 @@ class SFTConfig:
             raise ValueError("steps >= 0, batch_tasks >= 1 and lr > 0 are required")
 
 
+@dataclass
+class EvalConfig:
+    """``envace eval``: a model in the real environment, optionally after private test-time rehearsal
+    (envace.evaluation.evaluate_model)."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
+    is merged into its base); with ``backend: http`` the server's http(s)://host:port/v1 URL."""
+    backend: str = "hf"
+    """What generates (envace.backends.loaders.LOADERS): hf (the model loaded here), http (a served model:
+    ``envace serve``, ``vllm serve``), vllm (a colocated vLLM engine; GPU, extra ``envace[vllm]``)."""
+    backend_options: dict = field(default_factory=dict)
+    """Keyword options of the backend (http: tokenizer, timeout, max_retries, max_concurrency, api_key; vllm:
+    gpu_memory_utilization, max_model_len, dtype; hf: HFBackend's, e.g. max_batch)."""
+    suite: str = "builtin"
+    """Task suite (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
+    split: str = "test"
+    """Split of the suite (train, val, test, ood)."""
+    n: int = 20
+    """Tasks to evaluate."""
+    samples: int = 1
+    """Real trials per task (pass^k is reported for k <= samples)."""
+    tts_n: int = 0
+    """Test-time rehearsal budget N: private attempts before each real trial (0: none)."""
+    tts_mode: str = "parallel"
+    """How the rehearsal attempts run: parallel | sequential."""
+    tts_memory: str = "model"
+    """How the attempts become the memory of the real trial: model (the model writes notes) | concat."""
+    temperature: float | None = None
+    """Act temperature of the real trials (None: 0 for one sample, else 0.7)."""
+    max_steps: int = 8
+    """Act generations per trajectory."""
+    max_new_tokens: int = 160
+    """Most tokens of one generation."""
+    seed: int = 0
+    """Seed of the task sample and of the sampling."""
+    bf16: bool | str = False
+    """Generate in bf16 (hf backend; on CPU packed bf16 weights, ~1.6x faster with AVX-512-BF16): true, false, or
+    ``auto`` (only where bf16 is faster than float32 here)."""
+    out: str | None = None
+    """Write the metrics and per-task results as JSON here (for ``envace compare``)."""
+    trajectories: bool = False
+    """Include the trajectories in ``out``."""
+
+    def __post_init__(self) -> None:
+        LOADERS.get(self.backend)  # an unknown name lists the valid ones
+        self.bf16 = bf16_setting(self.bf16, "EvalConfig.bf16")
+
+
+@dataclass
+class FidelityConfig:
+    """``envace fidelity``: rehearsed vs real observations on shadow rollouts (envace.fidelity.measure_fidelity)."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
+    is merged into its base); with ``backend: http`` the server's http(s)://host:port/v1 URL."""
+    backend: str = "hf"
+    """What generates the policy's Act and Rehearse (envace.backends.loaders.LOADERS): hf | http | vllm, as for
+    ``envace eval``."""
+    backend_options: dict = field(default_factory=dict)
+    """Keyword options of the backend (as ``EvalConfig.backend_options``)."""
+    suite: str = "builtin"
+    """Task suite."""
+    split: str = "test"
+    """Split of the suite."""
+    n: int = 8
+    """Tasks."""
+    k: int = 2
+    """Shadow trajectories per task."""
+    mode: str = "rehearsal"
+    """Who answers the calls: rehearsal (the policy) | per_role (``rehearser``) | simulator (``simulator``)."""
+    rehearser: str | None = None
+    """per_role: the Rehearse model (None: the checkpoint's rehearser/); an http(s) URL is a served model."""
+    simulator: str | None = None
+    """simulator: the frozen simulator model (None: ``model``); an http(s) URL is a served model."""
+    validate_in_code: bool = False
+    """Answer unknown-tool / schema errors by code instead of asking Rehearse."""
+    reference_cache: bool = False
+    """Answer a call identical to a recorded reference call from the record."""
+    max_steps: int = 8
+    """Act generations per trajectory."""
+    max_new_tokens: int = 160
+    """Most tokens of one generation."""
+    seed: int = 0
+    """Seed of the task sample and of the rollouts."""
+    show: int = 0
+    """Print this many shadow trajectories."""
+    out: str | None = None
+    """Write the summary, every scored pair and the trajectories as JSON here."""
+
+    def __post_init__(self) -> None:
+        LOADERS.get(self.backend)
+
+
+@dataclass
+class RolloutBatchConfig:
+    """``envace rollout``: one batch of rollouts written as JSON lines (the engine's own settings are
+    :class:`~envace.rollout.RolloutConfig`)."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
+    is merged into its base)."""
+    suite: str = "builtin"
+    """Task suite."""
+    split: str = "train"
+    """Split of the suite."""
+    mode: str = "rehearsal"
+    """Where observations come from: rehearsal | real | simulator | per_role."""
+    simulator: str | None = None
+    """simulator mode: the frozen simulator model (None: ``model``); an http(s) URL is a served model."""
+    rehearser: str | None = None
+    """per_role mode: the Rehearse model (None: the checkpoint's rehearser/); an http(s) URL is a served model."""
+    n: int = 2
+    """Tasks."""
+    k: int = 4
+    """Trajectories per task."""
+    max_steps: int = 4
+    """Act generations per trajectory."""
+    max_new_tokens: int = 96
+    """Most tokens of one generation."""
+    shadow: bool = False
+    """Also run each rehearsed call in a real environment copy and record its observation."""
+    seed: int = 0
+    """Seed of the task sample and of the sampling."""
+    show: int = 2
+    """Print this many trajectories."""
+    out: str = "trajectories.jsonl"
+    """Where the trajectories go (JSON lines; an existing file is replaced)."""
+
+
+@dataclass
+class RehearseConfig:
+    """``envace rehearse``: test-time scaling on one task: N private attempts and reflections, a memory, one real
+    run (envace.tts.run_tts)."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
+    is merged into its base)."""
+    suite: str = "builtin"
+    """Task suite."""
+    split: str = "test"
+    """Split of the suite."""
+    index: int = 0
+    """Which task of the suite / split."""
+    n: int = 2
+    """Rehearsal budget N: attempts before the real run (0: plain acting)."""
+    mode: str = "parallel"
+    """How the attempts run: parallel | sequential."""
+    memory: str = "model"
+    """How the attempts become the memory: model (the model writes notes) | concat."""
+    memory_max_tokens: int = 256
+    """Most tokens of the memory."""
+    max_steps: int = 6
+    """Act generations per trajectory."""
+    max_new_tokens: int = 128
+    """Most tokens of one generation."""
+    temperature: float = 1.0
+    """Act sampling temperature of the attempts (the real run is greedy)."""
+    seed: int = 0
+    """Seed of the task sample and of the sampling."""
+    out: str | None = None
+    """Write the full record as JSON here."""
+
+
+@dataclass
+class ServeConfig:
+    """``envace serve``: a model over an OpenAI-compatible HTTP API (the server's request limits are
+    :class:`~envace.serve.ServerConfig`)."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
+    is merged into its base)."""
+    served_model_name: str | None = None
+    """The name clients send as ``model`` (None: ``model``)."""
+    host: str = "127.0.0.1"
+    """Bind address (0.0.0.0 exposes the server to the network)."""
+    port: int = 8000
+    """Port (0: a free one, printed)."""
+    backend: str = "hf"
+    """Backend that generates (envace.backends.BACKENDS): hf, or vllm (GPU, extra ``envace[vllm]``)."""
+    device: str = "cpu"
+    """Device of the hf backend (cpu, cuda, cuda:1)."""
+    bf16: bool | str = False
+    """Generate in bf16: true, false, or ``auto`` (only where bf16 is faster than float32 here)."""
+    max_batch: int = 32
+    """Most prompts generated together."""
+    batch_wait_ms: float = 5.0
+    """How long the first request waits for others to batch with (milliseconds)."""
+    default_max_tokens: int = 256
+    """``max_tokens`` of a request that sends none."""
+    max_tokens_limit: int = 4096
+    """Most ``max_tokens`` a request may ask for."""
+    verbose: bool = False
+    """Log every request."""
+
+    def __post_init__(self) -> None:
+        self.bf16 = bf16_setting(self.bf16, "ServeConfig.bf16")
+
+
 def task_kinds_setting(value: Any, where: str) -> tuple[str, ...] | None:
     """A ``task_kinds`` value as a tuple of known kinds without repeats (a string is a comma-separated list;
     None stays None: every kind). An unknown kind, or none at all, is an error that lists the valid ones."""
@@ -345,15 +549,17 @@ def _yaml(text: str, where: str) -> Any:
         raise ValueError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
 
 
-def load_config(cls: type, path: str | None = None, overrides: list[str] | None = None) -> Any:
-    """A config from an optional YAML file plus ``key=value`` overrides."""
+def load_config(cls: type, path: str | None = None, overrides: list[str] | None = None, values: dict[str, Any] | None = None) -> Any:
+    """A config from an optional YAML file, then ``values`` (field -> value: the CLI's shorthand flags such as
+    ``-n 20``), then ``key=value`` overrides; each later one wins over the earlier ones, the dataclass defaults
+    fill the rest. An unknown field anywhere is an error that lists the valid ones."""
     d: dict[str, Any] = {}
     if path:
         with open(path, encoding="utf-8") as f:
             d = _yaml(f.read(), path) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{path}: a config file must hold a mapping")
-    d = apply_overrides(d, overrides or [])
+    d = apply_overrides({**d, **(values or {})}, overrides or [])
     if "rollout" in d and isinstance(d["rollout"], dict):
         r = dict(d["rollout"])
         for k in ("act", "rehearse"):
@@ -361,3 +567,56 @@ def load_config(cls: type, path: str | None = None, overrides: list[str] | None 
                 r[k] = from_dict(SamplingParams, r[k])
         d["rollout"] = from_dict(RolloutConfig, r)
     return from_dict(cls, d)
+
+
+def config_yaml(cfg: Any) -> str:
+    """A config as YAML that :func:`load_config` reads back into an equal config (tuples become lists)."""
+    return yaml.safe_dump(json.loads(json.dumps(to_dict(cfg), default=str)), sort_keys=False, allow_unicode=True)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass, read from its source (Python keeps none at runtime); fields
+    without one are absent."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+            docs[node.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def first_sentence(doc: str, limit: int = 300) -> str:
+    """The first sentence of a docstring on one line (a period before whitespace and a capital ends it; ``e.g.``
+    does not), cut to ``limit`` characters."""
+    text = " ".join(doc.split("\n\n")[0].split())
+    m = re.search(r"(?<!e\.g)(?<!i\.e)\.(?=\s+[A-Z`(\"])", text)
+    text = text[: m.start() + 1] if m else text
+    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
+
+
+def config_fields(cls: type, prefix: str = "", values: Any = None) -> list[tuple[str, Any, str]]:
+    """(dotted name, default, first sentence of its docstring) of each field of a config dataclass; a nested
+    config is listed field by field (``rollout.group_size``) with the defaults it has there (``values``)."""
+    docs = field_docs(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if values is not None:
+            default = getattr(values, f.name)
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            out += config_fields(type(default), f"{prefix}{f.name}.", default)
+        else:
+            out.append((prefix + f.name, default, first_sentence(docs.get(f.name, ""))))
+    return out
+
+
+def config_help(cls: type, width: int = 110) -> str:
+    """The ``--help`` epilog of a command configured by ``cls``: every field with its default and the first
+    sentence of its docstring."""
+    lines = [f"{cls.__name__} fields (defaults < --config F.yaml < shorthand flags < --set key=value; --print-config shows the result):"]
+    for name, default, doc in config_fields(cls):
+        lines.append(f"  {name} = {default!r}")
+        lines += textwrap.wrap(doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines)

@@ -229,25 +229,27 @@ def evaluate_at_budget(policy: Backend, tasks: list[Task], samples: int = 1, rol
     return res
 
 
-def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 20, samples: int = 1, seed: int = 0, tts_n: int = 0, tts_mode: str = "parallel", rollout: RolloutConfig | None = None, temperature: float | None = None, progress: bool = True, tts_options: dict[str, Any] | None = None, bf16: bool | str = False) -> EvalResult:
-    """Load ``model`` (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see
-    :func:`envace.models.load`) and evaluate it on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n`` (``bf16``: generate in bf16; true, false or ``"auto"``, see ``HFBackend``). The real trials sample Act greedily when ``samples == 1``
+def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 20, samples: int = 1, seed: int = 0, tts_n: int = 0, tts_mode: str = "parallel", rollout: RolloutConfig | None = None, temperature: float | None = None, progress: bool = True, tts_options: dict[str, Any] | None = None, bf16: bool | str = False, backend: str = "hf", backend_options: dict[str, Any] | None = None) -> EvalResult:
+    """Evaluate ``model`` on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n``. ``backend`` says what
+    generates (:func:`envace.backends.loaders.open_backend`, with ``backend_options``): ``hf`` loads ``model`` here
+    (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.models.load`;
+    ``bf16``: generate in bf16, true, false or ``"auto"``, see ``HFBackend``), ``http`` asks the server at the URL
+    ``model``, ``vllm`` starts a vLLM engine. The real trials sample Act greedily when ``samples == 1``
     and at T=0.7 otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
     from .backends.base import SamplingParams
-    from .backends.hf import HFBackend
+    from .backends.loaders import open_backend
     from .envs import load_tasks
-    from .models import load
 
-    m, tok = load(model)
+    policy = open_backend(model, backend, backend_options, bf16=bf16)
     tasks = load_tasks(suite, split, n=n, seed=seed)
     base = rollout or RolloutConfig(act=SamplingParams(max_new_tokens=160))
     final_act = base.act.with_(temperature=(0.0 if samples == 1 else 0.7) if temperature is None else temperature)
     rc = dataclasses.replace(base, seed=seed, progress=progress)
     if tts_n == 0:
-        res = evaluate_at_budget(HFBackend(m, tok, bf16=bf16), tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act))
+        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act))
     else:
         opts = {"final_act": final_act, **(tts_options or {})}
-        res = evaluate_at_budget(HFBackend(m, tok, bf16=bf16), tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts_options=opts)
+        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts_options=opts)
     res.suite, res.split = suite, split
     return res
 

@@ -1,0 +1,89 @@
+"""A generation backend for a model name: what ``envace eval --backend hf|http|vllm`` (and ``fidelity``) build.
+
+Each entry of :data:`LOADERS` turns a model spec into a :class:`~envace.backends.base.Backend`:
+
+- ``hf``: the model (a name, a model or LoRA adapter folder, a training checkpoint / run folder:
+  :func:`envace.models.load`) loaded here; options go to :class:`~envace.backends.hf.HFBackend`.
+- ``http``: the model is the ``http(s)://host:port/v1`` URL of an OpenAI-compatible server (``envace serve``,
+  ``vllm serve``); options go to :class:`~envace.backends.http.HTTPBackend` (``timeout``, ``max_retries``,
+  ``max_concurrency``, ``api_key``, ``model``: the served name, ``tokenizer``). Rollouts build token prompts, so
+  the client needs the served model's tokenizer: ``tokenizer`` (a model name or folder), else the served
+  model's name (``GET /v1/models``, e.g. ``tiny-random`` for ``envace serve --model tiny-random``).
+- ``vllm``: the model folder (:func:`envace.models.resolve_model`) in a colocated vLLM engine (GPU, extra
+  ``envace[vllm]``; without it the ImportError names the extra); options go to ``VLLMBackend``.
+
+``bf16`` is a setting of the ``hf`` backend; asking another for it is an error (a served model's precision is the
+server's, vLLM's is its ``dtype`` option).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..registry import Registry
+from .base import Backend
+
+LOADERS: Registry[Callable[..., Backend]] = Registry("backend")
+
+
+def is_url(name: str | None) -> bool:
+    """Whether a model name is an http(s) URL (a served model)."""
+    return bool(name) and str(name).startswith(("http://", "https://"))
+
+
+def open_backend(model: str, backend: str = "hf", options: dict[str, Any] | None = None, device: str = "cpu", bf16: bool | str = False) -> Backend:
+    """The ``backend`` (a :data:`LOADERS` name) generating with ``model``; ``options`` are its keyword options."""
+    load = LOADERS.get(backend)
+    if backend != "hf" and bf16 is not False:
+        raise ValueError(f"bf16 is a setting of the hf backend, not of {backend!r} (set it off, or use the backend's own precision option)")
+    if backend != "http" and is_url(model):
+        raise ValueError(f"model {model!r} is a URL: a served model needs backend http (--backend http)")
+    return load(model, device=device, bf16=bf16, **(options or {}))
+
+
+def frozen_backend(name: str, role: str = "policy") -> Backend:
+    """A helper model that is not trained (a simulator, a per-role rehearser): an http(s) URL is a served model,
+    anything else is loaded here (its ``role`` model where ``name`` is a checkpoint), as
+    ``TrainConfig.simulator_model`` is."""
+    if is_url(name):
+        return open_backend(name, "http")
+    from ..models import resolve_model
+
+    return open_backend(resolve_model(name, role), "hf")
+
+
+@LOADERS.register("hf")
+def _hf(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
+    from ..models import load
+    from .hf import HFBackend
+
+    m, tok = load(model, device=device)
+    return HFBackend(m, tok, bf16=bf16, **options)
+
+
+@LOADERS.register("http")
+def _http(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
+    from .http import HTTPBackend
+
+    if not is_url(model):
+        raise ValueError(f"backend http: the model must be the server's http(s)://host:port/v1 URL, got {model!r}")
+    be = HTTPBackend(model, **options)
+    if be.tokenizer is None:
+        from ..models import ModelNotFoundError, load_tokenizer
+
+        try:
+            be.tokenizer = load_tokenizer(be.model)
+        except ModelNotFoundError as e:
+            raise ValueError(f"backend http: no local tokenizer for the served model {be.model!r} ({e}); set backend_options.tokenizer to its model name or folder") from None
+    return be
+
+
+@LOADERS.register("vllm")
+def _vllm(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
+    from ..models import is_adapter, resolve_model
+    from .vllm import VLLMBackend, require_vllm
+
+    require_vllm()  # first: without vLLM nothing else matters
+    path = resolve_model(model)
+    if is_adapter(path):
+        raise ValueError(f"backend vllm needs a full model folder, and {path!r} is a LoRA adapter; use backend hf (which merges it into its base)")
+    return VLLMBackend(path, **options)
