@@ -100,7 +100,7 @@ CTX = RewardContext()
 
 
 def test_reward_registry_names_and_unknown_name():
-    assert REWARDS.names() == ["checklist", "checklist_judge", "gold_exact", "gold_f1", "grounded", "outcome_checklist", "reply_facts"]
+    assert REWARDS.names() == ["checklist", "checklist_judge", "consistent_f1", "consistent_facts", "gold_exact", "gold_f1", "grounded", "outcome_checklist", "reply_facts"]
     with pytest.raises(UnknownNameError, match="gold_f1"):
         REWARDS.get("gold")
 
@@ -419,6 +419,56 @@ def test_outcome_rewards_tell_an_invented_balance_from_the_right_one_where_gold_
     assert score({"gold_f1": 0.5, "reply_facts": 0.5}, invented) == pytest.approx(0.5)
     res = REWARDS.get("reply_facts")(task, invented, CTX)
     assert res.info == {"n_facts": 1, "missing": ["142.50"]}
+
+
+def _sweep_task() -> Task:
+    """Move the whole balance of holiday (511.00 in the real world) to savings: the amount is only looked up."""
+    tools = [ToolSpec(n, n, {"type": "object", "properties": {}}) for n in ("get_balance", "transfer")]
+    return Task(
+        id="sw", env="rwtest_counter", system_prompt="You bank.", user_turns=["Move everything from holiday to savings and tell me how much."], tools=tools,
+        gold_actions=[[ToolCall("get_balance", {"account": "holiday"}), ToolCall("transfer", {"from_account": "holiday", "to_account": "savings", "amount": 511.0})]],
+        expected_outputs=["511.00"],
+    )
+
+
+def _sweep_traj(seen: str, moved: float, told: str) -> Trajectory:
+    """Looks up holiday (the observation says ``seen``), moves ``moved``, replies with ``told``."""
+    look, move = ToolCall("get_balance", {"account": "holiday"}), ToolCall("transfer", {"from_account": "holiday", "to_account": "savings", "amount": moved})
+    return make_traj(calls_step(look, obs=[{"account": "holiday", "balance": seen}]), calls_step(move, obs=[{"amount": f"{moved:.2f}"}]), reply_step(f"Moved ${told} to savings."))
+
+
+def test_consistent_rewards_score_a_rehearsed_world_by_its_own_observations_where_the_gold_rewards_cannot():
+    task = _sweep_task()
+    score = lambda spec, traj: make_reward(spec)(task, traj, CTX).value  # noqa: E731
+    real = _sweep_traj("511.00", 511.0, "511.00")
+    imagined = _sweep_traj("300.00", 300.0, "300.00")  # Rehearse imagined 300: Act copied it, as it should
+    made_up = _sweep_traj("300.00", 250.0, "250.00")  # an amount no observation holds
+    assert score("gold_f1*reply_facts", real) == score("consistent_f1*consistent_facts", real) == 1.0
+    assert score("gold_f1", imagined) == 0.5 and score("reply_facts", imagined) == 0.0  # the gold punishes copying
+    assert score("consistent_f1", imagined) == score("consistent_facts", imagined) == 1.0
+    assert score("consistent_f1", made_up) == 0.5 and score("consistent_facts", made_up) == 0.0
+    res = REWARDS.get("consistent_facts")(task, made_up, CTX)
+    assert res.info["made_up_numbers"] == [250.0]
+
+
+def test_consistent_f1_still_needs_the_values_the_user_states_exactly():
+    task = _sweep_task()
+    wrong_account = make_traj(calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"balance": "300.00"}]), calls_step(ToolCall("transfer", {"from_account": "holiday", "to_account": "checking", "amount": 300.0})))
+    assert REWARDS.get("consistent_f1")(task, wrong_account, CTX).value == 0.5
+    extra_arg = make_traj(calls_step(ToolCall("get_balance", {"account": "holiday", "x": 1})))
+    assert REWARDS.get("consistent_f1")(task, extra_arg, CTX).value == 0.0
+    assert REWARDS.get("consistent_f1")(_sweep_task().__class__(**{**_sweep_task().__dict__, "gold_actions": []}), wrong_account, CTX).value is None
+
+
+def test_consistent_facts_ask_the_stated_facts_as_written_and_a_word_fact_from_the_observations():
+    base = _sweep_task()
+    stated = Task(**{**base.__dict__, "expected_outputs": ["holiday"]})  # the user names it: it must be said
+    assert REWARDS.get("consistent_facts")(stated, _sweep_traj("300.00", 300.0, "300.00"), CTX).value == 0.0
+    payee = Task(**{**base.__dict__, "expected_outputs": ["cinema"]})  # only the world knows the payee
+    said = make_traj(calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"merchant": "bakery"}]), reply_step("The newest payment went to the bakery."))
+    unsaid = make_traj(calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"merchant": "bakery"}]), reply_step("I could not tell."))
+    assert REWARDS.get("consistent_facts")(payee, said, CTX).value == 1.0
+    assert REWARDS.get("consistent_facts")(payee, unsaid, CTX).value == 0.0
 
 
 def test_reply_facts_is_case_insensitive_needs_every_fact_and_is_1_without_facts():

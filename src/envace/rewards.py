@@ -17,6 +17,10 @@ Built-in rewards:
   ``reply_contains`` item for each expected output it does not already check, plus, for a task without any
   rule-checked item (BFCL, tau2), one ``called`` item per distinct gold call. On the built-in suites (whose
   checklists already check every expected output) it equals ``"checklist"``.
+- ``"consistent_f1"`` / ``"consistent_facts"``: ``gold_f1`` / ``reply_facts`` read in the trajectory's own world:
+  a value the task does not state (a looked-up amount, a balance to report) must come from the trajectory's
+  observations rather than equal the real world's. On a rehearsed trajectory this scores Act against the world
+  Rehearse imagined, where the gold rewards score it against a world it never saw.
 - ``"checklist_judge"``: fraction of checklist items that an LLM judge (``ctx.judge``) says hold.
 - ``"grounded"``: **uses the real environment**: the environment's own success check. A trajectory that ran in
   a real environment (real mode, shadow copy) is scored from that run (``traj.env_outcome``, recorded by the
@@ -250,6 +254,147 @@ def outcome_checklist(task: Task, traj: Trajectory, ctx: RewardContext) -> Rewar
         return RewardResult(None, {"unscored": f"task {task.id!r} has no checklist rule, gold call or expected output"})
     held = [check_rule(r, traj) for r in rules]
     return RewardResult(sum(held) / len(held), {"n_rules": len(rules), "failed": [r for r, ok in zip(rules, held) if not ok]})
+
+
+# --------------------------------------------------------------------------------------------------------
+# World-consistent rewards: the gold, read in the trajectory's own (maybe imagined) world
+# --------------------------------------------------------------------------------------------------------
+# On a rehearsed trajectory the observations are Rehearse's, so a value that only the world supplies (a
+# balance, an id, the newest payment) is right when Act takes it from *its* observations, not when it equals
+# the real world's value that the gold holds. The gold-call rewards punish exactly that (measured: after four
+# RL steps with gold_f1 the bank tasks that move a looked-up amount went from 9/9 to 0/9 on val, docs/rewards.md).
+
+_NUMBER = re.compile(r"(?<![0-9.])\d+(?:\.\d+)?")
+
+
+def numbers_in(text: str) -> set[float]:
+    """The numbers written in ``text`` (thousands commas dropped): ``"$1,210.50 and 3"`` -> {1210.5, 3.0}."""
+    return {float(m) for m in _NUMBER.findall(text.replace(",", ""))}
+
+
+def _text(obs: Any) -> str:
+    return obs if isinstance(obs, str) else dumps(obs)
+
+
+def _values_text(obs: Any) -> str:
+    """The values of an observation (not its JSON keys), lower-cased; a text observation whole."""
+    from .envs.references import json_leaves
+
+    if isinstance(obs, str):
+        try:
+            obs = json.loads(obs)
+        except ValueError:
+            return obs.lower()
+    return " ".join(str(v) for v in json_leaves(obs)).lower()
+
+
+def is_shown(value: Any, shown: str) -> bool:
+    """Whether the task states ``value`` before any observation (``shown``: lower-cased
+    :func:`envace.envs.references.shown_text`); a number in any of its written forms (511, 511.0, 511.00)."""
+    from .envs.references import mentions
+
+    if isinstance(value, bool) or value is None:
+        return True  # a flag or a null is a choice, not a value the world supplies
+    if isinstance(value, (int, float)):
+        return float(value) in numbers_in(shown)
+    v = str(value).strip().lower().lstrip("$")
+    return not v or mentions(shown, v) or (bool(numbers_in(v)) and _NUMBER.fullmatch(v) is not None and float(v) in numbers_in(shown))
+
+
+def _seen(value: Any, obs_text: str, obs_numbers: set[float]) -> bool:
+    """Whether ``value`` appears in the observations so far (their text lower-cased, their numbers)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value) in obs_numbers
+    v = str(value).strip().lower().lstrip("$")
+    return bool(v) and (v in obs_text or (_NUMBER.fullmatch(v) is not None and float(v) in obs_numbers))
+
+
+def _calls_with_context(traj: Trajectory) -> list[tuple[ToolCall, str, set[float]]]:
+    """Each call of ``traj`` with the text and numbers of the observations before it."""
+    out, text, numbers = [], "", set()
+    for step in traj.steps:
+        for i, call in enumerate(step.calls):
+            out.append((call, text, numbers))
+            if i < len(step.observations):
+                t = _text(step.observations[i]).lower()
+                text, numbers = text + "\n" + t, numbers | numbers_in(t)
+    return out
+
+
+def consistent_match(gold: ToolCall, call: ToolCall, obs_text: str, obs_numbers: set[float], shown: str) -> bool:
+    """``call`` does what ``gold`` does in the call's own world: same name and argument names; each argument the
+    task states (:func:`is_shown`) equal to gold's (canonical JSON); each other one (the world's: an amount looked
+    up, an id) a value that an earlier observation of the trajectory holds."""
+    if call.name != gold.name or set(call.arguments) != set(gold.arguments):
+        return False
+    for k, g in gold.arguments.items():
+        v = call.arguments[k]
+        stated = isinstance(g, (dict, list)) or is_shown(g, shown)  # a structured value is compared whole
+        if (dumps(v) != dumps(g)) if stated else not _seen(v, obs_text, obs_numbers):
+            return False
+    return True
+
+
+@REWARDS.register("consistent_f1")
+def consistent_f1(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """F1 of the trajectory's calls vs the gold calls as :func:`call_prf`, but matching by
+    :func:`consistent_match`: values the world supplies are checked against the trajectory's own earlier
+    observations, so a rehearsed trajectory is scored in the world Rehearse imagined. On a real trajectory it is
+    looser than ``gold_f1`` (any observed value counts, not only the right one); unscored without gold."""
+    from .envs.references import shown_text
+
+    if (missing := _no_gold(task)) is not None:
+        return missing
+    shown = shown_text(task)
+    free = _calls_with_context(traj)
+    tp = 0
+    for g in task.flat_gold():  # greedy one-to-one matching in gold order
+        j = next((j for j, (c, t, n) in enumerate(free) if consistent_match(g, c, t, n, shown)), None)
+        if j is not None:
+            tp += 1
+            free.pop(j)
+    p, r, f1 = _prf(tp, len(traj.calls()), len(task.flat_gold()))
+    return RewardResult(f1, {"precision": p, "recall": r, "f1": f1})
+
+
+def grounded_numbers(traj: Trajectory, shown: set[float]) -> set[float]:
+    """The numbers that ``shown`` (the task's own) and the observations hold, in order; an observation's echo of
+    a number its call made up (not shown, not observed before) does not ground it."""
+    grounded = set(shown)
+    for step in traj.steps:
+        for call, obs in zip(step.calls, step.observations):
+            made_up = numbers_in(dumps(call.arguments)) - grounded
+            grounded |= numbers_in(_text(obs)) - made_up
+    return grounded
+
+
+@REWARDS.register("consistent_facts")
+def consistent_facts(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """Fraction of the task's expected outputs that the replies state in the trajectory's own world: a fact the
+    task states must appear as written (as ``reply_facts``); a fact only the world holds (a balance, a payee)
+    counts when the replies state a value of its kind (a number, a word) taken from the observations, and no
+    number the replies write is made up (every one is in the task's text or an observation). 1 for a task with
+    no expected output."""
+    from .envs.references import shown_text
+
+    facts = list(task.expected_outputs)
+    if not facts:
+        return RewardResult(1.0, {"n_facts": 0})
+    shown = shown_text(task)
+    reply = "\n".join(traj.replies()).lower()
+    obs_numbers, reply_numbers = grounded_numbers(traj, numbers_in(shown)), numbers_in(reply)
+    made_up = sorted(reply_numbers - obs_numbers)
+    words = set(re.findall(r"[a-z][a-z_-]{2,}", " ".join(_values_text(o) for s in traj.steps for o in s.observations))) - set(re.findall(r"[a-z][a-z_-]{2,}", shown))
+    held = []
+    for f in facts:
+        fs = str(f).lower()
+        if is_shown(f, shown):
+            held.append(fs in reply)
+        elif _NUMBER.fullmatch(fs.lstrip("$").replace(",", "")):
+            held.append(not made_up and bool(reply_numbers & obs_numbers))
+        else:
+            held.append(any(re.search(rf"(?<![a-z]){re.escape(w)}(?![a-z])", reply) for w in words))
+    return RewardResult(sum(held) / len(held), {"n_facts": len(facts), "missing": [f for f, ok in zip(facts, held) if not ok], "made_up_numbers": made_up[:5]})
 
 
 # --------------------------------------------------------------------------------------------------------
