@@ -62,12 +62,14 @@ def main() -> int:
     if not os.path.isdir(sft_ckpt):
         sft(SFTConfig(model="SmolLM2-135M-Instruct", suite="bank", n_tasks=256, steps=30, batch_tasks=4, lr=1e-4, bf16="auto", micro_batch_tokens=4096, seed=0, out_dir=os.path.join(args.work, "sft"), tensorboard=False))
     base = evaluate(sft_ckpt, os.path.join(args.work, "val-sft.json"))
-    rows = []
+    rows, reused = [], []
     for name in names:
         what, over = CANDIDATES[name]
         path = os.path.join(args.work, f"val-{name}.json")
         mpath = os.path.join(args.work, f"metrics-{name}.json")
-        if not os.path.exists(path):
+        if os.path.exists(path):
+            reused.append(name)
+        else:
             t0 = time.perf_counter()
             cfg = TrainConfig(model=sft_ckpt, rollout=_demo_rollout(group_size=4), out_dir=os.path.join(args.work, f"rl-{name}"), **{**RL_DEFAULTS, **over})
             tr = train(cfg)
@@ -89,6 +91,8 @@ def main() -> int:
     lines += ["", "Per task kind:", ""]
     for r in rows:
         lines += ["```", format_comparison(r["comparison"]), "```", ""]
+    if reused:
+        lines.append(f"Val results read from the work folder {args.work} (written by an earlier run with the same settings and seeds): {', '.join(reused)}.")
     lines.append(f"Hardware: {hardware_summary()['cpu']}; command: python bench/rl_settings.py {' '.join(sys.argv[1:])}")
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w", encoding="utf-8") as f:
