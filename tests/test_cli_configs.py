@@ -1,4 +1,4 @@
-"""Every configured CLI command (sft, train, eval, fidelity, experiment, rollout, rehearse, serve): ``--print-config``
+"""Every configured CLI command (sft, train, eval, fidelity, experiment, rollout, rehearse, serve, export): ``--print-config``
 shows the dataclass defaults (for the commands that had hand-written flags: the flags' old defaults), a YAML file,
 the shorthand flags and ``--set`` resolve in the documented order, unknown fields name the valid ones, ``--help``
 lists every field with its docstring, and ``eval --backend http`` against a live ``envace serve`` gives the same
@@ -17,7 +17,7 @@ from servers import envace_serve
 
 COMMANDS = {
     "sft": "SFTConfig", "train": "TrainConfig", "eval": "EvalConfig", "fidelity": "FidelityConfig",
-    "experiment": "ExperimentConfig", "rollout": "RolloutBatchConfig", "rehearse": "RehearseConfig", "serve": "ServeConfig",
+    "experiment": "ExperimentConfig", "rollout": "RolloutBatchConfig", "rehearse": "RehearseConfig", "serve": "ServeConfig", "export": "ExportConfig",
 }
 MODEL = "SmolLM2-135M-Instruct"
 OLD_FLAG_DEFAULTS = {  # the argparse defaults these commands had before they had configs: behaviour is unchanged

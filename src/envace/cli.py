@@ -10,12 +10,13 @@
     envace experiment [--config F] [--set key=value ...]  all arms x seeds x budgets -> report.md / report.html
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]
+    envace export FILE... [--real-only] [--gold --suite S --split train -n 100] --out records.jsonl   OpenAI / HF chat records
     envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory model|concat]
     envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
 
-sft, train, eval, fidelity, experiment, rollout, rehearse and serve are each configured by one typed dataclass
+sft, train, eval, fidelity, experiment, rollout, rehearse, serve and export are each configured by one typed dataclass
 (TrainConfig, SFTConfig, EvalConfig, FidelityConfig, ExperimentConfig, RolloutBatchConfig, RehearseConfig,
-ServeConfig) and take ``--config F.yaml``, ``--set key=value`` (repeatable, dotted for nested fields) and
+ServeConfig, ExportConfig) and take ``--config F.yaml``, ``--set key=value`` (repeatable, dotted for nested fields) and
 ``--print-config`` (print the resolved config as YAML and exit). Their other flags are shorthands of fields
 (``-n 20`` is ``--set n=20``). Precedence: dataclass defaults < the file < shorthand flags < ``--set``. ``--help``
 lists every field with its default and docstring. ``--backend http`` evaluates a served model: ``--model`` is then
@@ -158,6 +159,34 @@ def cmd_rollout(cfg: Any) -> int:
         print()
     n_tok = sum(len(r.completion_ids) for t in trajs for r in t.rows)
     print(f"{len(trajs)} trajectories, {n_tok} generated tokens in {dt:.1f}s ({n_tok / dt:.1f} tok/s); wrote {cfg.out}")
+    return 0
+
+
+def cmd_export(cfg: Any) -> int:
+    """Trajectory files (and / or a suite's gold trajectories) as OpenAI / HF chat records in JSON lines. A malformed
+    item is one line on stderr naming its file and line; the valid ones are written all the same."""
+    from .export import export_records, read_trajectories, write_records
+
+    if not cfg.inputs and not cfg.gold:
+        raise ValueError("nothing to export: give trajectory files or --gold")
+    read = read_trajectories(cfg.inputs)
+    records, errors, imagined = export_records(read.items, cfg.real_only, content=cfg.content, system=cfg.system)
+    errors = read.errors + errors
+    if cfg.gold:
+        from .envs import load_tasks
+        from .models import load_tokenizer
+        from .sft import gold_trajectories
+
+        gold = gold_trajectories(load_tokenizer(cfg.model), load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed))
+        more, gold_errors, _ = export_records([(t, {}) for t in gold], world="real", content=cfg.content, system=cfg.system)
+        records, errors = records + more, errors + gold_errors
+    for line in errors[:20]:
+        print(f"envace export: skipped {line}", file=sys.stderr)
+    if len(errors) > 20:
+        print(f"envace export: ... and {len(errors) - 20} more skipped", file=sys.stderr)
+    write_records(cfg.out, records)
+    skipped = f"; skipped {len(errors)} malformed" + (f", {imagined} imagined (real_only)" if cfg.real_only else "")
+    print(f"wrote {len(records)} records to {cfg.out}" + (f" ({len(read.items)} trajectories read{skipped})" if cfg.inputs else ""))
     return 0
 
 
@@ -415,6 +444,19 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(r, "seed", "--seed", type=int)
     _flag(r, "show", "--show", type=int)
     _flag(r, "out", "--out")
+
+    x = _config_command(sub, "export", "envace.config:ExportConfig", cmd_export, "write trajectories (or a suite's gold SFT trajectories) as OpenAI / HF chat records (tool_calls, tool_call_id) in JSON lines")
+    x.add_argument("inputs", nargs="*", default=argparse.SUPPRESS, metavar="FILE", help="same as --set inputs=FILE,...: trajectories.jsonl (or a run folder), rollout --out, eval --trajectories --out, fidelity --out")
+    _flag(x, "gold", "--gold", action="store_true")
+    _flag(x, "suite", "--suite")
+    _flag(x, "split", "--split")
+    _flag(x, "n", "-n", type=int)
+    _flag(x, "seed", "--seed", type=int)
+    _flag(x, "model", "--model", help="model whose tokenizer renders the gold rollouts")
+    _flag(x, "real_only", "--real-only", action="store_true")
+    _flag(x, "content", "--content", metavar="text|raw")
+    _flag(x, "system", "--system", metavar="seen|task")
+    _flag(x, "out", "--out")
 
     h = _config_command(sub, "rehearse", "envace.config:RehearseConfig", cmd_rehearse, "test-time scaling on one task: private rehearsal, memory, one real run")
     _flag(h, "model", "--model", help=MODEL_HELP)

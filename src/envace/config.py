@@ -417,6 +417,49 @@ class ServeConfig:
         self.bf16 = bf16_setting(self.bf16, "ServeConfig.bf16")
 
 
+@dataclass
+class ExportConfig:
+    """``envace export``: trajectories, or the gold trajectories of a suite (SFT data), as OpenAI / Hugging Face chat
+    records in JSON lines: ``messages`` with ``tool_calls`` / ``tool_call_id``, ``tools``, ``world`` (envace.export)."""
+
+    inputs: tuple[str, ...] = ()
+    """Trajectory files: a training run's ``trajectories.jsonl`` (or the run folder), ``envace rollout --out`` JSON
+    lines, an ``envace eval --trajectories --out`` or ``envace fidelity --out`` JSON. A malformed item is skipped with a
+    line naming the file and line; the valid ones are kept."""
+    gold: bool = False
+    """Also export the gold trajectories of ``suite`` / ``split`` (``n`` tasks): the SFT warm-up's data
+    (envace.sft.gold_trajectories; their observations are the real environment's)."""
+    suite: str = "builtin"
+    """Suite of the gold trajectories."""
+    split: str = "train"
+    """Split of the gold trajectories."""
+    n: int = 100
+    """Tasks of the gold trajectories."""
+    seed: int = 0
+    """Seed of the gold trajectories' task sample."""
+    model: str = "SmolLM2-135M-Instruct"
+    """Model whose tokenizer renders the gold rollouts (a ChatML tokenizer; only the messages are exported)."""
+    real_only: bool = False
+    """Leave out trajectories whose observations were imagined (every mode but ``real``; gold ones are real)."""
+    content: str = "text"
+    """Assistant content (envace.export.CONTENT): ``text`` (OpenAI: the text beside the calls, null if none) or
+    ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore ``tool_calls``)."""
+    system: str = "seen"
+    """System message (envace.export.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list and calling
+    instructions) or ``task`` (without them, for a template that renders ``tools`` itself)."""
+    out: str = "export.jsonl"
+    """Where the records go (JSON lines; an existing file is replaced)."""
+
+    def __post_init__(self) -> None:
+        from .export import CONTENT, SYSTEM
+
+        self.inputs = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs or ())
+        CONTENT.get(self.content)
+        SYSTEM.get(self.system)
+        if self.n < 1:
+            raise ValueError(f"ExportConfig.n: bad value {self.n!r}: at least one task")
+
+
 def task_kinds_setting(value: Any, where: str) -> tuple[str, ...] | None:
     """A ``task_kinds`` value as a tuple of known kinds without repeats (a string is a comma-separated list;
     None stays None: every kind). An unknown kind, or none at all, is an error that lists the valid ones."""
