@@ -20,6 +20,7 @@ import yaml
 
 from .backends.base import SamplingParams
 from .backends.loaders import LOADERS
+from .logging import report_sinks
 from .precision import bf16_setting
 from .registry import Registry
 from .rewards import JUDGE_MAX_NEW_TOKENS
@@ -46,7 +47,7 @@ VARIANTS.add("caller_only", Variant("rehearsal", ("act",), "rehearsal rollouts, 
 
 RESUME_POLICIES = ("auto", "force", "never")
 
-RESUMABLE_FIELDS = frozenset({"iterations", "save_every", "keep_checkpoints", "tensorboard", "progress", "rollout.progress", "out_dir", "device", "resume"})
+RESUMABLE_FIELDS = frozenset({"iterations", "save_every", "keep_checkpoints", "tensorboard", "report_to", "progress", "rollout.progress", "out_dir", "device", "resume"})
 """TrainConfig fields that may differ between a checkpoint's run and the run that resumes it: ``iterations`` (to
 extend a run, or end it earlier), how often and how many checkpoints are kept, logging and progress display,
 where ``out_dir`` is spelled, and the device (a run resumes on any device and process count). Every other field
@@ -145,6 +146,11 @@ class TrainConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     tensorboard: bool = True
+    """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to decide)."""
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.logging.SINKS):
+    ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
+    ``[]`` or ``jsonl``: nowhere else. A sink that cannot start says so in one line on stderr and the run goes on."""
     progress: bool = True
     resume: str = "auto"
     """What to do with a checkpoint already in ``out_dir``: "auto" resumes it when its saved config equals this one
@@ -162,6 +168,7 @@ class TrainConfig:
         self.rollout.mode = v.mode  # derived: the variant decides the rollout mode
         self.rollout.__post_init__()
         self.bf16 = bf16_setting(self.bf16, "TrainConfig.bf16")
+        self.report_to = report_to_setting(self.report_to, "TrainConfig.report_to")
         self.task_kinds = task_kinds_setting(self.task_kinds, "TrainConfig.task_kinds")
         if self.rollout_bf16 is not None:
             self.rollout_bf16 = bf16_setting(self.rollout_bf16, "TrainConfig.rollout_bf16")
@@ -175,6 +182,11 @@ class TrainConfig:
     @property
     def train_roles(self) -> tuple[str, ...]:
         return VARIANTS.get(self.variant).train_roles
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """The metrics sinks of the run: ``jsonl``, then ``report_to`` less ``tensorboard`` if ``tensorboard`` is False."""
+        return report_sinks(self.report_to, self.tensorboard)
 
 
 @dataclass
@@ -208,14 +220,25 @@ class SFTConfig:
     out_dir: str = "runs/sft"
     seed: int = 0
     tensorboard: bool = True
+    """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to decide)."""
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.logging.SINKS):
+    ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
+    ``[]`` or ``jsonl``: nowhere else. A sink that cannot start says so in one line on stderr and the run goes on."""
     progress: bool = True
 
     def __post_init__(self) -> None:
         self.roles = tuple(self.roles)
         self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
+        self.report_to = report_to_setting(self.report_to, "SFTConfig.report_to")
         self.task_kinds = task_kinds_setting(self.task_kinds, "SFTConfig.task_kinds")
         if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("steps >= 0, batch_tasks >= 1 and lr > 0 are required")
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """The metrics sinks of the run (as ``TrainConfig.sinks``)."""
+        return report_sinks(self.report_to, self.tensorboard)
 
 
 @dataclass
@@ -458,6 +481,17 @@ class ExportConfig:
         SYSTEM.get(self.system)
         if self.n < 1:
             raise ValueError(f"ExportConfig.n: bad value {self.n!r}: at least one task")
+
+
+def report_to_setting(value: Any, where: str) -> tuple[str, ...]:
+    """A ``report_to`` value as a tuple of sink names (a string is a comma-separated list; None is none); an unknown
+    name is an error that names the field and lists the valid ones."""
+    names = tuple(x.strip() for x in value.split(",") if x.strip()) if isinstance(value, str) else tuple(value or ())
+    try:
+        report_sinks(names)
+    except KeyError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return names
 
 
 def task_kinds_setting(value: Any, where: str) -> tuple[str, ...] | None:

@@ -103,7 +103,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
     trajs = gold_trajectories(tok, tasks)
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
-    logger = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard)
+    logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))
     rng = np.random.default_rng(cfg.seed)
     result = SFTResult(cfg.out_dir, None)
 

@@ -186,7 +186,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         load_rng(ckpt)
     traj_log = os.path.join(cfg.out_dir, "trajectories.jsonl")
     if dist.is_main:  # rank 0 writes the logs
-        logger: Any = MetricsLogger(cfg.out_dir, tensorboard=cfg.tensorboard, resume_step=start if ckpt else None)
+        logger: Any = MetricsLogger(cfg.out_dir, cfg.sinks, resume_step=start if ckpt else None, config=to_dict(cfg))
         # like the metrics: iterations past the checkpoint are redone, so their trajectories (and a torn tail) go
         truncate_jsonl(traj_log, lambda rec: rec.get("iteration", -1) < start)
     else:
