@@ -263,7 +263,7 @@ def test_export_cli_round_trip_writes_json_lines_of_gold_and_trajectory_records(
 
 
 def test_datasets_loads_the_records_as_json(tmp_path, gold):
-    datasets = pytest.importorskip("datasets")
+    import datasets  # a test dependency (pyproject [test]): the export must load where users load it
     from envace.export import write_records
 
     path = tmp_path / "gold.jsonl"
