@@ -296,6 +296,26 @@ def test_tasks_are_batched_in_lockstep(tokenizer, tasks, mode):
     assert len(one) == len(three) and [3 * c for c in one] == three
 
 
+def test_tasks_in_flight_rehearses_that_many_tasks_at_a_time_and_keeps_every_record_in_task_order(tokenizer, tasks):
+    """A scripted policy gives the same records whatever the grouping; the largest batch shrinks to the group's."""
+    copies = [dataclasses.replace(tasks[0], id=f"copy{i}") for i in range(3)]
+
+    def run(in_flight):
+        be = ScriptedBackend(tokenizer, scripted(tasks))
+        sizes = []
+        inner = be.generate
+        be.generate = lambda prompts, *a, **k: sizes.append(len(prompts)) or inner(prompts, *a, **k)
+        res = evaluate_with_tts(be, copies, tcfg(n=2, mode="parallel", tasks_in_flight=in_flight))
+        return res, max(sizes)
+
+    (all_at_once, widest_all), (two, widest_two) = run(None), run(2)
+    assert [r.task_id for r in two.records] == [r.task_id for r in all_at_once.records] == ["copy0", "copy1", "copy2"]
+    assert [r.memory for r in two.records] == [r.memory for r in all_at_once.records] and two.per_task == all_at_once.per_task
+    assert widest_all == 3 * 2 and widest_two == 2 * 2  # N=2 attempts of 3 tasks, then of at most 2
+    with pytest.raises(ValueError, match="tasks_in_flight"):
+        tcfg(n=2, tasks_in_flight=0)
+
+
 def test_config_rejects_what_would_break_the_method():
     with pytest.raises(KeyError, match="parallel, plan, sequential"):
         TTSConfig(mode="magic")

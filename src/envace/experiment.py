@@ -134,6 +134,8 @@ class ExperimentConfig:
     """How the rehearsal memory is made (envace.tts.MEMORY_BUILDERS): model | concat."""
     tts_max_new_tokens: int = 160
     """Token limit of each reflection and memory generation."""
+    tts_tasks_in_flight: int | None = None
+    """Tasks rehearsed at a time in the sweep (``TTSConfig.tasks_in_flight``; None: all): bounds memory."""
     fidelity_tasks: int = 8
     """Held-out tasks rolled out in shadow mode per arm for rehearsal fidelity (0: skip)."""
     fidelity_samples: int = 2
@@ -419,6 +421,7 @@ def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str
         "reflect_sampling": SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=cfg.tts_max_new_tokens),
         "memory_sampling": SamplingParams(temperature=0.0, max_new_tokens=cfg.tts_max_new_tokens),
         "final_act": rc.act,
+        "tasks_in_flight": cfg.tts_tasks_in_flight,
     }
     attempts_rc = dataclasses.replace(rc, act=cfg.rollout.act)  # rehearsal attempts sample at the training temperature
     evals: list[dict[str, Any]] = []
@@ -468,9 +471,10 @@ def _write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-RESUMABLE = ("progress", "resume", "out_dir", "seeds")
-"""Fields that do not change any one (arm, seed) result: seeds may be added (or reported as a subset) by a rerun
-in the same out_dir."""
+RESUMABLE = ("progress", "resume", "out_dir", "seeds", "tts_tasks_in_flight")
+"""Fields that do not change what any one (arm, seed) result measures: seeds may be added (or reported as a
+subset) by a rerun in the same out_dir, and the sweep may rehearse fewer tasks at a time (memory; only the
+attempts' sampling stream differs)."""
 
 
 def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:

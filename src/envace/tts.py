@@ -137,6 +137,11 @@ class TTSConfig:
     must be 'rehearsal' and shadow off (attempts never run the world); group_size is ignored (from n)."""
     final_act: SamplingParams | None = None
     """Act sampling of the final real run; None = rollout.act (e.g. sample attempts at T=1, act greedily)."""
+    tasks_in_flight: int | None = None
+    """Rehearse at most this many tasks at a time (their N attempts each run together); None: every task at once.
+    It bounds memory: each attempt in flight keeps its Act and Rehearse contexts' keys and values (for
+    SmolLM2-135M ~45 KB a token in float32, so ~100 MB a 2k-token context); 16 tasks x N=3 in parallel went past
+    24 GiB. The attempts' sampling stream then depends on the grouping, as it does on the batch elsewhere."""
     plan_max_new_tokens: int = 256
     """Token budget of one plan (mode plan; sampled at rollout.act's temperature and top-p). To match compute,
     set it to the mean generated tokens (Act + Rehearse) of one rehearsed attempt of the same model at the same
@@ -144,6 +149,8 @@ class TTSConfig:
 
     def __post_init__(self) -> None:
         REHEARSAL_MODES.get(self.mode)  # unknown names raise, listing the valid ones
+        if self.tasks_in_flight is not None and self.tasks_in_flight < 1:
+            raise ValueError(f"TTSConfig.tasks_in_flight must be >= 1 or None, got {self.tasks_in_flight}")
         MEMORY_BUILDERS.get(self.memory)
         if self.n < 0:
             raise ValueError(f"n must be >= 0, got {self.n}")
@@ -603,7 +610,12 @@ def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, sample
     The metrics are :func:`envace.evaluation.evaluate`'s (success_rate, pass^k, call_f1, ...) plus ``tts/…``
     ones; each record's ``final`` is the task's first real run (all runs are in ``trajectories``).
     """
-    records = rehearse(policy, tasks, cfg)
+    step = cfg.tasks_in_flight or max(1, len(tasks))
+    records: list[RehearsalRecord] = []
+    for i in range(0, len(tasks), step):
+        records += rehearse(policy, tasks[i : i + step], cfg)
+        if step < len(tasks) and hasattr(policy, "release_all"):
+            policy.release_all()  # kept contexts and shared prefixes of the finished tasks: memory, not results
     # ---------------- nothing above touched a real environment; the real phase starts here ----------------
     memory = {r.task_id: r.memory for r in records if r.memory}
     res = evaluate(policy, tasks, samples=samples, rollout=cfg.final_rollout(), memory=memory)
