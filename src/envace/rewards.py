@@ -288,49 +288,69 @@ def _values_text(obs: Any) -> str:
     return " ".join(str(v) for v in json_leaves(obs)).lower()
 
 
-def is_shown(value: Any, shown: str) -> bool:
+def _as_number(v: str) -> float | None:
+    """A normalised value that is a plain number ("511.00") as a float, else None."""
+    return float(v) if _NUMBER.fullmatch(v) else None
+
+
+def is_shown(value: Any, shown: str, shown_numbers: set[float]) -> bool:
     """Whether the task states ``value`` before any observation (``shown``: lower-cased
-    :func:`envace.envs.references.shown_text`); a number in any of its written forms (511, 511.0, 511.00)."""
-    from .envs.references import mentions
+    :func:`envace.envs.references.shown_text`, ``shown_numbers``: :func:`numbers_in` of it); a number in any of
+    its written forms (511, 511.0, 511.00)."""
+    from .envs.references import mentions, norm_value
 
     if isinstance(value, bool) or value is None:
         return True  # a flag or a null is a choice, not a value the world supplies
     if isinstance(value, (int, float)):
-        return float(value) in numbers_in(shown)
-    v = str(value).strip().lower().lstrip("$")
-    return not v or mentions(shown, v) or (bool(numbers_in(v)) and _NUMBER.fullmatch(v) is not None and float(v) in numbers_in(shown))
+        return float(value) in shown_numbers
+    v = norm_value(str(value))
+    return not v or mentions(shown, v) or _as_number(v) in shown_numbers
 
 
 def _seen(value: Any, obs_text: str, obs_numbers: set[float]) -> bool:
     """Whether ``value`` appears in the observations so far (their text lower-cased, their numbers)."""
+    from .envs.references import norm_value
+
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value) in obs_numbers
-    v = str(value).strip().lower().lstrip("$")
-    return bool(v) and (v in obs_text or (_NUMBER.fullmatch(v) is not None and float(v) in obs_numbers))
+    v = norm_value(str(value))
+    return bool(v) and (v in obs_text or _as_number(v) in obs_numbers)
+
+
+_NO_RESULT = object()  # a call that got no observation (a cut trajectory); an observation may itself be None
+
+
+def _call_results(traj: Trajectory) -> list[tuple[ToolCall, Any]]:
+    """Each call of ``traj`` in order with the observation fed back for it (:data:`_NO_RESULT` where none was)."""
+    return [(call, step.observations[i] if i < len(step.observations) else _NO_RESULT) for step in traj.steps for i, call in enumerate(step.calls)]
 
 
 def _calls_with_context(traj: Trajectory) -> list[tuple[ToolCall, str, set[float]]]:
     """Each call of ``traj`` with the text and numbers of the observations before it."""
     out, text, numbers = [], "", set()
-    for step in traj.steps:
-        for i, call in enumerate(step.calls):
-            out.append((call, text, numbers))
-            if i < len(step.observations):
-                t = _text(step.observations[i]).lower()
-                text, numbers = text + "\n" + t, numbers | numbers_in(t)
+    for call, obs in _call_results(traj):
+        out.append((call, text, numbers))
+        if obs is not _NO_RESULT:
+            t = _text(obs).lower()
+            text, numbers = text + "\n" + t, numbers | numbers_in(t)
     return out
 
 
-def consistent_match(gold: ToolCall, call: ToolCall, obs_text: str, obs_numbers: set[float], shown: str) -> bool:
-    """``call`` does what ``gold`` does in the call's own world: same name and argument names; each argument the
-    task states (:func:`is_shown`) equal to gold's (canonical JSON); each other one (the world's: an amount looked
-    up, an id) a value that an earlier observation of the trajectory holds."""
+def stated_arguments(gold: ToolCall, shown: str, shown_numbers: set[float]) -> frozenset[str]:
+    """The arguments of ``gold`` whose values the task states (:func:`is_shown`); a structured value counts as
+    stated (it is compared whole). The others are the world's: an amount looked up, an id."""
+    return frozenset(k for k, g in gold.arguments.items() if isinstance(g, (dict, list)) or is_shown(g, shown, shown_numbers))
+
+
+def consistent_match(gold: ToolCall, stated: frozenset[str], call: ToolCall, obs_text: str, obs_numbers: set[float]) -> bool:
+    """``call`` does what ``gold`` does in the call's own world: same name and argument names; each argument in
+    ``stated`` (:func:`stated_arguments`) equal to gold's (canonical JSON); each other one a value that an earlier
+    observation of the trajectory holds."""
     if call.name != gold.name or set(call.arguments) != set(gold.arguments):
         return False
     for k, g in gold.arguments.items():
         v = call.arguments[k]
-        stated = isinstance(g, (dict, list)) or is_shown(g, shown)  # a structured value is compared whole
-        if (dumps(v) != dumps(g)) if stated else not _seen(v, obs_text, obs_numbers):
+        if (dumps(v) != dumps(g)) if k in stated else not _seen(v, obs_text, obs_numbers):
             return False
     return True
 
@@ -346,10 +366,12 @@ def consistent_f1(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardRes
     if (missing := _no_gold(task)) is not None:
         return missing
     shown = shown_text(task)
+    shown_numbers = numbers_in(shown)
     free = _calls_with_context(traj)
     tp = 0
     for g in task.flat_gold():  # greedy one-to-one matching in gold order
-        j = next((j for j, (c, t, n) in enumerate(free) if consistent_match(g, c, t, n, shown)), None)
+        stated = stated_arguments(g, shown, shown_numbers)
+        j = next((j for j, (c, t, n) in enumerate(free) if consistent_match(g, stated, c, t, n)), None)
         if j is not None:
             tp += 1
             free.pop(j)
@@ -361,8 +383,8 @@ def grounded_numbers(traj: Trajectory, shown: set[float]) -> set[float]:
     """The numbers that ``shown`` (the task's own) and the observations hold, in order; an observation's echo of
     a number its call made up (not shown, not observed before) does not ground it."""
     grounded = set(shown)
-    for step in traj.steps:
-        for call, obs in zip(step.calls, step.observations):
+    for call, obs in _call_results(traj):
+        if obs is not _NO_RESULT:
             made_up = numbers_in(dumps(call.arguments)) - grounded
             grounded |= numbers_in(_text(obs)) - made_up
     return grounded
@@ -381,14 +403,15 @@ def consistent_facts(task: Task, traj: Trajectory, ctx: RewardContext) -> Reward
     if not facts:
         return RewardResult(1.0, {"n_facts": 0})
     shown = shown_text(task)
+    shown_numbers = numbers_in(shown)
     reply = "\n".join(traj.replies()).lower()
-    obs_numbers, reply_numbers = grounded_numbers(traj, numbers_in(shown)), numbers_in(reply)
+    obs_numbers, reply_numbers = grounded_numbers(traj, shown_numbers), numbers_in(reply)
     made_up = sorted(reply_numbers - obs_numbers)
     words = set(re.findall(r"[a-z][a-z_-]{2,}", " ".join(_values_text(o) for s in traj.steps for o in s.observations))) - set(re.findall(r"[a-z][a-z_-]{2,}", shown))
     held = []
     for f in facts:
         fs = str(f).lower()
-        if is_shown(f, shown):
+        if is_shown(f, shown, shown_numbers):
             held.append(fs in reply)
         elif _NUMBER.fullmatch(fs.lstrip("$").replace(",", "")):
             held.append(not made_up and bool(reply_numbers & obs_numbers))

@@ -139,9 +139,11 @@ class TTSConfig:
     """Act sampling of the final real run; None = rollout.act (e.g. sample attempts at T=1, act greedily)."""
     tasks_in_flight: int | None = None
     """Rehearse at most this many tasks at a time (their N attempts each run together); None: every task at once.
-    It bounds memory: each attempt in flight keeps its Act and Rehearse contexts' keys and values (for
-    SmolLM2-135M ~45 KB a token in float32, so ~100 MB a 2k-token context); 16 tasks x N=3 in parallel went past
-    24 GiB. The attempts' sampling stream then depends on the grouping, as it does on the batch elsewhere."""
+    It limits the attempts in flight, each of which keeps its Act and Rehearse contexts' keys and values (for
+    SmolLM2-135M ~45 KB a token in float32, ~100 MB a 2k-token context), and the kept caches are dropped between
+    groups. It did not, on its own, stop the growth seen in the CPU experiment's sweep (16 tasks x N=3 in parallel
+    went past 24 GiB; 4 at a time still reached 17 GiB; cause open). The attempts' sampling stream depends on the
+    grouping, as it does on the batch elsewhere."""
     plan_max_new_tokens: int = 256
     """Token budget of one plan (mode plan; sampled at rollout.act's temperature and top-p). To match compute,
     set it to the mean generated tokens (Act + Rehearse) of one rehearsed attempt of the same model at the same

@@ -193,7 +193,8 @@ def json_leaves(x: Any) -> list[Any]:
     return [x] if isinstance(x, (str, int, float)) else []
 
 
-def _norm(value: str) -> str:
+def norm_value(value: str) -> str:
+    """A value as texts are compared with it: stripped, lower-cased, without a leading ``$``."""
     return value.strip().lower().lstrip("$")
 
 
@@ -220,7 +221,7 @@ def hidden_values(task: Task) -> list[str]:
     values = list(task.expected_outputs) + [v for c in task.flat_gold() for v in map(str, json_leaves(c.arguments))]
     out: list[str] = []
     for v in values:
-        s = _norm(v)
+        s = norm_value(v)
         if len(s) >= MIN_HIDDEN_CHARS and s not in out and not mentions(shown, s):
             out.append(s)
     return out
