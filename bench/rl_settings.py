@@ -7,7 +7,8 @@ Resumable: a candidate whose val result exists in the work folder is not run aga
 
     python bench/rl_settings.py                      # every candidate (about 8-10 min each on 2 cores)
     python bench/rl_settings.py --only cons cons2    # some of them
-Writes bench/results/rl_settings.json and .md (the table and per-kind comparisons).
+Writes bench/results/rl_settings.json and .md (the table and per-kind comparisons), and into
+bench/results/rl_settings_val/ every val result (per-task outcomes, no trajectories) and training curve.
 """
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from envace.cli import _demo_rollout  # noqa: E402
-from envace.config import SFTConfig, TrainConfig  # noqa: E402
+import dataclasses  # noqa: E402
+
+from envace.cli import _demo_rollout, demo_sft_config, demo_train_config  # noqa: E402
+from envace.config import to_dict  # noqa: E402
 from envace.evaluation import compare_results, evaluate_model, format_comparison, load_result, save_result  # noqa: E402
 from envace.precision import hardware_summary  # noqa: E402
 from envace.sft import sft  # noqa: E402
@@ -33,13 +36,14 @@ from envace.trainer import train  # noqa: E402
 SPLIT, N_TASKS, EVAL_SEED = "val", 100, 1
 # name -> (what it tries, TrainConfig fields over the demo's RL defaults below)
 CANDIDATES: dict[str, tuple[str, dict]] = {
-    "demo": ("the demo's previous setting: gold_f1*reply_facts, lr 1e-5, float32", {"reward": "gold_f1*reply_facts", "bf16": False, "rollout_bf16": False}),
+    "demo": ("the demo's own setting: gold_f1*reply_facts, lr 1e-5, float32", {"reward": "gold_f1*reply_facts", "bf16": False, "rollout_bf16": False}),
     "f1": ("gold_f1 alone (dense)", {"reward": "gold_f1"}),
     "oc": ("outcome_checklist (dense, rule-checked outcome)", {"reward": "outcome_checklist"}),
     "cons": ("consistent_f1*consistent_facts: the gold read in the imagined world", {"reward": "consistent_f1*consistent_facts"}),
     "cons2": ("as cons, lr 3e-5 and 2 update epochs", {"reward": "consistent_f1*consistent_facts", "lr": 3e-5, "update_epochs": 2}),
 }
-RL_DEFAULTS = dict(suite="bank", variant="envace", iterations=4, batch_tasks=2, lr=1e-5, micro_batch_tokens=4096, seed=0, save_every=1000, tensorboard=False, progress=False, bf16="auto", rollout_bf16="auto")
+# over the demo's EnvACE step (envace.cli.demo_train_config: 4 iterations x 2 tasks x 4 trajectories, lr 1e-5)
+RL_DEFAULTS = dict(progress=False, bf16="auto", rollout_bf16="auto")
 
 
 def evaluate(model: str, path: str) -> dict:
@@ -58,32 +62,48 @@ def main() -> int:
     args = ap.parse_args()
     names = args.only or list(CANDIDATES)
     os.makedirs(args.work, exist_ok=True)
-    sft_ckpt = os.path.join(args.work, "sft", "checkpoints", "step-000030", "policy")
+    kept = args.out + "_val"
+    os.makedirs(kept, exist_ok=True)
+
+    def keep(*paths: str) -> None:
+        """A copy for the repository: a val result without its trajectories (per-task outcomes stay), a curve."""
+        for p in paths:
+            with open(p, encoding="utf-8") as f:
+                d = json.load(f)
+            d.pop("trajectories", None)
+            with open(os.path.join(kept, os.path.basename(p)), "w", encoding="utf-8") as f:
+                json.dump(d, f, indent=1)
+
+    scfg = demo_sft_config("SmolLM2-135M-Instruct", "bank", os.path.join(args.work, "sft"), seed=0)
+    sft_ckpt = os.path.join(scfg.out_dir, "checkpoints", f"step-{scfg.steps:06d}", "policy")
     if not os.path.isdir(sft_ckpt):
-        sft(SFTConfig(model="SmolLM2-135M-Instruct", suite="bank", n_tasks=256, steps=30, batch_tasks=4, lr=1e-4, bf16="auto", micro_batch_tokens=4096, seed=0, out_dir=os.path.join(args.work, "sft"), tensorboard=False))
+        sft(scfg)
     base = evaluate(sft_ckpt, os.path.join(args.work, "val-sft.json"))
+    keep(os.path.join(args.work, "val-sft.json"))
     rows, reused = [], []
     for name in names:
         what, over = CANDIDATES[name]
         path = os.path.join(args.work, f"val-{name}.json")
         mpath = os.path.join(args.work, f"metrics-{name}.json")
+        cfg = dataclasses.replace(demo_train_config(sft_ckpt, "bank", os.path.join(args.work, f"rl-{name}"), seed=0), **{**RL_DEFAULTS, **over})
         if os.path.exists(path):
             reused.append(name)
         else:
             t0 = time.perf_counter()
-            cfg = TrainConfig(model=sft_ckpt, rollout=_demo_rollout(group_size=4), out_dir=os.path.join(args.work, f"rl-{name}"), **{**RL_DEFAULTS, **over})
             tr = train(cfg)
             with open(mpath, "w", encoding="utf-8") as f:
                 json.dump({"train_s": round(time.perf_counter() - t0, 1), "metrics": tr.metrics}, f)
             evaluate(os.path.join(tr.checkpoint, "policy"), path)
         cand = load_result(path)
         cmp = compare_results(base, cand, names=("SFT", name))
-        metrics = json.load(open(mpath)) if os.path.exists(mpath) else {}
-        curve = metrics.get("metrics", metrics) if isinstance(metrics, dict) else metrics
-        rows.append({"name": name, "what": what, "settings": {**RL_DEFAULTS, **over}, "val_success": cand["metrics"]["success_rate"], "comparison": cmp, "reward_per_iteration": [round(m["reward/mean"], 3) for m in curve]})
+        with open(mpath, encoding="utf-8") as f:
+            trained = json.load(f)
+        settings = {k: v for k, v in to_dict(cfg).items() if k not in ("out_dir", "model")}
+        rows.append({"name": name, "what": what, "settings": settings, "train_s": trained["train_s"], "val_success": cand["metrics"]["success_rate"], "comparison": cmp, "reward_per_iteration": [round(m["reward/mean"], 3) for m in trained["metrics"]]})
+        keep(path, mpath)
         print(f"{name}: val {cand['metrics']['success_rate']:.3f} (SFT {base['metrics']['success_rate']:.3f})", flush=True)
     lines = [f"# RL settings chosen on bank {SPLIT} ({N_TASKS} tasks), never on test", "",
-             f"SFT warm-up (the demo's), then 4 EnvACE iterations x 2 tasks x 4 rehearsed trajectories from it; greedy evaluation in the real environment. SFT on val: {base['metrics']['success_rate']:.3f}.", "",
+             f"SFT warm-up (the demo's), then the demo's EnvACE step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy evaluation in the real environment. SFT on val: {base['metrics']['success_rate']:.3f}.", "",
              "| setting | what it tries | val success | B - SFT [paired 95% CI] | McNemar p | reward per iteration |", "|---|---|---|---|---|---|"]
     for r in rows:
         o = r["comparison"]["overall"]

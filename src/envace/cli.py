@@ -63,6 +63,23 @@ def _demo_rollout(**kw: Any) -> Any:
     return RolloutConfig(max_steps=8, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96, stop=["</tool_call>"]), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=96, stop=["</observation>"]), **kw)
 
 
+def demo_sft_config(model: str, suite: str, out_dir: str, seed: int = 0, steps: int = 30, batch: int = 4, quick: bool = False) -> Any:
+    """The demo's SFT warm-up (also the start of bench/rl_settings.py): 256 gold trajectories of ``suite``'s train
+    split, lr 1e-4 for the embedded default (1e-3 for other, e.g. tiny, models), bf16 where it is fast."""
+    from .config import SFTConfig
+    from .models import DEFAULT_MODEL
+
+    return SFTConfig(model=model, suite=suite, n_tasks=64 if quick else 256, steps=2 if quick else steps, batch_tasks=batch, lr=1e-4 if model == DEFAULT_MODEL else 1e-3, bf16="auto", micro_batch_tokens=4096, seed=seed, out_dir=out_dir, tensorboard=False)
+
+
+def demo_train_config(model: str, suite: str, out_dir: str, seed: int = 0, iterations: int = 4, batch: int = 2, lr: float = 1e-5, quick: bool = False) -> Any:
+    """The demo's EnvACE step from the warm-up ``model``: ``iterations`` x ``batch`` tasks x 4 rehearsed
+    trajectories, the default reward ``gold_f1*reply_facts``, the demo's rollout settings."""
+    from .config import TrainConfig
+
+    return TrainConfig(model=model, suite=suite, variant="envace", reward="gold_f1*reply_facts", iterations=1 if quick else iterations, batch_tasks=2 if quick else batch, lr=lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, seed=seed, out_dir=out_dir, save_every=1000, tensorboard=False)
+
+
 def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
     from .evaluation import evaluate_model
 
@@ -236,9 +253,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     the paired comparison of SFT + EnvACE against SFT. Writes into ``--out``: ``untrained.json``, ``sft.json`` and
     ``envace.json`` (evaluation results with per-task outcomes; ``envace compare sft.json envace.json`` recomputes
     the comparison), ``demo_results.json`` (metrics, comparison, stage times, hardware) and ``results.md``."""
-    from .config import SFTConfig, TrainConfig
     from .evaluation import compare_results, format_comparison, load_result, rate_with_ci, save_result
-    from .models import DEFAULT_MODEL
     from .precision import hardware_summary
     from .sft import sft
     from .trainer import train
@@ -258,11 +273,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("[demo] 1/4 evaluating the untrained model on held-out tasks", flush=True)
     before = stage("eval_untrained_s", lambda: _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1))
     print("[demo] 2/4 SFT warm-up on gold trajectories", flush=True)
-    s = stage("sft_s", lambda: sft(SFTConfig(model=args.model, suite=args.suite, n_tasks=64 if quick else 256, steps=2 if quick else args.sft_steps, batch_tasks=args.sft_batch, lr=1e-4 if args.model == DEFAULT_MODEL else 1e-3, bf16="auto", micro_batch_tokens=4096, seed=args.seed, out_dir=os.path.join(out, "sft"), tensorboard=False)))
+    s = stage("sft_s", lambda: sft(demo_sft_config(args.model, args.suite, os.path.join(out, "sft"), args.seed, args.sft_steps, args.sft_batch, quick)))
     print("[demo] 3/4 evaluating after SFT", flush=True)
     mid = stage("eval_sft_s", lambda: _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1))
     print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
-    tr = stage("envace_s", lambda: train(TrainConfig(model=s.checkpoint, suite=args.suite, variant="envace", reward="gold_f1*reply_facts", iterations=1 if quick else args.rl_iterations, batch_tasks=2 if quick else args.rl_batch, lr=args.rl_lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, seed=args.seed, out_dir=os.path.join(out, "train"), save_every=1000, tensorboard=False)))
+    tr = stage("envace_s", lambda: train(demo_train_config(s.checkpoint, args.suite, os.path.join(out, "train"), args.seed, args.rl_iterations, args.rl_batch, args.rl_lr, quick)))
     after = stage("eval_envace_s", lambda: _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1))
     results = {"untrained": before, "sft": mid, "envace": after}
     for name, res in results.items():  # per-task outcomes, for envace compare
