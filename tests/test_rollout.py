@@ -271,6 +271,44 @@ def test_continuous_batching_unrolls_the_same_trajectories_as_lockstep(tiny, mod
     assert lock_calls > 0 and cont_calls == 0  # the continuous run went through the stream, not batch rounds
 
 
+class _KeptGoldHF(_GoldActHF):
+    """_GoldActHF that checks, at every finished generation of a stream, which trajectories still have kept
+    contexts: a trajectory is done once its on_done hands back no follow-up."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.done, self.stale, self.peak = set(), [], 0
+
+    def generate_stream(self, requests, on_done, seed=None):
+        def spy(req, g):
+            traj = req.session.rsplit("/", 1)[0]
+            nxt = on_done(req, g)
+            if not nxt:
+                self.done.add(traj)
+            self.stale += [s for s in self._kept if s.rsplit("/", 1)[0] in self.done]
+            self.peak = max(self.peak, len(self._kept))
+            return nxt
+
+        return super().generate_stream(requests, spy, seed)
+
+
+@pytest.mark.parametrize("mode", ["rehearsal", "real"])
+def test_a_finished_trajectorys_kept_contexts_are_dropped_while_the_others_run(tiny, mode):
+    """Memory follows the trajectories still running: the keys/values kept for a trajectory's Act and Rehearse
+    contexts are released the moment it ends, not when the whole rollout does (a 100-task evaluation otherwise
+    holds every finished context, ~9 GB for SmolLM2-135M)."""
+    model, tok = tiny
+    tasks = load_tasks("builtin", "train", n=4, seed=3)
+    greedy = SamplingParams(temperature=0, max_new_tokens=48)
+    c = RolloutConfig(mode=mode, group_size=2, max_steps=6, act=greedy, rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]))
+    be = _KeptGoldHF(model, tok, tasks)
+    trajs = RolloutEngine(be, c).run(tasks)
+    steps = sorted(len(t.steps) for t in trajs)
+    assert steps[0] < steps[-1]  # some end while others still run
+    assert len(be.done) == len(trajs) and be.stale == []
+    assert 0 < be.peak and be._kept == {}
+
+
 class _SeenGoldHF(_GoldActHF):
     """_GoldActHF that records (session, prompt length) of every generation it is asked for, batch or stream."""
 
