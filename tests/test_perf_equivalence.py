@@ -90,6 +90,72 @@ def test_kept_sessions_are_reused_after_rows_finish_at_different_steps(tiny):
     _same(reuse, whole)
 
 
+class _RowsSeen(HFBackend):
+    """HFBackend that records the batch size of every lockstep batch and the running rows of every stream step."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.batches, self.stream_rows = [], []
+
+    def _generate_batch(self, prompts, params, sessions, gen):
+        self.batches.append(len(prompts))
+        return super()._generate_batch(prompts, params, sessions, gen)
+
+    def _stream_step(self, st, tok):
+        self.stream_rows.append(len(st.rows))
+        return super()._stream_step(st, tok)
+
+
+def _budget_for_rows(be: HFBackend, rows: int, columns: int) -> float:
+    """A max_kv_gib that fits ``rows`` sequences of ``columns`` cache columns (and not one more)."""
+    return (rows + 0.5) * columns * be.kv_bytes_per_token() / 2**30
+
+
+def test_a_memory_budget_runs_fewer_sequences_at_once_with_the_same_tokens(tiny):
+    """max_kv_gib bounds how many sequences share one cache (a batch takes the longest one's columns per row);
+    greedy tokens do not depend on how the prompts were split into batches."""
+    from envace.backends.base import Request
+    from envace.backends.hf import _Stream
+
+    model, tok = tiny
+    params = SamplingParams(temperature=0, max_new_tokens=10)
+    prompts = _prompts(tok, 6)
+    free = _RowsSeen(model, tok, max_kv_gib=None)
+    tight = _RowsSeen(model, tok, max_kv_gib=_budget_for_rows(free, 2, max(map(len, prompts)) + params.max_new_tokens))
+    _same(tight.generate(prompts, params), free.generate(prompts, params))
+    assert free.batches == [6] and tight.batches == [2, 2, 2]
+
+    out = {}
+    for be in (free, tight):
+        be.max_kv_bytes = None if be is free else _budget_for_rows(be, 2, max(map(len, prompts)) + params.max_new_tokens + 2 * _Stream.MARGIN) * 2**30
+        got = {}
+        be.generate_stream([Request(p, params, tag=i) for i, p in enumerate(prompts)], lambda r, g, got=got: got.__setitem__(r.tag, g) or [], seed=0)
+        out[be is free] = [got[i] for i in range(len(prompts))]
+    _same(out[False], out[True])
+    assert max(free.stream_rows) == 6 and max(tight.stream_rows) == 2
+    with pytest.raises(ValueError, match="max_kv_gib"):
+        HFBackend(model, tok, max_kv_gib=0)
+
+
+def test_a_stream_serves_follow_ups_of_running_work_before_new_requests(tiny):
+    """One row at a time: the follow-up that a finished request hands back runs before the requests still
+    waiting to start, so a trajectory's kept context lives for one turn, not for the whole queue."""
+    from envace.backends.base import Request
+
+    model, tok = tiny
+    be = HFBackend(model, tok, max_batch=1)
+    params = SamplingParams(temperature=0, max_new_tokens=3)
+    prompts = _prompts(tok, 3)
+    order = []
+
+    def on_done(req, g):
+        order.append(req.tag)
+        return [Request(req.prompt + g.token_ids, params, session=req.session, tag=req.tag + "'")] if len(req.tag) == 1 else []
+
+    be.generate_stream([Request(p, params, session=t, tag=t) for p, t in zip(prompts, "abc")], on_done, seed=0)
+    assert order == ["a", "a'", "b", "b'", "c", "c'"]
+
+
 # -- update ------------------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -239,6 +239,7 @@ class _Stream:
         self.slot_ref: list[Any] = []  # the _Kept prefix in each slot (kept alive while a row may use it)
         self.slot_len: list[int] = []
         self.slot_users: list[int] = []
+        self.max_rows: int | None = None  # rows a rebuild may allocate at most (the backend's memory budget)
 
     # -- admission ------------------------------------------------------------------------------------------
     def admit(self, reqs: list[Request], cache: Any, attn: torch.Tensor, width: int, L: list[int], prefixes: list[Any] | None = None) -> None:
@@ -324,8 +325,11 @@ class _Stream:
         col = max(used, longest) + self.MARGIN
         cap = col + max(rem, self._remaining()) + self.MARGIN
         R = len(self.rows) + n_new
+        rows = R + max(4, R // 4)  # room for a few more without a rebuild
+        if self.max_rows is not None:
+            rows = min(rows, max(R, self.max_rows))
         _, _, _, H, _, D = like.shape
-        data = torch.zeros(self.n_layers, 2, R + max(4, R // 4), H, cap, D, dtype=self.dtype or like.dtype, device=self.device)
+        data = torch.zeros(self.n_layers, 2, rows, H, cap, D, dtype=self.dtype or like.dtype, device=self.device)
         attn = torch.zeros(data.shape[2], cap, dtype=torch.long, device=self.device)
         if self.rows:
             r, d = len(self.rows), col - self.col
@@ -385,13 +389,19 @@ class HFBackend(Backend):
     forward of a Llama model through :class:`~envace.backends.fastdecode.LlamaDecoder` (packed bf16 weights,
     float32 keys/values and attention) instead of ``model(...)``; other architectures always use ``model(...)``. ``cascade`` (packed streams): rows
     that start with the same shared prompt prefix attend to one copy of it (exact up to rounding).
+    ``max_kv_gib``: memory budget of one batch's keys/values (the running stream's slab, a lockstep batch's cache):
+    fewer sequences run at once when their contexts are long (at least one always runs); None: only ``max_batch``
+    limits them. Every sequence of a batch takes as many columns as the longest one, so 64 rows of 1.3k-token
+    contexts of SmolLM2-135M take 4.7 GB in float32. In a stream, the follow-up generations of running
+    trajectories go before requests of trajectories not started yet, so the contexts kept between turns follow
+    the running trajectories too.
     ``stats`` counts prompt tokens, those served from kept sessions or shared prefixes, generated tokens, forwards
     and decode steps (forwards that feed one token per running sequence).
     """
 
     streams = True
 
-    def __init__(self, model: Any, tokenizer: Any, bf16: bool | str | None = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None, cascade: bool = True):
+    def __init__(self, model: Any, tokenizer: Any, bf16: bool | str | None = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None, cascade: bool = True, max_kv_gib: float | None = 2.0):
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -401,6 +411,9 @@ class HFBackend(Backend):
         self._decoder = decoder_for(model, torch.bfloat16 if self.bf16 else torch.float32) if packed else None
         self.keep_sessions = keep_sessions
         self.max_batch = max_batch
+        if max_kv_gib is not None and max_kv_gib <= 0:
+            raise ValueError(f"max_kv_gib must be > 0 or None, got {max_kv_gib}")
+        self.max_kv_bytes = None if max_kv_gib is None else max_kv_gib * 2**30
         self._kept: dict[str, _Kept] = {}
         self._prefixes: list[_Kept] = []  # shared prompt prefixes (LRU), dropped with release_all / sync_weights
         self.share_prefixes = share_prefixes
@@ -424,9 +437,27 @@ class HFBackend(Backend):
             self._decoder.refresh()  # the weights may have changed since the last call
         gen = torch.Generator(device=self.device)  # multinomial needs the generator on the logits' device
         gen.manual_seed(params.seed if params.seed is not None else torch.seed() % (2**63))
-        for s in range(0, len(prompts), self.max_batch):
-            out += self._generate_batch(list(prompts[s : s + self.max_batch]), params, sessions[s : s + self.max_batch], gen)
+        s = 0
+        while s < len(prompts):
+            n = self._rows_within_budget(max(len(p) for p in prompts[s : s + self.max_batch]) + params.max_new_tokens)
+            out += self._generate_batch(list(prompts[s : s + n]), params, sessions[s : s + n], gen)
+            s += n
         return out
+
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of one token's keys and values over all layers, at the widest dtype a cache here uses (float32)."""
+        cfg = self.model.config
+        cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        return self._n_layers() * 2 * kv_heads * head_dim * 4
+
+    def _rows_within_budget(self, columns: int) -> int:
+        """How many sequences of ``columns`` cache columns each fit ``max_kv_gib`` (at least 1, at most max_batch)."""
+        if self.max_kv_bytes is None:
+            return self.max_batch
+        return max(1, min(self.max_batch, int(self.max_kv_bytes // (columns * self.kv_bytes_per_token()))))
 
     def release(self, sessions: Sequence[str]) -> None:
         for s in sessions:
@@ -595,7 +626,7 @@ class HFBackend(Backend):
         st = _Stream(self._n_layers(), self.device, torch.float32 if self._decoder is not None else None)
         logits: torch.Tensor | None = None  # next-token logits of st.rows, in row order
         while pending or st.rows:
-            room = self.max_batch - len(st.rows)
+            room = self._stream_room(st, pending)
             if pending and room > 0:
                 take, pending = pending[:room], pending[room:]
                 cache, attn, width, L, new_logits = self._prefill([r.prompt for r in take], [r.session for r in take], 0)
@@ -611,6 +642,7 @@ class HFBackend(Backend):
                 row.finish = self._finish_reason(row.toks, row.req.params)
                 if row.finish:
                     done.append(i)
+            follow: list[Request] = []
             for i in done:
                 row = st.rows[i]
                 if self.keep_sessions and row.req.session is not None:  # prompt + completion minus its last token
@@ -618,13 +650,27 @@ class HFBackend(Backend):
                 self.stats["generated_tokens"] += len(row.toks)
                 text = self.tokenizer.decode(row.toks, skip_special_tokens=True)
                 g = Generation(token_ids=row.toks, logprobs=row.lps, text=text, finish_reason=row.finish, prompt_tokens=len(row.req.prompt), cached_tokens=row.cached)
-                pending += on_done(row.req, g)
+                follow += on_done(row.req, g)
+            pending = follow + pending  # running trajectories first: their kept contexts are then short-lived
             keep = st.remove(done)
             logits = None
             if st.rows:
                 tok = tok.index_select(0, torch.tensor(keep, dtype=torch.long, device=self.device))
                 logits = self._stream_step(st, tok)
                 st.advance()
+
+    def _stream_room(self, st: "_Stream", pending: list[Request]) -> int:
+        """How many pending requests may join the stream now: free rows under ``max_batch`` and under the memory
+        budget, counted at the columns a rebuild would allocate for the longest context and generation in sight."""
+        room = self.max_batch - len(st.rows)
+        if self.max_kv_bytes is None or not pending or room <= 0:
+            return room
+        cand = pending[:room]
+        longest = max([st.col - st.lo if st.rows else 0] + [len(r.prompt) for r in cand])
+        rem = max([st._remaining()] + [r.params.max_new_tokens for r in cand])
+        allowed = self._rows_within_budget(longest + rem + 2 * _Stream.MARGIN)
+        st.max_rows = allowed
+        return min(room, allowed - len(st.rows))
 
     def _sample_rows(self, logits: torch.Tensor, rows: list["_StreamRow"], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token and log-prob of every running row of a stream, each under its own request's settings."""
