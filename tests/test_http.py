@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from envace.backends.base import BackendError, Generation, SamplingParams
+from envace.backends.base import BackendError, SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.http import HTTPBackend
 from envace.prompts import ChatFormat

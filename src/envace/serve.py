@@ -304,9 +304,9 @@ class EnvaceServer:
         n = self.cfg.context_length
         for p in prompts:
             if not p:
-                raise RequestError("the prompt is empty", param)
+                raise RequestError(f"'{param}': the prompt is empty", param)
             if n is not None and len(p) + params.max_new_tokens > n:
-                raise RequestError(f"prompt ({len(p)} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})", param)
+                raise RequestError(f"'{param}': the prompt ({len(p)} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})", param)
         opts = body.get("stream_options")
         stream = _flag(body, "stream")
         if opts is not None and (not stream or not isinstance(opts, dict) or set(opts) - {"include_usage"}):

@@ -160,7 +160,8 @@ class GenerationWorker:
                     _emit(job, Update(-1, None, True, error="the server is shutting down"))
                 return None
             if self._queue[0].params.seed is not None:
-                return [self._queue.popleft()]
+                job = self._queue.popleft()
+                return [] if job.cancelled else [job]
             jobs = self._pull()
             deadline = time.monotonic() + self.wait_s
             while not self._closed and not (self._queue and self._queue[0].params.seed is not None):
