@@ -482,8 +482,9 @@ class EnvaceServer:
                     yield event([end])
             if req.usage_chunk:
                 yield event([], usage=self._usage(req, [done[k] for k in sorted(done)]))
-        except GenerationFailed as e:
-            yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'server_error', 'param': None, 'code': 500}})}\n\n"
+        except (GenerationFailed, RequestError) as e:  # after the answer began: an error event, then the end
+            code, kind = (e.status, e.kind) if isinstance(e, RequestError) else (500, "server_error")
+            yield f"data: {json.dumps({'error': {'message': str(e), 'type': kind, 'param': None, 'code': code}})}\n\n"
         yield "data: [DONE]\n\n"
 
     # -- errors --------------------------------------------------------------------------------------------
