@@ -130,9 +130,11 @@ def test_a_lora_adapter_without_its_tokenizer_takes_its_bases(runs, tmp_path):
 
 
 def test_serve_loads_a_lora_run_merged(runs):
-    from envace.serve import load_backend
+    from envace.backends.loaders import open_backend
+    from envace.serve import context_of
 
-    be, n = load_backend(runs["lora"])
+    be = open_backend(runs["lora"])  # what envace serve loads
+    n = context_of(be)
     ref, tok = _peft_reference(resolve_model(runs["lora"]))
     assert n == 8192
     torch.testing.assert_close(_logits(be.model, tok), _logits(ref, tok), rtol=0, atol=1e-5)

@@ -236,7 +236,7 @@ def cmd_serve(cfg: Any) -> int:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health) over a backend."""
     from .serve import serve
 
-    serve(cfg.model, name=cfg.served_model_name, host=cfg.host, port=cfg.port, backend=cfg.backend, device=cfg.device, bf16=cfg.bf16, max_batch=cfg.max_batch, batch_wait_s=cfg.batch_wait_ms / 1000, default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit, verbose=cfg.verbose)
+    serve(cfg)
     return 0
 
 
@@ -498,6 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(v, "bf16", "--bf16", **_BF16_ARG)
     _flag(v, "max_batch", "--max-batch", type=int)
     _flag(v, "batch_wait_ms", "--batch-wait-ms", type=float)
+    _flag(v, "stream_segment_tokens", "--stream-segment-tokens", type=int)
     _flag(v, "default_max_tokens", "--default-max-tokens", type=int)
     _flag(v, "max_tokens_limit", "--max-tokens-limit", type=int)
     _flag(v, "verbose", "--verbose", action="store_true")

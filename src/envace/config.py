@@ -426,9 +426,13 @@ class ServeConfig:
     bf16: bool | str = False
     """Generate in bf16: true, false, or ``auto`` (only where bf16 is faster than float32 here)."""
     max_batch: int = 32
-    """Most prompts generated together."""
+    """Most sequences the hf backend generates together (``HFBackend.max_batch``; concurrent requests join its
+    running batch up to this many)."""
     batch_wait_ms: float = 5.0
-    """How long the first request waits for others to batch with (milliseconds)."""
+    """How long the first request to an idle server waits for others to start with it (milliseconds)."""
+    stream_segment_tokens: int = 16
+    """A streamed request's text is sent every this many tokens (hf backend: each piece costs a one-token prefill);
+    0: at the end."""
     default_max_tokens: int = 256
     """``max_tokens`` of a request that sends none."""
     max_tokens_limit: int = 4096
@@ -438,6 +442,8 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         self.bf16 = bf16_setting(self.bf16, "ServeConfig.bf16")
+        if self.max_batch < 1 or self.batch_wait_ms < 0 or self.stream_segment_tokens < 0:
+            raise ValueError("ServeConfig: max_batch >= 1, batch_wait_ms >= 0 and stream_segment_tokens >= 0 are required")
 
 
 @dataclass

@@ -1,118 +1,100 @@
-"""``envace serve``: an OpenAI-compatible HTTP server over any envace backend (HF by default).
+"""``envace serve``: an OpenAI-compatible HTTP server (Starlette on uvicorn) over any envace backend (HF by default).
 
     envace serve --model SmolLM2-135M-Instruct --port 8000          # http://127.0.0.1:8000/v1
     envace serve --model runs/train/checkpoints/latest-step/policy --served-model-name envace-8b --host 0.0.0.0
 
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``
-(``prompt`` as text or as token ids, one prompt or a list; ``logprobs`` gives the sampled tokens' log-probs).
-What a client of :class:`envace.backends.http.HTTPBackend` needs beyond OpenAI's API follows vLLM's extensions:
-``top_k``, ``include_stop_str_in_output`` (default false: the stop string is cut from the text, as OpenAI does;
-the token ids are never cut), ``return_token_ids`` (adds ``token_ids`` to each choice and ``prompt_token_ids``),
-``return_tokens_as_token_ids`` (log-prob tokens spelled ``token_id:N``) and ``stop_reason`` (the stop string that
-ended a choice, null for end-of-turn).
+(``prompt`` as text or as token ids, one prompt or a list).
 
-Every request is validated (JSON object, types and ranges, known model name, prompt + max_tokens within the
-context) and errors are JSON ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx status.
-Concurrent requests are batched: a single generation thread takes what arrived within ``batch_wait_s`` (up to
-``max_batch`` prompts) and runs the prompts with equal sampling settings as one ``generate`` call; a request with
-a ``seed`` runs alone, so its result does not depend on what else arrived.
+Chat: the messages are rendered with :class:`envace.prompts.ChatFormat` as Act sees them; ``tools`` (OpenAI
+function tools) go into the system message the way Act's are, assistant ``tool_calls`` and ``tool`` messages are
+Act's ``<tool_call>`` blocks and observations, and a reply that is a well-formed call of one of the tools comes back
+as ``tool_calls`` with finish_reason ``tool_calls`` (:mod:`envace.openai_api`). ``tool_choice``: ``auto`` or
+``none``; ``required`` and a named function are refused (400): the output is not constrained.
+
+Both endpoints: ``stream`` (Server-Sent Events in OpenAI's chunk format, ending ``data: [DONE]``;
+``stream_options.include_usage`` adds a usage chunk), ``n``, ``stop``, ``seed``, ``max_tokens`` (chat also
+``max_completion_tokens``), ``temperature``, ``top_p`` and log-probs (chat ``logprobs: true``, completions
+``logprobs: 0``): the sampled token's log-prob under the temperature-scaled distribution, the number the trainer
+recomputes. The backend gives no alternatives, so ``top_logprobs`` > 0 (chat) and ``logprobs`` > 0 (completions)
+are refused, naming the field. What :class:`envace.backends.http.HTTPBackend` needs beyond OpenAI's API follows
+vLLM's extensions: ``top_k``, ``include_stop_str_in_output`` (default false: the stop string is cut from the text,
+as OpenAI does; the token ids are never cut), ``return_token_ids`` (adds ``token_ids`` to each choice, and
+``prompt_token_ids``), ``return_tokens_as_token_ids`` (log-prob tokens spelled ``token_id:N``) and ``stop_reason``
+(the stop string that ended a choice, null otherwise).
+
+Strict requests: a field not in :data:`CHAT_FIELDS` / :data:`COMPLETION_FIELDS` is a 400 naming it, never ignored;
+OpenAI fields that would change the output and cannot be honoured here (penalties, ``logit_bias``, ``echo``,
+``suffix``, ``best_of``, ``response_format`` other than text, ``parallel_tool_calls: false``) are accepted only at
+their no-op value (:data:`NO_OP_ONLY`). Every request is validated (JSON object, types and ranges, known model
+name, prompt + max_tokens within the context) and errors are JSON ``{"error": {"message", "type", "param",
+"code"}}`` with a 4xx/5xx status.
+
+Generation: one :class:`~envace.backends.worker.GenerationWorker` thread owns the backend; concurrent requests join
+its running continuous-batching stream (a seeded request runs alone, so its result does not depend on what else
+is running). Streaming: with a backend that has ``streams`` (HF), a streamed request is generated in pieces of
+``stream_segment_tokens`` and each piece's new text is sent when it ends; with any other backend the text comes in
+one chunk at the end. Text that may yet turn out to be part of a stop string (or, with tools, of a
+``<tool_call>`` block, and trailing whitespace before one) is held back until it is known not to be, so the
+chunks always concatenate to the non-streamed content; a reply's tool calls come in one chunk at the end.
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
 import json
-import queue
+import socket
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from .backends.base import Backend, Generation, SamplingParams
+from .backends.worker import GenerationWorker, Job, Update
+from .openai_api import TOOL_TAG, RequestError, act_messages, openai_tool_calls, parses_calls, reply, tool_specs
+from .types import ToolCall
 
 MAX_BODY_BYTES = 16 << 20
+ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
+
+COMMON_FIELDS = frozenset({
+    "model", "stream", "stream_options", "n", "stop", "seed", "max_tokens", "temperature", "top_p", "user",
+    "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+    "top_k", "include_stop_str_in_output", "return_token_ids", "return_tokens_as_token_ids",  # vLLM's extensions
+})
+CHAT_FIELDS = COMMON_FIELDS | {"messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "max_completion_tokens", "response_format"}
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
 
 
-class RequestError(Exception):
-    """A request the server refuses (a 4xx answer)."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.message, self.param, self.status, self.kind = message, param, status, kind
+def _zero(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v == 0)
 
 
-# -- batching ----------------------------------------------------------------------------------------------
+NO_OP_ONLY: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "frequency_penalty": (_zero, "0"),
+    "presence_penalty": (_zero, "0"),
+    "logit_bias": (lambda v: v is None or v == {}, "{}"),
+    "echo": (lambda v: v is None or v is False, "false"),
+    "suffix": (lambda v: v is None or v == "", "null"),
+    "best_of": (lambda v: v is None or (v == 1 and not isinstance(v, bool)), "1"),
+    "response_format": (lambda v: v is None or v == {"type": "text"}, '{"type": "text"}'),
+    "parallel_tool_calls": (lambda v: v is None or v is True, "true"),
+    "top_logprobs": (_zero, "0: the backend gives only the sampled token's log-prob"),
+}
+"""Fields accepted only at the value that changes nothing: field -> (check, the accepted value)."""
 
 
-@dataclass
-class _Job:
-    prompt: list[int]
-    params: SamplingParams
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Generation | None = None
-    error: BaseException | None = None
-
-
-class Batcher:
-    """One generation thread: jobs that arrive within ``wait_s`` of each other (at most ``max_batch``) and share
-    sampling settings run as one batch; a seeded job runs alone."""
-
-    def __init__(self, backend: Backend, max_batch: int = 32, wait_s: float = 0.005):
-        self.backend, self.max_batch, self.wait_s = backend, max_batch, wait_s
-        self._queue: queue.Queue[_Job | None] = queue.Queue()
-        self.batches = 0  # generate calls made (for tests / logs)
-        self._thread = threading.Thread(target=self._run, name="envace-serve-generate", daemon=True)
-        self._thread.start()
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
-        jobs = [_Job(p, params) for p in prompts]
-        for j in jobs:
-            self._queue.put(j)
-        for j in jobs:
-            j.done.wait()
-            if j.error is not None:
-                raise j.error
-        return [j.result for j in jobs]  # type: ignore[misc]
-
-    def close(self) -> None:
-        self._queue.put(None)
-
-    def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            jobs, stop = [first], False
-            deadline = time.monotonic() + self.wait_s
-            while len(jobs) < self.max_batch:
-                try:
-                    j = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if j is None:
-                    stop = True
-                    break
-                jobs.append(j)
-            groups: dict[Any, list[_Job]] = {}
-            for j in jobs:
-                p = j.params
-                key = ("seeded", id(j)) if p.seed is not None else (p.temperature, p.top_p, p.top_k, p.max_new_tokens, tuple(p.stop))
-                groups.setdefault(key, []).append(j)
-            for group in groups.values():
-                self.batches += 1
-                try:
-                    gens = self.backend.generate([j.prompt for j in group], group[0].params)
-                    for j, g in zip(group, gens):
-                        j.result = g
-                except BaseException as e:  # noqa: BLE001 - handed to the waiting request, which answers 500
-                    for j in group:
-                        j.error = e
-                for j in group:
-                    j.done.set()
-            if stop:
-                return
+class GenerationFailed(Exception):
+    """The backend failed while generating a request (a 500 answer)."""
 
 
 # -- request validation ------------------------------------------------------------------------------------
@@ -138,9 +120,24 @@ def _integer(body: dict[str, Any], key: str, default: int | None, lo: int, hi: i
 
 def _flag(body: dict[str, Any], key: str) -> bool:
     v = body.get(key, False)
+    if v is None:
+        return False
     if not isinstance(v, bool):
         raise RequestError(f"'{key}' must be true or false, got {v!r}", key)
     return v
+
+
+def check_fields(body: dict[str, Any], known: frozenset[str], endpoint: str) -> None:
+    """Refuse a field this endpoint does not know (400 naming it) and a no-op-only field set to something else."""
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise RequestError(f"unsupported field(s) {', '.join(map(repr, unknown))} for {endpoint}; supported: {', '.join(sorted(known))}", unknown[0])
+    for key, (ok, accepted) in NO_OP_ONLY.items():
+        if key in body and not ok(body[key]):
+            raise RequestError(f"'{key}' = {json.dumps(body[key])[:80]} is not supported by this server (accepted: {accepted})", key)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise RequestError("'user' must be a string", "user")
 
 
 @dataclass
@@ -153,119 +150,187 @@ class ServerConfig:
     max_tokens_limit: int = 4096
     context_length: int | None = None
     """prompt + max_tokens must fit (None: unchecked)."""
-    max_batch: int = 32
+    max_n: int = 16
+    """Most choices (``n``) one request may ask for."""
     batch_wait_s: float = 0.005
+    """How long the first request to an idle server waits for others to start with it."""
+    stream_segment_tokens: int = 16
+    """A streamed request's text is sent every this many tokens (backends with ``streams``; each piece costs a
+    one-token prefill). 0: at the end."""
     verbose: bool = False
 
 
-class EnvaceServer(ThreadingHTTPServer):
-    daemon_threads = True
+@dataclass
+class GenRequest:
+    """A validated generation request of either endpoint."""
 
-    def __init__(self, address: tuple[str, int], backend: Backend, cfg: ServerConfig):
+    prompts: list[list[int]]
+    params: SamplingParams
+    n: int
+    stream: bool
+    usage_chunk: bool
+    logprobs: bool
+    as_ids: bool
+    include_stop: bool
+    with_ids: bool
+    tools: list[str] | None = None
+    """Names of the tools whose calls replies are parsed for (None: replies are plain text)."""
+
+
+def streamable(text: str, holds: Sequence[str], hold_space: bool = False) -> str:
+    """The prefix of a partial generation's ``text`` that is sure to begin its final text: ``text`` up to the
+    first complete ``holds`` string, less any end that is the start of one of them (a stop string, the tool-call
+    tag), less a trailing undecodable character (half of a UTF-8 sequence) and, with ``hold_space``, trailing
+    whitespace (a call reply's content is stripped before its first tag)."""
+    cut = min((i for i in (text.find(h) for h in holds if h) if i >= 0), default=len(text))
+    text = text[:cut]
+    keep = len(text)
+    for h in holds:
+        for k in range(min(len(h) - 1, len(text)), 0, -1):
+            if text.endswith(h[:k]):
+                keep = min(keep, len(text) - k)
+                break
+    text = text[:keep].rstrip("\ufffd")
+    return text.rstrip() if hold_space else text
+
+
+def cut_stop(g: Generation, stop: list[str], include: bool) -> tuple[str, str | None]:
+    """(text, the stop string that ended it or None): OpenAI leaves the stop string out, vLLM can keep it."""
+    if g.finish_reason != "stop":
+        return g.text, None
+    hits = [(g.text.find(s), s) for s in stop if s and s in g.text]
+    if not hits:
+        return g.text, None
+    at, s = min(hits)
+    return (g.text[: at + len(s)] if include else g.text[:at]), s
+
+
+def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    n = request.headers.get("content-length")
+    if n is not None:
+        if not n.isdigit():
+            raise RequestError("bad Content-Length header")
+        if int(n) > MAX_BODY_BYTES:
+            raise RequestError(f"the body exceeds {MAX_BODY_BYTES} bytes", status=413)
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise RequestError(f"the body exceeds {MAX_BODY_BYTES} bytes", status=413)
+    if not raw:
+        raise RequestError("the request has no JSON body")
+    try:
+        body = json.loads(bytes(raw))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RequestError(f"the body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    return body
+
+
+class EnvaceServer:
+    """The served backend: request validation, generation through its worker, OpenAI-shaped answers; ``app`` is
+    the Starlette app (run it with :meth:`run`, or :func:`serving` in a background thread)."""
+
+    def __init__(self, backend: Backend, cfg: ServerConfig):
+        from .prompts import ChatFormat
+
         self.backend, self.cfg = backend, cfg
         self.tokenizer = backend.tokenizer
-        self.batcher = Batcher(backend, cfg.max_batch, cfg.batch_wait_s)
-        vocab = getattr(self.tokenizer, "__len__", None)
-        self.vocab_size = len(self.tokenizer) if vocab else None
-        super().__init__(address, _Handler)
+        try:
+            self.fmt: Any = ChatFormat.for_tokenizer(self.tokenizer)
+        except (ValueError, AttributeError) as e:  # completions still work
+            self.fmt, self._no_chat = None, str(e)
+        self.vocab_size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
+        self.worker = GenerationWorker(backend, cfg.batch_wait_s)
+        self.url: str | None = None
+        self._socket: socket.socket | None = None
+        self._uvicorn: Any = None
+        self.app = Starlette(
+            routes=[
+                Route("/health", self.health, methods=["GET"]),
+                Route("/v1/models", self.models, methods=["GET"]),
+                Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                Route("/v1/completions", self.completions, methods=["POST"]),
+            ],
+            exception_handlers={RequestError: self._request_error, GenerationFailed: self._generation_failed, HTTPException: self._http_error},
+        )
 
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        return f"http://{host}:{port}/v1"
+    # -- endpoints -----------------------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        if not self.worker.alive:
+            return _error(503, "the generation worker has stopped", kind="server_error")
+        return JSONResponse({"status": "ok"})
 
-    def server_close(self) -> None:
-        self.batcher.close()
-        super().server_close()
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "envace", "max_model_len": self.cfg.context_length}]})
 
-    # -- the two generation endpoints ----------------------------------------------------------------------
+    async def chat(self, request: Request) -> Response:
+        return await self._answer(self.parse_chat(await self._body(request)), chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._answer(self.parse_completion(await self._body(request)), chat=False)
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        body = await _json_body(request)
+        name = body.get("model")
+        if name is not None and name != self.cfg.model_name:
+            raise RequestError(f"model {name!r} is not served here; this server serves {self.cfg.model_name!r}", "model", 404, "not_found_error")
+        return body
+
+    # -- validation ----------------------------------------------------------------------------------------
     def sampling(self, body: dict[str, Any]) -> SamplingParams:
-        if body.get("n", 1) != 1:
-            raise RequestError("only n=1 is supported", "n")
         stop = body.get("stop")
-        stop = [stop] if isinstance(stop, str) else (stop or [])
-        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-            raise RequestError("'stop' must be a non-empty string or a list of them", "stop")
+        stop = [stop] if isinstance(stop, str) else ([] if stop is None else stop)
+        if not isinstance(stop, list) or len(stop) > 16 or not all(isinstance(s, str) and s for s in stop):
+            raise RequestError("'stop' must be a non-empty string or a list of at most 16 of them", "stop")
         top_k = _integer(body, "top_k", 0, -1, 1 << 30)
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         return SamplingParams(
             temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
             top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
             top_k=max(0, top_k or 0),
-            max_new_tokens=_integer({"max_tokens": max_tokens}, "max_tokens", self.cfg.default_max_tokens, 1, self.cfg.max_tokens_limit) or 1,
+            max_new_tokens=_integer(body, key, self.cfg.default_max_tokens, 1, self.cfg.max_tokens_limit) or 1,
             stop=stop,
             seed=_integer(body, "seed", None, -(1 << 63), (1 << 63) - 1),
         )
 
-    def check_context(self, prompts: list[list[int]], params: SamplingParams, param: str) -> None:
+    def _request(self, body: dict[str, Any], prompts: list[list[int]], param: str, logprobs: bool, tools: list[str] | None = None) -> GenRequest:
+        params = self.sampling(body)
         n = self.cfg.context_length
         for p in prompts:
             if not p:
-                raise RequestError("the prompt is empty", param)
+                raise RequestError(f"'{param}': the prompt is empty", param)
             if n is not None and len(p) + params.max_new_tokens > n:
-                raise RequestError(f"prompt ({len(p)} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})", param)
+                raise RequestError(f"'{param}': the prompt ({len(p)} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})", param)
+        opts = body.get("stream_options")
+        stream = _flag(body, "stream")
+        if opts is not None and (not stream or not isinstance(opts, dict) or set(opts) - {"include_usage"}):
+            raise RequestError("'stream_options' must be {\"include_usage\": true|false}, with stream: true", "stream_options")
+        return GenRequest(prompts=prompts, params=params, n=_integer(body, "n", 1, 1, self.cfg.max_n) or 1, stream=stream, usage_chunk=_flag(opts or {}, "include_usage"),
+                          logprobs=logprobs, as_ids=_flag(body, "return_tokens_as_token_ids"), include_stop=_flag(body, "include_stop_str_in_output"),
+                          with_ids=_flag(body, "return_token_ids"), tools=tools)
 
-    def chat(self, body: dict[str, Any]) -> dict[str, Any]:
-        from .prompts import ChatFormat
+    def parse_chat(self, body: dict[str, Any]) -> GenRequest:
+        check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
+        if self.fmt is None:
+            raise RequestError(f"this model has no chat format ({self._no_chat}); use /v1/completions", "messages")
+        specs = tool_specs(body.get("tools"))
+        parse = parses_calls(body.get("tool_choice"), specs)
+        prompt = self.fmt.render(act_messages(body.get("messages"), specs), add_generation_prompt=True)
+        return self._request(body, [prompt], "messages", _flag(body, "logprobs"), [s.name for s in specs] if parse else None)
 
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise RequestError("'messages' must be a non-empty list", "messages")
-        conv = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-                raise RequestError(f"messages[{i}] must be an object with role system, user, assistant or tool", f"messages[{i}].role")
-            content = m.get("content") or ""
-            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
-                if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str) for c in content):
-                    raise RequestError(f"messages[{i}].content parts must be text parts", f"messages[{i}].content")
-                content = "".join(c["text"] for c in content)
-            if not isinstance(content, str):
-                raise RequestError(f"messages[{i}].content must be a string", f"messages[{i}].content")
-            conv.append({"role": m["role"], "content": content})
-        params = self.sampling(body)
-        want_lp = _flag(body, "logprobs")
-        include_stop = _flag(body, "include_stop_str_in_output")
-        prompt = ChatFormat.for_tokenizer(self.tokenizer).render(conv, add_generation_prompt=True)
-        self.check_context([prompt], params, "messages")
-        g = self.batcher.generate([prompt], params)[0]
-        text, stop_reason = _cut_stop(g, params.stop, include_stop)
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish(g), "stop_reason": stop_reason, "logprobs": None}
-        if want_lp:
-            choice["logprobs"] = {"content": [{"token": self._token(t, False), "logprob": lp, "bytes": None, "top_logprobs": []} for t, lp in zip(g.token_ids, g.logprobs)]}
-        if _flag(body, "return_token_ids"):
-            choice["token_ids"] = list(g.token_ids)
-        return self._envelope("chat.completion", "chatcmpl", [choice], [g])
+    def parse_completion(self, body: dict[str, Any]) -> GenRequest:
+        check_fields(body, COMPLETION_FIELDS, "/v1/completions")
+        lp = body.get("logprobs")
+        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or lp != 0):
+            raise RequestError(f"'logprobs' must be 0 (the sampled tokens' log-probs; the backend gives no alternatives) or null, got {lp!r}", "logprobs")
+        return self._request(body, self._prompts(body.get("prompt")), "prompt", lp is not None)
 
-    def completions(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompts = self._prompts(body.get("prompt"))
-        params = self.sampling(body)
-        n_lp = _integer(body, "logprobs", None, 0, 20)
-        include_stop = _flag(body, "include_stop_str_in_output")
-        as_ids = _flag(body, "return_tokens_as_token_ids")
-        with_ids = _flag(body, "return_token_ids")
-        if _flag(body, "echo"):
-            raise RequestError("echo is not supported", "echo")
-        self.check_context(prompts, params, "prompt")
-        gens = self.batcher.generate(prompts, params)
-        choices = []
-        for i, (p, g) in enumerate(zip(prompts, gens)):
-            text, stop_reason = _cut_stop(g, params.stop, include_stop)
-            c: dict[str, Any] = {"index": i, "text": text, "finish_reason": _finish(g), "stop_reason": stop_reason, "logprobs": None}
-            if n_lp is not None:
-                toks = [self._token(t, as_ids) for t in g.token_ids]
-                offsets, off = [], 0
-                for t in toks:
-                    offsets.append(off)
-                    off += len(t)
-                c["logprobs"] = {"tokens": toks, "token_logprobs": list(g.logprobs), "top_logprobs": None, "text_offset": offsets}
-            if with_ids:
-                c["token_ids"] = list(g.token_ids)
-                c["prompt_token_ids"] = list(p)
-            choices.append(c)
-        return self._envelope("text_completion", "cmpl", choices, gens)
-
-    # -- helpers -------------------------------------------------------------------------------------------
     def _prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
             prompt = [prompt]
@@ -285,154 +350,249 @@ class EnvaceServer(ThreadingHTTPServer):
                 raise RequestError(f"prompt[{i}] must be a string or a list of token ids", "prompt")
         return out
 
+    # -- generation ----------------------------------------------------------------------------------------
+    async def _updates(self, req: GenRequest) -> AsyncIterator[Update]:
+        """Every update of the request's sequences (prompt i's choice j is sequence i * n + j), until all are done."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Update] = asyncio.Queue()
+        job = Job([p for p in req.prompts for _ in range(req.n)], req.params, lambda u: loop.call_soon_threadsafe(queue.put_nowait, u),
+                  segment=self.cfg.stream_segment_tokens if req.stream else 0)
+        try:
+            self.worker.submit(job)
+        except RuntimeError as e:
+            raise RequestError(str(e), status=503, kind="server_error") from None
+        left = len(job.prompts)
+        try:
+            while left:
+                u = await queue.get()
+                if u.error is not None:
+                    raise GenerationFailed(f"generation failed: {u.error}")
+                left -= u.done
+                yield u
+        finally:
+            if left:
+                job.cancelled = True
+
+    async def _answer(self, req: GenRequest, chat: bool) -> Response:
+        if req.stream:
+            return StreamingResponse(self._sse(req, chat), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        gens: dict[int, Generation] = {}
+        async for u in self._updates(req):
+            if u.done and u.generation is not None:
+                gens[u.index] = u.generation
+        out = [gens[k] for k in range(len(gens))]
+        choices = [self._chat_choice(k, g, req) if chat else self._completion_choice(k, g, req) for k, g in enumerate(out)]
+        return JSONResponse(self._envelope("chat.completion" if chat else "text_completion", "chatcmpl" if chat else "cmpl", choices) | {"usage": self._usage(req, out)})
+
+    def _final(self, g: Generation, req: GenRequest) -> tuple[str | None, list[ToolCall], str, str | None]:
+        """(content, tool calls, finish_reason, stop_reason) of a finished choice (completions: no tools, so the
+        content is the text)."""
+        text, stop_reason = cut_stop(g, req.params.stop, req.include_stop)
+        content, calls = reply(text, req.tools)
+        finish = "length" if g.finish_reason == "length" else ("tool_calls" if calls else "stop")
+        return content, calls, finish, stop_reason
+
+    def _chat_choice(self, k: int, g: Generation, req: GenRequest) -> dict[str, Any]:
+        content, calls, finish, stop_reason = self._final(g, req)
+        msg: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            msg["tool_calls"] = openai_tool_calls(calls)
+        c: dict[str, Any] = {"index": k, "message": msg, "finish_reason": finish, "stop_reason": stop_reason, "logprobs": self._chat_logprobs(g.token_ids, g.logprobs, req)}
+        if req.with_ids:
+            c["token_ids"], c["prompt_token_ids"] = list(g.token_ids), list(req.prompts[k // req.n])
+        return c
+
+    def _completion_choice(self, k: int, g: Generation, req: GenRequest) -> dict[str, Any]:
+        text, _, finish, stop_reason = self._final(g, req)
+        c: dict[str, Any] = {"index": k, "text": text, "finish_reason": finish, "stop_reason": stop_reason,
+                             "logprobs": self._completion_logprobs(g.token_ids, g.logprobs, req, 0)}
+        if req.with_ids:
+            c["token_ids"], c["prompt_token_ids"] = list(g.token_ids), list(req.prompts[k // req.n])
+        return c
+
     def _token(self, t: int, as_id: bool) -> str:
         return f"token_id:{t}" if as_id else self.tokenizer.decode([t], skip_special_tokens=False)
 
-    def _envelope(self, obj: str, prefix: str, choices: list[dict[str, Any]], gens: list[Generation]) -> dict[str, Any]:
-        p, c = sum(g.prompt_tokens for g in gens), sum(len(g.token_ids) for g in gens)
-        return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()), "model": self.cfg.model_name, "choices": choices, "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}}
+    def _chat_logprobs(self, ids: list[int], lps: list[float], req: GenRequest) -> dict[str, Any] | None:
+        if not req.logprobs:
+            return None
+        toks = [self._token(t, req.as_ids) for t in ids]
+        return {"content": [{"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")), "top_logprobs": []} for s, lp in zip(toks, lps)]}
 
+    def _completion_logprobs(self, ids: list[int], lps: list[float], req: GenRequest, offset: int) -> dict[str, Any] | None:
+        if not req.logprobs:
+            return None
+        toks = [self._token(t, req.as_ids) for t in ids]
+        offsets = []
+        for t in toks:
+            offsets.append(offset)
+            offset += len(t)
+        return {"tokens": toks, "token_logprobs": list(lps), "top_logprobs": None, "text_offset": offsets}
 
-def _finish(g: Generation) -> str:
-    return "length" if g.finish_reason == "length" else "stop"
+    def _envelope(self, obj: str, prefix: str, choices: list[dict[str, Any]], rid: str | None = None, created: int | None = None) -> dict[str, Any]:
+        return {"id": rid or f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": created or int(time.time()), "model": self.cfg.model_name, "choices": choices}
 
+    def _usage(self, req: GenRequest, gens: list[Generation]) -> dict[str, int]:
+        p, c = sum(len(x) for x in req.prompts), sum(len(g.token_ids) for g in gens)
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-def _cut_stop(g: Generation, stop: list[str], include: bool) -> tuple[str, str | None]:
-    """(text, the stop string that ended it or None): OpenAI leaves the stop string out, vLLM can keep it."""
-    if g.finish_reason != "stop":
-        return g.text, None
-    hits = [(g.text.find(s), s) for s in stop if s in g.text]
-    if not hits:
-        return g.text, None
-    at, s = min(hits)
-    return (g.text[: at + len(s)] if include else g.text[:at]), s
+    async def _sse(self, req: GenRequest, chat: bool) -> AsyncIterator[str]:
+        """The streamed answer: per choice, the text as it becomes sure (see :func:`streamable`), its tool calls
+        and finish reason at the end; with each text chunk the log-probs (and token ids) of the tokens since the last."""
+        obj, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
+        rid, created = f"{prefix}-{uuid.uuid4().hex}", int(time.time())
 
+        def event(choices: list[dict[str, Any]], **extra: Any) -> str:
+            return f"data: {json.dumps(self._envelope(obj, prefix, choices, rid, created) | extra, ensure_ascii=False)}\n\n"
 
-class _Handler(BaseHTTPRequestHandler):
-    server: EnvaceServer
-    protocol_version = "HTTP/1.1"
-    server_version = "envace-serve"
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        path = urlsplit(self.path).path.rstrip("/")
-        if path == "/health":
-            self._send(200, {"status": "ok"})
-        elif path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": self.server.cfg.model_name, "object": "model", "created": 0, "owned_by": "envace"}]})
-        else:
-            self._error(404, f"no route GET {path}; routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions", kind="not_found_error")
-
-    def do_POST(self) -> None:  # noqa: N802
-        path = urlsplit(self.path).path.rstrip("/")
-        routes: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {"/v1/chat/completions": self.server.chat, "/v1/completions": self.server.completions}
-        if path not in routes:
-            self._discard_body()
-            self._error(404, f"no route POST {path}; routes: POST /v1/chat/completions, POST /v1/completions", kind="not_found_error")
-            return
+        k_all = len(req.prompts) * req.n
+        holds = [s for s in req.params.stop if s] + ([TOOL_TAG] if req.tools else [])
+        sent_text, sent_toks, offsets = [0] * k_all, [0] * k_all, [0] * k_all
+        done: dict[int, Generation] = {}
+        if chat:
+            yield event([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None} for k in range(k_all)])
         try:
-            body = self._body()
-            name = body.get("model")
-            if name is not None and name != self.server.cfg.model_name:
-                raise RequestError(f"model {name!r} is not served here; this server serves {self.server.cfg.model_name!r}", "model", 404, "not_found_error")
-            self._send(200, routes[path](body))
-        except RequestError as e:
-            self._error(e.status, e.message, e.param, e.kind)
-        except Exception as e:  # noqa: BLE001 - a generation failure is the server's error, answered as JSON
-            self._error(500, f"generation failed: {type(e).__name__}: {e}", kind="server_error")
+            async for u in self._updates(req):
+                k, g = u.index, u.generation
+                assert g is not None
+                if u.done:
+                    content, calls, finish, stop_reason = self._final(g, req)
+                    text = content or ""
+                else:
+                    text, calls = streamable(g.text, holds, hold_space=bool(req.tools)), []
+                new_text, ids, lps = text[sent_text[k]:], g.token_ids[sent_toks[k]:], g.logprobs[sent_toks[k]:]
+                if new_text or ids:
+                    c: dict[str, Any] = {"index": k, "finish_reason": None}
+                    if chat:
+                        c |= {"delta": {"content": new_text}, "logprobs": self._chat_logprobs(ids, lps, req)}
+                    else:
+                        c |= {"text": new_text, "logprobs": self._completion_logprobs(ids, lps, req, offsets[k])}
+                        offsets[k] += sum(len(self._token(t, req.as_ids)) for t in ids) if req.logprobs else 0
+                    if req.with_ids:
+                        c["token_ids"] = list(ids)
+                    yield event([c])
+                    sent_text[k], sent_toks[k] = len(text), len(g.token_ids)
+                if u.done:
+                    done[k] = g
+                    if calls:
+                        tc = [dict(c, index=j) for j, c in enumerate(openai_tool_calls(calls))]
+                        yield event([{"index": k, "delta": {"tool_calls": tc}, "logprobs": None, "finish_reason": None}])
+                    end: dict[str, Any] = {"index": k, "finish_reason": finish, "stop_reason": stop_reason, "logprobs": None}
+                    end |= {"delta": {}} if chat else {"text": ""}
+                    yield event([end])
+            if req.usage_chunk:
+                yield event([], usage=self._usage(req, [done[k] for k in sorted(done)]))
+        except (GenerationFailed, RequestError) as e:  # after the answer began: an error event, then the end
+            code, kind = (e.status, e.kind) if isinstance(e, RequestError) else (500, "server_error")
+            yield f"data: {json.dumps({'error': {'message': str(e), 'type': kind, 'param': None, 'code': code}})}\n\n"
+        yield "data: [DONE]\n\n"
 
-    def do_PUT(self) -> None:  # noqa: N802
-        self._discard_body()
-        self._error(405, "method not allowed", kind="invalid_request_error")
+    # -- errors --------------------------------------------------------------------------------------------
+    async def _request_error(self, request: Request, e: Exception) -> Response:
+        assert isinstance(e, RequestError)
+        return _error(e.status, e.message, e.param, e.kind)
 
-    do_DELETE = do_PATCH = do_PUT  # noqa: N815
+    async def _generation_failed(self, request: Request, e: Exception) -> Response:
+        return _error(500, str(e), kind="server_error")
 
-    def _body(self) -> dict[str, Any]:
+    async def _http_error(self, request: Request, e: Exception) -> Response:
+        assert isinstance(e, HTTPException)
+        what = {404: "no route", 405: "method not allowed:"}.get(e.status_code, str(e.detail))
+        return _error(e.status_code, f"{what} {request.method} {request.url.path}; routes: {ROUTES}", kind="not_found_error" if e.status_code == 404 else "invalid_request_error")
+
+    # -- running -------------------------------------------------------------------------------------------
+    def bind(self, host: str = "127.0.0.1", port: int = 8000) -> str:
+        """Listen on (host, port) (port 0: a free one); returns the ``http://host:port/v1`` URL, which clients can
+        use at once (connections wait in the backlog until :meth:`run` serves them)."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            n = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            raise RequestError("bad Content-Length header") from None
-        if n <= 0:
-            raise RequestError("the request has no JSON body")
-        if n > MAX_BODY_BYTES:
-            raise RequestError(f"the body exceeds {MAX_BODY_BYTES} bytes", status=413)
-        raw = self.rfile.read(n)
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise RequestError(f"the body is not valid JSON: {e}") from None
-        if not isinstance(body, dict):
-            raise RequestError("the body must be a JSON object")
-        return body
+            sock.bind((host, port))
+        except OSError as e:
+            sock.close()
+            raise ValueError(f"cannot listen on {host}:{port}: {e}") from None
+        sock.listen(1024)
+        self._socket = sock
+        bound = sock.getsockname()[1]
+        self.url = f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound}/v1"
+        return self.url
 
-    def _discard_body(self) -> None:
-        try:
-            n = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            n = 0
-        if 0 < n <= MAX_BODY_BYTES:
-            self.rfile.read(n)
+    def run(self) -> None:
+        """Serve on the bound socket until SIGINT/SIGTERM (in the main thread) or :meth:`stop`."""
+        import uvicorn
+        from uvicorn.config import LOGGING_CONFIG
 
-    def _error(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> None:
-        self._send(status, {"error": {"message": message, "type": kind, "param": param, "code": status}})
+        if self._socket is None:
+            raise RuntimeError("bind() the server first")
+        log = copy.deepcopy(LOGGING_CONFIG)
+        log["handlers"]["access"]["stream"] = "ext://sys.stderr"  # stdout is the server's own (its URL)
+        config = uvicorn.Config(self.app, log_config=log, log_level="info" if self.cfg.verbose else "warning", access_log=self.cfg.verbose, timeout_graceful_shutdown=5, lifespan="off")
+        self._uvicorn = uvicorn.Server(config)
+        self._uvicorn.run(sockets=[self._socket])
 
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def stop(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        if self.server.cfg.verbose:
-            super().log_message(format, *args)
+    def close(self) -> None:
+        """Stop serving and stop the worker (after its running stream)."""
+        self.stop()
+        self.worker.close()
+        if self._socket is not None:
+            self._socket.close()
 
 
-def make_server(backend: Backend, cfg: ServerConfig, host: str = "127.0.0.1", port: int = 8000) -> EnvaceServer:
-    """A server bound to (host, port) (port 0: a free one; see ``.url``); call ``serve_forever()``."""
-    return EnvaceServer((host, port), backend, cfg)
-
-
-def load_backend(model: str, backend: str = "hf", device: str = "cpu", bf16: bool | str = False) -> tuple[Backend, int | None]:
-    """(backend, context length) for ``envace serve``: ``hf`` loads ``model`` here (a name, a model or LoRA
-    adapter folder, a training checkpoint / run folder: :func:`envace.models.load`); any other name in BACKENDS
-    gets the model folder (:func:`envace.models.resolve_model`) and its defaults."""
-    from .backends.base import BACKENDS
-
-    if backend == "hf":
-        from .backends.hf import HFBackend
-        from .models import context_length, load
-
-        m, tok = load(model, device=device)
-        try:
-            n: int | None = context_length(m, tok)
-        except ValueError:
-            n = None
-        return HFBackend(m, tok, bf16=bf16), n
-    if backend not in BACKENDS:
-        import importlib
-
-        try:
-            importlib.import_module(f"envace.backends.{backend}")
-        except ModuleNotFoundError:
-            pass
-    from .models import is_adapter, resolve_model
-
-    path = resolve_model(model)
-    if is_adapter(path):
-        raise ValueError(f"backend {backend!r} needs a full model folder, and {path!r} is a LoRA adapter; serve it with --backend hf (which merges it into its base)")
-    return BACKENDS.get(backend)(model=path), None
-
-
-def serve(model: str, name: str | None = None, host: str = "127.0.0.1", port: int = 8000, backend: str = "hf", device: str = "cpu", bf16: bool | str = False, **limits: Any) -> None:
-    """Load ``model`` and serve it until interrupted; prints the URL (with the real port) first."""
-    be, n = load_backend(model, backend, device, bf16)
-    cfg = ServerConfig(model_name=name or model, context_length=n, **limits)
-    server = make_server(be, cfg, host, port)
-    print(f"envace serve: {cfg.model_name!r} at {server.url} (POST /chat/completions, /completions; GET /models, /health)", flush=True)
+@contextlib.contextmanager
+def serving(backend: Backend, cfg: ServerConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[EnvaceServer]:
+    """``backend`` served from a background thread of this process (tests, notebooks): yields the server (``.url``,
+    ``.worker``) once it accepts requests; stops it on exit."""
+    server = EnvaceServer(backend, cfg)
+    server.bind(host, port)
+    thread = threading.Thread(target=server.run, name="envace-serve", daemon=True)
+    thread.start()
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("envace serve: stopped", file=sys.stderr)
+        deadline = time.monotonic() + 30
+        while not (server._uvicorn is not None and server._uvicorn.started):
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        yield server
     finally:
-        server.server_close()
+        server.stop()
+        thread.join(30)
+        server.close()
+
+
+def context_of(backend: Backend) -> int | None:
+    """The context length of a backend's model (prompt + completion tokens), or None where it cannot be told."""
+    from .models import context_length
+
+    model = getattr(backend, "model", None)
+    if not hasattr(model, "config"):
+        return None
+    try:
+        return context_length(model, backend.tokenizer)
+    except ValueError:
+        return None
+
+
+def serve(cfg: Any) -> None:
+    """``envace serve``: load ``cfg.model`` (:class:`envace.config.ServeConfig`) with its backend
+    (:func:`envace.backends.loaders.open_backend`) and serve it until interrupted; prints the URL (with the real
+    port) first."""
+    from .backends.loaders import open_backend
+
+    backend = open_backend(cfg.model, cfg.backend, {"max_batch": cfg.max_batch} if cfg.backend == "hf" else None, device=cfg.device, bf16=cfg.bf16)
+    scfg = ServerConfig(model_name=cfg.served_model_name or cfg.model, default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit, context_length=context_of(backend),
+                        batch_wait_s=cfg.batch_wait_ms / 1000, stream_segment_tokens=cfg.stream_segment_tokens, verbose=cfg.verbose)
+    server = EnvaceServer(backend, scfg)
+    url = server.bind(cfg.host, cfg.port)
+    print(f"envace serve: {scfg.model_name!r} at {url} (POST /chat/completions, /completions; GET /models, /health)", flush=True)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        print("envace serve: stopped", file=sys.stderr)

@@ -16,35 +16,64 @@ http://host:8000/v1``), an LLM judge, a user simulator, test-time rehearsal and 
   keeps the stop string in the output); turn it off for servers that reject unknown fields (OpenAI itself):
   stop strings are then cut from the text by the server.
 
-Reliability: each request has a ``timeout`` (seconds without a byte from the server), is retried on connection
+Reliability: requests go through one keep-alive connection pool (``httpx.Client``, at most ``max_concurrency``
+connections). Each request has a ``timeout`` (seconds without a byte from the server), is retried on connection
 errors, timeouts and HTTP 408/425/429/5xx up to ``max_retries`` times with exponential backoff (``backoff`` *
-2^attempt, capped at ``max_backoff``, with jitter), never on other 4xx (a bad request stays bad); when retries
-are exhausted a :class:`BackendError` says what failed, where, and how often it was tried. At most
-``max_concurrency`` requests of one backend are in flight, across threads. ``sessions`` are ignored (servers
-cache prefixes themselves). Proxies from the environment are honoured except for loopback addresses.
+2^attempt, capped at ``max_backoff``, with jitter), never on other 4xx (a bad request stays bad). A 429 or 503 that
+says ``Retry-After`` (seconds or an HTTP date) is retried after that long instead; one asking for more than
+``max_retry_after`` seconds is not waited for (the error says what the server asked). When retries are exhausted
+a :class:`BackendError` says what failed, where, and how often it was tried. At most ``max_concurrency`` requests
+of one backend are in flight, across threads. ``sessions`` are ignored (servers cache prefixes themselves).
+Proxies from the environment are honoured except for loopback addresses. :meth:`HTTPBackend.close` closes the
+connections.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import random
-import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
+
+import httpx
 
 from .base import BACKENDS, Backend, BackendError, Generation, SamplingParams
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
+RETRY_AFTER_STATUS = {429, 503}
 
 
 class _Retryable(Exception):
-    """A failure worth another attempt (connection refused/reset, timeout, 429, 5xx)."""
+    """A failure worth another attempt (connection refused/reset, timeout, 429, 5xx); ``wait``: how long the
+    server asked to wait first (Retry-After), or None."""
+
+    def __init__(self, message: str, wait: float | None = None):
+        super().__init__(message)
+        self.wait = wait
+
+
+def retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (a number of seconds or an HTTP date; a past date is 0), or
+    None if it is missing or unreadable."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
 
 
 class HTTPBackend(Backend):
@@ -63,12 +92,15 @@ class HTTPBackend(Backend):
         max_concurrency: int = 8,
         api_key: str | None = None,
         vllm_extensions: bool = True,
+        max_retry_after: float = 60.0,
     ):
         """``base_url``: the server's root or its ``/v1`` (``http://127.0.0.1:8000`` and ``.../v1`` both work).
         ``model``: the served model name (None: the first of ``GET /v1/models``, asked on first use).
         ``tokenizer``: a tokenizer object or a model name for :func:`envace.models.load_tokenizer`; only needed
         where callers build token prompts (e.g. a rollout policy), not for ``chat``. ``api_key``: sent as a
-        bearer token (default: ``$ENVACE_API_KEY``, else ``$OPENAI_API_KEY``, else none)."""
+        bearer token (default: ``$ENVACE_API_KEY``, else ``$OPENAI_API_KEY``, else none). ``vllm_extensions``:
+        send vLLM's request fields (module docstring); off for servers that refuse unknown fields.
+        ``max_retry_after``: the longest ``Retry-After`` waited for."""
         if timeout <= 0 or max_retries < 0 or max_concurrency < 1:
             raise ValueError("timeout > 0, max_retries >= 0 and max_concurrency >= 1 are required")
         url = base_url.rstrip("/")
@@ -83,6 +115,7 @@ class HTTPBackend(Backend):
             tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.timeout, self.max_retries, self.backoff, self.max_backoff = float(timeout), int(max_retries), float(backoff), float(max_backoff)
+        self.max_retry_after = float(max_retry_after)
         self.max_concurrency = int(max_concurrency)
         self.vllm_extensions = vllm_extensions
         self._slots = threading.BoundedSemaphore(self.max_concurrency)
@@ -90,7 +123,8 @@ class HTTPBackend(Backend):
         key = api_key if api_key is not None else os.environ.get("ENVACE_API_KEY") or os.environ.get("OPENAI_API_KEY")
         self._headers = {"Content-Type": "application/json", "Accept": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
         loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({})) if loopback else urllib.request.build_opener()
+        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        self._client = httpx.Client(headers=self._headers, timeout=httpx.Timeout(self.timeout), limits=limits, trust_env=not loopback)
         self.stats = {"requests": 0, "retries": 0, "failures": 0, "prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "forward_calls": 0}
 
     # -- the Backend protocol ------------------------------------------------------------------------------
@@ -115,7 +149,7 @@ class HTTPBackend(Backend):
 
     def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
         ext = {"return_token_ids": True, "return_tokens_as_token_ids": True} if self.vllm_extensions else {}
-        bodies = [{"model": self.model, "prompt": list(p), "logprobs": 1, **self._sampling(params, i), **ext} for i, p in enumerate(prompts)]
+        bodies = [{"model": self.model, "prompt": list(p), "logprobs": 0, **self._sampling(params, i), **ext} for i, p in enumerate(prompts)]
         outs = self._map(lambda b: self._call("POST", "/completions", b), bodies)
         return [self._generation(o, list(p), params) for o, p in zip(outs, prompts)]
 
@@ -124,6 +158,10 @@ class HTTPBackend(Backend):
 
     def release_all(self) -> None:
         """Nothing is kept client-side."""
+
+    def close(self) -> None:
+        """Close the kept-alive connections (a later request opens new ones)."""
+        self._client.close()
 
     # -- requests ------------------------------------------------------------------------------------------
     def _sampling(self, p: SamplingParams, index: int) -> dict[str, Any]:
@@ -149,9 +187,10 @@ class HTTPBackend(Backend):
         data = None if body is None else json.dumps(body).encode("utf-8")
         url = self.base_url + path
         failures: list[str] = []
+        wait: float | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random() / 2))
+                time.sleep(wait if wait is not None else min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random() / 2))
                 with self._lock:
                     self.stats["retries"] += 1
             try:
@@ -161,29 +200,30 @@ class HTTPBackend(Backend):
                     return self._once(method, url, data)
             except _Retryable as e:
                 failures.append(str(e))
+                wait = e.wait
+                if wait is not None and wait > self.max_retry_after:
+                    failures[-1] += f" (the server asks to retry after {wait:g}s, more than max_retry_after {self.max_retry_after:g}s)"
+                    break
         with self._lock:
             self.stats["failures"] += 1
-        raise BackendError(f"{method} {url} failed after {self.max_retries + 1} attempt(s) (timeout {self.timeout:g}s each): {failures[-1]}" + (f"; earlier: {'; '.join(sorted(set(failures[:-1])))}" if len(failures) > 1 else ""))
+        raise BackendError(f"{method} {url} failed after {len(failures)} attempt(s) (timeout {self.timeout:g}s each): {failures[-1]}" + (f"; earlier: {'; '.join(sorted(set(failures[:-1])))}" if len(failures) > 1 else ""))
 
     def _once(self, method: str, url: str, data: bytes | None) -> dict[str, Any]:
-        req = urllib.request.Request(url, data=data, headers=self._headers, method=method)
         try:
-            with self._opener.open(req, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as e:
-            msg = _error_message(e)
-            if e.code in RETRY_STATUS:
-                raise _Retryable(f"HTTP {e.code}: {msg}") from None
-            raise BackendError(f"{method} {url}: HTTP {e.code}: {msg}") from None
-        except urllib.error.URLError as e:
-            reason = e.reason
-            if isinstance(reason, (TimeoutError, socket.timeout)):
-                raise _Retryable(f"no answer within {self.timeout:g}s") from None
-            raise _Retryable(f"cannot connect ({reason})") from None
-        except (TimeoutError, socket.timeout):
+            resp = self._client.request(method, url, content=data)
+        except httpx.TimeoutException:
             raise _Retryable(f"no answer within {self.timeout:g}s") from None
-        except (ConnectionError, http.client.HTTPException, OSError) as e:  # reset, remote closed, torn response
+        except httpx.ConnectError as e:
+            raise _Retryable(f"cannot connect ({e})") from None
+        except httpx.TransportError as e:  # reset, remote closed, torn response
             raise _Retryable(f"connection failed ({type(e).__name__}: {e})") from None
+        raw = resp.content
+        if resp.status_code >= 400:
+            msg = _error_message(raw, resp.reason_phrase)
+            if resp.status_code in RETRY_STATUS:
+                wait = retry_after(resp.headers.get("Retry-After")) if resp.status_code in RETRY_AFTER_STATUS else None
+                raise _Retryable(f"HTTP {resp.status_code}: {msg}", wait) from None
+            raise BackendError(f"{method} {url}: HTTP {resp.status_code}: {msg}") from None
         try:
             out = json.loads(raw)
         except ValueError:
@@ -228,16 +268,13 @@ class HTTPBackend(Backend):
         return Generation(token_ids=[int(t) for t in ids], logprobs=[float(x) for x in logprobs], text=text, finish_reason=finish, prompt_tokens=len(prompt))
 
 
-def _error_message(e: urllib.error.HTTPError) -> str:
-    try:
-        raw = e.read()
-    except Exception:  # noqa: BLE001 - the status alone still says what happened
-        return e.reason if isinstance(e.reason, str) else ""
+def _error_message(raw: bytes, reason: str) -> str:
+    """The message of an error answer: its JSON ``error.message``, else its start, else the status's reason."""
     try:
         err = json.loads(raw).get("error")
         return str(err.get("message") if isinstance(err, dict) else err)
     except (ValueError, AttributeError):
-        return raw[:300].decode("utf-8", "replace")
+        return raw[:300].decode("utf-8", "replace") or reason
 
 
 BACKENDS.add("http", lambda base_url, **kw: HTTPBackend(base_url, **kw))
