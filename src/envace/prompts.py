@@ -121,7 +121,7 @@ class ChatFormat:
         name = name or default_chat_format(tokenizer)
         build = CHAT_FORMATS.get(name)
         template = getattr(tokenizer, "chat_template", None)
-        key = (name, thinking, template if isinstance(template, str) else None, len(tokenizer))
+        key = (name, thinking, template if isinstance(template, str) else None, _size(tokenizer))
         cache = getattr(tokenizer, "_envace_chat_formats", None)
         if cache is None:
             cache = {}
@@ -187,6 +187,13 @@ class ChatFormat:
         if add_generation_prompt:
             ids += self.generation_prompt()
         return ids
+
+
+def _size(tokenizer: Any) -> int | None:
+    try:
+        return len(tokenizer)  # a tokenizer given new tokens gets its formats again
+    except TypeError:
+        return None
 
 
 CODECS: dict[str, Callable[[str], str]] = {"raw": lambda s: s, "json": lambda s: json.dumps(s, ensure_ascii=False)}
@@ -277,15 +284,16 @@ def _segment(render: Callable[..., str], before: list[dict[str, str]], role: str
     content = _PLACEHOLDER.format(role)
     head = render(before) if before else ""
     full = render(before + [{"role": role, "content": content}])
+    where = f"a {role} message " + (f"after {', '.join(m['role'] for m in before)}" if before else "opening a chat")
     if not full.startswith(head):
-        raise TemplateMismatch(f"a {role} message after {[m['role'] for m in before]} changes the text before it")
+        raise TemplateMismatch(f"{where} changes the text before it")
     delta = full[len(head):]
     for codec, written in CODECS.items():
         text = written(content)
         if delta.count(text) == 1:
             i = delta.index(text)
             return delta[:i], delta[i + len(text):], codec
-    raise TemplateMismatch(f"a {role} message after {[m['role'] for m in before]} is not rendered as its own segment")
+    raise TemplateMismatch(f"{where} is not rendered as a segment of its own (its content is missing or merged)")
 
 
 def derive_template_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
@@ -318,6 +326,10 @@ def derive_template_format(tokenizer: Any, thinking: bool | None = None) -> Chat
         raise TemplateMismatch("the generation prompt changes the text before it")
     fmt = ChatFormat(tokenizer, prefixes, suffixes, full[len(head):], _end_token(tokenizer, suffixes["assistant"]), firsts, codecs, name="template")
     _verify(fmt, render)
+    reply = PROBE_CHAT[2]["content"]
+    if fmt.generation == prefixes["assistant"] and fmt.encode(fmt.generation) + fmt.encode(reply) != fmt.encode(fmt.generation + reply):
+        notice(f"{_model_name(tokenizer)}: its tokenizer merges the end of the generation prompt {fmt.generation[-8:]!r} with the text after it, "
+               "so a sampled reply kept in a context is tokenized unlike the template's re-rendering of it (contexts stay as sampled)")
     return fmt
 
 
