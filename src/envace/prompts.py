@@ -364,6 +364,7 @@ def template_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
         return derive_template_format(tokenizer, thinking)
     except Exception as e:  # noqa: BLE001 - TemplateMismatch, or the template's own error (jinja, alternation rules)
         reason = str(e) if isinstance(e, TemplateMismatch) else f"its chat template fails ({type(e).__name__}: {str(e)[:160]})"
+    reason = " ".join(reason.split())  # one line
     fmt = chatml_format(tokenizer, thinking)
     fmt.fallback = reason
     notice(f"{_model_name(tokenizer)}: chat template not used, rendering ChatML (end of turn {fmt.end}) instead: {reason}")
