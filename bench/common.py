@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 from envace.backends.base import SamplingParams  # noqa: E402
 from envace.backends.hf import HFBackend, sample_next  # noqa: E402
+from envace.prompts import ChatFormat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results"
@@ -121,7 +122,7 @@ def forced_backend(base: type = HFBackend) -> type:
             self.counts: dict[str, int] = {}
             self.calls: list[dict[str, Any]] = []
             self._forced: list[list[int] | None] = []
-            self.end_id = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            self.end_id = ChatFormat.for_tokenizer(self.tokenizer).end_id  # the tokenizer's own end of turn
 
         def generate(self, prompts, params, sessions=None):
             sessions = list(sessions) if sessions is not None else [None] * len(prompts)

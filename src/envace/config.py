@@ -217,6 +217,12 @@ class SFTConfig:
     bf16: bool | str = False
     """bf16 autocast for the update: true, false, or ``auto`` (bf16 only where it is faster than float32; see
     ``TrainConfig.bf16``). ``envace demo`` uses ``auto``."""
+    chat_format: str | None = None
+    """How the gold chats become tokens, as ``RolloutConfig.chat_format`` (set it as the training run will)."""
+    tool_format: str | None = None
+    """How the gold calls are written, as ``RolloutConfig.tool_format`` (None: the model's own format)."""
+    thinking: bool | None = None
+    """As ``RolloutConfig.thinking``."""
     out_dir: str = "runs/sft"
     seed: int = 0
     tensorboard: bool = True
@@ -228,6 +234,7 @@ class SFTConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        RolloutConfig(chat_format=self.chat_format, tool_format=self.tool_format)  # an unknown name lists the valid ones
         self.roles = tuple(self.roles)
         self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
         self.report_to = report_to_setting(self.report_to, "SFTConfig.report_to")

@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .parsing import TOOL_CALL_RE
+from .parsing import TOOL_CALL_RE, TOOL_FORMATS
 from .prompts import ACT_INSTRUCTIONS
 from .registry import Registry
 from .types import Message, Step, ToolSpec, Trajectory
@@ -67,7 +67,8 @@ SYSTEM.add("seen", lambda text: text)
 def task_system(text: str) -> str:
     """The system message without envace's tool list and calling instructions (the task's prompt and any
     rehearsal memory stay)."""
-    parts = [p for p in text.split("\n\n") if not p.startswith(TOOLS_HEADER) and p.strip() != ACT_INSTRUCTIONS]
+    how = {ACT_INSTRUCTIONS} | {TOOL_FORMATS.get(n).instructions for n in TOOL_FORMATS}  # any tool format's
+    parts = [p for p in text.split("\n\n") if not p.startswith(TOOLS_HEADER) and p.strip() not in how]
     return "\n\n".join(parts)
 
 

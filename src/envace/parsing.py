@@ -1,7 +1,10 @@
 """Parsing of model output. Nothing here raises on model text: every failure is a structured error.
 
-Act emits one or several ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks, or plain text
-(a reply to the user). Rehearse emits ``<observation>{json}</observation>`` where the JSON is the tool's
+Act emits tool calls in its model family's format (:data:`TOOL_FORMATS`, chosen by :func:`tool_format_for`):
+``hermes``, one or several ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (ChatML models:
+SmolLM2, Qwen); ``llama3_json``, a reply that is a JSON object ``{"name": ..., "parameters": {...}}``, optionally
+after ``<|python_tag|>`` (Llama 3.1+); ``mistral``, ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``;
+or plain text (a reply to the user). Reasoning (``<think>...</think>``) is stripped before any of them parses. Rehearse emits ``<observation>{json}</observation>`` where the JSON is the tool's
 result or a structured error object (see :func:`envace.types.error_obs`).
 
 Model text is data: it is parsed with ``json.loads`` only and never evaluated.
@@ -12,14 +15,19 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import jsonschema
 
+from .registry import Registry
 from .types import ToolCall, ToolSpec, error_obs
 
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 OBS_RE = re.compile(r"<observation>(.*?)</observation>", re.DOTALL)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)
+PYTHON_TAG = "<|python_tag|>"  # Llama 3.1: opens a tool call (built-in tools; custom tools may omit it)
+TOOL_CALLS_TAG = "[TOOL_CALLS]"  # Mistral: opens the list of calls
 MAX_TEXT = 200_000  # longer model outputs are rejected as bad_format before any parsing
 MAX_DEPTH = 64  # deeper JSON is rejected (guards recursion in validators)
 
@@ -31,6 +39,8 @@ class ActParse:
     calls: list[ToolCall] = field(default_factory=list)
     reply: str | None = None
     error: dict[str, Any] | None = None
+    thinking: str | None = None
+    """The ``<think>`` text removed before parsing (never parsed as a call, never shown to a user)."""
 
 
 def _depth(x: Any, limit: int = MAX_DEPTH) -> int:
@@ -92,39 +102,235 @@ def _loads(text: str) -> tuple[Any, str | None]:
     return val, None
 
 
-def parse_act(text: str) -> ActParse:
-    """Parse an Act completion. Text without any ``<tool_call>`` tag is a reply; a tag with a body that is not a
-    JSON object with a string ``name`` and an object ``arguments`` is a bad_format error (no call is run)."""
+def _guard(text: Any) -> dict[str, Any] | None:
+    """The bad_format error of an output that is not text, too long, or not valid Unicode; None if it is fine."""
     if not isinstance(text, str):
-        return ActParse(error=error_obs("bad_format", "output is not text"))
+        return error_obs("bad_format", "output is not text")
     if len(text) > MAX_TEXT:
-        return ActParse(error=error_obs("bad_format", f"output longer than {MAX_TEXT} characters"))
+        return error_obs("bad_format", f"output longer than {MAX_TEXT} characters")
     if _bad_text(text):
-        return ActParse(error=error_obs("bad_format", "output is not valid Unicode (a lone surrogate)"))
+        return error_obs("bad_format", "output is not valid Unicode (a lone surrogate)")
+    return None
+
+
+def strip_thinking(text: str) -> tuple[str, str | None, str | None]:
+    """``(answer, thinking, error)``: ``text`` without its reasoning. Every ``<think>...</think>`` block goes; so
+    does everything up to a ``</think>`` left without its opening tag (a generation prompt that opened the block,
+    as some templates' do). An opening ``<think>`` left unclosed is an error (the model never answered); the
+    answer is then the text before it.
+    ``thinking`` is the removed text (None when there was none)."""
+    removed = THINK_RE.findall(text)
+    answer = THINK_RE.sub("", text)
+    if THINK_CLOSE in answer:
+        head, answer = answer.rsplit(THINK_CLOSE, 1)
+        removed.append(head + THINK_CLOSE)
+    if THINK_OPEN in answer:
+        answer, rest = answer.split(THINK_OPEN, 1)
+        removed.append(THINK_OPEN + rest)
+        return answer, "".join(removed), "unterminated <think> block (no answer after the thinking)"
+    return answer, "".join(removed) or None, None
+
+
+def _bad(message: str, thinking: str | None = None) -> ActParse:
+    return ActParse(error=error_obs("bad_format", message), thinking=thinking)
+
+
+def _call_of(val: Any, arg_keys: tuple[str, ...]) -> ToolCall | str:
+    """One call from a decoded JSON value (``name`` and the first of ``arg_keys`` present), or why it is not one."""
+    if not isinstance(val, dict):
+        return "tool call must be a JSON object"
+    name = val.get("name")
+    key = next((k for k in arg_keys if k in val), arg_keys[0])
+    args = val.get(key, {})
+    if isinstance(args, str):  # some models emit arguments as a JSON string
+        args, err = _loads(args)
+        if err:
+            return f"arguments string is not valid JSON ({err})"
+    if not isinstance(name, str) or not name:
+        return "tool call needs a non-empty string 'name'"
+    if not isinstance(args, dict):
+        return f"'{key}' must be a JSON object"
+    return ToolCall(name=name, arguments=args)
+
+
+_STRICT = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+
+
+def _json_values(text: str, sep: str | None = None) -> tuple[list[Any], str, str | None]:
+    """``(values, rest, error)``: the JSON values at the start of ``text`` (one, or several separated by ``sep``),
+    strict as :func:`_loads`, and the text after them."""
+    vals, i = [], 0
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        try:
+            val, i = _STRICT.raw_decode(text, i)
+        except (ValueError, RecursionError) as e:
+            return vals, text[i:], f"invalid JSON: {str(e)[:200]}"
+        if _depth(val) > MAX_DEPTH:
+            return vals, text[i:], f"JSON nested deeper than {MAX_DEPTH}"
+        if _bad_text(val):
+            return vals, text[i:], "invalid JSON: a string holds a lone surrogate (not valid Unicode)"
+        vals.append(val)
+        rest = text[i:].lstrip()
+        if sep is None or not rest.startswith(sep):
+            return vals, rest, None
+        i = len(text) - len(rest) + len(sep)
+
+
+def _calls_of(vals: list[Any], arg_keys: tuple[str, ...], thinking: str | None) -> ActParse:
+    calls = []
+    for val in vals:
+        call = _call_of(val, arg_keys)
+        if isinstance(call, str):
+            return _bad(call, thinking)
+        calls.append(call)
+    return ActParse(calls=calls, thinking=thinking)
+
+
+def _names_a_call(vals: list[Any]) -> bool:
+    return any(isinstance(v, dict) and "name" in v for v in vals)
+
+
+def _hermes_parse(text: str, thinking: str | None) -> ActParse:
     bodies = TOOL_CALL_RE.findall(text)
     if not bodies:
         if "<tool_call>" in text:
-            return ActParse(error=error_obs("bad_format", "unterminated <tool_call> block"))
-        reply = text.strip()
-        return ActParse(reply=reply)
+            return _bad("unterminated <tool_call> block", thinking)
+        return ActParse(reply=text.strip(), thinking=thinking)
     calls: list[ToolCall] = []
     for body in bodies:
         val, err = _loads(body.strip())
         if err:
-            return ActParse(error=error_obs("bad_format", f"tool call is not valid JSON ({err})"))
-        if not isinstance(val, dict):
-            return ActParse(error=error_obs("bad_format", "tool call must be a JSON object"))
-        name, args = val.get("name"), val.get("arguments", {})
-        if isinstance(args, str):  # some models emit arguments as a JSON string
-            args, err = _loads(args)
-            if err:
-                return ActParse(error=error_obs("bad_format", f"arguments string is not valid JSON ({err})"))
-        if not isinstance(name, str) or not name:
-            return ActParse(error=error_obs("bad_format", "tool call needs a non-empty string 'name'"))
-        if not isinstance(args, dict):
-            return ActParse(error=error_obs("bad_format", "'arguments' must be a JSON object"))
-        calls.append(ToolCall(name=name, arguments=args))
-    return ActParse(calls=calls)
+            return _bad(f"tool call is not valid JSON ({err})", thinking)
+        call = _call_of(val, ("arguments",))
+        if isinstance(call, str):
+            return _bad(call, thinking)
+        calls.append(call)
+    return ActParse(calls=calls, thinking=thinking)
+
+
+def _hermes_render(calls: list[ToolCall]) -> str:
+    return "".join("<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) + "</tool_call>" for c in calls)
+
+
+def _llama3_parse(text: str, thinking: str | None) -> ActParse:
+    s = text.strip()
+    tagged = s.startswith(PYTHON_TAG)  # (a backend that decodes without special tokens has dropped it)
+    body = s[len(PYTHON_TAG):].strip() if tagged else s
+    if not tagged and not body.startswith("{"):
+        return ActParse(reply=s, thinking=thinking)
+    vals, rest, err = _json_values(body, sep=";")
+    if err:
+        return _bad(f"tool call is not valid JSON ({err})", thinking)
+    if not tagged and not _names_a_call(vals):
+        return ActParse(reply=s, thinking=thinking)  # a JSON reply, not a call
+    if rest:
+        return _bad(f"text after the tool call JSON: {rest[:80]!r}", thinking)
+    return _calls_of(vals, ("parameters", "arguments"), thinking)
+
+
+def _llama3_render(calls: list[ToolCall]) -> str:
+    return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}, ensure_ascii=False) for c in calls)
+
+
+def _mistral_parse(text: str, thinking: str | None) -> ActParse:
+    s = text.strip()
+    tagged = TOOL_CALLS_TAG in s  # (a backend that decodes without special tokens has dropped it)
+    body = s.split(TOOL_CALLS_TAG, 1)[1].strip() if tagged else s
+    if not tagged and not (body.startswith("[") and body[1:].lstrip().startswith("{")):
+        return ActParse(reply=s, thinking=thinking)
+    vals, rest, err = _json_values(body)
+    if err:
+        return _bad(f"tool calls are not valid JSON ({err})", thinking)
+    items = vals[0] if isinstance(vals[0], list) else vals
+    if not tagged and not _names_a_call(items):
+        return ActParse(reply=s, thinking=thinking)  # a JSON reply, not a call
+    if rest:
+        return _bad(f"text after the tool calls JSON: {rest[:80]!r}", thinking)
+    if not items:
+        return _bad(f"{TOOL_CALLS_TAG} holds no call", thinking)
+    return _calls_of(items, ("arguments", "parameters"), thinking)
+
+
+def _mistral_render(calls: list[ToolCall]) -> str:
+    return TOOL_CALLS_TAG + " " + json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
+
+
+def _instructions(how: str) -> str:
+    return (f"You can call tools. To call one, answer with {how} and nothing else. Tool results come back as tool "
+            "messages. When you have what the user asked for, answer the user in plain text.")
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How Act writes tool calls: a model family's own syntax.
+
+    ``parse(text)`` never raises on model text: thinking is stripped first (:func:`strip_thinking`), then the
+    answer is calls, a reply, or a bad_format error (no call is run). ``render(calls)`` is the text a model of
+    the family writes for those calls (SFT targets); ``instructions`` is the sentence of Act's system prompt
+    that describes it (:func:`envace.prompts.act_system`)."""
+
+    name: str
+    instructions: str
+    parse_answer: Callable[[str, str | None], ActParse]
+    """(the completion without its thinking, the thinking) -> the parse."""
+    render_calls: Callable[[list[ToolCall]], str]
+    hints: tuple[str, ...] = ()
+    """Strings that, in a tokenizer's chat template or added tokens, say a model writes calls this way."""
+
+    def parse(self, text: str) -> ActParse:
+        err = _guard(text)
+        if err is not None:
+            return ActParse(error=err)
+        answer, thinking, bad = strip_thinking(text)
+        if bad:
+            return _bad(bad, thinking)
+        return self.parse_answer(answer, thinking)
+
+    def render(self, calls: list[ToolCall]) -> str:
+        if not calls:
+            raise ValueError(f"tool format {self.name!r}: no calls to render")
+        return self.render_calls(calls)
+
+
+TOOL_FORMATS: Registry[ToolFormat] = Registry("tool format")
+TOOL_FORMATS.add("hermes", ToolFormat(
+    "hermes",
+    _instructions("<tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> (several blocks for several calls)"),
+    _hermes_parse, _hermes_render, ("<tool_call>",)))
+TOOL_FORMATS.add("llama3_json", ToolFormat(
+    "llama3_json",
+    _instructions("only a JSON object {\"name\": NAME, \"parameters\": {...}} (several calls: objects separated by \"; \")"),
+    _llama3_parse, _llama3_render, (PYTHON_TAG, "ipython")))
+TOOL_FORMATS.add("mistral", ToolFormat(
+    "mistral",
+    _instructions(TOOL_CALLS_TAG + " [{\"name\": NAME, \"arguments\": {...}}] (one list holding every call)"),
+    _mistral_parse, _mistral_render, (TOOL_CALLS_TAG,)))
+DETECTION_ORDER = ("mistral", "llama3_json", "hermes")
+"""Tool formats tried in this order by :func:`tool_format_for`; the first whose hint the tokenizer shows wins."""
+DEFAULT_TOOL_FORMAT = "hermes"
+
+
+def tool_format_for(tokenizer: Any, name: str | None = None) -> ToolFormat:
+    """The tool format named ``name`` (an unknown name lists the valid ones), or, for None, the one a tokenizer's
+    chat template or added tokens hint at (``[TOOL_CALLS]`` -> mistral, ``<|python_tag|>`` or ``ipython`` ->
+    llama3_json, ``<tool_call>`` -> hermes), hermes when none does (SmolLM2, ChatML models)."""
+    if name is not None:
+        return TOOL_FORMATS.get(name)
+    template = getattr(tokenizer, "chat_template", None)
+    seen = (template if isinstance(template, str) else "") + "\n" + "\n".join(getattr(tokenizer, "added_tokens_encoder", None) or {})
+    for candidate in DETECTION_ORDER:
+        if any(h in seen for h in TOOL_FORMATS.get(candidate).hints):
+            return TOOL_FORMATS.get(candidate)
+    return TOOL_FORMATS.get(DEFAULT_TOOL_FORMAT)
+
+
+def parse_act(text: str) -> ActParse:
+    """Parse an Act completion in the hermes format (``TOOL_FORMATS["hermes"].parse``). Text without any
+    ``<tool_call>`` tag is a reply; a tag with a body that is not a JSON object with a string ``name`` and an
+    object ``arguments`` is a bad_format error (no call is run); ``<think>`` text is never parsed as a call."""
+    return TOOL_FORMATS.get("hermes").parse(text)
 
 
 def validate_call(call: ToolCall, tools: list[ToolSpec]) -> dict[str, Any] | None:

@@ -4,6 +4,13 @@ Contexts are built by *appending* token segments, never by re-templating a whole
 model generated stays in its context exactly as sampled (no re-tokenisation), and consecutive turns of one
 context share their prefix token for token, so a backend can keep that prefix's KV cache.
 
+The segments come from a chat format (:data:`CHAT_FORMATS`, chosen by :meth:`ChatFormat.for_tokenizer`):
+``chatml`` (SmolLM2, Qwen) or ``template``, each role's prefix and suffix differenced once from the tokenizer's
+own chat template (Llama 3.x, Phi, ...) and verified on a probe chat against the template's own tokenization; a
+template that cannot be appended to (Mistral's system prompt merged into a user turn, one that raises) falls back
+to ChatML with a one-line notice. Act's system prompt always lists the tools as envace's text
+(:func:`act_system`), with the calling instructions of the model's tool format (``envace.parsing.TOOL_FORMATS``).
+
 Act sees the usual agent chat (system prompt with tool schemas, user turns, its own calls, tool results).
 Rehearse sees its own context (METHOD.md section 1): a simulator system prompt, the candidate tool schemas,
 optional reference call -> result examples, then per call a user message holding the conversation since the
@@ -15,16 +22,16 @@ The information is the same: the whole conversation so far and the current call.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
+from .parsing import TOOL_FORMATS, ToolFormat
+from .registry import Registry
 from .types import Message, ReferenceExample, Task, ToolCall, ToolSpec, dumps
 
-ACT_INSTRUCTIONS = (
-    "You can call tools. To call one, answer with <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> "
-    "(several blocks for several calls) and nothing else. Tool results come back as tool messages. "
-    "When you have what the user asked for, answer the user in plain text."
-)
+ACT_INSTRUCTIONS = TOOL_FORMATS.get("hermes").instructions
+"""How to call tools, in the default (hermes) format; each tool format has its own (``ToolFormat.instructions``)."""
 
 REHEARSE_SYSTEM = (
     "You are a precise tool simulator. You are given tool schemas, reference examples of real calls, the "
@@ -40,8 +47,11 @@ def render_tools(tools: list[ToolSpec]) -> str:
     return "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters}, ensure_ascii=False) for t in tools)
 
 
-def act_system(task: Task, memory: str | None = None) -> str:
-    parts = [task.system_prompt.strip(), "# Tools\n" + render_tools(task.tools), ACT_INSTRUCTIONS]
+def act_system(task: Task, memory: str | None = None, tools: ToolFormat | None = None) -> str:
+    """Act's system prompt: the task's prompt, envace's textual tool list (always: a template's own ``tools=``
+    rendering is not used), how to call tools in the format ``tools`` (default hermes), rehearsal notes."""
+    how = (tools or TOOL_FORMATS.get("hermes")).instructions
+    parts = [task.system_prompt.strip(), "# Tools\n" + render_tools(task.tools), how]
     if memory:
         parts.append("# Notes from private rehearsal\n" + memory.strip())
     return "\n\n".join(p for p in parts if p)
@@ -77,56 +87,288 @@ def rehearse_user_message(transcript: list[str], call: ToolCall, spec: ToolSpec 
     return f"Conversation since the last call:\n{conv}\n\nCurrent call:\nname: {call.name}\nschema: {schema}\narguments: {dumps(call.arguments)}"
 
 
+ROLES = ("system", "user", "assistant", "tool")
+
+
 @dataclass
 class ChatFormat:
-    """ChatML-style rendering into token segments (SmolLM2 and Qwen use ChatML)."""
+    """A chat rendered into token segments: each role's message is ``prefix + content + suffix``, appended.
+
+    ``prefixes`` / ``suffixes``: role -> text around the content (a message that is not the chat's first);
+    ``first_prefixes``: role -> the prefix when the message opens the chat (a template's ``bos_token`` or default
+    system block); ``generation``: the text that opens an assistant generation; ``end``: the end-of-turn token,
+    the first special token after an assistant's content (``stop_ids`` adds the tokenizer's eos);
+    ``codecs``: role -> how content is written into its segment (``raw``, or ``json`` for a template that writes
+    a tool result as a JSON string, as Llama 3.1's ``tojson`` does). ``fallback``: why a ``template`` format could
+    not be used, when this is the ChatML format in its place (None otherwise)."""
 
     tokenizer: Any
-    start: str = "<|im_start|>"
-    end: str = "<|im_end|>"
+    prefixes: dict[str, str]
+    suffixes: dict[str, str]
+    generation: str
+    end: str
+    first_prefixes: dict[str, str] = field(default_factory=dict)
+    codecs: dict[str, str] = field(default_factory=dict)
+    name: str = "chatml"
+    fallback: str | None = None
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any) -> "ChatFormat":
-        vocab = tokenizer.get_vocab()
-        if "<|im_start|>" not in vocab or "<|im_end|>" not in vocab:
-            raise ValueError("only ChatML tokenizers (<|im_start|>/<|im_end|>) are supported by ChatFormat")
-        return cls(tokenizer)
-
-    @property
-    def end_id(self) -> int:
-        return self.tokenizer.convert_tokens_to_ids(self.end)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def for_tokenizer(cls, tokenizer: Any, name: str | None = None, thinking: bool | None = None) -> "ChatFormat":
+        """The format ``name`` (:data:`CHAT_FORMATS`; an unknown name lists the valid ones) for ``tokenizer``;
+        None: ``chatml`` for a ChatML vocabulary (``<|im_start|>`` / ``<|im_end|>``), else ``template``.
+        ``thinking``: passed to the template as ``enable_thinking`` where the generation prompt is derived from
+        it (None: the template's default). Built once per tokenizer, name and setting (kept on the tokenizer)."""
+        name = name or default_chat_format(tokenizer)
+        build = CHAT_FORMATS.get(name)
+        template = getattr(tokenizer, "chat_template", None)
+        key = (name, thinking, template if isinstance(template, str) else None, _size(tokenizer))
+        cache = getattr(tokenizer, "_envace_chat_formats", None)
+        if cache is None:
+            cache = {}
+            try:
+                tokenizer._envace_chat_formats = cache
+            except AttributeError:  # a tokenizer that takes no attributes: build every time
+                pass
+        if key not in cache:
+            cache[key] = build(tokenizer, thinking)
+        return cache[key]
 
     def __post_init__(self) -> None:
         added = getattr(self.tokenizer, "added_tokens_encoder", None) or {}
         self._specials = tuple(sorted(set(added) | set(getattr(self.tokenizer, "all_special_tokens", []))))
 
-    def message(self, role: str, content: str) -> list[int]:
-        """One message. Content is data: a special-token string inside it (``<|im_start|>system`` in a tool
-        result or in the arguments of a call) is encoded as plain text, never as a control token."""
+    @property
+    def end_id(self) -> int:
+        return self.tokenizer.convert_tokens_to_ids(self.end)
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """Token ids that end a generation: the end-of-turn token, then the tokenizer's eos if it is another."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return [self.end_id] + ([eos] if eos is not None and eos != self.end_id else [])
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def prefix(self, role: str, first: bool = False) -> str:
+        if first and role in self.first_prefixes:
+            return self.first_prefixes[role]
+        if role not in self.prefixes:
+            raise ValueError(f"chat format {self.name!r} has no role {role!r}; roles: {', '.join(self.prefixes)}")
+        return self.prefixes[role]
+
+    def message(self, role: str, content: str, first: bool = False) -> list[int]:
+        """One message (``first``: it opens the chat). Content is data: a special-token string inside it
+        (``<|im_start|>system`` in a tool result or in the arguments of a call) is encoded as plain text, never
+        as a control token."""
+        pre, suf = self.prefix(role, first), self.suffixes[role]
+        content = CODECS[self.codecs.get(role, "raw")](content)
         if any(sp in content for sp in self._specials):
             text_ids = self.tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
-            return self.encode(f"{self.start}{role}\n") + text_ids + self.encode(f"{self.end}\n")
-        return self.encode(f"{self.start}{role}\n{content}{self.end}\n")
+            return self.encode(pre) + text_ids + self.encode(suf)
+        return self.encode(f"{pre}{content}{suf}")
 
     def generation_prompt(self, role: str = "assistant") -> list[int]:
-        return self.encode(f"{self.start}{role}\n")
+        return self.encode(self.generation if role == "assistant" else self.prefix(role))
 
     def close_completion(self, completion_ids: list[int]) -> list[int]:
-        """Tokens that close an assistant turn after a completion (the end tag unless generated, a newline)."""
-        tail = [] if completion_ids and completion_ids[-1] == self.end_id else [self.end_id]
-        return tail + self.encode("\n")
+        """Tokens that close an assistant turn after a completion: the assistant suffix (ChatML's end tag and
+        newline), without the end token when the completion generated it."""
+        suffix = self.suffixes["assistant"]
+        if completion_ids and completion_ids[-1] == self.end_id:
+            return self.encode(suffix[suffix.index(self.end) + len(self.end):])
+        return self.encode(suffix)
 
     def render(self, messages: list[dict[str, str]] | list[Message], add_generation_prompt: bool = True) -> list[int]:
         ids: list[int] = []
-        for m in messages:
+        for i, m in enumerate(messages):
             role, content = (m.role, m.content) if isinstance(m, Message) else (m["role"], m["content"])
-            ids += self.message(role, content)
+            ids += self.message(role, content, first=i == 0)
         if add_generation_prompt:
             ids += self.generation_prompt()
         return ids
+
+
+def _size(tokenizer: Any) -> int | None:
+    try:
+        return len(tokenizer)  # a tokenizer given new tokens gets its formats again
+    except TypeError:
+        return None
+
+
+CODECS: dict[str, Callable[[str], str]] = {"raw": lambda s: s, "json": lambda s: json.dumps(s, ensure_ascii=False)}
+"""How a role's content is written into its segment (ChatFormat.codecs)."""
+
+# name -> fn(tokenizer, thinking) -> ChatFormat
+CHAT_FORMATS: Registry[Callable[[Any, bool | None], ChatFormat]] = Registry("chat format")
+CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
+
+
+def default_chat_format(tokenizer: Any) -> str:
+    """``chatml`` for a tokenizer whose vocabulary has ``<|im_start|>`` and ``<|im_end|>``, else ``template``."""
+    vocab = tokenizer.get_vocab()
+    return "chatml" if CHATML_START in vocab and CHATML_END in vocab else "template"
+
+
+_said: set[str] = set()
+
+
+def notice(text: str) -> None:
+    """One line on stderr, once per process for the same text."""
+    if text not in _said:
+        _said.add(text)
+        print(f"envace: {text}", file=sys.stderr, flush=True)
+
+
+def _model_name(tokenizer: Any) -> str:
+    return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+
+
+def _template_text(tokenizer: Any, messages: list[dict[str, str]], generation: bool, thinking: bool | None) -> str:
+    kw = {} if thinking is None else {"enable_thinking": thinking}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kw)
+
+
+@CHAT_FORMATS.register("chatml")
+def chatml_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
+    """``<|im_start|>role\ncontent<|im_end|>\n`` (SmolLM2, Qwen). A vocabulary without ``<|im_end|>`` ends turns
+    with its eos token instead (``<|im_start|>`` is then plain text). With ``thinking`` set, the generation
+    prompt is the template's for that ``enable_thinking`` (Qwen3: an empty ``<think>`` block when False)."""
+    vocab = tokenizer.get_vocab()
+    end = CHATML_END if CHATML_END in vocab else tokenizer.eos_token
+    if end is None:
+        raise ValueError(f"tokenizer {_model_name(tokenizer)!r} has neither <|im_end|> nor an eos token to end a turn")
+    start = CHATML_START
+    generation = f"{start}assistant\n"
+    if thinking is not None:
+        generation = _chatml_generation(tokenizer, generation, thinking)
+    return ChatFormat(tokenizer, {r: f"{start}{r}\n" for r in ROLES}, {r: f"{end}\n" for r in ROLES}, generation, end, name="chatml")
+
+
+def _chatml_generation(tokenizer: Any, plain: str, thinking: bool) -> str:
+    chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+    try:
+        before, after = (_template_text(tokenizer, chat, g, thinking) for g in (False, True))
+    except Exception as e:  # noqa: BLE001 - a template's own error (jinja, missing template) is the reason
+        notice(f"{_model_name(tokenizer)}: thinking={thinking} is ignored: its chat template fails ({type(e).__name__}: {str(e)[:120]})")
+        return plain
+    generation = after[len(before):]
+    if not after.startswith(before) or not generation.startswith(plain):
+        notice(f"{_model_name(tokenizer)}: thinking={thinking} is ignored: the template's generation prompt is not ChatML's")
+        return plain
+    return generation
+
+
+class TemplateMismatch(ValueError):
+    """A chat template that cannot be rendered by appending segments (the reason is the message)."""
+
+
+PROBE_CHAT = [
+    {"role": "system", "content": "You are a probe. Answer briefly."},
+    {"role": "user", "content": "What is 2 + 2?"},
+    {"role": "assistant", "content": "It is 4."},
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {"role": "assistant", "content": '{"name": "get_weather", "arguments": {"city": "Paris"}}'},
+    {"role": "tool", "content": '{"temperature": 21, "unit": "C"}'},
+    {"role": "tool", "content": '{"humidity": "40%"}'},
+    {"role": "assistant", "content": "It is 21 degrees and 40% humid in Paris."},
+]
+"""The chat a derived template format must render exactly as the template does (one of each turn envace appends:
+system, user, reply, call, two tool results in a row, reply)."""
+
+_PLACEHOLDER = 'envace-probe "{}" 7'  # a quote tells a template that writes content as a JSON string (tojson)
+
+
+def _segment(render: Callable[..., str], before: list[dict[str, str]], role: str) -> tuple[str, str, str]:
+    """``(prefix, suffix, codec)`` of a ``role`` message appended to ``before``, by differencing renderings."""
+    content = _PLACEHOLDER.format(role)
+    head = render(before) if before else ""
+    full = render(before + [{"role": role, "content": content}])
+    where = f"a {role} message " + (f"after {', '.join(m['role'] for m in before)}" if before else "opening a chat")
+    if not full.startswith(head):
+        raise TemplateMismatch(f"{where} changes the text before it")
+    delta = full[len(head):]
+    for codec, written in CODECS.items():
+        text = written(content)
+        if delta.count(text) == 1:
+            i = delta.index(text)
+            return delta[:i], delta[i + len(text):], codec
+    raise TemplateMismatch(f"{where} is not rendered as a segment of its own (its content is missing or merged)")
+
+
+def derive_template_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
+    """Segments differenced from the tokenizer's own chat template (``apply_chat_template(tokenize=False)`` of
+    chats with placeholder contents), then verified: :data:`PROBE_CHAT` appended segment by segment must be the
+    template's own tokenization of it, and the generation prompt the same after a user turn and a tool result.
+    Raises :class:`TemplateMismatch` (or the template's own error) when it cannot be used."""
+    def render(msgs: list[dict[str, str]], generation: bool = False) -> str:
+        return _template_text(tokenizer, msgs, generation, thinking)
+
+    def msg(role: str) -> dict[str, str]:
+        return {"role": role, "content": _PLACEHOLDER.format(role)}
+
+    prefixes, suffixes, firsts, codecs = {}, {}, {}, {}
+    firsts["system"], suffixes["system"], codecs["system"] = _segment(render, [], "system")
+    prefixes["user"], suffixes["user"], codecs["user"] = _segment(render, [msg("system")], "user")
+    try:
+        firsts["user"], _, _ = _segment(render, [], "user")
+    except Exception:  # noqa: BLE001 - a template that needs a system message first: chats here open with one
+        pass
+    prefixes["assistant"], suffixes["assistant"], codecs["assistant"] = _segment(render, [msg("system"), msg("user")], "assistant")
+    prefixes["tool"], suffixes["tool"], codecs["tool"] = _segment(render, [msg("system"), msg("user"), msg("assistant")], "tool")
+    try:
+        prefixes["system"], _, _ = _segment(render, [msg("system"), msg("user"), msg("assistant")], "system")
+    except Exception:  # noqa: BLE001 - many templates take a system message only first
+        pass
+    chat = [msg("system"), msg("user")]
+    head, full = render(chat), render(chat, True)
+    if not full.startswith(head):
+        raise TemplateMismatch("the generation prompt changes the text before it")
+    fmt = ChatFormat(tokenizer, prefixes, suffixes, full[len(head):], _end_token(tokenizer, suffixes["assistant"]), firsts, codecs, name="template")
+    _verify(fmt, render)
+    reply = PROBE_CHAT[2]["content"]
+    if fmt.generation == prefixes["assistant"] and fmt.encode(fmt.generation) + fmt.encode(reply) != fmt.encode(fmt.generation + reply):
+        notice(f"{_model_name(tokenizer)}: its tokenizer merges the end of the generation prompt {fmt.generation[-8:]!r} with the text after it, "
+               "so a sampled reply kept in a context is tokenized unlike the template's re-rendering of it (contexts stay as sampled)")
+    return fmt
+
+
+def _end_token(tokenizer: Any, suffix: str) -> str:
+    """The first special token in an assistant's suffix (the end of turn)."""
+    added = getattr(tokenizer, "added_tokens_encoder", None) or {}
+    specials = set(added) | set(getattr(tokenizer, "all_special_tokens", []))
+    found = [(suffix.find(t), -len(t), t) for t in specials if t and t in suffix]
+    if not found:
+        raise TemplateMismatch(f"no special token ends an assistant turn (its suffix is {suffix!r})")
+    return min(found)[2]
+
+
+def _verify(fmt: ChatFormat, render: Callable[..., str]) -> None:
+    want = fmt.encode(render(PROBE_CHAT))
+    got = fmt.render(PROBE_CHAT, add_generation_prompt=False)
+    if got != want:
+        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        seen = fmt.tokenizer.decode(want[max(0, at - 8) : at + 8])
+        raise TemplateMismatch(f"the probe chat's segments differ from the template's rendering at token {at} (near {seen!r})")
+    upto_tool = PROBE_CHAT[:-1]
+    if render(upto_tool, True) != render(upto_tool) + fmt.generation:
+        raise TemplateMismatch("the generation prompt after a tool result differs from the one after a user turn")
+
+
+@CHAT_FORMATS.register("template")
+def template_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
+    """The tokenizer's own chat template as segments (:func:`derive_template_format`); a template that cannot
+    be rendered by appending (Mistral's, which merges the system prompt into a user turn; one that raises) gives
+    the ChatML format instead, with a one-line notice naming the model and the reason (``fallback``)."""
+    try:
+        return derive_template_format(tokenizer, thinking)
+    except Exception as e:  # noqa: BLE001 - TemplateMismatch, or the template's own error (jinja, alternation rules)
+        reason = str(e) if isinstance(e, TemplateMismatch) else f"its chat template fails ({type(e).__name__}: {str(e)[:160]})"
+    reason = " ".join(reason.split())  # one line
+    fmt = chatml_format(tokenizer, thinking)
+    fmt.fallback = reason
+    notice(f"{_model_name(tokenizer)}: chat template not used, rendering ChatML (end of turn {fmt.end}) instead: {reason}")
+    return fmt
 
 
 def tool_message_content(obs: Any) -> str:

@@ -25,6 +25,12 @@ only; never shown to the policy). Where a real environment ran a trajectory's ca
 (real mode, shadow copy), its own success check is applied to it when the trajectory ends
 (``Trajectory.env_outcome``), so scoring never executes those calls a second time.
 
+Formats: Act and Rehearse contexts are built by appending the segments of the policy tokenizer's chat format
+(``RolloutConfig.chat_format``, envace.prompts); Act writes calls in its tool format (``tool_format``,
+envace.parsing.TOOL_FORMATS), which the system prompt describes. Thinking (``<think>...</think>``) stays in the
+Act context and rows as generated, but is stripped before parsing and kept out of ``Trajectory.messages``, so
+neither a user simulator nor the Rehearse transcript sees it (``Step.action_text`` keeps the whole output).
+
 Context bound: before every Act generation and every Rehearse generation (the policy's, a second model's, or a
 simulator's chat) the engine checks prompt + ``max_new_tokens`` against ``max_context_tokens``; a context that
 does not fit is never generated from: the trajectory ends there, ``truncated`` says whose context it was
@@ -42,8 +48,8 @@ from tqdm.auto import tqdm
 from .backends.base import Backend, Request, SamplingParams
 from .envs import USERS, Environment, UserSimulator, final_outcome, make_env
 from .envs.references import cache_lookup
-from .parsing import format_observation, parse_act, parse_observation, validate_call
-from .prompts import ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
+from .parsing import TOOL_FORMATS, format_observation, parse_observation, strip_thinking, tool_format_for, validate_call
+from .prompts import CHAT_FORMATS, ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
 from .registry import Registry
 from .types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
 
@@ -81,6 +87,18 @@ class RolloutConfig:
     generation is done, its next one joining the running batch (backends with continuous batching, with the
     policy's own Rehearse or the real environment; otherwise it falls back to) ``lockstep``: every live
     trajectory's Act in one batch, then every pending call's observation, step by step."""
+    chat_format: str | None = None
+    """How chats become tokens (envace.prompts.CHAT_FORMATS): ``chatml``, or ``template`` (segments derived from
+    the tokenizer's own chat template and verified on a probe chat; a template that fails falls back to ChatML with
+    a one-line notice). None: ``chatml`` for a ChatML vocabulary (SmolLM2, Qwen), else ``template`` (Llama, ...)."""
+    tool_format: str | None = None
+    """How Act writes tool calls (envace.parsing.TOOL_FORMATS): ``hermes`` (``<tool_call>`` blocks), ``llama3_json``
+    or ``mistral``; None: the one the tokenizer's chat template hints at, else hermes. The system prompt's calling
+    instructions and SFT's gold calls follow it."""
+    thinking: bool | None = None
+    """Reasoning models' thinking (Qwen3's ``enable_thinking``): True / False is passed to the chat template where
+    the generation prompt is derived (False: an empty ``<think>`` block); None: the template's default. Any
+    ``<think>`` text of an Act output is stripped before parsing and never shown to a user or to Rehearse."""
     seed: int = 0
     progress: bool = False
 
@@ -89,6 +107,10 @@ class RolloutConfig:
             OBSERVERS.get(self.mode)  # raises with the valid names
         if self.schedule not in SCHEDULES:
             SCHEDULES.get(self.schedule)
+        if self.chat_format is not None and self.chat_format not in CHAT_FORMATS:
+            CHAT_FORMATS.get(self.chat_format)
+        if self.tool_format is not None and self.tool_format not in TOOL_FORMATS:
+            TOOL_FORMATS.get(self.tool_format)
         if self.group_size < 1 or self.max_steps < 1 or self.max_steps_per_turn < 1:
             raise ValueError("group_size, max_steps and max_steps_per_turn must be >= 1")
 
@@ -224,7 +246,8 @@ class RolloutEngine:
     def __init__(self, policy: Backend, cfg: RolloutConfig, rehearser: Backend | None = None, simulator: Backend | None = None, memory: dict[str, str] | None = None):
         self.policy = policy
         self.cfg = cfg
-        self.fmt = ChatFormat.for_tokenizer(policy.tokenizer)
+        self.fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
+        self.tools = tool_format_for(policy.tokenizer, cfg.tool_format)
         self.observer = OBSERVERS.get(cfg.mode)(policy, rehearser=rehearser, simulator=simulator)
         self.memory = memory or {}  # task id -> rehearsal memory shown to Act (test-time scaling)
         self._calls = 0
@@ -241,10 +264,10 @@ class RolloutEngine:
     # -- contexts ---------------------------------------------------------------------------------------------
     def _start(self, task: Task, k: int, group_id: str) -> _Live:
         traj = Trajectory(id=f"{group_id}/{k}", task_id=task.id, group_id=group_id, mode=self.cfg.mode)
-        system = act_system(task, self.memory.get(task.id))
+        system = act_system(task, self.memory.get(task.id), self.tools)
         traj.messages.append(Message("system", system))
         rsys = rehearse_system(task)
-        lv = _Live(task=task, traj=traj, act_ids=self.fmt.message("system", system), reh_ids=self.fmt.message("system", rsys), reh_messages=[{"role": "system", "content": rsys}], user=USERS.get(self.cfg.user)(task))
+        lv = _Live(task=task, traj=traj, act_ids=self.fmt.message("system", system, first=True), reh_ids=self.fmt.message("system", rsys, first=True), reh_messages=[{"role": "system", "content": rsys}], user=USERS.get(self.cfg.user)(task))
         if self.observer.needs_env or self.cfg.shadow:
             lv.env = make_env(task)
         self._next_user_turn(lv)
@@ -419,17 +442,20 @@ class RolloutEngine:
         tr.count("act/steps")
         if g.finish_reason == "length":
             tr.count("act/truncated")
-        parsed = parse_act(g.text)
+        parsed = self.tools.parse(g.text)
         step = Step(user_turn=lv.turn, action_text=g.text, calls=parsed.calls, reply=parsed.reply, parse_error=parsed.error)
         tr.steps.append(step)
         lv.calls = []
+        shown = strip_thinking(g.text)[0] if isinstance(g.text, str) else ""  # the chat never holds thinking
+        if parsed.thinking is not None:
+            tr.count("act/thinking")
         if parsed.error is not None:
             tr.count("act/parse_errors")
-            tr.messages.append(Message("assistant", g.text))
+            tr.messages.append(Message("assistant", shown))
             self._feed(lv, [(ToolCall(name="(unparsed)"), parsed.error, "validation", None)], raw=True)
         elif parsed.calls:
             tr.count("act/tool_calls", len(parsed.calls))
-            tr.messages.append(Message("assistant", g.text, tool_calls=parsed.calls))
+            tr.messages.append(Message("assistant", shown, tool_calls=parsed.calls))
             lv.calls = parsed.calls
         else:
             tr.count("act/replies")

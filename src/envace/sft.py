@@ -25,19 +25,23 @@ from .checkpoint import save_checkpoint
 from .config import SFTConfig, to_dict
 from .envs import load_tasks_of_kinds, make_env
 from .logging import MetricsLogger
-from .parsing import format_observation
+from .parsing import ToolFormat, format_observation, tool_format_for
 from .precision import use_bf16
+from .prompts import ChatFormat
 from .rollout import RolloutConfig, RolloutEngine
 from .types import Row, Task, Trajectory
 
 
 class GoldTeacher(Backend):
     """Plays the gold script of each task. Sessions (``<traj id>/act`` or ``/rehearse``) identify the trajectory;
-    the trajectory id starts with its group id ``<prefix>:<task id>``."""
+    the trajectory id starts with its group id ``<prefix>:<task id>``. Gold calls are written in ``tools`` (the
+    model's tool format) and every generation ends with ``end_id`` (its chat format's end of turn); both default
+    to what the tokenizer's own formats are."""
 
-    def __init__(self, tokenizer: Any, tasks: list[Task], default_reply: str = "Done."):
+    def __init__(self, tokenizer: Any, tasks: list[Task], default_reply: str = "Done.", tools: ToolFormat | None = None, end_id: int | None = None):
         self.tokenizer = tokenizer
-        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.end_id = ChatFormat.for_tokenizer(tokenizer).end_id if end_id is None else end_id
+        self.tools = tools or tool_format_for(tokenizer)
         self.tasks = {t.id: t for t in tasks}
         self.default_reply = default_reply
         self._act: dict[str, list[str]] = {}
@@ -49,7 +53,7 @@ class GoldTeacher(Backend):
         try:
             for i, _ in enumerate(task.user_turns):
                 for call in task.gold_actions[i] if i < len(task.gold_actions) else []:
-                    acts.append(call.to_text())
+                    acts.append(self.tools.render([call]))
                     obs.append(format_observation(env.call(call)))
                 acts.append(task.gold_replies[i] if i < len(task.gold_replies) and task.gold_replies[i] else self.default_reply)
         finally:
@@ -76,12 +80,14 @@ class GoldTeacher(Backend):
         return out
 
 
-def gold_trajectories(tokenizer: Any, tasks: list[Task], rollout: RolloutConfig | None = None) -> list[Trajectory]:
-    """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine."""
+def gold_trajectories(tokenizer: Any, tasks: list[Task], rollout: RolloutConfig | None = None, chat_format: str | None = None, tool_format: str | None = None, thinking: bool | None = None) -> list[Trajectory]:
+    """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine. The formats
+    (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given."""
     n_steps = max((sum(len(g) for g in t.gold_actions) + len(t.user_turns) for t in tasks), default=1)
-    cfg = rollout or RolloutConfig(mode="rehearsal", group_size=1, max_steps=n_steps + 1, max_steps_per_turn=n_steps + 1, max_context_tokens=1 << 20)
+    cfg = rollout or RolloutConfig(mode="rehearsal", group_size=1, max_steps=n_steps + 1, max_steps_per_turn=n_steps + 1, max_context_tokens=1 << 20, chat_format=chat_format, tool_format=tool_format, thinking=thinking)
     cfg.group_size = 1
-    return RolloutEngine(GoldTeacher(tokenizer, tasks), cfg).run(tasks, group_prefix="gold")
+    teacher = GoldTeacher(tokenizer, tasks, tools=tool_format_for(tokenizer, cfg.tool_format), end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id)
+    return RolloutEngine(teacher, cfg).run(tasks, group_prefix="gold")
 
 
 @dataclass
@@ -101,7 +107,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
-    trajs = gold_trajectories(tok, tasks)
+    trajs = gold_trajectories(tok, tasks, chat_format=cfg.chat_format, tool_format=cfg.tool_format, thinking=cfg.thinking)
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
     logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))
     rng = np.random.default_rng(cfg.seed)

@@ -343,7 +343,7 @@ class _Rehearsal:
         self.policy = policy
         self.cfg = cfg
         self.mode = REHEARSAL_MODES.get(cfg.mode)
-        self.fmt = ChatFormat.for_tokenizer(policy.tokenizer)
+        self.fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.rollout.chat_format, cfg.rollout.thinking)
         self._calls = 0
         self._transcripts: dict[tuple[str, int], str] = {}
 

@@ -28,6 +28,7 @@ import torch
 
 from ..precision import use_bf16
 from ..prefixes import common_prefix, prefix_runs
+from ..prompts import ChatFormat
 from .base import BACKENDS, Backend, Generation, OnDone, Request, SamplingParams
 from .fastdecode import SharedPrefixes, decoder_for
 
@@ -421,10 +422,7 @@ class HFBackend(Backend):
         self.cascade = cascade  # packed decode steps of a stream attend to shared prompt prefixes once per group
         self.min_cascade_prefix = 64
         self.max_prefixes = 16
-        eos = {tokenizer.eos_token_id}
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-        if im_end is not None:
-            eos.add(im_end)
+        eos = {tokenizer.eos_token_id, *ChatFormat.for_tokenizer(tokenizer).stop_ids}  # eos and the end of turn
         self.eos_ids = {e for e in eos if e is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "shared_prefix_tokens": 0, "generated_tokens": 0, "forward_calls": 0, "decode_steps": 0}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from ..prompts import ChatFormat
 from .base import BACKENDS, Backend, Generation, SamplingParams
 
 
@@ -16,7 +17,7 @@ class ScriptedBackend(Backend):
         self.tokenizer = tokenizer
         self.respond = respond
         self.prompts: list[str] = []  # every prompt seen, decoded (for tests)
-        self.end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.end_id = ChatFormat.for_tokenizer(tokenizer).end_id  # the tokenizer's own end of turn
 
     def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
         out = []

@@ -32,6 +32,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Iterator, Sequence
 
+from ..prompts import ChatFormat
 from .base import BACKENDS, Backend, Generation, SamplingParams
 
 EXTRA = "pip install 'envace[vllm]'"
@@ -82,8 +83,7 @@ class VLLMBackend(Backend):
             engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
             seed = seed + torch.distributed.get_rank()
         self.llm = vllm.LLM(model=model, tokenizer=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching, seed=seed, **engine_kwargs)
-        im_end = tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in tokenizer.get_vocab() else None
-        self.stop_token_ids = [im_end] if im_end is not None else []  # end of turn, as the HF backend stops
+        self.stop_token_ids = ChatFormat.for_tokenizer(tokenizer).stop_ids  # end of turn (and eos), as the HF backend stops
         self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "forward_calls": 0, "weight_syncs": 0}
 
     def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
