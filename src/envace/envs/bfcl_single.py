@@ -401,7 +401,7 @@ def convert_entry(shown: dict[str, Any], checked: dict[str, Any], ground_truth: 
     elif "irrelevance" in category:
         gold, note = [[]], "no call"
     else:
-        gold, note = [gold_calls(ground_truth, checked["function"], language)], "first option of each possible answer"
+        gold, note = [gold_calls(ground_truth, checked["function"], language)], "the possible answer, one option per parameter (choose_option)"
     return Task(
         id=shown["id"],
         env=f"bfcl:{category}",
