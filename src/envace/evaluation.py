@@ -23,6 +23,9 @@ Metrics (keys of :attr:`EvalResult.metrics`):
   the Wilson interval over tasks of the per-task mean (:func:`envace.stats.rate_interval`: exact Wilson with one
   sample per task, conservative with more). :func:`format_metrics` prints it next to the rate.
 
+A suite with its own report (``envace.envs.SUMMARIES``; BFCL: its leaderboard table with the overall score)
+adds it to the result of :func:`evaluate_model` (``EvalResult.summary``), printed after the metrics and saved.
+
 Results keep per-task outcomes (``per_task``: ``task_id``, ``domain``, ``kind`` if any, ``successes`` one bool
 per sample, the F1s), the suite, the split and the task ids, so :func:`compare_results` (``envace compare``) can
 compare two saved results on the same tasks later, paired (envace.stats), without rerunning any model.
@@ -79,12 +82,18 @@ class EvalResult:
     """The suite the tasks came from ("" when unknown: :func:`evaluate` got tasks, not a suite)."""
     split: str = ""
     """The tasks' split ("+"-joined when they mix splits)."""
+    summary: dict[str, Any] | None = None
+    """The suite's own report of the per-task results (``envace.envs.suite_summary``: BFCL's leaderboard table),
+    or None; :meth:`table` prints its ``text`` after the metrics."""
 
     def table(self) -> str:
-        return format_metrics(self.metrics)
+        text = format_metrics(self.metrics)
+        return text + "\n\n" + self.summary["text"] if self.summary else text
 
     def to_dict(self, with_trajectories: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {"suite": self.suite, "split": self.split, "task_ids": [p["task_id"] for p in self.per_task], "metrics": self.metrics, "per_task": self.per_task}
+        if self.summary is not None:
+            d["summary"] = self.summary
         if with_trajectories:
             d["trajectories"] = [t.to_dict(with_rows=False) for t in self.trajectories]
         return d
@@ -238,7 +247,7 @@ def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 
     and at T=0.7 otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
     from .backends.base import SamplingParams
     from .backends.loaders import open_backend
-    from .envs import load_tasks
+    from .envs import load_tasks, suite_summary
 
     policy = open_backend(model, backend, backend_options, bf16=bf16)
     tasks = load_tasks(suite, split, n=n, seed=seed)
@@ -251,6 +260,7 @@ def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 
         opts = {"final_act": final_act, **(tts_options or {})}
         res = evaluate_at_budget(policy, tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts_options=opts)
     res.suite, res.split = suite, split
+    res.summary = suite_summary(suite, res.per_task)
     return res
 
 

@@ -14,7 +14,7 @@ import json
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..parsing import validate_call
 from ..registry import Registry
@@ -155,6 +155,29 @@ def _run_with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[bool, An
 ENVS: Registry[Callable[[Task], Environment]] = Registry("environment")
 # name -> loader(spec, split, n, seed) -> list[Task]. ``spec`` is the full string (e.g. "bfcl:multi_turn_base").
 SUITES: Registry[Callable[..., list[Task]]] = Registry("task suite")
+
+
+# name -> summary(per-task rows of an evaluation) -> {"title", "text", ...}: a benchmark's own report of an
+# evaluation of its tasks (BFCL's leaderboard table), shown after the metrics and saved with the result.
+SUMMARIES: Registry[Callable[[Sequence[dict[str, Any]]], dict[str, Any]]] = Registry("suite summary")
+
+
+def suite_summary(spec: str, per_task: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The suite's own summary of an evaluation's per-task rows (:data:`SUMMARIES`), or None when it has none. A
+    summary that fails says so in its text (``{"title", "text", "error"}``): the evaluation's results stand."""
+    from . import ensure_registered
+    from .references import split_spec
+
+    spec, _ = split_spec(spec)
+    ensure_registered(spec)
+    prefix = spec.split(":", 1)[0]
+    if prefix not in SUMMARIES:
+        return None
+    try:
+        return SUMMARIES.get(prefix)(per_task)
+    except Exception as e:  # noqa: BLE001 - reported next to the metrics, never a lost evaluation
+        error = f"{type(e).__name__}: {str(e)[:300]}"
+        return {"title": f"{prefix} summary", "text": f"{prefix} summary failed: {error}", "error": error}
 
 
 def make_env(task: Task) -> Environment:

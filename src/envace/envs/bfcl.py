@@ -23,6 +23,9 @@ How this adapter departs from BFCL's own harness, and why:
 - **Split.** BFCL has no train/test split: a task is ``test`` when a hash of its scenario index falls in the
   lowest :data:`TEST_FRACTION` (about 30%), else ``train``. The index is shared by the four categories (they
   are variants of the same 200 scenarios), so a scenario is on the same side in every category.
+- **Registration**: the suite name ``bfcl`` and the environment factory of every BFCL task are
+  :mod:`envace.envs.bfcl_v4`'s, which also serves the single-turn categories; ``bfcl`` alone still means
+  these four categories, loaded as :func:`load_bfcl_tasks` does.
 - **References** (BFCL has none): the gold calls of :data:`POOL_TASKS` train tasks of the category (evenly
   spread over it), run in order in a fresh environment of their task, form the category's pool; every task
   draws 1-3 records of its tools from it, never one of its own gold calls (:mod:`envace.envs.references`).
@@ -63,7 +66,7 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as _checke
 from bfcl_eval.utils import load_dataset_entry, load_file  # noqa: E402
 
 from ..types import Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
-from .base import ENVS, SUITES, Environment, Score  # noqa: E402
+from .base import Environment, Score  # noqa: E402
 from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = (
@@ -366,9 +369,6 @@ class BFCLEnv(Environment):
         return score_turns(self.task, turns, force_terminated=cut)
 
 
-ENVS.add("bfcl", BFCLEnv)
-
-
 # -------------------------------------------------------------------------------------------- tasks
 
 
@@ -480,6 +480,3 @@ def load_bfcl_tasks(spec: str, split: str = "train", n: int | None = None, seed:
         keep = sorted(random.Random(seed).sample(range(len(chosen)), n))
         chosen = [chosen[i] for i in keep]
     return assign([convert_entry(e, gt, cat) for e, gt, cat in chosen], lambda t: reference_pool(t.env_config["category"]))
-
-
-SUITES.add("bfcl", load_bfcl_tasks)
