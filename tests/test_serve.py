@@ -364,6 +364,22 @@ def test_act_messages_render_tools_calls_and_results_as_act_does():
         assert e.value.param == param
 
 
+@pytest.mark.parametrize("name", ["mistral", "llama3_json"])
+def test_chat_tools_follow_the_models_own_tool_format(name):
+    """A model that writes calls another way (chosen from its template, as the rollout chooses) is shown its
+    history in that format, told how to call in it, and its replies are parsed by it."""
+    from envace.parsing import TOOL_FORMATS
+
+    fmt, spec = TOOL_FORMATS.get(name), ToolSpec.from_dict(WEATHER)
+    call = ToolCall("get_weather", {"city": "Paris"})
+    msgs = [{"role": "user", "content": "Paris?"}, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{}"}]
+    out = act_messages(msgs, [spec], fmt)
+    assert out[0].content.endswith(fmt.instructions) and out[2].content == fmt.render([call])
+    assert reply(fmt.render([call]), ["get_weather"], fmt) == (None, [call])
+    assert reply(fmt.render([call]), ["other"], fmt)[1] == [] and reply("Sunny.", ["get_weather"], fmt) == ("Sunny.", [])
+
+
 def test_reply_parses_only_well_formed_calls_of_known_tools():
     assert reply("Looking.\n" + CALL + "\nmore", ["get_weather"]) == ("Looking.", [ToolCall("get_weather", {"city": "Paris"})])
     assert reply(CALL, ["get_weather"]) == (None, [ToolCall("get_weather", {"city": "Paris"})])

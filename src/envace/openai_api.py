@@ -6,16 +6,17 @@ would see for the same conversation, so a policy trained by envace is served the
 - the tools go into the system message exactly as :func:`envace.prompts.act_system` renders a task's (the client's
   first system message is the task's system prompt; none: an empty one): its ``# Tools`` block, one JSON schema a
   line, then :data:`~envace.prompts.ACT_INSTRUCTIONS`. Without tools the messages are taken as they are;
-- an assistant message's ``tool_calls`` become ``<tool_call>`` blocks (:meth:`ToolCall.to_text`, one a line) after
+- an assistant message's ``tool_calls`` become the text the model's tool format writes for them (hermes:
+  ``<tool_call>`` blocks, one a line; :data:`envace.parsing.TOOL_FORMATS`, chosen as the rollout chooses it) after
   its text, as Act emits them; a ``tool`` message's content is the observation text, as Act is fed it. Its
   ``tool_call_id`` must answer a call of the assistant message before it (OpenAI's rule);
 - ``developer`` messages are system messages; content is a string or a list of text parts.
 
-Out (:func:`reply`): the completion is parsed with :func:`envace.parsing.parse_act`; it is a tool-call reply only if
-every block parses and names one of the request's tools. Model output is untrusted: anything else (a malformed
+Out (:func:`reply`): the completion is parsed by the same tool format; it is a tool-call reply only if every call
+parses and names one of the request's tools. Model output is untrusted: anything else (a malformed
 block, an unterminated one, an unknown tool) is returned as plain content, never as a call. Arguments are not
 checked against the schemas (as OpenAI without ``strict``). A call reply's content is the text before the first
-``<tool_call>`` (trailing whitespace dropped; None if empty): text after the blocks is dropped, as Act's
+call opener (:func:`call_openers`: ``<tool_call>`` for hermes; trailing whitespace dropped; None if empty): text after the blocks is dropped, as Act's
 instructions allow none.
 
 Every problem with a request is a :class:`RequestError` naming the offending field (``messages[2].tool_call_id``).
@@ -26,11 +27,19 @@ import json
 import uuid
 from typing import Any, Collection
 
-from .parsing import parse_act
+from .parsing import TOOL_FORMATS, ToolFormat
 from .prompts import act_system
 from .types import Message, Task, ToolCall, ToolSpec
 
 TOOL_TAG = "<tool_call>"
+HERMES = TOOL_FORMATS.get("hermes")
+OPENERS = {"hermes": (TOOL_TAG,), "mistral": ("[TOOL_CALLS]",), "llama3_json": ("<|python_tag|>", "{")}
+"""Per tool format, the strings a call reply starts with (llama3_json: a bare JSON object, since the HF backend
+decodes without special tokens); streamed text is held back from the first of them (envace.serve.streamable)."""
+
+
+def call_openers(fmt: ToolFormat) -> tuple[str, ...]:
+    return OPENERS.get(fmt.name, fmt.hints)
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id"}
 EMPTY_ONLY_KEYS = {"name", "refusal", "annotations", "audio", "function_call", "reasoning_content"}
@@ -125,8 +134,9 @@ def _calls(value: Any, where: str) -> list[tuple[str, ToolCall]]:
     return out
 
 
-def act_messages(messages: Any, tools: list[ToolSpec]) -> list[Message]:
-    """OpenAI chat ``messages`` (and the request's tools) as the Act chat (module docstring)."""
+def act_messages(messages: Any, tools: list[ToolSpec], fmt: ToolFormat = HERMES) -> list[Message]:
+    """OpenAI chat ``messages`` (and the request's tools) as the Act chat of a model whose tool format is ``fmt``
+    (module docstring)."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list", "messages")
     out: list[Message] = []
@@ -143,7 +153,7 @@ def act_messages(messages: Any, tools: list[ToolSpec]) -> list[Message]:
         calls = _calls(m.get("tool_calls"), where) if role == "assistant" else []
         content = text_content(m.get("content"), f"{where}.content", nullable=role == "assistant")
         if role == "assistant":
-            out.append(Message("assistant", "\n".join(([content] if content else []) + [c.to_text() for _, c in calls]), tool_calls=[c for _, c in calls]))
+            out.append(Message("assistant", "\n".join(([content] if content else []) + ([fmt.render([c for _, c in calls])] if calls else [])), tool_calls=[c for _, c in calls]))
             pending = [cid for cid, _ in calls]
         elif role == "tool":
             cid = m.get("tool_call_id")
@@ -156,19 +166,21 @@ def act_messages(messages: Any, tools: list[ToolSpec]) -> list[Message]:
             pending = []
     if tools:
         system, rest = (out[0].content, out[1:]) if out[0].role == "system" else ("", out)
-        out = [Message("system", act_system(Task(id="serve", env="", system_prompt=system, user_turns=[], tools=tools)))] + rest
+        out = [Message("system", act_system(Task(id="serve", env="", system_prompt=system, user_turns=[], tools=tools), tools=fmt))] + rest
     return out
 
 
-def reply(text: str, tool_names: Collection[str] | None) -> tuple[str | None, list[ToolCall]]:
+def reply(text: str, tool_names: Collection[str] | None, fmt: ToolFormat = HERMES) -> tuple[str | None, list[ToolCall]]:
     """(content, calls) of a completion: calls only where ``tool_names`` is given and the text is a well-formed
-    call reply naming only those tools (module docstring); otherwise the text itself and no calls."""
-    if not tool_names or TOOL_TAG not in text:
+    call reply in tool format ``fmt`` naming only those tools (module docstring); otherwise the text itself and
+    no calls."""
+    at = [text.index(o) for o in call_openers(fmt) if o in text]
+    if not tool_names or not at:
         return text, []
-    parsed = parse_act(text)
+    parsed = fmt.parse(text)
     if not parsed.calls or any(c.name not in tool_names for c in parsed.calls):
         return text, []
-    return text[: text.index(TOOL_TAG)].rstrip() or None, parsed.calls
+    return text[: min(at)].rstrip() or None, parsed.calls
 
 
 def openai_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:

@@ -60,7 +60,8 @@ from starlette.routing import Route
 
 from .backends.base import Backend, Generation, SamplingParams
 from .backends.worker import GenerationWorker, Job, Update
-from .openai_api import TOOL_TAG, RequestError, act_messages, openai_tool_calls, parses_calls, reply, tool_specs
+from .openai_api import RequestError, act_messages, call_openers, openai_tool_calls, parses_calls, reply, tool_specs
+from .parsing import tool_format_for
 from .types import ToolCall
 
 MAX_BODY_BYTES = 16 << 20
@@ -245,6 +246,7 @@ class EnvaceServer:
             self.fmt: Any = ChatFormat.for_tokenizer(self.tokenizer)
         except (ValueError, AttributeError) as e:  # completions still work
             self.fmt, self._no_chat = None, str(e)
+        self.tools = tool_format_for(self.tokenizer)  # how the model writes calls (as the rollout chooses it)
         self.vocab_size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
         self.worker = GenerationWorker(backend, cfg.batch_wait_s)
         self.url: str | None = None
@@ -321,7 +323,7 @@ class EnvaceServer:
             raise RequestError(f"this model has no chat format ({self._no_chat}); use /v1/completions", "messages")
         specs = tool_specs(body.get("tools"))
         parse = parses_calls(body.get("tool_choice"), specs)
-        prompt = self.fmt.render(act_messages(body.get("messages"), specs), add_generation_prompt=True)
+        prompt = self.fmt.render(act_messages(body.get("messages"), specs, self.tools), add_generation_prompt=True)
         return self._request(body, [prompt], "messages", _flag(body, "logprobs"), [s.name for s in specs] if parse else None)
 
     def parse_completion(self, body: dict[str, Any]) -> GenRequest:
@@ -388,7 +390,7 @@ class EnvaceServer:
         """(content, tool calls, finish_reason, stop_reason) of a finished choice (completions: no tools, so the
         content is the text)."""
         text, stop_reason = cut_stop(g, req.params.stop, req.include_stop)
-        content, calls = reply(text, req.tools)
+        content, calls = reply(text, req.tools, self.tools)
         finish = "length" if g.finish_reason == "length" else ("tool_calls" if calls else "stop")
         return content, calls, finish, stop_reason
 
@@ -446,7 +448,7 @@ class EnvaceServer:
             return f"data: {json.dumps(self._envelope(obj, prefix, choices, rid, created) | extra, ensure_ascii=False)}\n\n"
 
         k_all = len(req.prompts) * req.n
-        holds = [s for s in req.params.stop if s] + ([TOOL_TAG] if req.tools else [])
+        holds = [s for s in req.params.stop if s] + (list(call_openers(self.tools)) if req.tools else [])
         sent_text, sent_toks, offsets = [0] * k_all, [0] * k_all, [0] * k_all
         done: dict[int, Generation] = {}
         if chat:
