@@ -309,6 +309,9 @@ def test_evaluation_with_a_scripted_gold_policy_scores_every_single_turn_task(to
     res = evaluate(ScriptedBackend(tokenizer, scripted(few)), few, rollout=RolloutConfig(max_steps=3, max_steps_per_turn=2))
     assert [p["successes"] for p in res.per_task] == [[True]] * 4, [t.reward_info for t in res.trajectories]
     assert res.trajectories[1].steps[0].calls == few[1].gold_actions[0]  # parallel calls in one generation
+    # one response is the task's protocol: the episode ends after it, generating nothing more, and is not "cut"
+    assert all(len(t.steps) == 1 and t.truncated is None for t in res.trajectories)
+    assert [t.counters.get("ended/task_max_steps", 0) for t in res.trajectories] == [1, 1, 1, 0]  # (irrelevance: a reply ends it anyway)
 
 
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])

@@ -350,7 +350,11 @@ class RolloutEngine:
         return prompt
 
     def _close_step(self, lv: _Live) -> None:
-        if not lv.done and len(lv.traj.steps) >= self.cfg.max_steps:
+        own = lv.task.metadata.get("max_steps")  # the task's own protocol (BFCL single-turn: one response), not a cut
+        if not lv.done and own is not None and len(lv.traj.steps) >= own:
+            lv.done = True
+            lv.traj.count("ended/task_max_steps")
+        elif not lv.done and len(lv.traj.steps) >= self.cfg.max_steps:
             self._truncate(lv, "max_steps")
         elif not lv.done and lv.steps_in_turn >= self.cfg.max_steps_per_turn:
             self._truncate(lv, "max_steps_per_turn")

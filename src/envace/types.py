@@ -164,6 +164,8 @@ class Task:
     expected_outputs: list[str] = field(default_factory=list)  # facts the final replies must communicate
     split: str = "train"
     metadata: dict[str, Any] = field(default_factory=dict)
+    """Free-form facts about the task (source, kind, ...); ``max_steps``, where set, ends every episode of the task
+    after that many Act steps as its protocol (BFCL single-turn: 1), not as a cut (``truncated`` stays None)."""
 
     @property
     def domain(self) -> str:

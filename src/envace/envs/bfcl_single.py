@@ -416,7 +416,7 @@ def convert_entry(shown: dict[str, Any], checked: dict[str, Any], ground_truth: 
         },
         gold_actions=gold,
         split=split_of(shown["id"]),
-        metadata={"source": "bfcl-eval", "category": category, "single_turn": True, "language": language.value, "gold": note},
+        metadata={"source": "bfcl-eval", "category": category, "single_turn": True, "max_steps": 1, "language": language.value, "gold": note},
     )
 
 
