@@ -353,13 +353,14 @@ class UserSide:
 
     def record(self, step: UserStep) -> None:
         self.steps.append(step)
-        self._count("user/generations", int(step.text is not None))
-        self._count("user/tool_calls", len(step.calls))
-        self._count("user/parse_errors", int(step.parse_error is not None))
+        self.count("user/generations", int(step.text is not None))
+        self.count("user/tool_calls", len(step.calls))
+        self.count("user/parse_errors", int(step.parse_error is not None))
         for source in step.sources:
-            self._count(f"user/calls_{source}")
+            self.count(f"user/calls_{source}")
 
-    def _count(self, key: str, n: int = 1) -> None:
+    def count(self, key: str, n: int = 1) -> None:
+        """Add to the trajectory's counter ``key`` (nothing without a trajectory)."""
         if self.traj is not None and n:
             self.traj.count(key, n)
 

@@ -54,9 +54,9 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import itertools
 import hashlib
 import inspect
+import itertools
 import json
 import operator
 import os
@@ -290,11 +290,12 @@ def tau2_messages(task: Task, traj: Trajectory) -> list[Any]:
         messages.append(message)
         messages.extend(env.get_response(tc) for tc in tcs)
 
-    def open_turn(turn: int) -> None:
+    def open_turn(turn: int, said: bool = True) -> None:
+        """The user's moves of ``turn``, then its message (a placeholder where the text is missing, when ``said``)."""
         for calls in moves.get(turn, []):
             run(calls, "user")
-        if turn < len(users):
-            messages.append(UserMessage(role="user", content=users[turn] or "(user)"))
+        if said or turn < len(users):
+            messages.append(UserMessage(role="user", content=(users[turn] if turn < len(users) else "") or "(user)"))
 
     turn = -1
     for step in traj.steps:
@@ -306,11 +307,10 @@ def tau2_messages(task: Task, traj: Trajectory) -> list[Any]:
             run(valid, "assistant")
         if step.reply is not None and step.reply.strip():
             messages.append(AssistantMessage(role="assistant", content=step.reply))
-    said = sum(m.role == "user" for m in traj.messages)
-    last = max([said - 1, *moves])
+    last = max([sum(m.role == "user" for m in traj.messages) - 1, *moves])
     while turn < last:  # the user's moves after the agent's last step (and a message Act never answered)
         turn += 1
-        open_turn(turn)
+        open_turn(turn, said=False)
     return messages
 
 
@@ -457,7 +457,7 @@ class LLMUser(UserSimulator):
                 return None
             return text
         self.ended = "max_moves"
-        side._count("user/max_moves")
+        side.count("user/max_moves")
         return None
 
 
