@@ -137,6 +137,35 @@ def test_a_memory_budget_runs_fewer_sequences_at_once_with_the_same_tokens(tiny)
         HFBackend(model, tok, max_kv_gib=0)
 
 
+def test_a_prefill_budget_encodes_long_new_prompts_a_few_at_a_time_with_the_same_tokens(tiny):
+    """max_prefill_gib bounds one prefill's attention scores (rows x heads x new tokens x context, float32, a few
+    copies): long prompts are encoded in smaller groups, in a lockstep call and in a stream; a session's kept
+    tokens do not count as new; the greedy tokens are the same."""
+    from envace.backends.base import Request
+
+    model, tok = tiny
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    prompts = _prompts(tok, 6)
+    L, heads = max(map(len, prompts)), model.config.num_attention_heads
+    two = 3 * 4 * 2.5 * heads * L * L / 2**30  # room for two such prompts' scores, not three
+    free = _RowsSeen(model, tok, max_prefill_gib=None)
+    tight = _RowsSeen(model, tok, max_prefill_gib=two)
+    _same(tight.generate(prompts, params), free.generate(prompts, params))
+    assert free.batches == [6] and tight.batches == [2, 2, 2]
+    got = {}
+    tight.generate_stream([Request(p, params, tag=i) for i, p in enumerate(prompts)], lambda r, g: got.__setitem__(r.tag, g) or [], seed=0)
+    _same([got[i] for i in range(6)], free.generate(prompts, params))
+    assert tight.stream_rows[0] == 2  # the first step ran with the first two admitted
+    kept = _RowsSeen(model, tok, max_prefill_gib=two)
+    first = kept.generate(prompts, params, [f"s{i}" for i in range(6)])
+    nxt = [p + g.token_ids + tok.encode(" ok") for p, g in zip(prompts, first)]
+    kept.batches.clear()
+    kept.generate(nxt, params, [f"s{i}" for i in range(6)])
+    assert kept.batches == [6]  # only a few new tokens each: one prefill
+    with pytest.raises(ValueError, match="max_prefill_gib"):
+        HFBackend(model, tok, max_prefill_gib=-1)
+
+
 def test_a_stream_serves_follow_ups_of_running_work_before_new_requests(tiny):
     """One row at a time: the follow-up that a finished request hands back runs before the requests still
     waiting to start, so a trajectory's kept context lives for one turn, not for the whole queue."""

@@ -390,7 +390,8 @@ class HFBackend(Backend):
     forward of a Llama model through :class:`~envace.backends.fastdecode.LlamaDecoder` (packed bf16 weights,
     float32 keys/values and attention) instead of ``model(...)``; other architectures always use ``model(...)``. ``cascade`` (packed streams): rows
     that start with the same shared prompt prefix attend to one copy of it (exact up to rounding).
-    ``max_kv_gib``: memory budget of one batch's keys/values (the running stream's slab, a lockstep batch's cache):
+    ``max_prefill_gib``: memory budget of one prefill's attention scores (long new prompts are prefilled a few at
+    a time; None: no bound). ``max_kv_gib``: memory budget of one batch's keys/values (the running stream's slab, a lockstep batch's cache):
     fewer sequences run at once when their contexts are long (at least one always runs); None: only ``max_batch``
     limits them. Every sequence of a batch takes as many columns as the longest one, so 64 rows of 1.3k-token
     contexts of SmolLM2-135M take 4.7 GB in float32. In a stream, the follow-up generations of running
@@ -402,7 +403,7 @@ class HFBackend(Backend):
 
     streams = True
 
-    def __init__(self, model: Any, tokenizer: Any, bf16: bool | str | None = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None, cascade: bool = True, max_kv_gib: float | None = 2.0):
+    def __init__(self, model: Any, tokenizer: Any, bf16: bool | str | None = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None, cascade: bool = True, max_kv_gib: float | None = 2.0, max_prefill_gib: float | None = 1.0):
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -415,6 +416,9 @@ class HFBackend(Backend):
         if max_kv_gib is not None and max_kv_gib <= 0:
             raise ValueError(f"max_kv_gib must be > 0 or None, got {max_kv_gib}")
         self.max_kv_bytes = None if max_kv_gib is None else max_kv_gib * 2**30
+        if max_prefill_gib is not None and max_prefill_gib <= 0:
+            raise ValueError(f"max_prefill_gib must be > 0 or None, got {max_prefill_gib}")
+        self.max_prefill_bytes = None if max_prefill_gib is None else max_prefill_gib * 2**30
         self._kept: dict[str, _Kept] = {}
         self._prefixes: list[_Kept] = []  # shared prompt prefixes (LRU), dropped with release_all / sync_weights
         self.share_prefixes = share_prefixes
@@ -438,6 +442,7 @@ class HFBackend(Backend):
         s = 0
         while s < len(prompts):
             n = self._rows_within_budget(max(len(p) for p in prompts[s : s + self.max_batch]) + params.max_new_tokens)
+            n = self._prefill_fit(list(prompts[s : s + n]), sessions[s : s + n])
             out += self._generate_batch(list(prompts[s : s + n]), params, sessions[s : s + n], gen)
             s += n
         return out
@@ -450,6 +455,24 @@ class HFBackend(Backend):
         kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         return self._n_layers() * 2 * kv_heads * head_dim * 4
+
+    def _prefill_fit(self, prompts: list[list[int]], sessions: Sequence[str | None]) -> int:
+        """How many of ``prompts`` (in order, at least 1) one prefill may encode together within ``max_kv_gib``: its
+        attention materialises (rows, heads, new tokens, context) float32 scores a few times over (softmax, mask),
+        so 16 prompts of 2.5k new tokens would take ~11 GB at once; a session's kept tokens are not new."""
+        if self.max_prefill_bytes is None or len(prompts) <= 1:
+            return len(prompts)
+        cfg = self.model.config
+        cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        heads = int(cfg.num_attention_heads)
+        longest = new = 0
+        for n, (p, s) in enumerate(zip(prompts, sessions)):
+            k = self._kept.get(s) if (s is not None and self.keep_sessions) else None
+            kept = len(k.ids) if k is not None and _extends(p, k.ids) else 0
+            longest, new = max(longest, len(p)), max(new, len(p) - kept)
+            if n > 0 and 3 * 4 * (n + 1) * heads * new * longest > self.max_prefill_bytes:
+                return n
+        return len(prompts)
 
     def _rows_within_budget(self, columns: int) -> int:
         """How many sequences of ``columns`` cache columns each fit ``max_kv_gib`` (at least 1, at most max_batch)."""
@@ -626,6 +649,7 @@ class HFBackend(Backend):
         while pending or st.rows:
             room = self._stream_room(st, pending)
             if pending and room > 0:
+                room = self._prefill_fit([r.prompt for r in pending[:room]], [r.session for r in pending[:room]])
                 take, pending = pending[:room], pending[room:]
                 cache, attn, width, L, new_logits = self._prefill([r.prompt for r in take], [r.session for r in take], 0)
                 cascade = self._decoder is not None and self.cascade
