@@ -307,3 +307,20 @@ def test_inverse_cdf_draws_follow_the_distribution_and_never_pick_zero_mass_toke
     unnormalised = torch.tensor([[0.0, 2.0, 6.0]]).repeat(20_000, 1)  # rows need not sum to 1
     assert abs((draw(unnormalised, gen) == 2).float().mean().item() - 0.75) < 0.015
     assert (draw(probs, torch.Generator().manual_seed(5)) == draw(probs, torch.Generator().manual_seed(5))).all()
+
+
+def test_rows_with_different_settings_are_each_sampled_under_their_own():
+    """sample_grouped (a stream's rows of several requests): each row is sampled under its own settings, a group
+    exactly as sample_next samples those rows alone, groups drawing in order of their first row."""
+    from envace.backends.sampling import sample_grouped, sample_next
+
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    greedy, hot, warm = SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.5, top_p=0.9)
+    params = [hot, greedy, warm, greedy, hot]
+    tok, lp = sample_grouped(logits, params, [p.sampling_key() for p in params], torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    for rows, p in (([0, 4], hot), ([1, 3], greedy), ([2], warm)):
+        want, want_lp = sample_next(logits[rows], p, gen)
+        assert tok[rows].tolist() == want.tolist() and torch.equal(lp[rows], want_lp)
+    assert tok[[1, 3]].tolist() == logits[[1, 3]].argmax(-1).tolist()
+    assert (logits[[0, 4]].topk(5, -1).values[:, -1] <= logits[[0, 4]].gather(-1, tok[[0, 4], None]).squeeze(-1)).all()  # within top-5
