@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import resource
 import subprocess
 import sys
@@ -77,23 +78,42 @@ class Timer:
 
 
 def backend_module_at(ref: str) -> Any:
-    """``envace.backends.hf`` as it was at git revision ``ref`` (a before/after baseline in the same process)."""
-    src = subprocess.run(["git", "show", f"{ref}:src/envace/backends/hf.py"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    """``envace.backends.hf`` as it was at git revision ``ref`` (a before/after baseline in the same process), with
+    the ref's own versions of the modules split out of it later (sampling, kvcache) where the ref has them."""
+    tag = _ident(ref)
+    src = _source_at(ref, "src/envace/backends/hf.py")
+    for name in ("sampling", "kvcache"):
+        dep = _source_at(ref, f"src/envace/backends/{name}.py", missing_ok=True)
+        if dep is not None:
+            _module_from_source(f"envace.backends.{name}_at_{tag}", dep)
+            src = src.replace(f"from .{name} import", f"from .{name}_at_{tag} import").replace(f"from . import {name}\n", f"from . import {name}_at_{tag} as {name}\n")
     src = src.replace('@BACKENDS.register("hf")', "")
-    if "def _sample(" not in src:  # older versions sample inline: give them the same seam for scripted tokens
+    inline = "def _sample(" not in src and "def _sample_rows(" not in src
+    if inline:  # the oldest versions sample inline in their lockstep loop: give them the seam for scripted tokens
         call = "tok, lp = sample_next(logits, params, gen)"
         assert src.count(call) == 1 and "for _step in range(" in src, "cannot add the _sample seam to this revision"
         src = src.replace(call, "tok, lp = self._sample(logits, params, gen, active, _step)")
-    mod = _module_from_source(f"envace.backends.hf_at_{ref.replace('-', '_').replace('.', '_')}", src)
-    if not hasattr(mod.HFBackend, "_sample"):
+    mod = _module_from_source(f"envace.backends.hf_at_{tag}", src)
+    if inline:
         mod.HFBackend._sample = lambda self, logits, params, gen, seqs, step: mod.sample_next(logits, params, gen)
     return mod
 
 
 def update_module_at(ref: str) -> Any:
     """``envace.update`` as it was at git revision ``ref``."""
-    src = subprocess.run(["git", "show", f"{ref}:src/envace/update.py"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
-    return _module_from_source(f"envace.update_at_{ref.replace('-', '_').replace('.', '_')}", src)
+    return _module_from_source(f"envace.update_at_{_ident(ref)}", _source_at(ref, "src/envace/update.py"))
+
+
+def _ident(ref: str) -> str:
+    """A git revision as a part of a module name ('HEAD~1' -> 'HEAD_1')."""
+    return re.sub(r"\W", "_", ref)
+
+
+def _source_at(ref: str, path: str, missing_ok: bool = False) -> str | None:
+    """The text of ``path`` at git revision ``ref`` (None if the revision has no such file and ``missing_ok``)."""
+    if missing_ok and subprocess.run(["git", "cat-file", "-e", f"{ref}:{path}"], cwd=ROOT, capture_output=True).returncode != 0:
+        return None
+    return subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
 
 
 def _module_from_source(name: str, src: str) -> Any:
@@ -121,6 +141,8 @@ def forced_backend(base: type = HFBackend) -> type:
             self.act_script, self.rehearse_script = act_script, rehearse_script
             self.counts: dict[str, int] = {}
             self.calls: list[dict[str, Any]] = []
+            self._forced_all: list[list[int] | None] | None = None  # scripted tokens of the generate call running, by prompt
+            self._stream_forced: dict[int, list[int] | None] = {}
             self._forced: list[list[int] | None] = []
             self.end_id = ChatFormat.for_tokenizer(self.tokenizer).end_id  # the tokenizer's own end of turn
 
@@ -128,17 +150,14 @@ def forced_backend(base: type = HFBackend) -> type:
             sessions = list(sessions) if sessions is not None else [None] * len(prompts)
             role = "rehearse" if params.stop else "act"
             forced = [self._script_tokens(s, role) for s in sessions]
-            self._forced_all = forced
-            self._offset = 0
+            self._forced_all, self._offset = forced, 0
             t0 = time.perf_counter()
-            gens = super().generate(prompts, params, sessions)
+            try:
+                gens = super().generate(prompts, params, sessions)
+            finally:
+                self._forced_all = None
             self.calls.append({"role": role, "prompts": [list(p) for p in prompts], "sessions": sessions, "gens": gens, "seconds": time.perf_counter() - t0, "forced": [f is not None for f in forced]})
             return gens
-
-        def _generate_batch(self, prompts, params, sessions, gen):
-            self._forced = self._forced_all[self._offset : self._offset + len(prompts)]
-            self._offset += len(prompts)
-            return super()._generate_batch(prompts, params, sessions, gen)
 
         def _script_tokens(self, session, role):
             """The tokens of the session's next completion per its script (counted per session), or None."""
@@ -162,19 +181,31 @@ def forced_backend(base: type = HFBackend) -> type:
             return super().generate_stream(requests, record, seed)
 
         def _sample_rows(self, logits, rows, gen):
+            """Every sampled token of this backend passes here, of generate calls (whose requests are tagged with
+            their prompt's index) and streams alike."""
             tok, lp = super()._sample_rows(logits, rows, gen)
             for i, row in enumerate(rows):
-                key = id(row.req)
-                if key not in self._stream_forced:
-                    role = "rehearse" if (row.req.session or "").endswith("/rehearse") else "act"
-                    self._stream_forced[key] = self._script_tokens(row.req.session, role)
-                f = self._stream_forced[key]
+                f = self._forced_all[row.req.tag] if self._forced_all is not None else self._stream_tokens(row.req)
                 if f is not None:
                     t = f[min(len(row.toks), len(f) - 1)]
                     temp = row.req.params.temperature if row.req.params.temperature > 0 else 1.0
                     tok[i] = t
                     lp[i] = torch.log_softmax(logits[i].float() / temp, dim=-1)[t]
             return tok, lp
+
+        def _stream_tokens(self, req):
+            """The scripted tokens of a stream request (decided when it first samples), or None."""
+            key = id(req)
+            if key not in self._stream_forced:
+                role = "rehearse" if (req.session or "").endswith("/rehearse") else "act"
+                self._stream_forced[key] = self._script_tokens(req.session, role)
+            return self._stream_forced[key]
+
+        # -- revisions whose generate() ran its own lockstep loop (baselines of backend_module_at) -------------
+        def _generate_batch(self, prompts, params, sessions, gen):
+            self._forced = self._forced_all[self._offset : self._offset + len(prompts)]
+            self._offset += len(prompts)
+            return super()._generate_batch(prompts, params, sessions, gen)
 
         def _sample(self, logits, params, gen, seqs, step):
             if all(self._forced[b] is None for b in seqs):

@@ -37,7 +37,7 @@ def _window(model, tok, n_rows: int = 5):
     reqs = [Request(p, SamplingParams(max_new_tokens=4)) for p in prompts]
     st = _Stream(be._n_layers(), be.device, torch.float32)
     with torch.no_grad():
-        cache, attn, width, L, logits = be._prefill(prompts, [None] * n_rows, 0)
+        cache, attn, width, L, logits = be._prefill(prompts, [None] * n_rows)
         st.admit(reqs, cache, attn, width, L)
     ids, am, pos = st.step_inputs(logits.argmax(-1))
     return be, st, ids, am, pos

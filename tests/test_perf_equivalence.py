@@ -91,15 +91,16 @@ def test_kept_sessions_are_reused_after_rows_finish_at_different_steps(tiny):
 
 
 class _RowsSeen(HFBackend):
-    """HFBackend that records the batch size of every lockstep batch and the running rows of every stream step."""
+    """HFBackend that records how many sequences every admission into the running batch prefilled, and the running
+    rows of every decode step."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         self.batches, self.stream_rows = [], []
 
-    def _generate_batch(self, prompts, params, sessions, gen):
+    def _prefill(self, prompts, sessions):
         self.batches.append(len(prompts))
-        return super()._generate_batch(prompts, params, sessions, gen)
+        return super()._prefill(prompts, sessions)
 
     def _stream_step(self, st, tok):
         self.stream_rows.append(len(st.rows))
@@ -112,22 +113,25 @@ def _budget_for_rows(be: HFBackend, rows: int, columns: int) -> float:
 
 
 def test_a_memory_budget_runs_fewer_sequences_at_once_with_the_same_tokens(tiny):
-    """max_kv_gib bounds how many sequences share one cache (a batch takes the longest one's columns per row);
-    greedy tokens do not depend on how the prompts were split into batches."""
+    """max_kv_gib bounds how many sequences share one cache (each row takes the columns of the longest context and
+    generation, and the slab's margins); greedy tokens do not depend on how the prompts were split into batches."""
     from envace.backends.base import Request
     from envace.backends.hf import _Stream
 
     model, tok = tiny
     params = SamplingParams(temperature=0, max_new_tokens=10)
     prompts = _prompts(tok, 6)
+    columns = max(map(len, prompts)) + params.max_new_tokens + 2 * _Stream.MARGIN
     free = _RowsSeen(model, tok, max_kv_gib=None)
-    tight = _RowsSeen(model, tok, max_kv_gib=_budget_for_rows(free, 2, max(map(len, prompts)) + params.max_new_tokens))
+    tight = _RowsSeen(model, tok, max_kv_gib=_budget_for_rows(free, 2, columns))
     _same(tight.generate(prompts, params), free.generate(prompts, params))
     assert free.batches == [6] and tight.batches == [2, 2, 2]
+    assert max(free.stream_rows) == 6 and max(tight.stream_rows) == 2
 
     out = {}
+    free.stream_rows, tight.stream_rows = [], []
     for be in (free, tight):
-        be.max_kv_bytes = None if be is free else _budget_for_rows(be, 2, max(map(len, prompts)) + params.max_new_tokens + 2 * _Stream.MARGIN) * 2**30
+        be.max_kv_bytes = None if be is free else _budget_for_rows(be, 2, columns) * 2**30
         got = {}
         be.generate_stream([Request(p, params, tag=i) for i, p in enumerate(prompts)], lambda r, g, got=got: got.__setitem__(r.tag, g) or [], seed=0)
         out[be is free] = [got[i] for i in range(len(prompts))]
@@ -332,3 +336,20 @@ def test_inverse_cdf_draws_follow_the_distribution_and_never_pick_zero_mass_toke
     unnormalised = torch.tensor([[0.0, 2.0, 6.0]]).repeat(20_000, 1)  # rows need not sum to 1
     assert abs((draw(unnormalised, gen) == 2).float().mean().item() - 0.75) < 0.015
     assert (draw(probs, torch.Generator().manual_seed(5)) == draw(probs, torch.Generator().manual_seed(5))).all()
+
+
+def test_rows_with_different_settings_are_each_sampled_under_their_own():
+    """sample_grouped (a stream's rows of several requests): each row is sampled under its own settings, a group
+    exactly as sample_next samples those rows alone, groups drawing in order of their first row."""
+    from envace.backends.sampling import sample_grouped, sample_next
+
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
+    greedy, hot, warm = SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.5, top_p=0.9)
+    params = [hot, greedy, warm, greedy, hot]
+    tok, lp = sample_grouped(logits, params, [p.sampling_key() for p in params], torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    for rows, p in (([0, 4], hot), ([1, 3], greedy), ([2], warm)):
+        want, want_lp = sample_next(logits[rows], p, gen)
+        assert tok[rows].tolist() == want.tolist() and torch.equal(lp[rows], want_lp)
+    assert tok[[1, 3]].tolist() == logits[[1, 3]].argmax(-1).tolist()
+    assert (logits[[0, 4]].topk(5, -1).values[:, -1] <= logits[[0, 4]].gather(-1, tok[[0, 4], None]).squeeze(-1)).all()  # within top-5

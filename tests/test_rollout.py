@@ -208,11 +208,12 @@ def test_tiny_model_rehearsal_batch_is_deterministic_and_round_trips_as_jsonl(ti
 class _GoldActHF(HFBackend):
     """The tiny model where Act's tokens are the task's gold calls, one per step, then a reply (the random model
     emits no tool calls); each forced token still costs a forward and its log-prob is read off the logits.
-    Rehearse decodes from the model. Works under both schedules."""
+    Rehearse decodes from the model. Works under both schedules (generate and generate_stream sample through
+    the same _sample_rows); ``lockstep_calls`` counts generate calls."""
 
     def __init__(self, model, tok, tasks):
         super().__init__(model, tok)
-        self.tasks, self.n, self._lock, self.lockstep_calls = {t.id: t for t in tasks}, {}, [], 0
+        self.tasks, self.n, self.lockstep_calls = {t.id: t for t in tasks}, {}, 0
 
     def _script(self, session):
         if not session.endswith("/act"):
@@ -230,13 +231,8 @@ class _GoldActHF(HFBackend):
         return tok, lp
 
     def generate(self, prompts, params, sessions=None):
-        self._lock = [self._script(s) for s in sessions]
         self.lockstep_calls += 1
         return super().generate(prompts, params, sessions)
-
-    def _sample(self, logits, params, gen, seqs, step):
-        tok, lp = super()._sample(logits, params, gen, seqs, step)
-        return self._force(logits, tok, lp, [(r, self._lock[b], step) for r, b in enumerate(seqs)])
 
     def _sample_rows(self, logits, rows, gen):
         tok, lp = super()._sample_rows(logits, rows, gen)

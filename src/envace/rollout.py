@@ -1,4 +1,4 @@
-"""World-rehearsal rollouts: K trajectories for each of B tasks, generated in lockstep batches.
+"""World-rehearsal rollouts: K trajectories for each of B tasks, batched continuously (default) or in lockstep rounds.
 
 One loop serves every mode; the mode only decides where observations come from (an :class:`Observer`):
 
