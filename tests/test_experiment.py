@@ -510,6 +510,27 @@ def test_a_rerun_may_report_a_subset_of_the_seeds_run_there(tiny_experiment, cap
     assert "9" in json.loads((out / "results.json").read_text())["runs"]["envace"]  # kept, only not shown
 
 
+def test_a_rerun_adds_the_sweep_to_arms_finished_without_it_and_redoes_nothing(tiny_experiment, tmp_path, capsys):
+    """More seeds / arms may get the test-time sweep on a rerun: a finished arm gets only the budgets it lacks
+    (from its saved model, no training), its other evaluations and its curve stay as they were."""
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "out"
+    shutil.copytree(out, work)
+    res = json.loads((work / "results.json").read_text())
+    full = res["runs"]["envace"]["0"]
+    res["runs"]["envace"]["0"] = {**full, "evals": [e for e in full["evals"] if e["n"] == 0]}  # as a run without the sweep left it
+    res["config"]["tts_seeds"] = []
+    (work / "results.json").write_text(json.dumps(res))
+    run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_seeds=[]"]))  # accepted: nothing to add
+    assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
+    got = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_seeds=[0]"])).results["runs"]["envace"]["0"]
+    said = capsys.readouterr().out
+    assert "arm envace: done before; adding 3 evaluations of the sweep" in said and said.count("done before, skipped") == len(ALL_ARMS) - 1
+    assert [(e["n"], e["mode"]) for e in got["evals"]] == [(e["n"], e["mode"]) for e in full["evals"]]
+    assert got["evals"][0] == full["evals"][0] and got["curve"] == full["curve"] and got["train_s"] == full["train_s"]
+    assert all(e["per_task"] for e in got["evals"])
+
+
 def _first_of_group(task, traj, ctx):
     """A reward that differs within every group (a random tiny model never earns a real one), so the update moves."""
     from envace.rewards import RewardResult

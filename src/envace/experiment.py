@@ -406,13 +406,46 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
 def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "", arm: str | None = None) -> dict[str, Any]:
     """Real-environment evaluation at every (N, mode) of :func:`budgets`, then rehearsal fidelity; JSON-able."""
     from .backends.hf import HFBackend
-    from .envs import load_tasks
-    from .evaluation import evaluate_at_budget
     from .models import load
-    from .tts import REHEARSAL_MODES, add_token_counts
 
     m, tok = load(models.policy)
     policy = HFBackend(m, tok, bf16=cfg.generate_bf16)
+    evals = evaluate_budgets(cfg, policy, seed, budgets(cfg, arm, seed), [], label)
+    out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
+    if cfg.fidelity_tasks > 0:
+        _say(f"{label}: rehearsal fidelity on {cfg.fidelity_tasks} tasks x {cfg.fidelity_samples} (shadow mode)")
+        fid = arm_fidelity(cfg, models, seed, policy)
+        out["fidelity"] = fid.summary
+        keep = [t for t in fid.trajectories if any(s in ("rehearsed", "simulator") for st in t.steps for s in st.sources)]
+        out["examples"] = [t.to_dict(with_rows=False) for t in (keep or fid.trajectories)[: cfg.viewer_trajectories]]
+    return out
+
+
+def missing_budgets(cfg: ExperimentConfig, arm: str, seed: int, rec: dict[str, Any]) -> list[tuple[int, str]]:
+    """The (N, mode) pairs :func:`budgets` asks of a finished (arm, seed) that its record has not evaluated: a
+    rerun with more ``tts_seeds`` / ``tts_arms`` adds the sweep to arms trained before (their models are on disk)."""
+    have = {(e["n"], e["mode"]) for e in rec.get("evals", [])}
+    return [b for b in budgets(cfg, arm, seed) if b not in have]
+
+
+def add_budgets(cfg: ExperimentConfig, rec: dict[str, Any], seed: int, todo: list[tuple[int, str]], label: str = "") -> None:
+    """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place, the same way evaluate_arm does)."""
+    from .backends.hf import HFBackend
+    from .models import load
+
+    m, tok = load(rec["models"]["policy"])
+    rec["evals"] = evaluate_budgets(cfg, HFBackend(m, tok, bf16=cfg.generate_bf16), seed, todo, rec["evals"], label)
+
+
+def evaluate_budgets(cfg: ExperimentConfig, policy: Any, seed: int, todo: list[tuple[int, str]], evals: list[dict[str, Any]], label: str = "") -> list[dict[str, Any]]:
+    """``evals`` extended by the real-environment evaluation of ``policy`` at each (N, mode) of ``todo``, in order
+    (the compute-matched plan budget is read from the rehearsal evaluation of the same N, in ``evals`` or done
+    before it in ``todo``)."""
+    from .envs import load_tasks
+    from .evaluation import evaluate_at_budget
+    from .tts import REHEARSAL_MODES, add_token_counts
+
+    evals = list(evals)
     tasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.eval_tasks, seed=0)  # the same held-out tasks for every seed
     tts_tasks = tasks[: cfg.tts_tasks] if cfg.tts_tasks else tasks
     rc = dataclasses.replace(cfg.rollout, mode="real", act=cfg.rollout.act.with_(temperature=cfg.eval_temperature), seed=seed, progress=cfg.progress)
@@ -424,8 +457,7 @@ def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str
         "tasks_in_flight": cfg.tts_tasks_in_flight,
     }
     attempts_rc = dataclasses.replace(rc, act=cfg.rollout.act)  # rehearsal attempts sample at the training temperature
-    evals: list[dict[str, Any]] = []
-    for n, mode in budgets(cfg, arm, seed):
+    for n, mode in todo:
         ts = tasks if n == 0 else tts_tasks
         extra: dict[str, Any] = {}
         if n > 0 and not REHEARSAL_MODES.get(mode).imagined:  # the compute-matched baseline: as many tokens per plan as per attempt
@@ -437,14 +469,7 @@ def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str
         if n == 0:
             add_token_counts(res.per_task, res.trajectories)  # (N > 0: envace.tts counts them, rehearsal included)
         evals.append({"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task, **extra})  # per-task outcomes: paired comparisons
-    out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
-    if cfg.fidelity_tasks > 0:
-        _say(f"{label}: rehearsal fidelity on {cfg.fidelity_tasks} tasks x {cfg.fidelity_samples} (shadow mode)")
-        fid = arm_fidelity(cfg, models, seed, policy)
-        out["fidelity"] = fid.summary
-        keep = [t for t in fid.trajectories if any(s in ("rehearsed", "simulator") for st in t.steps for s in st.sources)]
-        out["examples"] = [t.to_dict(with_rows=False) for t in (keep or fid.trajectories)[: cfg.viewer_trajectories]]
-    return out
+    return evals
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -471,10 +496,11 @@ def _write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-RESUMABLE = ("progress", "resume", "out_dir", "seeds", "tts_tasks_in_flight")
+RESUMABLE = ("progress", "resume", "out_dir", "seeds", "tts_tasks_in_flight", "tts_seeds", "tts_arms")
 """Fields that do not change what any one (arm, seed) result measures: seeds may be added (or reported as a
-subset) by a rerun in the same out_dir, and the sweep may rehearse fewer tasks at a time (memory; only the
-attempts' sampling stream differs)."""
+subset) by a rerun in the same out_dir, the sweep may rehearse fewer tasks at a time (memory; only the
+attempts' sampling stream differs), and more seeds / arms may get the sweep (a finished arm gets the budgets it
+lacks: :func:`missing_budgets`; evaluations already made are kept, never redone)."""
 
 
 def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
@@ -505,7 +531,16 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             done += 1
             label = f"[{done}/{total}] seed {seed} arm {arm}"
             if str(seed) in results["runs"].get(arm, {}):
-                _say(f"{label}: done before, skipped")
+                rec = results["runs"][arm][str(seed)]
+                todo = missing_budgets(cfg, arm, seed, rec)
+                if not todo:
+                    _say(f"{label}: done before, skipped")
+                    continue
+                _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
+                t_add = time.perf_counter()
+                add_budgets(cfg, rec, seed, todo, label)
+                rec["eval_s"] = rec.get("eval_s", 0.0) + time.perf_counter() - t_add
+                _write_json(path, results)
                 continue
             _say(f"{label}: {ARMS.get(arm).doc}")
             t_arm = time.perf_counter()
@@ -534,5 +569,5 @@ def load_experiment_config(path: str | None = None, overrides: list[str] | None 
 
 __all__ = [
     "ExperimentConfig", "ArmModels", "Arm", "ARMS", "SeedRun", "budgets", "sweeps", "plan_budget", "rl_train_tasks", "sft_more_steps", "fidelity_steps",
-    "arm_fidelity", "evaluate_arm", "ExperimentResult", "run_experiment", "load_experiment_config", "PLAN_MATCHES",
+    "arm_fidelity", "evaluate_arm", "evaluate_budgets", "missing_budgets", "add_budgets", "ExperimentResult", "run_experiment", "load_experiment_config", "PLAN_MATCHES",
 ]
