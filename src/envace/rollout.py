@@ -141,7 +141,6 @@ class Observer(ABC):
 
     needs_env = False
     rehearses = False  # answers from a Rehearse context, which the engine builds and bounds before asking
-    trained_role: str | None = None  # role of the rows it produces, or None
 
     @abstractmethod
     def observe(self, engine: "RolloutEngine", items: list[tuple[_Live, ToolCall, list[int]]]) -> list[tuple[Any, str]]:
@@ -163,7 +162,6 @@ class RehearseObserver(Observer):
     """The Rehearse role of a token-level backend (the policy itself, or a second model in per_role mode)."""
 
     rehearses = True
-    trained_role = "rehearse"
 
     def __init__(self, backend: Backend):
         self.backend = backend
@@ -547,13 +545,6 @@ def rollout(policy: Backend, tasks: list[Task], cfg: RolloutConfig, **kw: Any) -
     return RolloutEngine(policy, cfg, **kw).run(tasks)
 
 
-def group_by_task(trajs: list[Trajectory]) -> dict[str, list[Trajectory]]:
-    out: dict[str, list[Trajectory]] = {}
-    for t in trajs:
-        out.setdefault(t.group_id, []).append(t)
-    return out
-
-
 def format_trajectory(traj: Trajectory) -> str:
     """A readable transcript of a trajectory (Act chat with observation sources and shadow observations)."""
     lines = [f"# trajectory {traj.id}  task={traj.task_id}  mode={traj.mode}  reward={traj.reward}  truncated={traj.truncated}"]
@@ -569,4 +560,4 @@ def format_trajectory(traj: Trajectory) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RolloutConfig", "RolloutEngine", "Observer", "OBSERVERS", "SCHEDULES", "rollout", "group_by_task", "format_trajectory", "format_observation", "error_obs"]
+__all__ = ["RolloutConfig", "RolloutEngine", "Observer", "OBSERVERS", "SCHEDULES", "rollout", "format_trajectory", "format_observation", "error_obs"]

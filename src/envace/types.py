@@ -13,9 +13,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Role = Literal["act", "rehearse", "reflect", "memory", "judge", "user"]
-ROLES: tuple[str, ...] = ("act", "rehearse", "reflect", "memory", "judge", "user")
-
 # Error kinds shared by parsers, real environments and rehearsed observations.
 ERROR_KINDS: tuple[str, ...] = (
     "bad_format",  # the text is not a well-formed tool call / observation
