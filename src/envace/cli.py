@@ -81,7 +81,7 @@ def demo_train_config(model: str, suite: str, out_dir: str, seed: int = 0, itera
 
 
 def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
-    from .evaluation import evaluate_model
+    from .budget import evaluate_model
 
     return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout())
 
@@ -89,7 +89,8 @@ def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 
 def cmd_eval(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .config import to_dict
-    from .evaluation import evaluate_model, save_result
+    from .budget import evaluate_model
+    from .evaluation import save_result
     from .rollout import RolloutConfig
 
     sp = lambda t: SamplingParams(temperature=t, top_p=0.8 if t < 1 else 1.0, max_new_tokens=cfg.max_new_tokens)  # noqa: E731

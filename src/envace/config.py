@@ -251,7 +251,7 @@ class SFTConfig:
 @dataclass
 class EvalConfig:
     """``envace eval``: a model in the real environment, optionally after private test-time rehearsal
-    (envace.evaluation.evaluate_model)."""
+    (envace.budget.evaluate_model)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter

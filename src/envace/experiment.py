@@ -406,8 +406,8 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
 def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "", arm: str | None = None) -> dict[str, Any]:
     """Real-environment evaluation at every (N, mode) of :func:`budgets`, then rehearsal fidelity; JSON-able."""
     from .backends.hf import HFBackend
+    from .budget import evaluate_at_budget
     from .envs import load_tasks
-    from .evaluation import evaluate_at_budget
     from .models import load
     from .tts import REHEARSAL_MODES, add_token_counts
 
