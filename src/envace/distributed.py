@@ -281,7 +281,7 @@ class SilentLogger:
 
 def trainable_names(model: Any) -> list[str]:
     """Names of the trainable parameters in ``model.parameters()`` order, i.e. the optimizer's index order
-    (``envace.trainer.make_optimizer``), without FSDP wrapper prefixes."""
+    (``envace.models.make_optimizer``), without FSDP wrapper prefixes."""
     return [_clean(n) for n, p in model.named_parameters() if p.requires_grad]
 
 

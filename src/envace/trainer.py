@@ -19,7 +19,6 @@ import copy
 import functools
 import importlib
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -36,38 +35,15 @@ from .config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, t
 from .distributed import Dist, SilentLogger, init_distributed
 from .envs import load_tasks_of_kinds
 from .logging import MetricsLogger, truncate_jsonl
-from .models import context_length, load, model_path
+from .models import context_length, load_frozen, load_trainable, make_optimizer, model_path
 from .precision import use_bf16
 from .rewards import RewardContext, make_reward, reward_names
 from .rollout import RolloutEngine
+from .seeding import seed_everything
 from .types import Row, Trajectory, write_jsonl
 from .update import optimizer_step, recompute_old_logprobs
 
 ROLE_INDEX = {"act": 0, "rehearse": 1}
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def build_model(name: str, lora_r: int = 0, lora_alpha: int = 32, adapter: str | None = None) -> tuple[Any, Any]:
-    """Load a policy (full fine-tuning, or LoRA when lora_r > 0; ``adapter`` resumes a saved LoRA adapter)."""
-    model, tok = load(name)
-    if lora_r > 0 or adapter:
-        from peft import LoraConfig, PeftModel, get_peft_model
-
-        if adapter:
-            model = PeftModel.from_pretrained(model, adapter, is_trainable=True, local_files_only=True)
-        else:
-            model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
-    model.eval()
-    return model, tok
-
-
-def make_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
 
 
 def rows_with_advantages(trajs: list[Trajectory], estimator: str, roles: tuple[str, ...]) -> tuple[list[Row], torch.Tensor, dict[str, float]]:
@@ -157,11 +133,11 @@ def train(cfg: TrainConfig) -> TrainResult:
     seed_everything(cfg.seed)
     # -- models: the policy, plus a second Rehearse model (per_role) or a frozen simulator ------------------
     lora = cfg.lora_r > 0
-    policy, tok = build_model(os.path.join(ckpt, "policy") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "policy") if (ckpt and lora) else None)
+    policy, tok = load_trainable(os.path.join(ckpt, "policy") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "policy") if (ckpt and lora) else None)
     models = {"policy": policy}
     _check_model_context(policy, tok, cfg)
     if cfg.variant == "per_role":
-        models["rehearser"] = build_model(os.path.join(ckpt, "rehearser") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "rehearser") if (ckpt and lora) else None)[0]
+        models["rehearser"] = load_trainable(os.path.join(ckpt, "rehearser") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "rehearser") if (ckpt and lora) else None)[0]
     optimizers = {name: make_optimizer(m, cfg.lr, cfg.weight_decay) for name, m in models.items()}
     for name in models:  # placed on this process's device; wrapped (DDP/FSDP) under a launcher
         models[name], optimizers[name] = dist.prepare(models[name], optimizers[name])
@@ -353,9 +329,8 @@ def frozen_models(cfg: TrainConfig, policy: Any, dist: Dist) -> tuple[Reference 
 
 def _load_frozen(name: str, dist: Dist) -> tuple[Any, Any]:
     """A model loaded fresh, in eval mode, without gradients, on this process's device: (model, tokenizer)."""
-    model, tok = load(name)
-    model.requires_grad_(False)
-    return dist.place(model.eval()), tok
+    model, tok = load_frozen(name)
+    return dist.place(model), tok
 
 
 def _simulator(cfg: TrainConfig, initial: Callable[[], tuple[Any, Any]], dist: Dist) -> Backend:
