@@ -113,19 +113,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _helpers(cfg: Any) -> dict[str, Any]:
+    """The RolloutEngine keywords of ``cfg.mode`` (envace.variants.REHEARSERS): the model that answers Act's calls
+    besides the policy, frozen, named by the config field of the same name (``cfg.rehearser``, ``cfg.simulator``),
+    by default ``cfg.model`` (a checkpoint's own ``rehearser/`` for per_role); {} for rehearsal and real."""
+    from .backends.loaders import frozen_backend
+    from .variants import REHEARSERS
+
+    return REHEARSERS.get(cfg.mode).helpers(lambda helper, role: frozen_backend(getattr(cfg, helper) or cfg.model, role))
+
+
 def cmd_fidelity(cfg: Any) -> int:
     from .backends.base import SamplingParams
-    from .backends.loaders import frozen_backend, open_backend
+    from .backends.loaders import open_backend
     from .envs import load_tasks
     from .fidelity import measure_fidelity
     from .rollout import RolloutConfig, format_trajectory
 
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
-    extra: dict[str, Any] = {}
-    if cfg.mode == "per_role":
-        extra["rehearser"] = frozen_backend(cfg.rehearser or cfg.model, "rehearser")
-    if cfg.mode == "simulator":
-        extra["simulator"] = frozen_backend(cfg.simulator or cfg.model)
+    extra = _helpers(cfg)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
     rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, validate_in_code=cfg.validate_in_code, reference_cache=cfg.reference_cache, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=cfg.max_new_tokens, stop=["</observation>"]))
     res = measure_fidelity(policy, tasks, rc, **extra)
@@ -152,7 +158,6 @@ def cmd_experiment(cfg: Any) -> int:
 def cmd_rollout(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
-    from .backends.loaders import frozen_backend
     from .envs import load_tasks
     from .models import load
     from .rollout import RolloutConfig, RolloutEngine, format_trajectory
@@ -161,13 +166,8 @@ def cmd_rollout(cfg: Any) -> int:
     m, tok = load(cfg.model)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
     rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, shadow=cfg.shadow, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=cfg.max_new_tokens, stop=["</observation>"]))
-    extra = {}
-    if cfg.mode == "simulator":
-        extra["simulator"] = frozen_backend(cfg.simulator or cfg.model)
-    if cfg.mode == "per_role":
-        extra["rehearser"] = frozen_backend(cfg.rehearser or cfg.model, "rehearser")
     t0 = time.perf_counter()
-    trajs = RolloutEngine(HFBackend(m, tok), rc, **extra).run(tasks)
+    trajs = RolloutEngine(HFBackend(m, tok), rc, **_helpers(cfg)).run(tasks)
     dt = time.perf_counter() - t0
     if os.path.exists(cfg.out):
         os.remove(cfg.out)

@@ -51,6 +51,7 @@ from .config import SFTConfig, TrainConfig, VARIANTS, config_diff, describe_diff
 from .precision import bf16_setting
 from .registry import Registry
 from .rollout import RolloutConfig
+from .variants import REHEARSERS
 
 PLAN_MATCHES = "parallel"
 """The rehearsal mode whose attempt tokens set the plan baseline's budget at the same N (the claims compare the
@@ -198,6 +199,9 @@ class ArmModels:
     """The second model of the per-role arm (plays Rehearse)."""
     simulator: str | None = None
     """The frozen external simulator of the simulator arm."""
+    mode: str = "rehearsal"
+    """The rollout mode in which its models rehearse (fidelity; envace.variants.REHEARSERS): rehearsal (the policy),
+    per_role (``rehearser``) or simulator (``simulator``): each helper is the field named as its engine keyword."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """Training metrics, one dict per step (empty for untrained arms)."""
     fidelity_curve: list[dict[str, Any]] | None = None
@@ -332,13 +336,10 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
 
 
 def _arm_models(variant: str, ckpt: str | None, start: str) -> ArmModels:
-    """The models of an RL arm at checkpoint ``ckpt`` (None: untrained, the start)."""
-    models = ArmModels(policy=os.path.join(ckpt, "policy") if ckpt else start)
-    if variant == "per_role":
-        models.rehearser = os.path.join(ckpt, "rehearser") if ckpt else start
-    if variant == "simulator":
-        models.simulator = start  # the trainer's simulator: the frozen initial (SFT) weights
-    return models
+    """The models of an RL arm at checkpoint ``ckpt`` (None: untrained, the start): each of the variant's players
+    (envace.variants.Variant.models_at; a frozen simulator is the trainer's, the initial SFT weights)."""
+    v = VARIANTS.get(variant)
+    return ArmModels(mode=v.rehearse_mode, **v.models_at(ckpt, start))
 
 
 for _v in VARIANTS.names():
@@ -393,13 +394,8 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
 
     backend = lambda name: HFBackend(*load(name), bf16=cfg.generate_bf16)  # noqa: E731
     ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
-    extra: dict[str, Any] = {}
-    mode = "rehearsal"
-    if models.rehearser:
-        extra["rehearser"], mode = backend(models.rehearser), "per_role"
-    elif models.simulator:
-        extra["simulator"], mode = backend(models.simulator), "simulator"
-    fcfg = dataclasses.replace(cfg.rollout, mode=mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress)
+    extra = REHEARSERS.get(models.mode).helpers(lambda helper, role: backend(getattr(models, helper)))
+    fcfg = dataclasses.replace(cfg.rollout, mode=models.mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress)
     return measure_fidelity(policy or backend(models.policy), ftasks, fcfg, **extra)
 
 
