@@ -47,7 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends.base import Backend
-from .rewards import REWARDS, RewardContext, call_prf, tool_name_prf
+from .rewards import REWARDS, call_prf, score_trajectories, tool_name_prf
 from .rollout import RolloutConfig, RolloutEngine
 from .stats import fmt_p, fmt_rate, paired_comparison, rate_interval
 from .types import Task, Trajectory
@@ -195,17 +195,11 @@ def evaluate(policy: Backend, tasks: list[Task], samples: int = 1, rollout: Roll
     t0 = time.perf_counter()
     trajs = RolloutEngine(policy, cfg, memory=memory).run(tasks, group_prefix="eval")
     wall = time.perf_counter() - t0
+    score_trajectories({t.id: t for t in tasks}, trajs, REWARDS.get("grounded"))
     by_task: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_task.setdefault(t.task_id, []).append(t)
-    grounded, ctx = REWARDS.get("grounded"), RewardContext()
-    per_task = []
-    for task in tasks:
-        ts = by_task.get(task.id, [])
-        for t in ts:
-            r = grounded(task, t, ctx)
-            t.reward, t.reward_info = r.value, r.info
-        per_task.append(task_scores(task, ts))
+    per_task = [task_scores(task, by_task.get(task.id, [])) for task in tasks]
     return EvalResult(summarize(per_task, trajs, samples, wall), per_task, trajs, split=split_of(tasks))
 
 

@@ -39,7 +39,7 @@ from .envs import load_tasks_of_kinds
 from .logging import MetricsLogger, truncate_jsonl
 from .models import context_length, load_frozen, load_trainable, make_optimizer, model_path
 from .precision import use_bf16
-from .rewards import RewardContext, make_reward, reward_names
+from .rewards import RewardContext, make_reward, reward_names, score_trajectories
 from .rollout import RolloutEngine
 from .seeding import seed_everything
 from .types import Row, Task, Trajectory, write_jsonl
@@ -115,16 +115,6 @@ def _summarise(trajs: list[Trajectory], n_unscored: int) -> dict[str, float]:
     return m
 
 
-def score(trajs: list[Trajectory], tasks_by_id: dict[str, Any], reward_fn: Any, ctx: RewardContext) -> int:
-    """Set each trajectory's reward; return how many are unscored (None)."""
-    unscored = 0
-    for t in trajs:
-        res = reward_fn(tasks_by_id[t.task_id], t, ctx)
-        t.reward, t.reward_info = res.value, res.info
-        unscored += res.value is None
-    return unscored
-
-
 def train(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) role-wise GRPO training as configured (on this process's share under a launcher)."""
     run = setup(cfg)  # models, rollout engines, tasks, reward, logger; the latest checkpoint's state if there is one
@@ -136,7 +126,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         trajs = rollout_batch(run, it)
         t_roll = time.perf_counter() - t0
         # 2. rewards (shared by both roles of a trajectory); the whole batch for the logs and metrics
-        score(trajs, run.tasks_by_id, run.reward_fn, run.ctx)
+        score_trajectories(run.tasks_by_id, trajs, run.reward_fn, run.ctx)
         everyone = run.dist.gather_trajectories(trajs)  # the whole batch (light copies); `trajs` itself on one process
         _check_context(everyone, cfg)
         run.log_trajectories(everyone, it)
