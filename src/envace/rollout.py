@@ -259,7 +259,8 @@ class RolloutEngine:
         return base.with_(seed=(self.cfg.seed * 1_000_003 + self._calls) % (2**63))
 
     def row(self, role: str, lv: _Live, prompt: list[int], g: Any) -> Row:
-        return Row(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=lv.task.id, traj_id=lv.traj.id, group_id=lv.traj.group_id, step=len(lv.traj.steps) - 1, truncated=g.finish_reason == "length")
+        """The row of a generation of ``role`` for trajectory ``lv`` at its current step."""
+        return Row.from_generation(role, prompt, g, lv.task.id, lv.traj.id, lv.traj.group_id, step=len(lv.traj.steps) - 1)
 
     # -- contexts ---------------------------------------------------------------------------------------------
     def _start(self, task: Task, k: int, group_id: str) -> _Live:
@@ -442,7 +443,7 @@ class RolloutEngine:
         """Record an Act generation: its row, the step (calls, reply or parse error), the Act context."""
         lv.open_step = True
         tr = lv.traj
-        tr.rows.append(Row(role="act", prompt_ids=prompt, completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=lv.task.id, traj_id=tr.id, group_id=tr.group_id, step=len(tr.steps), truncated=g.finish_reason == "length"))
+        tr.rows.append(Row.from_generation("act", prompt, g, lv.task.id, tr.id, tr.group_id, step=len(tr.steps)))
         lv.act_ids = prompt + g.token_ids + self.fmt.close_completion(g.token_ids)
         lv.steps_in_turn += 1
         tr.count("act/steps")

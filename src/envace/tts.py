@@ -328,10 +328,9 @@ def cap_tokens(text: str, max_tokens: int, fmt: ChatFormat, keep: str = "head") 
 def _record_generation(rec: RehearsalRecord, rows: list[Row], role: str, prompt: list[int], g: Any, traj_id: str, group_id: str, step: int) -> None:
     """Keep one private generation (a plan or a reflection) as a row of ``role`` and count it: ``<role>/rows``,
     ``<role>/truncated`` (cut at its token budget) and ``<role>/empty``."""
-    truncated = g.finish_reason == "length"
-    rows.append(Row(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=traj_id, group_id=group_id, step=step, truncated=truncated))
+    rows.append(Row.from_generation(role, prompt, g, rec.task_id, traj_id, group_id, step))
     rec.count(f"{role}/rows")
-    if truncated:
+    if rows[-1].truncated:
         rec.count(f"{role}/truncated")
     if not g.text.strip():
         rec.count(f"{role}/empty")
@@ -504,7 +503,7 @@ def _memory_model(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord
         prompts.append(ctx.prompt(rec, "memory_prompt", None, ctx.mode.memory_system, task, body, f"Write the memory now (at most about {int(ctx.cfg.memory_max_tokens * 0.7)} words)."))
     gens = ctx.policy.generate(prompts, ctx.params(ctx.cfg.memory_sampling))
     for task, rec, prompt, g in zip(tasks, recs, prompts, gens):
-        rec.memory_row = Row(role="memory", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=f"tts-memory:{task.id}", group_id=f"tts-memory:{task.id}", step=0, truncated=g.finish_reason == "length")
+        rec.memory_row = Row.from_generation("memory", prompt, g, rec.task_id, f"tts-memory:{task.id}", f"tts-memory:{task.id}")
         if g.finish_reason == "length":
             rec.count("memory/truncated")
         if g.text.strip():

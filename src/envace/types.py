@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # a backend's output; this module imports nothing of envace
+    from .backends.base import Generation
 
 # Error kinds shared by parsers, real environments and rehearsed observations.
 ERROR_KINDS: tuple[str, ...] = (
@@ -241,6 +244,12 @@ class Row:
     group_id: str
     step: int = 0
     truncated: bool = False  # generation hit max_new_tokens without a stop
+
+    @classmethod
+    def from_generation(cls, role: str, prompt: list[int], g: "Generation", task_id: str, traj_id: str, group_id: str, step: int = 0) -> "Row":
+        """The row of generation ``g`` (token ids, sampling log-probs, finish reason) from ``prompt``, as ``role``;
+        truncated when it stopped at its token budget."""
+        return cls(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=task_id, traj_id=traj_id, group_id=group_id, step=step, truncated=g.finish_reason == "length")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
