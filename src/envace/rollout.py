@@ -51,6 +51,7 @@ from .envs.references import cache_lookup
 from .parsing import TOOL_FORMATS, format_observation, parse_observation, strip_thinking, tool_format_for, validate_call
 from .prompts import CHAT_FORMATS, ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
 from .registry import Registry
+from .seeding import derive_seed
 from .types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
 
 
@@ -256,7 +257,7 @@ class RolloutEngine:
     def params(self, role: str) -> SamplingParams:
         self._calls += 1
         base = self.cfg.act if role == "act" else self.cfg.rehearse
-        return base.with_(seed=(self.cfg.seed * 1_000_003 + self._calls) % (2**63))
+        return base.with_(seed=derive_seed(self.cfg.seed, self._calls))
 
     def row(self, role: str, lv: _Live, prompt: list[int], g: Any) -> Row:
         """The row of a generation of ``role`` for trajectory ``lv`` at its current step."""
@@ -406,7 +407,7 @@ class RolloutEngine:
 
         first = [self._next_request(lv) for lv in lives]
         bar.update(sum(lv.done for lv in lives))
-        self.policy.generate_stream([r for r in first if r is not None], on_done, seed=(self.cfg.seed * 1_000_003 + 1) % (2**63))
+        self.policy.generate_stream([r for r in first if r is not None], on_done, seed=derive_seed(self.cfg.seed, 1))
 
     def _next_request(self, lv: _Live) -> Request | None:
         """Advance one trajectory as far as it goes without a model: answer the current step's calls that need no

@@ -41,12 +41,14 @@ from .models import context_length, load_frozen, load_trainable, make_optimizer,
 from .precision import use_bf16
 from .rewards import RewardContext, make_reward, reward_names, score_trajectories
 from .rollout import RolloutEngine
-from .seeding import seed_everything
+from .seeding import derive_seed, seed_everything
 from .types import Row, Task, Trajectory, write_jsonl
 from .update import optimizer_step, recompute_old_logprobs
 from .variants import VARIANTS, Variant
 
 ROLE_INDEX = {"act": 0, "rehearse": 1}
+ITERATION_PRIME = 100_003
+"""Iteration ``i`` of a run seeded ``s`` rolls out and shuffles its update with ``derive_seed(s, i, prime=ITERATION_PRIME)``."""
 
 
 def rows_with_advantages(trajs: list[Trajectory], estimator: str, roles: tuple[str, ...]) -> tuple[list[Row], torch.Tensor, dict[str, float]]:
@@ -253,7 +255,7 @@ def rollout_batch(run: Run, it: int) -> list[Trajectory]:
     cfg = run.cfg
     batch = [run.tasks[run.order[(it * cfg.batch_tasks + j) % len(run.tasks)]] for j in range(cfg.batch_tasks)]
     rcfg = copy.copy(cfg.rollout)
-    rcfg.seed = run.dist.rank_seed(cfg.seed * 100_003 + it)
+    rcfg.seed = run.dist.rank_seed(derive_seed(cfg.seed, it, prime=ITERATION_PRIME))
     engine = RolloutEngine(run.engines["policy"], rcfg, **run.helpers)
     return engine.run(run.dist.shard(batch), group_prefix=run.dist.group_prefix(f"i{it}-"))
 
@@ -271,7 +273,7 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
         if recomputes_old_logprobs(cfg, dist.device):  # the rollout engine's log-probs are not the trainer's
             recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=update_bf16(cfg, dist.device), dist=dist)
         ref = run.ref if name == "policy" else None
-        for epoch, part in update_parts(len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=cfg.seed * 100_003 + it):
+        for epoch, part in update_parts(len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=derive_seed(cfg.seed, it, prime=ITERATION_PRIME)):
             p_rows, p_adv = [sub_rows[i] for i in part], sub_adv[part]
             um = optimizer_step(model, run.optimizers[name], p_rows, _grpo_loss(model, p_rows, p_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=update_bf16(cfg, dist.device), dist=dist)
             if epoch == 0 and um:  # the first pass: the sampled policy's view (ratio 1 on its first part)

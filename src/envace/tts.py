@@ -58,6 +58,7 @@ from .evaluation import EvalResult, evaluate
 from .prompts import ChatFormat, render_tools, serialize_messages
 from .registry import Registry
 from .rollout import RolloutConfig, RolloutEngine, format_trajectory
+from .seeding import derive_seed
 from .types import Row, Task, Trajectory
 
 REFLECT_SYSTEM = (
@@ -90,6 +91,13 @@ PLAN_MEMORY_SYSTEM = (
     "for real, once. Write compact notes: the path to follow (tool calls in order, with arguments), pitfalls to "
     "avoid, and what must be checked because no tool result is known yet. Do not address the user."
 )
+
+ATTEMPT_PRIME = 7919
+"""Attempt batch ``a`` of a run seeded ``s`` rolls out with seed ``derive_seed(s + 1, a, prime=ATTEMPT_PRIME)``:
+never ``s`` itself, which the final real run keeps (envace.seeding)."""
+PRIVATE_SALT = 500_009
+"""Plans, reflections and memories: generate call ``n`` samples with ``derive_seed(s, PRIVATE_SALT + n)``, apart
+from the rollout's own calls (``derive_seed(s, n)``)."""
 
 NOTES_HEADER = (
     "You already rehearsed this task privately (the tool results were imagined; nothing was executed). "
@@ -166,7 +174,7 @@ class TTSConfig:
 
     def attempt_rollout(self, group_size: int, attempt: int) -> RolloutConfig:
         """The rollout config of one batch of attempts (``attempt`` numbers sequential batches; 0 for parallel)."""
-        return replace(self.rollout, mode="rehearsal", shadow=False, group_size=group_size, seed=(self.rollout.seed + 1) * 7919 + attempt)
+        return replace(self.rollout, mode="rehearsal", shadow=False, group_size=group_size, seed=derive_seed(self.rollout.seed + 1, attempt, prime=ATTEMPT_PRIME))
 
     def final_rollout(self) -> RolloutConfig:
         """The rollout config of the single real execution (mode and group size are set by evaluate)."""
@@ -348,7 +356,7 @@ class _Rehearsal:
 
     def params(self, base: SamplingParams) -> SamplingParams:
         self._calls += 1
-        return base.with_(seed=(self.cfg.rollout.seed * 1_000_003 + 500_009 + self._calls) % (2**63))
+        return base.with_(seed=derive_seed(self.cfg.rollout.seed, PRIVATE_SALT + self._calls))
 
     def cap(self, rec: RehearsalRecord, where: str, attempt: int | None, text: str, max_tokens: int, keep: str) -> str:
         kept, cut = cap_tokens(text, max_tokens, self.fmt, keep)
