@@ -50,7 +50,7 @@ from .backends.base import SamplingParams
 from .config import SFTConfig, TrainConfig, VARIANTS, config_diff, describe_diff, from_dict, load_config, to_dict
 from .precision import bf16_setting
 from .registry import Registry
-from .rollout import RolloutConfig
+from .rollout import RolloutConfig, rehearse_sampling
 from .variants import REHEARSERS
 
 PLAN_MATCHES = "parallel"
@@ -59,7 +59,7 @@ two)."""
 
 
 def _small_rollout() -> RolloutConfig:
-    return RolloutConfig(group_size=4, max_steps=6, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=96, stop=["</observation>"]))
+    return RolloutConfig(group_size=4, max_steps=6, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96), rehearse=rehearse_sampling(96))
 
 
 EXPERIMENT_SETS = frozenset({"model", "suite", "n_train_tasks", "variant", "reward", "iterations", "batch_tasks", "lr", "rollout", "out_dir", "save_every", "rollout_bf16", "keep_checkpoints", "seed", "tensorboard", "progress", "resume"})

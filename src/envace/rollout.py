@@ -48,11 +48,16 @@ from tqdm.auto import tqdm
 from .backends.base import Backend, Request, SamplingParams
 from .envs import USERS, Environment, UserSimulator, final_outcome, make_env
 from .envs.references import cache_lookup
-from .parsing import TOOL_FORMATS, format_observation, parse_observation, strip_thinking, tool_format_for, validate_call
+from .parsing import OBS_CLOSE, TOOL_FORMATS, format_observation, parse_observation, strip_thinking, tool_format_for, validate_call
 from .prompts import CHAT_FORMATS, ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
 from .registry import Registry
 from .seeding import derive_seed
 from .types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
+
+
+def rehearse_sampling(max_new_tokens: int = 160) -> SamplingParams:
+    """Rehearse's sampling defaults: temperature 0.6, top-p 0.8, stopped right after its observation block."""
+    return SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=max_new_tokens, stop=[OBS_CLOSE])
 
 
 @dataclass
@@ -73,7 +78,7 @@ class RolloutConfig:
     ``context/act`` / ``context/rehearse``). The Rehearse context (references, schema, serialized conversation)
     is usually the longer one."""
     act: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=160))
-    rehearse: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=160, stop=["</observation>"]))
+    rehearse: SamplingParams = field(default_factory=rehearse_sampling)
     validate_in_code: bool = False
     """Answer unknown-tool / schema errors by code instead of asking Rehearse (format errors always are)."""
     reference_cache: bool = False
@@ -562,4 +567,4 @@ def format_trajectory(traj: Trajectory) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RolloutConfig", "RolloutEngine", "Observer", "OBSERVERS", "SCHEDULES", "rollout", "format_trajectory", "format_observation", "error_obs"]
+__all__ = ["RolloutConfig", "RolloutEngine", "rehearse_sampling", "Observer", "OBSERVERS", "SCHEDULES", "rollout", "format_trajectory", "format_observation", "error_obs"]

@@ -75,8 +75,10 @@ class ToolCall:
         return f"{self.name}({dumps(self.arguments)})"
 
     def to_text(self) -> str:
-        """The Act output format for this call."""
-        return "<tool_call>" + json.dumps({"name": self.name, "arguments": self.arguments}, ensure_ascii=False) + "</tool_call>"
+        """This call as Act writes it in the hermes tool format (``envace.parsing.TOOL_FORMATS["hermes"]``)."""
+        from .parsing import TOOL_FORMATS  # (parsing builds on this module)
+
+        return TOOL_FORMATS.get("hermes").render([self])
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "arguments": self.arguments}
