@@ -59,7 +59,7 @@ from .prompts import ChatFormat, render_tools, serialize_messages
 from .registry import Registry
 from .rollout import RolloutConfig, RolloutEngine, format_trajectory
 from .seeding import derive_seed
-from .types import Row, Task, Trajectory
+from .types import JSONable, Row, Task, Trajectory
 
 REFLECT_SYSTEM = (
     "You review a private rehearsal of a tool-use task. The tool results in it were imagined by a simulator, "
@@ -185,7 +185,7 @@ class TTSConfig:
 
 
 @dataclass
-class Cut:
+class Cut(JSONable):
     """Text removed to respect a token cap."""
 
     where: str
@@ -197,17 +197,11 @@ class Cut:
     tokens_after: int
     cut_text: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Cut":
-        return cls(**d)
-
 
 @dataclass
-class RehearsalRecord:
-    """Everything test-time scaling did for one task: attempts, reflections, memory, the real run, counters."""
+class RehearsalRecord(JSONable):
+    """Everything test-time scaling did for one task: attempts, reflections, memory, the real run, counters (one
+    JSON line of :func:`save_records` per record, its keys in field order)."""
 
     task_id: str
     n: int
@@ -242,53 +236,6 @@ class RehearsalRecord:
     def n_done(self) -> int:
         """Private attempts made so far: rehearsed attempts or plans."""
         return len(self.attempts) + len(self.plans)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "n": self.n,
-            "mode": self.mode,
-            "memory_mode": self.memory_mode,
-            "attempts": [t.to_dict() for t in self.attempts],
-            "plans": list(self.plans),
-            "plan_rows": [r.to_dict() for r in self.plan_rows],
-            "reflections": list(self.reflections),
-            "reflect_rows": [r.to_dict() for r in self.reflect_rows],
-            "memory": self.memory,
-            "memory_raw": self.memory_raw,
-            "memory_source": self.memory_source,
-            "memory_row": self.memory_row.to_dict() if self.memory_row else None,
-            "final": self.final.to_dict() if self.final else None,
-            "success": self.success,
-            "counters": dict(self.counters),
-            "cuts": [c.to_dict() for c in self.cuts],
-            "timing": dict(self.timing),
-            "config": self.config,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RehearsalRecord":
-        return cls(
-            task_id=d["task_id"],
-            n=d["n"],
-            mode=d["mode"],
-            memory_mode=d["memory_mode"],
-            attempts=[Trajectory.from_dict(t) for t in d.get("attempts", [])],
-            plans=list(d.get("plans", [])),
-            plan_rows=[Row.from_dict(r) for r in d.get("plan_rows", [])],
-            reflections=list(d.get("reflections", [])),
-            reflect_rows=[Row.from_dict(r) for r in d.get("reflect_rows", [])],
-            memory=d.get("memory", ""),
-            memory_raw=d.get("memory_raw", ""),
-            memory_source=d.get("memory_source", "none"),
-            memory_row=Row.from_dict(d["memory_row"]) if d.get("memory_row") else None,
-            final=Trajectory.from_dict(d["final"]) if d.get("final") else None,
-            success=d.get("success"),
-            counters=dict(d.get("counters", {})),
-            cuts=[Cut.from_dict(c) for c in d.get("cuts", [])],
-            timing=dict(d.get("timing", {})),
-            config=d.get("config", {}),
-        )
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(RehearsalRecord))
