@@ -17,7 +17,8 @@ import pytest
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import SUMMARIES, check_env, load_tasks, make_env, suite_summary
 from envace.envs import bfcl, bfcl_single, bfcl_v4
-from envace.evaluation import evaluate, evaluate_at_budget
+from envace.budget import evaluate_at_budget
+from envace.evaluation import evaluate
 from envace.prompts import REHEARSE_SYSTEM
 from envace.tts import MEMORY_SYSTEM, REFLECT_SYSTEM
 from envace.rollout import RolloutConfig

@@ -149,7 +149,7 @@ def test_eval_backend_http_against_envace_serve_evaluates_like_backend_hf(tmp_pa
     the rows: the same prompt and completion token ids, and log-probs equal up to batching numerics (the server
     batches the requests its own way; the argmax is the same)."""
     from envace.backends.base import SamplingParams
-    from envace.evaluation import evaluate_model
+    from envace.budget import evaluate_model
     from envace.rollout import RolloutConfig
     from numerics import assert_logprobs_close
 

@@ -8,9 +8,10 @@ import sys
 import pytest
 
 from envace.backends.scripted import ScriptedBackend
+from envace.budget import evaluate_at_budget
 from envace.envs import load_tasks
 from envace.evaluation import (
-    compare_results, evaluate, evaluate_at_budget, format_metrics, pass_hat_k, rate_with_ci, summarize, task_scores,
+    compare_results, evaluate, format_metrics, pass_hat_k, rate_with_ci, summarize, task_scores,
 )
 from envace.stats import mcnemar_exact, wilson_interval
 from envace.rollout import RolloutConfig

@@ -148,7 +148,7 @@ def test_eval_bf16_auto_generates_in_float32_where_bf16_is_slow(monkeypatch, cpu
     import envace.backends.hf as hf
     from envace.backends.base import SamplingParams
     from envace.cli import build_parser, command_config
-    from envace.evaluation import evaluate_model
+    from envace.budget import evaluate_model
     from envace.rollout import RolloutConfig
 
     resolved = lambda *argv: command_config(build_parser().parse_args(list(argv)))  # noqa: E731

@@ -15,7 +15,7 @@ from envace.backends.scripted import ScriptedBackend
 from envace.envs import ENVS, Environment, Score, ToolError
 from envace.rewards import RewardContext, make_reward, score_trajectories
 from envace.rollout import RolloutConfig, RolloutEngine
-from envace.trainer import rows_with_advantages, score
+from envace.trainer import rows_with_advantages
 from envace.types import ChecklistItem, Task, ToolCall, ToolSpec, Trajectory, is_error_obs
 
 RELEASE = threading.Event()  # lets the hung tool's thread end when the test is over
@@ -186,8 +186,8 @@ def test_trainer_scoring_masks_unscored_trajectories_out_of_the_update(tokenizer
     ctx = RewardContext(judge=FlakyJudge([[GOOD.replace("true", "false")], RuntimeError("judge crashed"), ["garbage"], [GOOD]]))
     for t in tasks:
         t.checklist = [ChecklistItem("a"), ChecklistItem("b")]
-    n_unscored = score(trajs, {tasks[0].id: tasks[0]}, make_reward("checklist_judge"), ctx)
-    assert n_unscored == 2 and [t.reward for t in trajs] == [0.0, None, None, 0.5]
+    m = score_trajectories({tasks[0].id: tasks[0]}, trajs, make_reward("checklist_judge"), ctx)
+    assert m["reward/unscored"] == 2 and [t.reward for t in trajs] == [0.0, None, None, 0.5]
     rows, adv, _ = rows_with_advantages(trajs, "rolewise", ("act", "rehearse"))
     assert {r.traj_id for r in rows} == {trajs[0].id, trajs[3].id} and len(adv) == len(rows)
 

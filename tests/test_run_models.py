@@ -107,13 +107,13 @@ def test_saving_a_lora_checkpoint_never_looks_its_base_up_on_the_hub(tmp_path, m
     import peft.utils.save_and_load as peft_save
 
     from envace.checkpoint import save_checkpoint
-    from envace.trainer import build_model
+    from envace.models import load_trainable
 
     def no_hub(repo_id, filename, **kw):
         raise AssertionError(f"looked up {repo_id}/{filename} on the hub")
 
     monkeypatch.setattr(peft_save, "check_file_exists_on_hf_hub", no_hub)
-    model, tok = build_model("tiny-random", lora_r=4)
+    model, tok = load_trainable("tiny-random", lora_r=4)
     ckpt = save_checkpoint(str(tmp_path), 1, {"policy": model}, {}, {}, tokenizer=tok)
     assert is_adapter(os.path.join(ckpt, "policy"))
 

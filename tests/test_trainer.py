@@ -107,8 +107,8 @@ def test_success_of_imagined_rollouts_is_never_logged_as_real_success(tokenizer)
     """A rehearsal batch whose imagined calls all match the gold logs imagined success 1 and no plain or real
     success key; a real batch logs real success by the environment's own check (here: not reached, since the
     policy never replies with the expected outputs), whatever the gold-call reward says."""
-    from envace.rewards import RewardContext, make_reward
-    from envace.trainer import _summarise, score
+    from envace.rewards import RewardContext, make_reward, score_trajectories
+    from envace.trainer import _summarise
 
     tasks = [t for t in load_tasks("bank", "train", n=40) if len(t.user_turns) == 1 and t.expected_outputs][:2]
     by_user = {t.user_turns[0]: t for t in tasks}
@@ -123,7 +123,7 @@ def test_success_of_imagined_rollouts_is_never_logged_as_real_success(tokenizer)
     out = {}
     for mode in ("rehearsal", "real"):
         trajs = RolloutEngine(ScriptedBackend(tokenizer, gold_calls_then_ok), RolloutConfig(mode=mode, group_size=2, max_steps=8)).run(tasks)
-        score(trajs, {t.id: t for t in tasks}, make_reward("gold_exact"), RewardContext())
+        score_trajectories({t.id: t for t in tasks}, trajs, make_reward("gold_exact"), RewardContext())
         assert all(t.reward == 1.0 for t in trajs)  # the calls are the gold ones either way
         out[mode] = _summarise(trajs, 0)
     assert out["rehearsal"]["reward/imagined_success_rate"] == 1.0

@@ -17,7 +17,8 @@ from envace.models import load
 from envace.rewards import REWARDS, RewardResult
 from envace.rollout import RolloutConfig
 from envace.sft import gold_trajectories
-from envace.trainer import build_model, train
+from envace.models import load_trainable
+from envace.trainer import train
 from envace.update import completion_logprobs, pack_rows
 
 
@@ -84,7 +85,7 @@ def test_after_a_lora_resume_the_kl_reference_is_the_base_model_without_the_trai
     rows = [r for t in gold_trajectories(tokenizer, load_tasks("bank", "train", n=2)) for r in t.rows][:6]
     temps = {"act": 1.0, "rehearse": 1.0}
     initial, _ = load("tiny-random")
-    resumed, _ = build_model("tiny-random", adapter=os.path.join(first.checkpoint, "policy"))  # the checkpoint's policy
+    resumed, _ = load_trainable("tiny-random", adapter=os.path.join(first.checkpoint, "policy"))  # the checkpoint's policy
     with torch.no_grad():
         want = completion_logprobs(initial, pack_rows(rows), rows, temps)
         ckpt_lp = completion_logprobs(resumed, pack_rows(rows), rows, temps)

@@ -155,7 +155,7 @@ def _executions_per_task(tasks, trajs):
 def test_each_task_s_calls_run_exactly_once_in_the_real_environment(tokenizer, counted, n, mode):
     """run_tts and evaluate_at_budget: the real environment runs each call of the single real execution once;
     scoring it (grounded success) uses that run and executes nothing again."""
-    from envace.evaluation import evaluate_at_budget
+    from envace.budget import evaluate_at_budget
 
     recs = run_tts(ScriptedBackend(tokenizer, scripted(counted)), counted, tcfg(n=n, mode=mode))
     for task, rec in zip(counted, recs):

@@ -8,7 +8,7 @@ The public API, importable from the package itself::
     policy = envace.HFBackend(model, tokenizer)                  # backends.hf.HFBackend
     envace.train(envace.TrainConfig(...))                        # trainer.train (role-wise GRPO)
     envace.sft(envace.SFTConfig(...))                            # sft.sft (supervised warm-up)
-    envace.evaluate_model("tiny-random", "bank", n=4)            # evaluation.evaluate_model
+    envace.evaluate_model("tiny-random", "bank", n=4)            # budget.evaluate_model
     envace.rehearse(policy, tasks, envace.TTSConfig(n=2))        # tts.rehearse (test-time rehearsal)
 
 ``import envace`` stays cheap: it imports neither torch nor transformers. Each name is imported from its module
@@ -38,7 +38,7 @@ _EXPORTS: dict[str, str] = {
     "sft": "sft",
     "SFTConfig": "config",
     "evaluate": "evaluation",
-    "evaluate_model": "evaluation",
+    "evaluate_model": "budget",
     "rehearse": "tts",
     "run_tts": "tts",
     "TTSConfig": "tts",
@@ -49,7 +49,8 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:  # what type checkers see (py.typed); at run time the names are imported lazily below
     from .backends.hf import HFBackend
     from .config import SFTConfig, TrainConfig
-    from .evaluation import evaluate, evaluate_model
+    from .budget import evaluate_model
+    from .evaluation import evaluate
     from .models import load
     from .rollout import RolloutConfig, RolloutEngine
     from .sft import sft

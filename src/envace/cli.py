@@ -58,9 +58,10 @@ def _demo_rollout(**kw: Any) -> Any:
     """The demo's rollout settings: one call per Act step (generation stops after ``</tool_call>``), short
     completions, at most 4 Act steps per user turn."""
     from .backends.base import SamplingParams
-    from .rollout import RolloutConfig
+    from .parsing import CALL_CLOSE
+    from .rollout import RolloutConfig, rehearse_sampling
 
-    return RolloutConfig(max_steps=8, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96, stop=["</tool_call>"]), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=96, stop=["</observation>"]), **kw)
+    return RolloutConfig(max_steps=8, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96, stop=[CALL_CLOSE]), rehearse=rehearse_sampling(96), **kw)
 
 
 def demo_sft_config(model: str, suite: str, out_dir: str, seed: int = 0, steps: int = 30, batch: int = 4, quick: bool = False) -> Any:
@@ -81,7 +82,7 @@ def demo_train_config(model: str, suite: str, out_dir: str, seed: int = 0, itera
 
 
 def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
-    from .evaluation import evaluate_model
+    from .budget import evaluate_model
 
     return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout())
 
@@ -89,11 +90,11 @@ def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 
 def cmd_eval(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .config import to_dict
-    from .evaluation import evaluate_model, save_result
-    from .rollout import RolloutConfig
+    from .budget import evaluate_model
+    from .evaluation import save_result
+    from .rollout import RolloutConfig, rehearse_sampling
 
-    sp = lambda t: SamplingParams(temperature=t, top_p=0.8 if t < 1 else 1.0, max_new_tokens=cfg.max_new_tokens)  # noqa: E731
-    rc = RolloutConfig(max_steps=cfg.max_steps, act=sp(1.0), rehearse=sp(0.6).with_(stop=["</observation>"]))
+    rc = RolloutConfig(max_steps=cfg.max_steps, act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=rehearse_sampling(cfg.max_new_tokens))
     res = evaluate_model(cfg.model, cfg.suite, cfg.split, cfg.n, cfg.samples, cfg.seed, tts_n=cfg.tts_n, tts_mode=cfg.tts_mode, rollout=rc, temperature=cfg.temperature, tts_options={"memory": cfg.tts_memory}, bf16=cfg.bf16, backend=cfg.backend, backend_options=cfg.backend_options)
     print(f"{cfg.model} on {cfg.suite}/{cfg.split}: {len(res.per_task)} tasks x {cfg.samples} real trials, rehearsal budget N={cfg.tts_n}" + (f" ({cfg.tts_mode})" if cfg.tts_n else ""))
     print(res.table())
@@ -112,21 +113,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _helpers(cfg: Any) -> dict[str, Any]:
+    """The RolloutEngine keywords of ``cfg.mode`` (envace.variants.REHEARSERS): the model that answers Act's calls
+    besides the policy, frozen, named by the config field of the same name (``cfg.rehearser``, ``cfg.simulator``),
+    by default ``cfg.model`` (a checkpoint's own ``rehearser/`` for per_role); {} for rehearsal and real."""
+    from .backends.loaders import frozen_backend
+    from .variants import REHEARSERS
+
+    return REHEARSERS.get(cfg.mode).helpers(lambda helper, role: frozen_backend(getattr(cfg, helper) or cfg.model, role))
+
+
 def cmd_fidelity(cfg: Any) -> int:
     from .backends.base import SamplingParams
-    from .backends.loaders import frozen_backend, open_backend
+    from .backends.loaders import open_backend
     from .envs import load_tasks
     from .fidelity import measure_fidelity
-    from .rollout import RolloutConfig, format_trajectory
+    from .rollout import RolloutConfig, format_trajectory, rehearse_sampling
 
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
-    extra: dict[str, Any] = {}
-    if cfg.mode == "per_role":
-        extra["rehearser"] = frozen_backend(cfg.rehearser or cfg.model, "rehearser")
-    if cfg.mode == "simulator":
-        extra["simulator"] = frozen_backend(cfg.simulator or cfg.model)
+    extra = _helpers(cfg)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
-    rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, validate_in_code=cfg.validate_in_code, reference_cache=cfg.reference_cache, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=cfg.max_new_tokens, stop=["</observation>"]))
+    rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, validate_in_code=cfg.validate_in_code, reference_cache=cfg.reference_cache, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=rehearse_sampling(cfg.max_new_tokens))
     res = measure_fidelity(policy, tasks, rc, **extra)
     for t in res.trajectories[: cfg.show]:
         print(format_trajectory(t) + "\n")
@@ -151,22 +158,16 @@ def cmd_experiment(cfg: Any) -> int:
 def cmd_rollout(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
-    from .backends.loaders import frozen_backend
     from .envs import load_tasks
     from .models import load
-    from .rollout import RolloutConfig, RolloutEngine, format_trajectory
+    from .rollout import RolloutConfig, RolloutEngine, format_trajectory, rehearse_sampling
     from .types import write_jsonl
 
     m, tok = load(cfg.model)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
-    rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, shadow=cfg.shadow, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=cfg.max_new_tokens, stop=["</observation>"]))
-    extra = {}
-    if cfg.mode == "simulator":
-        extra["simulator"] = frozen_backend(cfg.simulator or cfg.model)
-    if cfg.mode == "per_role":
-        extra["rehearser"] = frozen_backend(cfg.rehearser or cfg.model, "rehearser")
+    rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, shadow=cfg.shadow, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=rehearse_sampling(cfg.max_new_tokens))
     t0 = time.perf_counter()
-    trajs = RolloutEngine(HFBackend(m, tok), rc, **extra).run(tasks)
+    trajs = RolloutEngine(HFBackend(m, tok), rc, **_helpers(cfg)).run(tasks)
     dt = time.perf_counter() - t0
     if os.path.exists(cfg.out):
         os.remove(cfg.out)
@@ -213,7 +214,7 @@ def cmd_rehearse(cfg: Any) -> int:
     from .backends.hf import HFBackend
     from .envs import load_tasks
     from .models import load
-    from .rollout import RolloutConfig
+    from .rollout import RolloutConfig, rehearse_sampling
     from .tts import TTSConfig, format_record, run_tts
 
     m, tok = load(cfg.model)
@@ -221,7 +222,7 @@ def cmd_rehearse(cfg: Any) -> int:
     if cfg.index >= len(tasks):
         raise ValueError(f"suite {cfg.suite!r} split {cfg.split!r} has only {len(tasks)} tasks")
     gen = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
-    rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=cfg.max_steps, seed=cfg.seed, act=gen, rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=cfg.max_new_tokens, stop=["</observation>"]))
+    rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=cfg.max_steps, seed=cfg.seed, act=gen, rehearse=rehearse_sampling(cfg.max_new_tokens))
     tts = TTSConfig(n=cfg.n, mode=cfg.mode, memory=cfg.memory, memory_max_tokens=cfg.memory_max_tokens, reflect_sampling=gen.with_(temperature=0.7), memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.memory_max_tokens), rollout=rc, final_act=gen.with_(temperature=0.0))
     rec = run_tts(HFBackend(m, tok), [tasks[cfg.index]], tts)[0]
     print(format_record(rec))

@@ -1,6 +1,7 @@
 """Typed configs (dataclasses, one docstring per field), loadable from YAML and overridable from the CLI.
 
-Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (see :data:`VARIANTS`);
+Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (see :data:`envace.variants.VARIANTS`,
+importable from here too);
 the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewise_std`` | ``pooled`` | ...).
 """
 from __future__ import annotations
@@ -22,27 +23,9 @@ from .backends.base import SamplingParams
 from .backends.loaders import LOADERS
 from .logging import report_sinks
 from .precision import bf16_setting
-from .registry import Registry
 from .rewards import JUDGE_MAX_NEW_TOKENS
 from .rollout import RolloutConfig
-
-
-@dataclass(frozen=True)
-class Variant:
-    """A method variant: rollout mode, which roles are trained, and whether Rehearse has its own model."""
-
-    mode: str
-    train_roles: tuple[str, ...]
-    doc: str
-
-
-VARIANTS: Registry[Variant] = Registry("variant")
-VARIANTS.add("envace", Variant("rehearsal", ("act", "rehearse"), "EnvACE: shared weights play Act and Rehearse; both trained"))
-VARIANTS.add("real_env", Variant("real", ("act",), "standard GRPO: real environment in the loop, Act only"))
-VARIANTS.add("simulator", Variant("simulator", ("act",), "external frozen simulator model answers; Act trained"))
-VARIANTS.add("per_role", Variant("per_role", ("act", "rehearse"), "two models, one per role, each trained on its own rows"))
-VARIANTS.add("caller_frozen", Variant("rehearsal", ("rehearse",), "rehearsal rollouts, only Rehearse trained"))
-VARIANTS.add("caller_only", Variant("rehearsal", ("act",), "rehearsal rollouts, Rehearse not trained"))
+from .variants import VARIANTS
 
 
 RESUME_POLICIES = ("auto", "force", "never")
@@ -251,7 +234,7 @@ class SFTConfig:
 @dataclass
 class EvalConfig:
     """``envace eval``: a model in the real environment, optionally after private test-time rehearsal
-    (envace.evaluation.evaluate_model)."""
+    (envace.budget.evaluate_model)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter

@@ -45,6 +45,7 @@ from typing import Any, Iterator
 import torch
 
 from .checkpoint import load_optimizers, save_checkpoint
+from .seeding import derive_seed
 from .types import Trajectory
 
 
@@ -73,8 +74,8 @@ class Dist:
         return list(items)[self.rank :: self.world_size]
 
     def rank_seed(self, seed: int) -> int:
-        """A sampling seed of its own for each process (rank 0 keeps ``seed``)."""
-        return seed + 1_000_003 * self.rank
+        """A sampling seed of its own for each process, ``seed + 1_000_003 * rank`` (rank 0 keeps ``seed``)."""
+        return derive_seed(self.rank, seed)
 
     def group_prefix(self, prefix: str) -> str:
         """Group ids unique over processes (unchanged on one process)."""
@@ -281,7 +282,7 @@ class SilentLogger:
 
 def trainable_names(model: Any) -> list[str]:
     """Names of the trainable parameters in ``model.parameters()`` order, i.e. the optimizer's index order
-    (``envace.trainer.make_optimizer``), without FSDP wrapper prefixes."""
+    (``envace.models.make_optimizer``), without FSDP wrapper prefixes."""
     return [_clean(n) for n, p in model.named_parameters() if p.requires_grad]
 
 

@@ -1,7 +1,8 @@
 """Evaluation in the real environment: success, pass^k, tool F1, format validity, steps, tokens, time.
 
-Each task is run K times (``samples``) for real (``real`` rollout mode), optionally after private test-time
-rehearsal with a budget of N attempts (:func:`evaluate_at_budget`, which hands N > 0 to ``envace.tts``).
+Each task is run K times (``samples``) for real (``real`` rollout mode). Evaluation after private test-time
+rehearsal with a budget of N attempts, and of a model by name on a suite, is one layer up (``envace.budget``:
+``evaluate_at_budget``, ``evaluate_model``), above both this module and ``envace.tts``.
 Success is the task's own check (``grounded`` reward) applied to the environment each trajectory ran in: the
 rollout records it when the trajectory ends (``Trajectory.env_outcome``), so every call of a real trial is
 executed exactly once (no replay: an MCP server's tools, or any with side effects, never run twice).
@@ -24,7 +25,7 @@ Metrics (keys of :attr:`EvalResult.metrics`):
   sample per task, conservative with more). :func:`format_metrics` prints it next to the rate.
 
 A suite with its own report (``envace.envs.SUMMARIES``; BFCL: its leaderboard table with the overall score)
-adds it to the result of :func:`evaluate_model` (``EvalResult.summary``), printed after the metrics and saved.
+adds it to the result of ``envace.budget.evaluate_model`` (``EvalResult.summary``), printed after the metrics and saved.
 
 Results keep per-task outcomes (``per_task``: ``task_id``, ``domain``, ``kind`` if any, ``successes`` one bool
 per sample, the F1s), the suite, the split and the task ids, so :func:`compare_results` (``envace compare``) can
@@ -46,7 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends.base import Backend
-from .rewards import REWARDS, RewardContext, call_prf, tool_name_prf
+from .rewards import REWARDS, call_prf, score_trajectories, tool_name_prf
 from .rollout import RolloutConfig, RolloutEngine
 from .stats import fmt_p, fmt_rate, paired_comparison, rate_interval
 from .types import Task, Trajectory
@@ -194,74 +195,17 @@ def evaluate(policy: Backend, tasks: list[Task], samples: int = 1, rollout: Roll
     t0 = time.perf_counter()
     trajs = RolloutEngine(policy, cfg, memory=memory).run(tasks, group_prefix="eval")
     wall = time.perf_counter() - t0
+    score_trajectories({t.id: t for t in tasks}, trajs, REWARDS.get("grounded"))
     by_task: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_task.setdefault(t.task_id, []).append(t)
-    grounded, ctx = REWARDS.get("grounded"), RewardContext()
-    per_task = []
-    for task in tasks:
-        ts = by_task.get(task.id, [])
-        for t in ts:
-            r = grounded(task, t, ctx)
-            t.reward, t.reward_info = r.value, r.info
-        per_task.append(task_scores(task, ts))
+    per_task = [task_scores(task, by_task.get(task.id, [])) for task in tasks]
     return EvalResult(summarize(per_task, trajs, samples, wall), per_task, trajs, split=split_of(tasks))
 
 
 def split_of(tasks: Sequence[Task]) -> str:
     """The tasks' split, "+"-joined (sorted) when they mix splits."""
     return "+".join(sorted({t.split for t in tasks}))
-
-
-def evaluate_at_budget(policy: Backend, tasks: list[Task], samples: int = 1, rollout: RolloutConfig | None = None, n: int = 0, mode: str = "parallel", tts_options: dict[str, Any] | None = None) -> EvalResult:
-    """:func:`evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section 3).
-
-    ``n == 0`` is plain :func:`evaluate`. ``n > 0`` hands over to :func:`envace.tts.evaluate_with_tts` with a
-    ``TTSConfig(n=n, mode=mode, rollout=<rollout in rehearsal mode>, **tts_options)``: the attempts are
-    self-rehearsed (no real call), then each task runs ``samples`` times for real with the rehearsal memory.
-    The result's metrics gain ``tts/...`` keys and ``gen_tokens_per_task`` counts rehearsal tokens too."""
-    rollout = rollout or RolloutConfig()
-    if n < 0:
-        raise ValueError(f"rehearsal budget n must be >= 0, got {n}")
-    if n == 0:
-        res = evaluate(policy, tasks, samples=samples, rollout=rollout)
-        res.metrics["tts/n"] = 0.0
-        res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples
-        return res
-    try:
-        from .tts import TTSConfig, evaluate_with_tts
-    except ImportError as e:  # pragma: no cover - the module ships with envace; only a broken install lacks it
-        raise RuntimeError(f"test-time rehearsal (n={n}) needs envace.tts, which failed to import: {e}") from e
-    tcfg = TTSConfig(n=n, mode=mode, rollout=dataclasses.replace(rollout, mode="rehearsal", shadow=False), **(tts_options or {}))
-    res = evaluate_with_tts(policy, tasks, tcfg, samples=samples)
-    res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples + res.metrics.get("tts/rehearsal_tokens_per_task", 0.0)
-    return res
-
-
-def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 20, samples: int = 1, seed: int = 0, tts_n: int = 0, tts_mode: str = "parallel", rollout: RolloutConfig | None = None, temperature: float | None = None, progress: bool = True, tts_options: dict[str, Any] | None = None, bf16: bool | str = False, backend: str = "hf", backend_options: dict[str, Any] | None = None) -> EvalResult:
-    """Evaluate ``model`` on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n``. ``backend`` says what
-    generates (:func:`envace.backends.loaders.open_backend`, with ``backend_options``): ``hf`` loads ``model`` here
-    (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.models.load`;
-    ``bf16``: generate in bf16, true, false or ``"auto"``, see ``HFBackend``), ``http`` asks the server at the URL
-    ``model``, ``vllm`` starts a vLLM engine. The real trials sample Act greedily when ``samples == 1``
-    and at T=0.7 otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
-    from .backends.base import SamplingParams
-    from .backends.loaders import open_backend
-    from .envs import load_tasks, suite_summary
-
-    policy = open_backend(model, backend, backend_options, bf16=bf16)
-    tasks = load_tasks(suite, split, n=n, seed=seed)
-    base = rollout or RolloutConfig(act=SamplingParams(max_new_tokens=160))
-    final_act = base.act.with_(temperature=(0.0 if samples == 1 else 0.7) if temperature is None else temperature)
-    rc = dataclasses.replace(base, seed=seed, progress=progress)
-    if tts_n == 0:
-        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act))
-    else:
-        opts = {"final_act": final_act, **(tts_options or {})}
-        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts_options=opts)
-    res.suite, res.split = suite, split
-    res.summary = suite_summary(suite, res.per_task)
-    return res
 
 
 def save_result(res: EvalResult, path: str, config: dict[str, Any] | None = None, with_trajectories: bool = False) -> None:

@@ -50,7 +50,8 @@ from .backends.base import SamplingParams
 from .config import SFTConfig, TrainConfig, VARIANTS, config_diff, describe_diff, from_dict, load_config, to_dict
 from .precision import bf16_setting
 from .registry import Registry
-from .rollout import RolloutConfig
+from .rollout import RolloutConfig, rehearse_sampling
+from .variants import REHEARSERS
 
 PLAN_MATCHES = "parallel"
 """The rehearsal mode whose attempt tokens set the plan baseline's budget at the same N (the claims compare the
@@ -58,7 +59,7 @@ two)."""
 
 
 def _small_rollout() -> RolloutConfig:
-    return RolloutConfig(group_size=4, max_steps=6, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96), rehearse=SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=96, stop=["</observation>"]))
+    return RolloutConfig(group_size=4, max_steps=6, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96), rehearse=rehearse_sampling(96))
 
 
 EXPERIMENT_SETS = frozenset({"model", "suite", "n_train_tasks", "variant", "reward", "iterations", "batch_tasks", "lr", "rollout", "out_dir", "save_every", "rollout_bf16", "keep_checkpoints", "seed", "tensorboard", "progress", "resume"})
@@ -198,6 +199,9 @@ class ArmModels:
     """The second model of the per-role arm (plays Rehearse)."""
     simulator: str | None = None
     """The frozen external simulator of the simulator arm."""
+    mode: str = "rehearsal"
+    """The rollout mode in which its models rehearse (fidelity; envace.variants.REHEARSERS): rehearsal (the policy),
+    per_role (``rehearser``) or simulator (``simulator``): each helper is the field named as its engine keyword."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """Training metrics, one dict per step (empty for untrained arms)."""
     fidelity_curve: list[dict[str, Any]] | None = None
@@ -332,13 +336,10 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
 
 
 def _arm_models(variant: str, ckpt: str | None, start: str) -> ArmModels:
-    """The models of an RL arm at checkpoint ``ckpt`` (None: untrained, the start)."""
-    models = ArmModels(policy=os.path.join(ckpt, "policy") if ckpt else start)
-    if variant == "per_role":
-        models.rehearser = os.path.join(ckpt, "rehearser") if ckpt else start
-    if variant == "simulator":
-        models.simulator = start  # the trainer's simulator: the frozen initial (SFT) weights
-    return models
+    """The models of an RL arm at checkpoint ``ckpt`` (None: untrained, the start): each of the variant's players
+    (envace.variants.Variant.models_at; a frozen simulator is the trainer's, the initial SFT weights)."""
+    v = VARIANTS.get(variant)
+    return ArmModels(mode=v.rehearse_mode, **v.models_at(ckpt, start))
 
 
 for _v in VARIANTS.names():
@@ -393,13 +394,8 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
 
     backend = lambda name: HFBackend(*load(name), bf16=cfg.generate_bf16)  # noqa: E731
     ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
-    extra: dict[str, Any] = {}
-    mode = "rehearsal"
-    if models.rehearser:
-        extra["rehearser"], mode = backend(models.rehearser), "per_role"
-    elif models.simulator:
-        extra["simulator"], mode = backend(models.simulator), "simulator"
-    fcfg = dataclasses.replace(cfg.rollout, mode=mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress)
+    extra = REHEARSERS.get(models.mode).helpers(lambda helper, role: backend(getattr(models, helper)))
+    fcfg = dataclasses.replace(cfg.rollout, mode=models.mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress)
     return measure_fidelity(policy or backend(models.policy), ftasks, fcfg, **extra)
 
 
@@ -441,8 +437,8 @@ def evaluate_budgets(cfg: ExperimentConfig, policy: Any, seed: int, todo: list[t
     """``evals`` extended by the real-environment evaluation of ``policy`` at each (N, mode) of ``todo``, in order
     (the compute-matched plan budget is read from the rehearsal evaluation of the same N, in ``evals`` or done
     before it in ``todo``)."""
+    from .budget import evaluate_at_budget
     from .envs import load_tasks
-    from .evaluation import evaluate_at_budget
     from .tts import REHEARSAL_MODES, add_token_counts
 
     evals = list(evals)

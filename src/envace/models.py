@@ -220,6 +220,34 @@ def load(
     return model.to(device).eval(), tokenizer
 
 
+def load_trainable(name: str | os.PathLike, lora_r: int = 0, lora_alpha: int = 32, adapter: str | None = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a policy to train: :func:`load`, then full fine-tuning, or LoRA when ``lora_r > 0``
+    (a fresh adapter on every linear layer), or ``adapter``: a saved LoRA adapter resumed trainable on ``name``."""
+    model, tok = load(name)
+    if lora_r > 0 or adapter:
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if adapter:
+            model = PeftModel.from_pretrained(model, adapter, is_trainable=True, local_files_only=True)
+        else:
+            model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model.eval()
+    return model, tok
+
+
+def load_frozen(name: str | os.PathLike) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a model that is never trained (a KL reference, a simulator, a judge): loaded fresh,
+    in eval mode, without gradients."""
+    model, tok = load(name)
+    model.requires_grad_(False)
+    return model.eval(), tok
+
+
+def make_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW over the parameters that require grad (a LoRA model's adapters only)."""
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+
+
 def _load_weights(path: Path, dtype: torch.dtype) -> Any:
     """The model of a model folder, or of an adapter folder: its base with the adapter merged in (in float32,
     then cast, so that a bf16 load does not round the base before the merge). Either way every parameter

@@ -27,13 +27,12 @@ import json
 import uuid
 from typing import Any, Collection
 
-from .parsing import TOOL_FORMATS, ToolFormat
+from .parsing import CALL_OPEN, PYTHON_TAG, TOOL_CALLS_TAG, TOOL_FORMATS, ToolFormat
 from .prompts import act_system
 from .types import Message, Task, ToolCall, ToolSpec
 
-TOOL_TAG = "<tool_call>"
 HERMES = TOOL_FORMATS.get("hermes")
-OPENERS = {"hermes": (TOOL_TAG,), "mistral": ("[TOOL_CALLS]",), "llama3_json": ("<|python_tag|>", "{")}
+OPENERS = {"hermes": (CALL_OPEN,), "mistral": (TOOL_CALLS_TAG,), "llama3_json": (PYTHON_TAG, "{")}
 """Per tool format, the strings a call reply starts with (llama3_json: a bare JSON object, since the HF backend
 decodes without special tokens); streamed text is held back from the first of them (envace.serve.streamable)."""
 

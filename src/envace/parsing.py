@@ -22,8 +22,11 @@ import jsonschema
 from .registry import Registry
 from .types import ToolCall, ToolSpec, error_obs
 
-TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-OBS_RE = re.compile(r"<observation>(.*?)</observation>", re.DOTALL)
+# The protocol strings, written once: hermes calls, and Rehearse's answer (the observation it imagines).
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+OBS_OPEN, OBS_CLOSE = "<observation>", "</observation>"
+TOOL_CALL_RE = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+OBS_RE = re.compile(re.escape(OBS_OPEN) + r"(.*?)" + re.escape(OBS_CLOSE), re.DOTALL)
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL)
 PYTHON_TAG = "<|python_tag|>"  # Llama 3.1: opens a tool call (built-in tools; custom tools may omit it)
@@ -195,8 +198,8 @@ def _names_a_call(vals: list[Any]) -> bool:
 def _hermes_parse(text: str, thinking: str | None) -> ActParse:
     bodies = TOOL_CALL_RE.findall(text)
     if not bodies:
-        if "<tool_call>" in text:
-            return _bad("unterminated <tool_call> block", thinking)
+        if CALL_OPEN in text:
+            return _bad(f"unterminated {CALL_OPEN} block", thinking)
         return ActParse(reply=text.strip(), thinking=thinking)
     calls: list[ToolCall] = []
     for body in bodies:
@@ -211,7 +214,7 @@ def _hermes_parse(text: str, thinking: str | None) -> ActParse:
 
 
 def _hermes_render(calls: list[ToolCall]) -> str:
-    return "".join("<tool_call>" + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) + "</tool_call>" for c in calls)
+    return "".join(CALL_OPEN + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) + CALL_CLOSE for c in calls)
 
 
 def _llama3_parse(text: str, thinking: str | None) -> ActParse:
@@ -297,8 +300,8 @@ class ToolFormat:
 TOOL_FORMATS: Registry[ToolFormat] = Registry("tool format")
 TOOL_FORMATS.add("hermes", ToolFormat(
     "hermes",
-    _instructions("<tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> (several blocks for several calls)"),
-    _hermes_parse, _hermes_render, ("<tool_call>",)))
+    _instructions(CALL_OPEN + "{\"name\": NAME, \"arguments\": {...}}" + CALL_CLOSE + " (several blocks for several calls)"),
+    _hermes_parse, _hermes_render, (CALL_OPEN,)))
 TOOL_FORMATS.add("llama3_json", ToolFormat(
     "llama3_json",
     _instructions("only a JSON object {\"name\": NAME, \"parameters\": {...}} (several calls: objects separated by \"; \")"),
@@ -361,10 +364,10 @@ def parse_observation(text: str) -> tuple[Any, dict[str, Any] | None]:
     body = m.group(1) if m else None
     if body is None:
         # tolerate a missing closing tag when the generation was stopped on it
-        if "<observation>" in text:
-            body = text.split("<observation>", 1)[1]
+        if OBS_OPEN in text:
+            body = text.split(OBS_OPEN, 1)[1]
         else:
-            err = error_obs("bad_format", "rehearsed output has no <observation> block")
+            err = error_obs("bad_format", f"rehearsed output has no {OBS_OPEN} block")
             return err, err
     val, e = _loads(body.strip())
     if e:
@@ -375,4 +378,4 @@ def parse_observation(text: str) -> tuple[Any, dict[str, Any] | None]:
 
 def format_observation(obs: Any) -> str:
     """The Rehearse output format for an observation (used for SFT targets and cache hits)."""
-    return "<observation>" + json.dumps(obs, ensure_ascii=False) + "</observation>"
+    return OBS_OPEN + json.dumps(obs, ensure_ascii=False) + OBS_CLOSE

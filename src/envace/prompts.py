@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .parsing import TOOL_FORMATS, ToolFormat
+from .parsing import OBS_CLOSE, OBS_OPEN, TOOL_FORMATS, ToolFormat
 from .registry import Registry
 from .types import Message, ReferenceExample, Task, ToolCall, ToolSpec, dumps
 
@@ -39,7 +39,7 @@ REHEARSE_SYSTEM = (
     "must fit its schema; if not, return {\"error\": {\"kind\": \"unknown_tool\" or \"bad_arguments\", "
     "\"message\": ...}}. Otherwise return exactly what the real tool would return, consistent with the "
     "conversation and the examples (a failure the tool would report is {\"error\": {\"kind\": \"tool_error\", "
-    "\"message\": ...}}). Answer with <observation>{json}</observation> and nothing else."
+    f"\"message\": ...}}}}). Answer with {OBS_OPEN}{{json}}{OBS_CLOSE} and nothing else."
 )
 
 

@@ -723,9 +723,10 @@ def make_reward(spec: RewardSpec) -> RewardFn:
 
 
 def score_trajectories(
-    task: Task, trajs: Sequence[Trajectory], reward_fn: RewardFn, ctx: RewardContext | None = None
+    tasks: Task | Mapping[str, Task], trajs: Sequence[Trajectory], reward_fn: RewardFn, ctx: RewardContext | None = None
 ) -> dict[str, float]:
-    """Score every trajectory of a group: set ``traj.reward`` (None = unscored) and ``traj.reward_info``.
+    """Score every trajectory: set ``traj.reward`` (None = unscored) and ``traj.reward_info``. ``tasks`` is the task
+    of them all (a group), or task id -> task (a batch: training, evaluation). The one scoring loop of envace.
 
     Returns metrics: ``reward/n``, ``reward/unscored`` (the count of None rewards) and ``reward/mean`` (over
     the scored trajectories; 0 when none is scored).
@@ -733,7 +734,7 @@ def score_trajectories(
     ctx = ctx or RewardContext()
     scored: list[float] = []
     for traj in trajs:
-        res = reward_fn(task, traj, ctx)
+        res = reward_fn(tasks if isinstance(tasks, Task) else tasks[traj.task_id], traj, ctx)
         traj.reward = None if res.value is None else float(res.value)
         traj.reward_info = res.info
         if traj.reward is not None:

@@ -48,10 +48,16 @@ from tqdm.auto import tqdm
 from .backends.base import Backend, Request, SamplingParams
 from .envs import USERS, Environment, UserSimulator, final_outcome, make_env
 from .envs.references import cache_lookup
-from .parsing import TOOL_FORMATS, format_observation, parse_observation, strip_thinking, tool_format_for, validate_call
+from .parsing import OBS_CLOSE, TOOL_FORMATS, format_observation, parse_observation, strip_thinking, tool_format_for, validate_call
 from .prompts import CHAT_FORMATS, ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
 from .registry import Registry
+from .seeding import derive_seed
 from .types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
+
+
+def rehearse_sampling(max_new_tokens: int = 160) -> SamplingParams:
+    """Rehearse's sampling defaults: temperature 0.6, top-p 0.8, stopped right after its observation block."""
+    return SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=max_new_tokens, stop=[OBS_CLOSE])
 
 
 @dataclass
@@ -72,7 +78,7 @@ class RolloutConfig:
     ``context/act`` / ``context/rehearse``). The Rehearse context (references, schema, serialized conversation)
     is usually the longer one."""
     act: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=160))
-    rehearse: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=160, stop=["</observation>"]))
+    rehearse: SamplingParams = field(default_factory=rehearse_sampling)
     validate_in_code: bool = False
     """Answer unknown-tool / schema errors by code instead of asking Rehearse (format errors always are)."""
     reference_cache: bool = False
@@ -141,7 +147,6 @@ class Observer(ABC):
 
     needs_env = False
     rehearses = False  # answers from a Rehearse context, which the engine builds and bounds before asking
-    trained_role: str | None = None  # role of the rows it produces, or None
 
     @abstractmethod
     def observe(self, engine: "RolloutEngine", items: list[tuple[_Live, ToolCall, list[int]]]) -> list[tuple[Any, str]]:
@@ -163,7 +168,6 @@ class RehearseObserver(Observer):
     """The Rehearse role of a token-level backend (the policy itself, or a second model in per_role mode)."""
 
     rehearses = True
-    trained_role = "rehearse"
 
     def __init__(self, backend: Backend):
         self.backend = backend
@@ -258,10 +262,11 @@ class RolloutEngine:
     def params(self, role: str) -> SamplingParams:
         self._calls += 1
         base = self.cfg.act if role == "act" else self.cfg.rehearse
-        return base.with_(seed=(self.cfg.seed * 1_000_003 + self._calls) % (2**63))
+        return base.with_(seed=derive_seed(self.cfg.seed, self._calls))
 
     def row(self, role: str, lv: _Live, prompt: list[int], g: Any) -> Row:
-        return Row(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=lv.task.id, traj_id=lv.traj.id, group_id=lv.traj.group_id, step=len(lv.traj.steps) - 1, truncated=g.finish_reason == "length")
+        """The row of a generation of ``role`` for trajectory ``lv`` at its current step."""
+        return Row.from_generation(role, prompt, g, lv.task.id, lv.traj.id, lv.traj.group_id, step=len(lv.traj.steps) - 1)
 
     # -- contexts ---------------------------------------------------------------------------------------------
     def _start(self, task: Task, k: int, group_id: str) -> _Live:
@@ -407,7 +412,7 @@ class RolloutEngine:
 
         first = [self._next_request(lv) for lv in lives]
         bar.update(sum(lv.done for lv in lives))
-        self.policy.generate_stream([r for r in first if r is not None], on_done, seed=(self.cfg.seed * 1_000_003 + 1) % (2**63))
+        self.policy.generate_stream([r for r in first if r is not None], on_done, seed=derive_seed(self.cfg.seed, 1))
 
     def _next_request(self, lv: _Live) -> Request | None:
         """Advance one trajectory as far as it goes without a model: answer the current step's calls that need no
@@ -444,7 +449,7 @@ class RolloutEngine:
         """Record an Act generation: its row, the step (calls, reply or parse error), the Act context."""
         lv.open_step = True
         tr = lv.traj
-        tr.rows.append(Row(role="act", prompt_ids=prompt, completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=lv.task.id, traj_id=tr.id, group_id=tr.group_id, step=len(tr.steps), truncated=g.finish_reason == "length"))
+        tr.rows.append(Row.from_generation("act", prompt, g, lv.task.id, tr.id, tr.group_id, step=len(tr.steps)))
         lv.act_ids = prompt + g.token_ids + self.fmt.close_completion(g.token_ids)
         lv.steps_in_turn += 1
         tr.count("act/steps")
@@ -547,13 +552,6 @@ def rollout(policy: Backend, tasks: list[Task], cfg: RolloutConfig, **kw: Any) -
     return RolloutEngine(policy, cfg, **kw).run(tasks)
 
 
-def group_by_task(trajs: list[Trajectory]) -> dict[str, list[Trajectory]]:
-    out: dict[str, list[Trajectory]] = {}
-    for t in trajs:
-        out.setdefault(t.group_id, []).append(t)
-    return out
-
-
 def format_trajectory(traj: Trajectory) -> str:
     """A readable transcript of a trajectory (Act chat with observation sources and shadow observations)."""
     lines = [f"# trajectory {traj.id}  task={traj.task_id}  mode={traj.mode}  reward={traj.reward}  truncated={traj.truncated}"]
@@ -569,4 +567,4 @@ def format_trajectory(traj: Trajectory) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RolloutConfig", "RolloutEngine", "Observer", "OBSERVERS", "SCHEDULES", "rollout", "group_by_task", "format_trajectory", "format_observation", "error_obs"]
+__all__ = ["RolloutConfig", "RolloutEngine", "rehearse_sampling", "Observer", "OBSERVERS", "SCHEDULES", "rollout", "format_trajectory", "format_observation", "error_obs"]

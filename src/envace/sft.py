@@ -25,10 +25,12 @@ from .checkpoint import save_checkpoint
 from .config import SFTConfig, to_dict
 from .envs import load_tasks_of_kinds, make_env
 from .logging import MetricsLogger
+from .models import load_trainable, make_optimizer
 from .parsing import ToolFormat, format_observation, tool_format_for
 from .precision import use_bf16
 from .prompts import ChatFormat
 from .rollout import RolloutConfig, RolloutEngine
+from .seeding import seed_everything
 from .types import Row, Task, Trajectory
 
 
@@ -101,11 +103,10 @@ class SFTResult:
 
 def sft(cfg: SFTConfig) -> SFTResult:
     """Supervised warm-up; writes a checkpoint folder usable as ``TrainConfig.model``."""
-    from .trainer import build_model, make_optimizer, seed_everything
     from .update import optimizer_step
 
     seed_everything(cfg.seed)
-    model, tok = build_model(cfg.model, cfg.lora_r, cfg.lora_alpha)
+    model, tok = load_trainable(cfg.model, cfg.lora_r, cfg.lora_alpha)
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")

@@ -1,5 +1,7 @@
 """Role-wise GRPO training (METHOD.md section 2). The loop in :func:`train` reads top to bottom:
-sample B tasks -> roll out K trajectories each -> score -> advantages per (group, role) -> update -> log -> checkpoint.
+sample B tasks -> roll out K trajectories each -> score -> advantages per (group, role) -> update -> log -> checkpoint;
+what it works with (models, engines, tasks, reward, logger, the resumed state) is made by :func:`setup`, and
+which models the variant trains and who plays Rehearse come from its entry (envace.variants.VARIANTS).
 
 Departures from the paper / reference code:
 - Old log-probs are the sampling log-probs recorded by the backend (one update epoch per batch, as in the
@@ -19,7 +21,6 @@ import copy
 import functools
 import importlib
 import os
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -36,38 +37,18 @@ from .config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, t
 from .distributed import Dist, SilentLogger, init_distributed
 from .envs import load_tasks_of_kinds
 from .logging import MetricsLogger, truncate_jsonl
-from .models import context_length, load, model_path
+from .models import context_length, load_frozen, load_trainable, make_optimizer, model_path
 from .precision import use_bf16
-from .rewards import RewardContext, make_reward, reward_names
+from .rewards import RewardContext, make_reward, reward_names, score_trajectories
 from .rollout import RolloutEngine
-from .types import Row, Trajectory, write_jsonl
+from .seeding import derive_seed, seed_everything
+from .types import Row, Task, Trajectory, write_jsonl
 from .update import optimizer_step, recompute_old_logprobs
+from .variants import VARIANTS, Variant
 
 ROLE_INDEX = {"act": 0, "rehearse": 1}
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def build_model(name: str, lora_r: int = 0, lora_alpha: int = 32, adapter: str | None = None) -> tuple[Any, Any]:
-    """Load a policy (full fine-tuning, or LoRA when lora_r > 0; ``adapter`` resumes a saved LoRA adapter)."""
-    model, tok = load(name)
-    if lora_r > 0 or adapter:
-        from peft import LoraConfig, PeftModel, get_peft_model
-
-        if adapter:
-            model = PeftModel.from_pretrained(model, adapter, is_trainable=True, local_files_only=True)
-        else:
-            model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
-    model.eval()
-    return model, tok
-
-
-def make_optimizer(model: Any, lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay)
+ITERATION_PRIME = 100_003
+"""Iteration ``i`` of a run seeded ``s`` rolls out and shuffles its update with ``derive_seed(s, i, prime=ITERATION_PRIME)``."""
 
 
 def rows_with_advantages(trajs: list[Trajectory], estimator: str, roles: tuple[str, ...]) -> tuple[list[Row], torch.Tensor, dict[str, float]]:
@@ -136,18 +117,91 @@ def _summarise(trajs: list[Trajectory], n_unscored: int) -> dict[str, float]:
     return m
 
 
-def score(trajs: list[Trajectory], tasks_by_id: dict[str, Any], reward_fn: Any, ctx: RewardContext) -> int:
-    """Set each trajectory's reward; return how many are unscored (None)."""
-    unscored = 0
-    for t in trajs:
-        res = reward_fn(tasks_by_id[t.task_id], t, ctx)
-        t.reward, t.reward_info = res.value, res.info
-        unscored += res.value is None
-    return unscored
-
-
 def train(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) role-wise GRPO training as configured (on this process's share under a launcher)."""
+    run = setup(cfg)  # models, rollout engines, tasks, reward, logger; the latest checkpoint's state if there is one
+    result = TrainResult(cfg.out_dir, run.start)
+    bar = tqdm(range(run.start, cfg.iterations), desc=f"train[{cfg.variant}]", disable=not (cfg.progress and run.dist.is_main), initial=run.start, total=cfg.iterations)
+    for it in bar:
+        t0 = time.perf_counter()
+        # 1. K trajectories for each of this process's tasks of batch ``it``, in the variant's rollout mode
+        trajs = rollout_batch(run, it)
+        t_roll = time.perf_counter() - t0
+        # 2. rewards (shared by both roles of a trajectory); the whole batch for the logs and metrics
+        score_trajectories(run.tasks_by_id, trajs, run.reward_fn, run.ctx)
+        everyone = run.dist.gather_trajectories(trajs)  # the whole batch (light copies); `trajs` itself on one process
+        _check_context(everyone, cfg)
+        run.log_trajectories(everyone, it)
+        # 3. advantages per (group, role) from this process's whole groups
+        rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
+        _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
+        metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {f"adv/{k}": v for k, v in adv_m.items()}
+        # 4. one update per trained model on the rows of its roles; the rollout engines get the new weights
+        t1 = time.perf_counter()
+        metrics |= update(run, rows, adv, it)
+        # 5. log and checkpoint
+        step = it + 1
+        metrics |= {"perf/rollout_s": t_roll, "perf/update_s": time.perf_counter() - t1, "perf/iteration_s": time.perf_counter() - t0, "perf/gen_tokens": run.dist.sum(run.engines["policy"].stats["generated_tokens"])}
+        run.logger.log(step, metrics)
+        result.metrics.append({"step": step, **metrics})
+        bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
+        if step % cfg.save_every == 0 or step == cfg.iterations:
+            result.checkpoint = run.save(step)
+        result.step = step
+    run.logger.close()
+    result.checkpoint = result.checkpoint or latest_checkpoint(run.ckpt_root)
+    return result
+
+
+@dataclass
+class Run:
+    """What the loop of :func:`train` works with (made by :func:`setup`): no logic of its own but logging and saving."""
+
+    cfg: TrainConfig
+    dist: Dist
+    variant: Variant
+    tok: Any
+    models: dict[str, Any]
+    """The trained models by name (``variant.trained_models``: policy, and per_role's rehearser), placed and wrapped."""
+    optimizers: dict[str, torch.optim.Optimizer]
+    engines: dict[str, Backend]
+    """The rollout engine of each trained model (``engines["policy"]`` plays Act)."""
+    helpers: dict[str, Backend]
+    """The RolloutEngine keywords of the variant's mode: who answers Act's calls besides the policy (rehearser, simulator)."""
+    ref: Reference | None
+    tasks: list[Task]
+    order: list[int]
+    """The fixed permutation of ``tasks`` that batches walk through."""
+    reward_fn: Any
+    ctx: RewardContext
+    start: int
+    """The first iteration to run (the resumed checkpoint's step, else 0)."""
+    logger: Any
+    ckpt_root: str
+    temps: dict[str, float]
+
+    @property
+    def tasks_by_id(self) -> dict[str, Task]:
+        return {t.id: t for t in self.tasks}
+
+    @property
+    def traj_log(self) -> str:
+        return os.path.join(self.cfg.out_dir, "trajectories.jsonl")
+
+    def log_trajectories(self, trajs: list[Trajectory], it: int) -> None:
+        if self.dist.is_main:  # rank 0 writes the logs
+            write_jsonl(self.traj_log, [t.to_dict(with_rows=False) | {"iteration": it} for t in trajs])
+
+    def save(self, step: int) -> str | None:
+        c = self.cfg
+        return self.dist.save_checkpoint(self.ckpt_root, step, self.models, self.optimizers, {"data_position": step * c.batch_tasks, "config": to_dict(c)}, tokenizer=self.tok, keep=c.keep_checkpoints)
+
+
+def setup(cfg: TrainConfig) -> Run:
+    """Everything the loop needs, resumed from the latest checkpoint in ``cfg.out_dir`` if there is one: the
+    variant's trained models (:func:`trained_model`) with their optimizers and rollout engines, its helpers and
+    the KL reference (:func:`frozen_models`: the initial model, also on resume), the training tasks in a fixed
+    order, the reward, the logger. The order of the loads is the order the random state sees them."""
     dist = init_distributed(cfg.device)  # one process unless started by torchrun / accelerate launch
     os.makedirs(cfg.out_dir, exist_ok=True)
     ckpt_root = os.path.join(cfg.out_dir, "checkpoints")
@@ -155,92 +209,79 @@ def train(cfg: TrainConfig) -> TrainResult:
     if ckpt:
         check_resume(cfg, ckpt)
     seed_everything(cfg.seed)
-    # -- models: the policy, plus a second Rehearse model (per_role) or a frozen simulator ------------------
-    lora = cfg.lora_r > 0
-    policy, tok = build_model(os.path.join(ckpt, "policy") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "policy") if (ckpt and lora) else None)
-    models = {"policy": policy}
+    variant = VARIANTS.get(cfg.variant)
+    policy, tok = trained_model(cfg, ckpt, "policy")
     _check_model_context(policy, tok, cfg)
-    if cfg.variant == "per_role":
-        models["rehearser"] = build_model(os.path.join(ckpt, "rehearser") if (ckpt and not lora) else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=os.path.join(ckpt, "rehearser") if (ckpt and lora) else None)[0]
+    models = {"policy": policy} | {name: trained_model(cfg, ckpt, name)[0] for name in variant.trained_models if name != "policy"}
     optimizers = {name: make_optimizer(m, cfg.lr, cfg.weight_decay) for name, m in models.items()}
     for name in models:  # placed on this process's device; wrapped (DDP/FSDP) under a launcher
         models[name], optimizers[name] = dist.prepare(models[name], optimizers[name])
-    ref_model, simulator = frozen_models(cfg, dist.unwrap(models["policy"]), dist)  # the initial model, also on resume
+    ref, simulator = frozen_models(cfg, dist.unwrap(models["policy"]), dist)  # the initial model, also on resume
     engines = {name: rollout_backend(cfg, dist.unwrap(m), tok, dist) for name, m in models.items()}
     for name, engine in engines.items():  # a separate engine (vllm) starts from the trainer's weights (resume, LoRA)
         engine.sync_weights(dist.weights(models[name]))
-    backend = engines["policy"]
-    extra: dict[str, Any] = {k: v for k, v in (("rehearser", engines.get("rehearser")), ("simulator", simulator)) if v is not None}
-    role_model = {"act": "policy", "rehearse": "rehearser" if "rehearser" in models else "policy"}
-    # -- data, reward, state -------------------------------------------------------------------------------
+    frozen = {variant.frozen_helper: simulator} if simulator is not None else {}
+    helpers = variant.rehearser.helpers(lambda helper, role: (engines | frozen)[helper])  # a trained helper's engine, or the frozen one
     n_tasks = cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks)  # what the run will visit, at least
     tasks = load_tasks_of_kinds(cfg.suite, "train", n_tasks, cfg.seed, cfg.task_kinds, "TrainConfig.task_kinds")
-    tasks_by_id = {t.id: t for t in tasks}
     order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
-    reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, backend, dist)
+    reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, engines["policy"], dist)
     start = 0
     if ckpt:
-        state = load_state(ckpt)
-        start = int(state["step"])
+        start = int(load_state(ckpt)["step"])
         dist.load_optimizers(ckpt, models, optimizers)
         load_rng(ckpt)
-    traj_log = os.path.join(cfg.out_dir, "trajectories.jsonl")
     if dist.is_main:  # rank 0 writes the logs
         logger: Any = MetricsLogger(cfg.out_dir, cfg.sinks, resume_step=start if ckpt else None, config=to_dict(cfg))
         # like the metrics: iterations past the checkpoint are redone, so their trajectories (and a torn tail) go
-        truncate_jsonl(traj_log, lambda rec: rec.get("iteration", -1) < start)
+        truncate_jsonl(os.path.join(cfg.out_dir, "trajectories.jsonl"), lambda rec: rec.get("iteration", -1) < start)
     else:
         logger = SilentLogger()
     temps = {"act": cfg.rollout.act.temperature or 1.0, "rehearse": cfg.rollout.rehearse.temperature or 1.0}
-    result = TrainResult(cfg.out_dir, start)
-    bar = tqdm(range(start, cfg.iterations), desc=f"train[{cfg.variant}]", disable=not (cfg.progress and dist.is_main), initial=start, total=cfg.iterations)
-    for it in bar:
-        t0 = time.perf_counter()
-        # 1. a batch of B tasks (data position it * B in a fixed permutation); this process takes whole tasks of it
-        batch = [tasks[order[(it * cfg.batch_tasks + j) % len(tasks)]] for j in range(cfg.batch_tasks)]
-        # 2. K trajectories per task in the variant's rollout mode (a GRPO group never spans processes)
-        rcfg = copy.copy(cfg.rollout)
-        rcfg.seed = dist.rank_seed(cfg.seed * 100_003 + it)
-        trajs = RolloutEngine(backend, rcfg, **extra).run(dist.shard(batch), group_prefix=dist.group_prefix(f"i{it}-"))
-        t_roll = time.perf_counter() - t0
-        # 3. rewards (shared by both roles of a trajectory)
-        score(trajs, tasks_by_id, reward_fn, ctx)
-        everyone = dist.gather_trajectories(trajs)  # the whole batch (light copies); `trajs` itself on one process
-        _check_context(everyone, cfg)
-        if dist.is_main:
-            write_jsonl(traj_log, [t.to_dict(with_rows=False) | {"iteration": it} for t in everyone])
-        # 4. advantages per (group, role) from this process's whole groups, then one update per model
-        rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
-        _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
-        metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {f"adv/{k}": v for k, v in adv_m.items()}
-        t1 = time.perf_counter()
-        for name, model in models.items():  # every process steps every model, with its rows (maybe none)
-            mine = [i for i, r in enumerate(rows) if role_model[r.role] == name]
-            sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
-            if recomputes_old_logprobs(cfg, dist.device):  # the rollout engine's log-probs are not the trainer's
-                recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=update_bf16(cfg, dist.device), dist=dist)
-            ref = ref_model if name == "policy" else None
-            for epoch, part in update_parts(len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=cfg.seed * 100_003 + it):
-                p_rows, p_adv = [sub_rows[i] for i in part], sub_adv[part]
-                um = optimizer_step(model, optimizers[name], p_rows, _grpo_loss(model, p_rows, p_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=update_bf16(cfg, dist.device), dist=dist)
-                if epoch == 0 and um:  # the first pass: the sampled policy's view (ratio 1 on its first part)
-                    metrics |= {f"loss/{name}/first_pass/{k}": v for k, v in um.items() if k in ("clip_frac", "loss")}
-            metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}  # the last optimizer step's
-        for name, engine in engines.items():  # new weights: hf drops its kept caches, vllm loads them
-            engine.sync_weights(dist.weights(models[name]))
-        # 5. log and checkpoint
-        step = it + 1
-        metrics |= {"perf/rollout_s": t_roll, "perf/update_s": time.perf_counter() - t1, "perf/iteration_s": time.perf_counter() - t0, "perf/gen_tokens": dist.sum(backend.stats["generated_tokens"])}
-        logger.log(step, metrics)
-        result.metrics.append({"step": step, **metrics})
-        bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
-        if step % cfg.save_every == 0 or step == cfg.iterations:
-            result.checkpoint = dist.save_checkpoint(ckpt_root, step, models, optimizers, {"data_position": step * cfg.batch_tasks, "config": to_dict(cfg)}, tokenizer=tok, keep=cfg.keep_checkpoints)
-        result.step = step
-    logger.close()
-    if result.checkpoint is None:
-        result.checkpoint = latest_checkpoint(ckpt_root)
-    return result
+    return Run(cfg, dist, variant, tok, models, optimizers, engines, helpers, ref, tasks, order, reward_fn, ctx, start, logger, ckpt_root, temps)
+
+
+def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, Any]:
+    """Trained model ``name`` of the variant (policy, rehearser) and its tokenizer: ``cfg.model``, or its state at
+    checkpoint ``ckpt`` (full fine-tuning: the saved ``<ckpt>/<name>``; LoRA: ``cfg.model`` with that saved adapter)."""
+    saved = os.path.join(ckpt, name) if ckpt else None
+    lora = cfg.lora_r > 0
+    return load_trainable(saved if saved and not lora else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=saved if lora else None)
+
+
+def rollout_batch(run: Run, it: int) -> list[Trajectory]:
+    """Batch ``it``: B tasks at data position ``it * B`` of the fixed permutation; this process rolls out K
+    trajectories for each of its whole tasks (a GRPO group never spans processes), seeded by iteration and rank."""
+    cfg = run.cfg
+    batch = [run.tasks[run.order[(it * cfg.batch_tasks + j) % len(run.tasks)]] for j in range(cfg.batch_tasks)]
+    rcfg = copy.copy(cfg.rollout)
+    rcfg.seed = run.dist.rank_seed(derive_seed(cfg.seed, it, prime=ITERATION_PRIME))
+    engine = RolloutEngine(run.engines["policy"], rcfg, **run.helpers)
+    return engine.run(run.dist.shard(batch), group_prefix=run.dist.group_prefix(f"i{it}-"))
+
+
+def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, float]:
+    """One update of every trained model on the rows its roles route to it (``variant.model_of``): old log-probs
+    recomputed where the sampler's are not the trainer's, then ``update_epochs`` x ``mini_batches`` optimizer steps
+    (the KL reference applies to the policy only); the rollout engines then get the new weights. Every process
+    steps every model, with its rows (maybe none). Returns the ``loss/<model>/...`` metrics."""
+    cfg, dist, temps = run.cfg, run.dist, run.temps
+    metrics: dict[str, float] = {}
+    for name, model in run.models.items():
+        mine = [i for i, r in enumerate(rows) if run.variant.model_of(r.role) == name]
+        sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
+        if recomputes_old_logprobs(cfg, dist.device):  # the rollout engine's log-probs are not the trainer's
+            recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=update_bf16(cfg, dist.device), dist=dist)
+        ref = run.ref if name == "policy" else None
+        for epoch, part in update_parts(len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=derive_seed(cfg.seed, it, prime=ITERATION_PRIME)):
+            p_rows, p_adv = [sub_rows[i] for i in part], sub_adv[part]
+            um = optimizer_step(model, run.optimizers[name], p_rows, _grpo_loss(model, p_rows, p_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=update_bf16(cfg, dist.device), dist=dist)
+            if epoch == 0 and um:  # the first pass: the sampled policy's view (ratio 1 on its first part)
+                metrics |= {f"loss/{name}/first_pass/{k}": v for k, v in um.items() if k in ("clip_frac", "loss")}
+        metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}  # the last optimizer step's
+    for name, engine in run.engines.items():  # new weights: hf drops its kept caches, vllm loads them
+        engine.sync_weights(dist.weights(run.models[name]))
+    return metrics
 
 
 def update_parts(n_rows: int, epochs: int, mini_batches: int, seed: int) -> list[tuple[int, list[int]]]:
@@ -341,21 +382,20 @@ class Reference:
 
 
 def frozen_models(cfg: TrainConfig, policy: Any, dist: Dist) -> tuple[Reference | None, Backend | None]:
-    """The KL reference (``kl_coef > 0``) and the frozen simulator (``variant: simulator``). Both are the initial
-    model ``cfg.model`` -- never a copy of ``policy``, which after a resume is partly trained; one fresh load of
-    it serves both. ``policy``: the (unwrapped) policy, the LoRA reference."""
+    """The KL reference (``kl_coef > 0``) and the variant's frozen helper (``variant: simulator``), else None. Both
+    are the initial model ``cfg.model`` -- never a copy of ``policy``, which after a resume is partly trained; one
+    fresh load of it serves both. ``policy``: the (unwrapped) policy, the LoRA reference."""
     initial = functools.cache(lambda: _load_frozen(cfg.model, dist))
     ref = None
     if cfg.kl_coef > 0:
         ref = Reference(policy, adapters_off=True) if cfg.lora_r > 0 else Reference(initial()[0])
-    return ref, (_simulator(cfg, initial, dist) if cfg.variant == "simulator" else None)
+    return ref, (_simulator(cfg, initial, dist) if VARIANTS.get(cfg.variant).frozen_helper else None)
 
 
 def _load_frozen(name: str, dist: Dist) -> tuple[Any, Any]:
     """A model loaded fresh, in eval mode, without gradients, on this process's device: (model, tokenizer)."""
-    model, tok = load(name)
-    model.requires_grad_(False)
-    return dist.place(model.eval()), tok
+    model, tok = load_frozen(name)
+    return dist.place(model), tok
 
 
 def _simulator(cfg: TrainConfig, initial: Callable[[], tuple[Any, Any]], dist: Dist) -> Backend:

@@ -58,7 +58,8 @@ from .evaluation import EvalResult, evaluate
 from .prompts import ChatFormat, render_tools, serialize_messages
 from .registry import Registry
 from .rollout import RolloutConfig, RolloutEngine, format_trajectory
-from .types import Row, Task, Trajectory
+from .seeding import derive_seed
+from .types import JSONable, Row, Task, Trajectory
 
 REFLECT_SYSTEM = (
     "You review a private rehearsal of a tool-use task. The tool results in it were imagined by a simulator, "
@@ -90,6 +91,13 @@ PLAN_MEMORY_SYSTEM = (
     "for real, once. Write compact notes: the path to follow (tool calls in order, with arguments), pitfalls to "
     "avoid, and what must be checked because no tool result is known yet. Do not address the user."
 )
+
+ATTEMPT_PRIME = 7919
+"""Attempt batch ``a`` of a run seeded ``s`` rolls out with seed ``derive_seed(s + 1, a, prime=ATTEMPT_PRIME)``:
+never ``s`` itself, which the final real run keeps (envace.seeding)."""
+PRIVATE_SALT = 500_009
+"""Plans, reflections and memories: generate call ``n`` samples with ``derive_seed(s, PRIVATE_SALT + n)``, apart
+from the rollout's own calls (``derive_seed(s, n)``)."""
 
 NOTES_HEADER = (
     "You already rehearsed this task privately (the tool results were imagined; nothing was executed). "
@@ -166,7 +174,7 @@ class TTSConfig:
 
     def attempt_rollout(self, group_size: int, attempt: int) -> RolloutConfig:
         """The rollout config of one batch of attempts (``attempt`` numbers sequential batches; 0 for parallel)."""
-        return replace(self.rollout, mode="rehearsal", shadow=False, group_size=group_size, seed=(self.rollout.seed + 1) * 7919 + attempt)
+        return replace(self.rollout, mode="rehearsal", shadow=False, group_size=group_size, seed=derive_seed(self.rollout.seed + 1, attempt, prime=ATTEMPT_PRIME))
 
     def final_rollout(self) -> RolloutConfig:
         """The rollout config of the single real execution (mode and group size are set by evaluate)."""
@@ -177,7 +185,7 @@ class TTSConfig:
 
 
 @dataclass
-class Cut:
+class Cut(JSONable):
     """Text removed to respect a token cap."""
 
     where: str
@@ -189,17 +197,11 @@ class Cut:
     tokens_after: int
     cut_text: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Cut":
-        return cls(**d)
-
 
 @dataclass
-class RehearsalRecord:
-    """Everything test-time scaling did for one task: attempts, reflections, memory, the real run, counters."""
+class RehearsalRecord(JSONable):
+    """Everything test-time scaling did for one task: attempts, reflections, memory, the real run, counters (one
+    JSON line of :func:`save_records` per record, its keys in field order)."""
 
     task_id: str
     n: int
@@ -234,53 +236,6 @@ class RehearsalRecord:
     def n_done(self) -> int:
         """Private attempts made so far: rehearsed attempts or plans."""
         return len(self.attempts) + len(self.plans)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "n": self.n,
-            "mode": self.mode,
-            "memory_mode": self.memory_mode,
-            "attempts": [t.to_dict() for t in self.attempts],
-            "plans": list(self.plans),
-            "plan_rows": [r.to_dict() for r in self.plan_rows],
-            "reflections": list(self.reflections),
-            "reflect_rows": [r.to_dict() for r in self.reflect_rows],
-            "memory": self.memory,
-            "memory_raw": self.memory_raw,
-            "memory_source": self.memory_source,
-            "memory_row": self.memory_row.to_dict() if self.memory_row else None,
-            "final": self.final.to_dict() if self.final else None,
-            "success": self.success,
-            "counters": dict(self.counters),
-            "cuts": [c.to_dict() for c in self.cuts],
-            "timing": dict(self.timing),
-            "config": self.config,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RehearsalRecord":
-        return cls(
-            task_id=d["task_id"],
-            n=d["n"],
-            mode=d["mode"],
-            memory_mode=d["memory_mode"],
-            attempts=[Trajectory.from_dict(t) for t in d.get("attempts", [])],
-            plans=list(d.get("plans", [])),
-            plan_rows=[Row.from_dict(r) for r in d.get("plan_rows", [])],
-            reflections=list(d.get("reflections", [])),
-            reflect_rows=[Row.from_dict(r) for r in d.get("reflect_rows", [])],
-            memory=d.get("memory", ""),
-            memory_raw=d.get("memory_raw", ""),
-            memory_source=d.get("memory_source", "none"),
-            memory_row=Row.from_dict(d["memory_row"]) if d.get("memory_row") else None,
-            final=Trajectory.from_dict(d["final"]) if d.get("final") else None,
-            success=d.get("success"),
-            counters=dict(d.get("counters", {})),
-            cuts=[Cut.from_dict(c) for c in d.get("cuts", [])],
-            timing=dict(d.get("timing", {})),
-            config=d.get("config", {}),
-        )
 
 
 RECORD_FIELDS = tuple(f.name for f in fields(RehearsalRecord))
@@ -328,10 +283,9 @@ def cap_tokens(text: str, max_tokens: int, fmt: ChatFormat, keep: str = "head") 
 def _record_generation(rec: RehearsalRecord, rows: list[Row], role: str, prompt: list[int], g: Any, traj_id: str, group_id: str, step: int) -> None:
     """Keep one private generation (a plan or a reflection) as a row of ``role`` and count it: ``<role>/rows``,
     ``<role>/truncated`` (cut at its token budget) and ``<role>/empty``."""
-    truncated = g.finish_reason == "length"
-    rows.append(Row(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=traj_id, group_id=group_id, step=step, truncated=truncated))
+    rows.append(Row.from_generation(role, prompt, g, rec.task_id, traj_id, group_id, step))
     rec.count(f"{role}/rows")
-    if truncated:
+    if rows[-1].truncated:
         rec.count(f"{role}/truncated")
     if not g.text.strip():
         rec.count(f"{role}/empty")
@@ -349,7 +303,7 @@ class _Rehearsal:
 
     def params(self, base: SamplingParams) -> SamplingParams:
         self._calls += 1
-        return base.with_(seed=(self.cfg.rollout.seed * 1_000_003 + 500_009 + self._calls) % (2**63))
+        return base.with_(seed=derive_seed(self.cfg.rollout.seed, PRIVATE_SALT + self._calls))
 
     def cap(self, rec: RehearsalRecord, where: str, attempt: int | None, text: str, max_tokens: int, keep: str) -> str:
         kept, cut = cap_tokens(text, max_tokens, self.fmt, keep)
@@ -504,7 +458,7 @@ def _memory_model(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord
         prompts.append(ctx.prompt(rec, "memory_prompt", None, ctx.mode.memory_system, task, body, f"Write the memory now (at most about {int(ctx.cfg.memory_max_tokens * 0.7)} words)."))
     gens = ctx.policy.generate(prompts, ctx.params(ctx.cfg.memory_sampling))
     for task, rec, prompt, g in zip(tasks, recs, prompts, gens):
-        rec.memory_row = Row(role="memory", prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=rec.task_id, traj_id=f"tts-memory:{task.id}", group_id=f"tts-memory:{task.id}", step=0, truncated=g.finish_reason == "length")
+        rec.memory_row = Row.from_generation("memory", prompt, g, rec.task_id, f"tts-memory:{task.id}", f"tts-memory:{task.id}")
         if g.finish_reason == "length":
             rec.count("memory/truncated")
         if g.text.strip():

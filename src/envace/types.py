@@ -1,7 +1,10 @@
 """The core data model: tools, calls, messages, tasks, rows and trajectories.
 
 Everything here is a plain dataclass that round-trips through JSON (``to_dict`` / ``from_dict``) so that
-tasks, trajectories and rows can be written as JSON lines and read back by a person or a later process.
+tasks, trajectories and rows can be written as JSON lines and read back by a person or a later process. Most get
+both from :class:`JSONable`: one key per field, in field order (so the field order is the JSON key order), nested
+dataclasses by their own ``to_dict`` / ``from_dict`` as the field types say; a missing key takes the field default.
+The few that write another shape (a ``Message`` without calls, an OpenAI tool wrapper) say so in their own methods.
 
 Observations are JSON values. An error observation is ``{"error": {"kind": KIND, "message": TEXT}}`` with
 KIND one of :data:`ERROR_KINDS`; the same shape is used by real environments, by the Rehearse role and by
@@ -9,12 +12,16 @@ the parsers, so a rehearsed error can be compared with a real one.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
-Role = Literal["act", "rehearse", "reflect", "memory", "judge", "user"]
-ROLES: tuple[str, ...] = ("act", "rehearse", "reflect", "memory", "judge", "user")
+if TYPE_CHECKING:  # a backend's output; this module imports nothing of envace
+    from .backends.base import Generation
 
 # Error kinds shared by parsers, real environments and rehearsed observations.
 ERROR_KINDS: tuple[str, ...] = (
@@ -44,8 +51,74 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(", ", ": "))
 
 
+class JSONable:
+    """A dataclass's ``to_dict`` / ``from_dict``, field by field (the module docstring)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return fields_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Any:
+        return fields_from_dict(cls, d)
+
+
+def fields_to_dict(obj: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``obj``'s fields (but ``leave_out``) in field order; a nested dataclass by its ``to_dict``, lists and dicts
+    rebuilt around their items."""
+    return {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name not in leave_out}
+
+
+def _encode(v: Any) -> Any:
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return v.to_dict()
+    if isinstance(v, list):
+        return [_encode(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _encode(x) for k, x in v.items()}
+    return v
+
+
+def fields_from_dict(cls: type, d: dict[str, Any], **missing: Any) -> Any:
+    """``cls`` from a :func:`fields_to_dict` dict: each field from its key, decoded by the field's type (a dataclass
+    by its ``from_dict``, a list item by item, an optional one when not None); a key that is absent takes
+    ``missing[name]`` if given, else the field's default (a field without one: KeyError naming it). Keys that are
+    no field are ignored."""
+    values = {}
+    for name, (decode, required) in _decoders(cls).items():
+        if name in d:
+            values[name] = d[name] if decode is None else decode(d[name])
+        elif name in missing:
+            values[name] = missing[name]
+        elif required:
+            raise KeyError(name)
+    return cls(**values)
+
+
+@functools.cache
+def _decoders(cls: type) -> dict[str, tuple[Callable[[Any], Any] | None, bool]]:
+    """Per field of ``cls``: its decoder (:func:`_decoder`) and whether it has no default."""
+    hints = typing.get_type_hints(cls)
+    no_default = (dataclasses.MISSING, dataclasses.MISSING)
+    return {f.name: (_decoder(hints[f.name]), (f.default, f.default_factory) == no_default) for f in dataclasses.fields(cls)}
+
+
+def _decoder(tp: Any) -> Callable[[Any], Any] | None:
+    """How a JSON value becomes a value of type ``tp``; None: as it is."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        inner = _decoder(args[0]) if len(args) == 1 else None
+        return None if inner is None else (lambda v: None if v is None else inner(v))
+    if origin is list:
+        item = _decoder(typing.get_args(tp)[0])
+        return list if item is None else (lambda v: [item(x) for x in v])
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return tp.from_dict  # type: ignore[attr-defined]
+    return None
+
+
 @dataclass
-class ToolSpec:
+class ToolSpec(JSONable):
     """One tool in OpenAI function-calling form: a name, a description and a JSON schema for arguments."""
 
     name: str
@@ -55,18 +128,16 @@ class ToolSpec:
     def to_openai(self) -> dict[str, Any]:
         return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ToolSpec":
+        """Also the OpenAI wrapper ``{"type": "function", "function": {...}}``; no parameters: an empty object."""
         if "function" in d:  # OpenAI wrapper
             d = d["function"]
         return cls(name=d["name"], description=d.get("description", ""), parameters=d.get("parameters") or {"type": "object", "properties": {}})
 
 
 @dataclass
-class ToolCall:
+class ToolCall(JSONable):
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
 
@@ -75,14 +146,14 @@ class ToolCall:
         return f"{self.name}({dumps(self.arguments)})"
 
     def to_text(self) -> str:
-        """The Act output format for this call."""
-        return "<tool_call>" + json.dumps({"name": self.name, "arguments": self.arguments}, ensure_ascii=False) + "</tool_call>"
+        """This call as Act writes it in the hermes tool format (``envace.parsing.TOOL_FORMATS["hermes"]``)."""
+        from .parsing import TOOL_FORMATS  # (parsing builds on this module)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "arguments": self.arguments}
+        return TOOL_FORMATS.get("hermes").render([self])
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ToolCall":
+        """Arguments that are null or absent are ``{}``."""
         return cls(name=d["name"], arguments=dict(d.get("arguments") or {}))
 
 
@@ -107,7 +178,7 @@ class Message:
 
 
 @dataclass
-class ReferenceExample:
+class ReferenceExample(JSONable):
     """A recorded real call and the result it returned (grounding for Rehearse; may be served as a cache hit).
     ``source`` is the id of the task whose environment produced it; ``state`` the key of the initial state it
     was made on when it was the first call of a fresh environment ("" otherwise; see ``envace.envs.references``)."""
@@ -117,32 +188,18 @@ class ReferenceExample:
     source: str = ""
     state: str = ""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"call": self.call.to_dict(), "result": self.result, "source": self.source, "state": self.state}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ReferenceExample":
-        return cls(call=ToolCall.from_dict(d["call"]), result=d["result"], source=d.get("source", ""), state=d.get("state", ""))
-
 
 @dataclass
-class ChecklistItem:
+class ChecklistItem(JSONable):
     """One item of a task's checklist. ``rule`` is a machine-checkable rule (see ``envace.rewards``), or None
     for items that only an LLM judge can check."""
 
     description: str
     rule: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ChecklistItem":
-        return cls(description=d["description"], rule=d.get("rule"))
-
 
 @dataclass
-class Task:
+class Task(JSONable):
     """A tool-use task.
 
     ``env`` names the environment factory (see ``envace.envs``) and ``env_config`` is what it needs to build
@@ -186,48 +243,14 @@ class Task:
     def flat_gold(self) -> list[ToolCall]:
         return [c for turn in self.gold_actions for c in turn]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "env": self.env,
-            "system_prompt": self.system_prompt,
-            "user_turns": list(self.user_turns),
-            "tools": [t.to_dict() for t in self.tools],
-            "env_config": self.env_config,
-            "references": [r.to_dict() for r in self.references],
-            "gold_actions": [[c.to_dict() for c in turn] for turn in self.gold_actions],
-            "gold_replies": list(self.gold_replies),
-            "checklist": [c.to_dict() for c in self.checklist],
-            "expected_outputs": list(self.expected_outputs),
-            "split": self.split,
-            "metadata": self.metadata,
-            "user_tools": [t.to_dict() for t in self.user_tools],
-            "user_actions": [[c.to_dict() for c in turn] for turn in self.user_actions],
-        }
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Task":
-        return cls(
-            id=d["id"],
-            env=d["env"],
-            system_prompt=d.get("system_prompt", ""),
-            user_turns=list(d.get("user_turns", [])),
-            tools=[ToolSpec.from_dict(t) for t in d.get("tools", [])],
-            env_config=d.get("env_config", {}),
-            references=[ReferenceExample.from_dict(r) for r in d.get("references", [])],
-            gold_actions=[[ToolCall.from_dict(c) for c in turn] for turn in d.get("gold_actions", [])],
-            gold_replies=list(d.get("gold_replies", [])),
-            checklist=[ChecklistItem.from_dict(c) for c in d.get("checklist", [])],
-            expected_outputs=list(d.get("expected_outputs", [])),
-            split=d.get("split", "train"),
-            metadata=d.get("metadata", {}),
-            user_tools=[ToolSpec.from_dict(t) for t in d.get("user_tools", [])],
-            user_actions=[[ToolCall.from_dict(c) for c in turn] for turn in d.get("user_actions", [])],
-        )
+        """A task file may leave out the system prompt, the user turns and the tools (empty)."""
+        return fields_from_dict(cls, d, system_prompt="", user_turns=[], tools=[])
 
 
 @dataclass
-class Row:
+class Row(JSONable):
     """One generation: the unit that training operates on.
 
     ``prompt_ids`` is everything the model conditioned on, ``completion_ids`` what it generated (including the
@@ -245,19 +268,18 @@ class Row:
     step: int = 0
     truncated: bool = False  # generation hit max_new_tokens without a stop
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Row":
-        return cls(**d)
+    def from_generation(cls, role: str, prompt: list[int], g: "Generation", task_id: str, traj_id: str, group_id: str, step: int = 0) -> "Row":
+        """The row of generation ``g`` (token ids, sampling log-probs, finish reason) from ``prompt``, as ``role``;
+        truncated when it stopped at its token budget."""
+        return cls(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=task_id, traj_id=traj_id, group_id=group_id, step=step, truncated=g.finish_reason == "length")
 
 
 ObsSource = Literal["rehearsed", "real", "simulator", "cache", "validation"]
 
 
 @dataclass
-class Step:
+class Step(JSONable):
     """One Act generation and what followed it.
 
     ``calls`` are the parsed tool calls (empty for a text reply or a parse failure); ``observations[i]`` is the
@@ -278,23 +300,12 @@ class Step:
     shadow_changed: list[list[str] | None] = field(default_factory=list)
     rehearse_texts: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["calls"] = [c.to_dict() for c in self.calls]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Step":
-        d = dict(d)
-        d["calls"] = [ToolCall.from_dict(c) for c in d.get("calls", [])]
-        return cls(**d)
-
 
 UserSource = Literal["real", "unexecuted", "validation"]
 
 
 @dataclass
-class UserStep:
+class UserStep(JSONable):
     """One move of the user simulator on its own side of the conversation, never a training row: a generation
     (``text``, its raw output: a message to the agent, or user-side tool calls) or a scripted user's action
     (``text`` None). ``calls[i]`` ran on the user's side with observation ``observations[i]`` (seen by the user
@@ -314,29 +325,16 @@ class UserStep:
         """The calls that ran, or would have run in a real environment (every source but ``validation``)."""
         return [c for c, s in zip(self.calls, self.sources) if s != "validation"]
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["calls"] = [c.to_dict() for c in self.calls]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "UserStep":
-        d = dict(d)
-        d["calls"] = [ToolCall.from_dict(c) for c in d.get("calls", [])]
-        return cls(**d)
-
 
 @dataclass
-class Trajectory:
-    """A finished (or truncated) episode of one task: the Act chat, the steps, the rows and the outcome."""
+class Trajectory(JSONable):
+    """A finished (or truncated) episode of one task: the Act chat, the steps, the rows and the outcome. (The field
+    order is the order of a saved trajectory's keys: the outcome first, the chat, steps and rows last.)"""
 
     id: str
     task_id: str
     group_id: str
     mode: str
-    messages: list[Message] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    rows: list[Row] = field(default_factory=list)
     reward: float | None = None  # None = unscored (e.g. a judge failure): masked out of the update
     reward_info: dict[str, Any] = field(default_factory=dict)
     truncated: str | None = None  # None, or why the episode was cut ("max_steps", "max_steps_per_turn", "context:act", "context:rehearse")
@@ -345,8 +343,11 @@ class Trajectory:
     """The real environment's own success check, applied by the rollout when it ended to the environment this
     trajectory's calls ran in (real mode, or the shadow copy): ``{"success", "reward", "details", "n_calls"}``
     or ``{"error"}`` (envace.envs.final_outcome). None when no real environment ran them (rehearsed)."""
+    messages: list[Message] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
     user_steps: list[UserStep] = field(default_factory=list)
     """What the user simulator did on its side (generations, user-side tool calls), in order (UserStep)."""
+    rows: list[Row] = field(default_factory=list)
 
     def count(self, key: str, n: int = 1) -> None:
         self.counters[key] = self.counters.get(key, 0) + n
@@ -358,39 +359,8 @@ class Trajectory:
         return [s.reply for s in self.steps if s.reply is not None]
 
     def to_dict(self, with_rows: bool = True) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "task_id": self.task_id,
-            "group_id": self.group_id,
-            "mode": self.mode,
-            "reward": self.reward,
-            "reward_info": self.reward_info,
-            "truncated": self.truncated,
-            "counters": self.counters,
-            "env_outcome": self.env_outcome,
-            "messages": [m.to_dict() for m in self.messages],
-            "steps": [s.to_dict() for s in self.steps],
-            "user_steps": [u.to_dict() for u in self.user_steps],
-            "rows": [r.to_dict() for r in self.rows] if with_rows else [],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Trajectory":
-        return cls(
-            id=d["id"],
-            task_id=d["task_id"],
-            group_id=d["group_id"],
-            mode=d["mode"],
-            messages=[Message.from_dict(m) for m in d.get("messages", [])],
-            steps=[Step.from_dict(s) for s in d.get("steps", [])],
-            rows=[Row.from_dict(r) for r in d.get("rows", [])],
-            reward=d.get("reward"),
-            reward_info=d.get("reward_info", {}),
-            truncated=d.get("truncated"),
-            counters=d.get("counters", {}),
-            env_outcome=d.get("env_outcome"),
-            user_steps=[UserStep.from_dict(u) for u in d.get("user_steps", [])],
-        )
+        """``with_rows=False``: ``rows`` is ``[]`` (the logs: rows are token ids, for training only)."""
+        return fields_to_dict(self) if with_rows else fields_to_dict(self, leave_out=("rows",)) | {"rows": []}
 
 
 def write_jsonl(path: str, items: list[Any], fsync: bool = True) -> None:

@@ -1,0 +1,69 @@
+"""Evaluation at a test-time budget: plain acting (N = 0) or private rehearsal first (N > 0), and a model by name.
+
+This module sits above both :mod:`envace.evaluation` (real-environment trials and their metrics) and
+:mod:`envace.tts` (private rehearsal, which ends in ``evaluation.evaluate``), so neither imports the other upward:
+
+- :func:`evaluate_at_budget`: N = 0 is ``evaluation.evaluate``; N > 0 is ``tts.evaluate_with_tts``. Either way the
+  metrics gain ``tts/n`` and ``gen_tokens_per_task`` (every generated token per task, rehearsal included).
+- :func:`evaluate_model`: opens a backend for a model (``envace.backends.loaders.open_backend``), loads the tasks
+  of a suite and split, evaluates at budget ``tts_n`` and adds the suite's own report (``envace eval``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .backends.base import Backend, SamplingParams
+from .evaluation import EvalResult, evaluate
+from .rollout import RolloutConfig
+from .tts import TTSConfig, evaluate_with_tts
+from .types import Task
+
+
+def evaluate_at_budget(policy: Backend, tasks: list[Task], samples: int = 1, rollout: RolloutConfig | None = None, n: int = 0, mode: str = "parallel", tts_options: dict[str, Any] | None = None) -> EvalResult:
+    """:func:`envace.evaluation.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section 3).
+
+    ``n == 0`` is plain ``evaluate``. ``n > 0`` hands over to :func:`envace.tts.evaluate_with_tts` with a
+    ``TTSConfig(n=n, mode=mode, rollout=<rollout in rehearsal mode>, **tts_options)``: the attempts are
+    self-rehearsed (no real call), then each task runs ``samples`` times for real with the rehearsal memory.
+    The result's metrics gain ``tts/...`` keys and ``gen_tokens_per_task`` counts rehearsal tokens too."""
+    rollout = rollout or RolloutConfig()
+    if n < 0:
+        raise ValueError(f"rehearsal budget n must be >= 0, got {n}")
+    if n == 0:
+        res = evaluate(policy, tasks, samples=samples, rollout=rollout)
+        res.metrics["tts/n"] = 0.0
+        res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples
+        return res
+    tcfg = TTSConfig(n=n, mode=mode, rollout=dataclasses.replace(rollout, mode="rehearsal", shadow=False), **(tts_options or {}))
+    res = evaluate_with_tts(policy, tasks, tcfg, samples=samples)
+    res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples + res.metrics.get("tts/rehearsal_tokens_per_task", 0.0)
+    return res
+
+
+def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 20, samples: int = 1, seed: int = 0, tts_n: int = 0, tts_mode: str = "parallel", rollout: RolloutConfig | None = None, temperature: float | None = None, progress: bool = True, tts_options: dict[str, Any] | None = None, bf16: bool | str = False, backend: str = "hf", backend_options: dict[str, Any] | None = None) -> EvalResult:
+    """Evaluate ``model`` on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n``. ``backend`` says what
+    generates (:func:`envace.backends.loaders.open_backend`, with ``backend_options``): ``hf`` loads ``model`` here
+    (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.models.load`;
+    ``bf16``: generate in bf16, true, false or ``"auto"``, see ``HFBackend``), ``http`` asks the server at the URL
+    ``model``, ``vllm`` starts a vLLM engine. The real trials sample Act greedily when ``samples == 1``
+    and at T=0.7 otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
+    from .backends.loaders import open_backend
+    from .envs import load_tasks, suite_summary
+
+    policy = open_backend(model, backend, backend_options, bf16=bf16)
+    tasks = load_tasks(suite, split, n=n, seed=seed)
+    base = rollout or RolloutConfig(act=SamplingParams(max_new_tokens=160))
+    final_act = base.act.with_(temperature=(0.0 if samples == 1 else 0.7) if temperature is None else temperature)
+    rc = dataclasses.replace(base, seed=seed, progress=progress)
+    if tts_n == 0:
+        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act))
+    else:
+        opts = {"final_act": final_act, **(tts_options or {})}
+        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts_options=opts)
+    res.suite, res.split = suite, split
+    res.summary = suite_summary(suite, res.per_task)
+    return res
+
+
+__all__ = ["evaluate_at_budget", "evaluate_model"]

@@ -1,0 +1,60 @@
+"""The data model's JSON: one key per field in field order, nested dataclasses by their own methods, the same
+bytes as the hand-written methods wrote before (a golden line), and a missing required key named."""
+import json
+
+import pytest
+
+from envace.types import Message, Row, Step, Task, ToolCall, ToolSpec, Trajectory, UserStep
+
+
+def _traj() -> Trajectory:
+    call = ToolCall("get", {"id": 1})
+    return Trajectory(
+        id="g0:t/0", task_id="t", group_id="g0:t", mode="rehearsal", reward=0.5, reward_info={"f1": 0.5}, counters={"act/steps": 1},
+        messages=[Message("user", "hi"), Message("assistant", "", tool_calls=[call])],
+        steps=[Step(user_turn=0, action_text="x", calls=[call], observations=[{"ok": True}], sources=["rehearsed"], shadow=[None], shadow_changed=[None])],
+        user_steps=[UserStep(turn=0, text=None, calls=[call], observations=[1], sources=["unexecuted"])],
+        rows=[Row("act", [1, 2], [3], [-0.5], "t", "g0:t/0", "g0:t", 0, False)],
+    )
+
+
+GOLDEN = (
+    '{"id": "g0:t/0", "task_id": "t", "group_id": "g0:t", "mode": "rehearsal", "reward": 0.5, "reward_info": {"f1": 0.5}, '
+    '"truncated": null, "counters": {"act/steps": 1}, "env_outcome": null, "messages": [{"role": "user", "content": "hi"}, '
+    '{"role": "assistant", "content": "", "tool_calls": [{"name": "get", "arguments": {"id": 1}}]}], "steps": [{"user_turn": 0, '
+    '"action_text": "x", "calls": [{"name": "get", "arguments": {"id": 1}}], "reply": null, "parse_error": null, "observations": '
+    '[{"ok": true}], "sources": ["rehearsed"], "shadow": [null], "shadow_changed": [null], "rehearse_texts": []}], "user_steps": '
+    '[{"turn": 0, "text": null, "calls": [{"name": "get", "arguments": {"id": 1}}], "observations": [1], "sources": ["unexecuted"], '
+    '"parse_error": null}], "rows": [{"role": "act", "prompt_ids": [1, 2], "completion_ids": [3], "old_logprobs": [-0.5], '
+    '"task_id": "t", "traj_id": "g0:t/0", "group_id": "g0:t", "step": 0, "truncated": false}]}'
+)
+
+
+def test_a_trajectory_is_written_as_the_golden_line_and_read_back_equal():
+    t = _traj()
+    assert json.dumps(t.to_dict()) == GOLDEN
+    assert Trajectory.from_dict(json.loads(GOLDEN)) == t
+    assert t.to_dict(with_rows=False)["rows"] == [] and list(t.to_dict(with_rows=False)) == list(t.to_dict())
+
+
+def test_reading_leaves_the_written_objects_alone_and_ignores_extra_keys():
+    d = _traj().to_dict() | {"iteration": 3}  # trajectories.jsonl lines carry their iteration
+    t = Trajectory.from_dict(d)
+    t.steps[0].observations.append("more")
+    assert d["steps"][0]["observations"] == [{"ok": True}] and isinstance(t.steps[0].calls[0], ToolCall)
+    assert isinstance(t.user_steps[0], UserStep) and isinstance(t.rows[0], Row) and t.rows[0].prompt_ids == [1, 2]
+
+
+def test_a_missing_required_key_is_a_key_error_naming_it_and_defaults_fill_the_rest():
+    with pytest.raises(KeyError, match="id"):
+        Trajectory.from_dict({"no": "trajectory"})
+    t = Trajectory.from_dict({"id": "a", "task_id": "t", "group_id": "g", "mode": "real"})
+    assert t == Trajectory(id="a", task_id="t", group_id="g", mode="real")
+    task = Task.from_dict({"id": "x", "env": "bank"})  # a task file may leave the prompt, turns and tools out
+    assert (task.system_prompt, task.user_turns, task.tools, task.split) == ("", [], [], "train")
+
+
+def test_the_methods_that_write_another_shape_keep_it():
+    assert Message("user", "hi").to_dict() == {"role": "user", "content": "hi"}  # no empty tool_calls
+    wrapped = {"type": "function", "function": {"name": "f", "description": "d"}}
+    assert ToolSpec.from_dict(wrapped) == ToolSpec("f", "d") and ToolCall.from_dict({"name": "f", "arguments": None}).arguments == {}
