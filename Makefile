@@ -36,6 +36,8 @@ demo: install
 	$(VENV)/bin/envace demo
 
 test: install-test
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
 	$(PY) -m pytest -q -p no:cacheprovider
 
 clean:

@@ -5,6 +5,7 @@ exactly as a model's response would be. Prints, per category, passed / replayed 
 the failures (entries whose possible answer no call can pass: tests/test_bfcl_single.py lists them); ``--json
 FILE`` writes the same as JSON. Needs no model: ``PYTHONPATH=src python bench/bfcl_gold_replay.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,12 @@ def counts() -> dict[str, dict]:
         scores = {t.id: bfcl_single.replay_gold(t) for t in tasks}
         replayed = {i: s for i, s in scores.items() if s is not None}
         failed = {i: s.details["error_type"] for i, s in replayed.items() if not s.success}
-        out[category] = {"entries": len(tasks), "replayed": len(replayed), "passed": len(replayed) - len(failed), "failed": failed}
+        out[category] = {
+            "entries": len(tasks),
+            "replayed": len(replayed),
+            "passed": len(replayed) - len(failed),
+            "failed": failed,
+        }
     return out
 
 
@@ -32,7 +38,10 @@ def main() -> None:
     res = counts()
     for category, r in res.items():
         why = dict(Counter(r["failed"].values()))
-        print(f"{category:<24} {r['passed']:>5} / {r['replayed']:>5} of {r['entries']:>5} entries" + (f"  failed: {why}" if why else ""))
+        print(
+            f"{category:<24} {r['passed']:>5} / {r['replayed']:>5} of {r['entries']:>5} entries"
+            + (f"  failed: {why}" if why else "")
+        )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(res, f, indent=1)

@@ -8,6 +8,7 @@ Thread pools: under CPU contention OpenMP's default spin-waiting makes a 2-threa
 slower than a 1-thread one; the scripts set ``OMP_WAIT_POLICY=PASSIVE`` (before torch is imported) unless it is
 already set. It applies to every contender of a run alike.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -52,14 +53,28 @@ def machine() -> dict[str, Any]:
         pass
     import transformers
 
-    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "cpu": cpu, "loadavg_1_5_15": [round(x, 2) for x in load], "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    return {
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu": cpu,
+        "loadavg_1_5_15": [round(x, 2) for x in load],
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
 
 
 def write_result(name: str, result: dict[str, Any], out_dir: str | os.PathLike | None = None) -> Path:
     out = Path(out_dir or DEFAULT_OUT)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    result = {"benchmark": name, "command": " ".join([Path(sys.executable).name] + sys.argv), "machine": machine(), **result}
+    result = {
+        "benchmark": name,
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "machine": machine(),
+        **result,
+    }
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     print(f"wrote {path}")
     return path
@@ -86,7 +101,9 @@ def backend_module_at(ref: str) -> Any:
         dep = _source_at(ref, f"src/envace/backends/{name}.py", missing_ok=True)
         if dep is not None:
             _module_from_source(f"envace.backends.{name}_at_{tag}", dep)
-            src = src.replace(f"from .{name} import", f"from .{name}_at_{tag} import").replace(f"from . import {name}\n", f"from . import {name}_at_{tag} as {name}\n")
+            src = src.replace(f"from .{name} import", f"from .{name}_at_{tag} import").replace(
+                f"from . import {name}\n", f"from . import {name}_at_{tag} as {name}\n"
+            )
     src = src.replace('@BACKENDS.register("hf")', "")
     inline = "def _sample(" not in src and "def _sample_rows(" not in src
     if inline:  # the oldest versions sample inline in their lockstep loop: give them the seam for scripted tokens
@@ -111,7 +128,10 @@ def _ident(ref: str) -> str:
 
 def _source_at(ref: str, path: str, missing_ok: bool = False) -> str | None:
     """The text of ``path`` at git revision ``ref`` (None if the revision has no such file and ``missing_ok``)."""
-    if missing_ok and subprocess.run(["git", "cat-file", "-e", f"{ref}:{path}"], cwd=ROOT, capture_output=True).returncode != 0:
+    if (
+        missing_ok
+        and subprocess.run(["git", "cat-file", "-e", f"{ref}:{path}"], cwd=ROOT, capture_output=True).returncode != 0
+    ):
         return None
     return subprocess.run(["git", "show", f"{ref}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
 
@@ -136,12 +156,20 @@ def forced_backend(base: type = HFBackend) -> type:
     """
 
     class Forced(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *a: Any, act_script: Callable[[str, int], str | None] | None = None, rehearse_script: Callable[[str, int], str | None] | None = None, **kw: Any):
+        def __init__(
+            self,
+            *a: Any,
+            act_script: Callable[[str, int], str | None] | None = None,
+            rehearse_script: Callable[[str, int], str | None] | None = None,
+            **kw: Any,
+        ):
             super().__init__(*a, **kw)
             self.act_script, self.rehearse_script = act_script, rehearse_script
             self.counts: dict[str, int] = {}
             self.calls: list[dict[str, Any]] = []
-            self._forced_all: list[list[int] | None] | None = None  # scripted tokens of the generate call running, by prompt
+            self._forced_all: list[list[int] | None] | None = (
+                None  # scripted tokens of the generate call running, by prompt
+            )
             self._stream_forced: dict[int, list[int] | None] = {}
             self._forced: list[list[int] | None] = []
             self.end_id = ChatFormat.for_tokenizer(self.tokenizer).end_id  # the tokenizer's own end of turn
@@ -156,7 +184,16 @@ def forced_backend(base: type = HFBackend) -> type:
                 gens = super().generate(prompts, params, sessions)
             finally:
                 self._forced_all = None
-            self.calls.append({"role": role, "prompts": [list(p) for p in prompts], "sessions": sessions, "gens": gens, "seconds": time.perf_counter() - t0, "forced": [f is not None for f in forced]})
+            self.calls.append(
+                {
+                    "role": role,
+                    "prompts": [list(p) for p in prompts],
+                    "sessions": sessions,
+                    "gens": gens,
+                    "seconds": time.perf_counter() - t0,
+                    "forced": [f is not None for f in forced],
+                }
+            )
             return gens
 
         def _script_tokens(self, session, role):
@@ -174,7 +211,16 @@ def forced_backend(base: type = HFBackend) -> type:
 
             def record(req, g):
                 role = "rehearse" if (req.session or "").endswith("/rehearse") else "act"
-                self.calls.append({"role": role, "prompts": [list(req.prompt)], "sessions": [req.session], "gens": [g], "seconds": time.perf_counter() - t0, "forced": [self._stream_forced.pop(id(req), None) is not None]})
+                self.calls.append(
+                    {
+                        "role": role,
+                        "prompts": [list(req.prompt)],
+                        "sessions": [req.session],
+                        "gens": [g],
+                        "seconds": time.perf_counter() - t0,
+                        "forced": [self._stream_forced.pop(id(req), None) is not None],
+                    }
+                )
                 return on_done(req, g)
 
             self._stream_forced = {}
@@ -230,7 +276,9 @@ def task_of_session(session: str) -> str:
     return traj.split(":", 1)[1]
 
 
-def gold_act_script(tasks_by_id: dict[str, Any], final_reply: str = "Done: all requested actions are complete.") -> Callable[[str, int], str]:
+def gold_act_script(
+    tasks_by_id: dict[str, Any], final_reply: str = "Done: all requested actions are complete."
+) -> Callable[[str, int], str]:
     """Act follows the task's gold calls, one per step, then replies in text."""
 
     def script(session: str, n: int) -> str:
@@ -247,7 +295,9 @@ def peak_rss_mb() -> float:
 
 def run_json_subprocess(args: list[str], timeout: float = 1800) -> dict[str, Any]:
     """Run ``python args...`` in a fresh process (own peak memory) and parse the last stdout line as JSON."""
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=os.environ.copy()
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{args} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -257,4 +307,18 @@ def fmt_ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else "n/a"
 
 
-__all__ = ["SamplingParams", "HFBackend", "machine", "write_result", "Timer", "backend_module_at", "update_module_at", "forced_backend", "gold_act_script", "task_of_session", "peak_rss_mb", "run_json_subprocess", "fmt_ratio"]
+__all__ = [
+    "SamplingParams",
+    "HFBackend",
+    "machine",
+    "write_result",
+    "Timer",
+    "backend_module_at",
+    "update_module_at",
+    "forced_backend",
+    "gold_act_script",
+    "task_of_session",
+    "peak_rss_mb",
+    "run_json_subprocess",
+    "fmt_ratio",
+]

@@ -14,6 +14,7 @@ decode on CPU); the update stays float32, so the trainer recomputes the old log-
 
 Usage: python bench/end_to_end.py [--tasks 2] [--group 4] [--variants envace,envace+bf16,real_env,simulator]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,28 +47,60 @@ def main() -> None:
         original = trainer_mod.rollout_backend
 
         def scripted_rollout_backend(cfg, model, tok, dist):
-            tasks = load_tasks(cfg.suite, "train", n=cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks), seed=cfg.seed)
-            return Forced(model, tok, bf16=trainer_mod.rollout_bf16(cfg), act_script=gold_act_script({t.id: t for t in tasks}))
+            tasks = load_tasks(
+                cfg.suite, "train", n=cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks), seed=cfg.seed
+            )
+            return Forced(
+                model, tok, bf16=trainer_mod.rollout_bf16(cfg), act_script=gold_act_script({t.id: t for t in tasks})
+            )
 
         trainer_mod.rollout_backend = scripted_rollout_backend
-    results: dict = {"model": args.model, "B": args.tasks, "K": args.group, "script_act": args.script_act, "variants": {}}
+    results: dict = {
+        "model": args.model,
+        "B": args.tasks,
+        "K": args.group,
+        "script_act": args.script_act,
+        "variants": {},
+    }
     for variant in args.variants.split(","):
         out = tempfile.mkdtemp(prefix=f"e2e-{variant}-")
         bf16 = variant.endswith("+bf16")
-        cfg = TrainConfig(model=args.model, variant=variant.removesuffix("+bf16"), rollout_bf16=bf16, iterations=1, batch_tasks=args.tasks, rollout=RolloutConfig(group_size=args.group), out_dir=out, tensorboard=False, progress=False, lr=1e-5)
+        cfg = TrainConfig(
+            model=args.model,
+            variant=variant.removesuffix("+bf16"),
+            rollout_bf16=bf16,
+            iterations=1,
+            batch_tasks=args.tasks,
+            rollout=RolloutConfig(group_size=args.group),
+            out_dir=out,
+            tensorboard=False,
+            progress=False,
+            lr=1e-5,
+        )
         try:
             res = trainer_mod.train(cfg)
         finally:
             shutil.rmtree(out, ignore_errors=True)
         m = res.metrics[-1]
-        keep = {k: v for k, v in m.items() if k.startswith("perf/") or k in ("act/rows", "rehearse/rows", "act/tokens", "rehearse/tokens", "reward/mean")}
+        keep = {
+            k: v
+            for k, v in m.items()
+            if k.startswith("perf/")
+            or k in ("act/rows", "rehearse/rows", "act/tokens", "rehearse/tokens", "reward/mean")
+        }
         results["variants"][variant] = keep
-        print(f"{variant:10s} iteration {m['perf/iteration_s']:7.1f}s  rollout {m['perf/rollout_s']:7.1f}s  update {m['perf/update_s']:6.1f}s  act rows {m['act/rows']:.0f}  rehearse rows {m['rehearse/rows']:.0f}")
+        print(
+            f"{variant:10s} iteration {m['perf/iteration_s']:7.1f}s  rollout {m['perf/rollout_s']:7.1f}s  update {m['perf/update_s']:6.1f}s  act rows {m['act/rows']:.0f}  rehearse rows {m['rehearse/rows']:.0f}"
+        )
     if args.script_act:
         trainer_mod.rollout_backend = original
     v = results["variants"]
     if "envace" in v:
-        results["ratios"] = {f"{k}_over_envace_iteration": v[k]["perf/iteration_s"] / v["envace"]["perf/iteration_s"] for k in v if k != "envace"}
+        results["ratios"] = {
+            f"{k}_over_envace_iteration": v[k]["perf/iteration_s"] / v["envace"]["perf/iteration_s"]
+            for k in v
+            if k != "envace"
+        }
         print("ratios:", {k: round(x, 2) for k, x in results["ratios"].items()})
     results["config"] = dataclasses.asdict(RolloutConfig(group_size=args.group))
     write_result("end_to_end", results, args.out)

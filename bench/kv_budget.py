@@ -9,6 +9,7 @@ contexts. Reported: peak RSS, wall time, ratio to the unbounded run, and whether
 
 Usage: python bench/kv_budget.py [--model PATH] [--tasks 100] [--budgets none,2,1]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,13 +39,23 @@ def one(model: str, tasks: int, budget: float | None) -> dict:
     rc = dataclasses.replace(rc, act=rc.act.with_(temperature=0.0))
     t = time.perf_counter()
     res = evaluate(be, ts, samples=1, rollout=rc)
-    return {"budget_gib": budget, "wall_s": time.perf_counter() - t, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
-            "success_rate": res.metrics["success_rate"], "successes": [p["successes"] for p in res.per_task], "generated_tokens": be.stats["generated_tokens"]}
+    return {
+        "budget_gib": budget,
+        "wall_s": time.perf_counter() - t,
+        "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+        "success_rate": res.metrics["success_rate"],
+        "successes": [p["successes"] for p in res.per_task],
+        "generated_tokens": be.stats["generated_tokens"],
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="SmolLM2-135M-Instruct", help="a model name or checkpoint (the README figures: the CPU experiment's SFT warm-up)")
+    ap.add_argument(
+        "--model",
+        default="SmolLM2-135M-Instruct",
+        help="a model name or checkpoint (the README figures: the CPU experiment's SFT warm-up)",
+    )
     ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--budgets", default="none,2,1")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -54,10 +65,18 @@ def main() -> None:
         return
     rows = []
     for b in a.budgets.split(","):
-        out = subprocess.run([sys.executable, __file__, "--model", a.model, "--tasks", str(a.tasks), "--child", b], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--model", a.model, "--tasks", str(a.tasks), "--child", b],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         r = rows[-1]
-        print(f"budget {b:>5} GiB: peak {r['peak_rss_gb']:.2f} GB, {r['wall_s']:.0f} s, success {r['success_rate']:.3f}", flush=True)
+        print(
+            f"budget {b:>5} GiB: peak {r['peak_rss_gb']:.2f} GB, {r['wall_s']:.0f} s, success {r['success_rate']:.3f}",
+            flush=True,
+        )
     base = rows[0]
     for r in rows:
         r["wall_vs_first"] = r["wall_s"] / base["wall_s"]

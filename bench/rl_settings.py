@@ -10,6 +10,7 @@ Resumable: a candidate whose val result exists in the work folder is not run aga
 Writes bench/results/rl_settings.json and .md (the table and per-kind comparisons), and into
 bench/results/rl_settings_val/ every val result (per-task outcomes, no trajectories) and training curve.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,20 @@ from envace.trainer import train  # noqa: E402
 SPLIT, N_TASKS, EVAL_SEED = "val", 100, 1
 # name -> (what it tries, TrainConfig fields over the demo's RL defaults below)
 CANDIDATES: dict[str, tuple[str, dict]] = {
-    "demo": ("the demo's own setting: gold_f1*reply_facts, lr 1e-5, float32", {"reward": "gold_f1*reply_facts", "bf16": False, "rollout_bf16": False}),
+    "demo": (
+        "the demo's own setting: gold_f1*reply_facts, lr 1e-5, float32",
+        {"reward": "gold_f1*reply_facts", "bf16": False, "rollout_bf16": False},
+    ),
     "f1": ("gold_f1 alone (dense)", {"reward": "gold_f1"}),
     "oc": ("outcome_checklist (dense, rule-checked outcome)", {"reward": "outcome_checklist"}),
-    "cons": ("consistent_f1*consistent_facts: the gold read in the imagined world", {"reward": "consistent_f1*consistent_facts"}),
-    "cons2": ("as cons, lr 3e-5 and 2 update epochs", {"reward": "consistent_f1*consistent_facts", "lr": 3e-5, "update_epochs": 2}),
+    "cons": (
+        "consistent_f1*consistent_facts: the gold read in the imagined world",
+        {"reward": "consistent_f1*consistent_facts"},
+    ),
+    "cons2": (
+        "as cons, lr 3e-5 and 2 update epochs",
+        {"reward": "consistent_f1*consistent_facts", "lr": 3e-5, "update_epochs": 2},
+    ),
 }
 # over the demo's EnvACE step (envace.cli.demo_train_config: 4 iterations x 2 tasks x 4 trajectories, lr 1e-5)
 RL_DEFAULTS = dict(progress=False, bf16="auto", rollout_bf16="auto")
@@ -50,7 +60,9 @@ RL_DEFAULTS = dict(progress=False, bf16="auto", rollout_bf16="auto")
 def evaluate(model: str, path: str) -> dict:
     if not os.path.exists(path):
         t0 = time.perf_counter()
-        res = evaluate_model(model, "bank", SPLIT, N_TASKS, 1, seed=EVAL_SEED, rollout=_demo_rollout(), bf16="auto", progress=False)
+        res = evaluate_model(
+            model, "bank", SPLIT, N_TASKS, 1, seed=EVAL_SEED, rollout=_demo_rollout(), bf16="auto", progress=False
+        )
         save_result(res, path, config={"model": model, "split": SPLIT, "wall_s": round(time.perf_counter() - t0, 1)})
     return load_result(path)
 
@@ -86,7 +98,10 @@ def main() -> int:
         what, over = CANDIDATES[name]
         path = os.path.join(args.work, f"val-{name}.json")
         mpath = os.path.join(args.work, f"metrics-{name}.json")
-        cfg = dataclasses.replace(demo_train_config(sft_ckpt, "bank", os.path.join(args.work, f"rl-{name}"), seed=0), **{**RL_DEFAULTS, **over})
+        cfg = dataclasses.replace(
+            demo_train_config(sft_ckpt, "bank", os.path.join(args.work, f"rl-{name}"), seed=0),
+            **{**RL_DEFAULTS, **over},
+        )
         if os.path.exists(path):
             reused.append(name)
         else:
@@ -100,24 +115,58 @@ def main() -> int:
         with open(mpath, encoding="utf-8") as f:
             trained = json.load(f)
         settings = {k: v for k, v in to_dict(cfg).items() if k not in ("out_dir", "model")}
-        rows.append({"name": name, "what": what, "settings": settings, "train_s": trained["train_s"], "val_success": cand["metrics"]["success_rate"], "comparison": cmp, "reward_per_iteration": [round(m["reward/mean"], 3) for m in trained["metrics"]]})
+        rows.append(
+            {
+                "name": name,
+                "what": what,
+                "settings": settings,
+                "train_s": trained["train_s"],
+                "val_success": cand["metrics"]["success_rate"],
+                "comparison": cmp,
+                "reward_per_iteration": [round(m["reward/mean"], 3) for m in trained["metrics"]],
+            }
+        )
         keep(path, mpath)
-        print(f"{name}: val {cand['metrics']['success_rate']:.3f} (SFT {base['metrics']['success_rate']:.3f})", flush=True)
-    lines = [f"# RL settings chosen on bank {SPLIT} ({N_TASKS} tasks), never on test", "",
-             f"SFT warm-up (the demo's), then the demo's EnvACE step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy evaluation in the real environment. SFT on val: {base['metrics']['success_rate']:.3f}.", "",
-             "| setting | what it tries | val success | B - SFT [paired 95% CI] | McNemar p | reward per iteration |", "|---|---|---|---|---|---|"]
+        print(
+            f"{name}: val {cand['metrics']['success_rate']:.3f} (SFT {base['metrics']['success_rate']:.3f})", flush=True
+        )
+    lines = [
+        f"# RL settings chosen on bank {SPLIT} ({N_TASKS} tasks), never on test",
+        "",
+        f"SFT warm-up (the demo's), then the demo's EnvACE step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy evaluation in the real environment. SFT on val: {base['metrics']['success_rate']:.3f}.",
+        "",
+        "| setting | what it tries | val success | B - SFT [paired 95% CI] | McNemar p | reward per iteration |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         o = r["comparison"]["overall"]
-        lines.append(f"| `{r['name']}` | {r['what']} | {r['val_success']:.3f} | {o['diff']:+.3f} [{o['diff_ci95'][0]:+.3f}, {o['diff_ci95'][1]:+.3f}] | {o['p']:.3g} | {r['reward_per_iteration']} |")
+        lines.append(
+            f"| `{r['name']}` | {r['what']} | {r['val_success']:.3f} | {o['diff']:+.3f} [{o['diff_ci95'][0]:+.3f}, {o['diff_ci95'][1]:+.3f}] | {o['p']:.3g} | {r['reward_per_iteration']} |"
+        )
     lines += ["", "Per task kind:", ""]
     for r in rows:
         lines += ["```", format_comparison(r["comparison"]), "```", ""]
     if reused:
-        lines.append(f"Val results read from the work folder {args.work} (written by an earlier run with the same settings and seeds): {', '.join(reused)}.")
-    lines.append(f"Hardware: {hardware_summary()['cpu']}; command: python bench/rl_settings.py {' '.join(sys.argv[1:])}")
+        lines.append(
+            f"Val results read from the work folder {args.work} (written by an earlier run with the same settings and seeds): {', '.join(reused)}."
+        )
+    lines.append(
+        f"Hardware: {hardware_summary()['cpu']}; command: python bench/rl_settings.py {' '.join(sys.argv[1:])}"
+    )
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w", encoding="utf-8") as f:
-        json.dump({"split": SPLIT, "n_tasks": N_TASKS, "sft_val_success": base["metrics"]["success_rate"], "candidates": rows, "hardware": hardware_summary()}, f, indent=1, default=str)
+        json.dump(
+            {
+                "split": SPLIT,
+                "n_tasks": N_TASKS,
+                "sft_val_success": base["metrics"]["success_rate"],
+                "candidates": rows,
+                "hardware": hardware_summary(),
+            },
+            f,
+            indent=1,
+            default=str,
+        )
     with open(args.out + ".md", "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -21,6 +21,7 @@ they are dequantized from):
 
 Usage: python bench/rollout_throughput.py [--tasks 4] [--group 4] [--ref b2d4f0a] [--bf16]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,10 @@ def run_rollout(backend_cls, model, tok, tasks, cfg, **kw):
         "tokens_per_s": gen / t.s,
         "trajectories_per_s": len(trajs) / t.s,
         "rows": {"act": sum(r.role == "act" for r in rows), "rehearse": sum(r.role == "rehearse" for r in rows)},
-        "completion_tokens": {"act": sum(len(r.completion_ids) for r in rows if r.role == "act"), "rehearse": sum(len(r.completion_ids) for r in rows if r.role == "rehearse")},
+        "completion_tokens": {
+            "act": sum(len(r.completion_ids) for r in rows if r.role == "act"),
+            "rehearse": sum(len(r.completion_ids) for r in rows if r.role == "rehearse"),
+        },
         "stats": dict(be.stats),
         "generate_calls": len(be.calls),
     }
@@ -76,7 +80,17 @@ def run_naive(model, tok, items, cfg):
         for it in items:
             sp = cfg.act if it["role"] == "act" else cfg.rehearse
             ids = torch.tensor([it["prompt"]])
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=it["n"], min_new_tokens=it["n"], do_sample=True, temperature=sp.temperature, top_p=sp.top_p, top_k=0, pad_token_id=tok.pad_token_id)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=it["n"],
+                min_new_tokens=it["n"],
+                do_sample=True,
+                temperature=sp.temperature,
+                top_p=sp.top_p,
+                top_k=0,
+                pad_token_id=tok.pad_token_id,
+            )
             done += out.shape[1] - ids.shape[1]
     return {"seconds": t.s, "generated_tokens": done, "tokens_per_s": done / t.s, "calls": len(items)}
 
@@ -86,7 +100,15 @@ def run_llama(items, cfg, threads: int):
         import llama_cpp
     except ImportError:
         return {"skipped": "llama_cpp is not installed (see docs/benchmarks.md for the build command)"}
-    llm = llama_cpp.Llama(model_path=str(gguf_path()), n_ctx=4096, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False, seed=0)
+    llm = llama_cpp.Llama(
+        model_path=str(gguf_path()),
+        n_ctx=4096,
+        n_threads=threads,
+        n_threads_batch=threads,
+        n_batch=512,
+        verbose=False,
+        seed=0,
+    )
     llm.generate(items[0]["prompt"][:8], temp=1.0).__next__()  # warm-up
     llm.reset()
     done, t_first, t_decode, prefill_tok = 0, 0.0, 0.0, 0
@@ -138,7 +160,13 @@ def bf16_drift(model, trajs, cfg) -> dict:
                 diffs += [abs(a - b) for a, b in zip(lp.tolist(), rows[i].old_logprobs)]
     eps = 0.2  # the PPO clip range: a first step's ratio exp(dlogp) leaves [1 - eps, 1 + eps] beyond about log(1 + eps)
     clip = math.log1p(eps)
-    return {"tokens": len(diffs), "mean_abs": statistics.fmean(diffs), "max_abs": max(diffs), "p99_abs": sorted(diffs)[int(0.99 * (len(diffs) - 1))], f"fraction_above_log(1+{eps})": sum(d > clip for d in diffs) / len(diffs)}
+    return {
+        "tokens": len(diffs),
+        "mean_abs": statistics.fmean(diffs),
+        "max_abs": max(diffs),
+        "p99_abs": sorted(diffs)[int(0.99 * (len(diffs) - 1))],
+        f"fraction_above_log(1+{eps})": sum(d > clip for d in diffs) / len(diffs),
+    }
 
 
 def main() -> None:
@@ -149,8 +177,12 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL, help="llama.cpp runs the default model's GGUF whatever this says")
     ap.add_argument("--ref", default=None, help="also run the backend of this git revision (before/after)")
     ap.add_argument("--bf16", action="store_true", help="also run the rollout under bf16 autocast")
-    ap.add_argument("--replay-tokens", type=int, default=400, help="generated tokens replayed by the naive loop and llama.cpp")
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads(), help="llama.cpp threads (torch uses its own setting)")
+    ap.add_argument(
+        "--replay-tokens", type=int, default=400, help="generated tokens replayed by the naive loop and llama.cpp"
+    )
+    ap.add_argument(
+        "--threads", type=int, default=torch.get_num_threads(), help="llama.cpp threads (torch uses its own setting)"
+    )
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--out", default=None)
@@ -163,25 +195,51 @@ def main() -> None:
     # warm-up (first-call allocations, kernel selection) on one tiny generation
     HFBackend(model, tok).generate([tok.encode("Hello")], cfg.act.with_(max_new_tokens=4, seed=0))
 
-    results: dict = {"model": args.model, "B": args.tasks, "K": args.group, "suite": args.suite, "rollout_config": dataclasses.asdict(cfg)}
+    results: dict = {
+        "model": args.model,
+        "B": args.tasks,
+        "K": args.group,
+        "suite": args.suite,
+        "rollout_config": dataclasses.asdict(cfg),
+    }
     envace, trajs, be = run_rollout(Forced, model, tok, tasks, cfg)
     results["envace"] = envace
-    print(f"envace rollout: {envace['generated_tokens']} tokens in {envace['seconds']:.1f}s = {envace['tokens_per_s']:.1f} tok/s, {envace['trajectories_per_s']:.3f} traj/s; rows {envace['rows']}")
+    print(
+        f"envace rollout: {envace['generated_tokens']} tokens in {envace['seconds']:.1f}s = {envace['tokens_per_s']:.1f} tok/s, {envace['trajectories_per_s']:.3f} traj/s; rows {envace['rows']}"
+    )
     if args.ref:
         old = backend_module_at(args.ref)
         ref, ref_trajs, _ = run_rollout(forced_backend(old.HFBackend), model, tok, tasks, cfg)
-        same = all(a.completion_ids == b.completion_ids for x, y in zip(trajs, ref_trajs) for a, b in zip(x.rows, y.rows))
-        lp = max((abs(p - q) for x, y in zip(trajs, ref_trajs) for a, b in zip(x.rows, y.rows) for p, q in zip(a.old_logprobs, b.old_logprobs)), default=0.0)
+        same = all(
+            a.completion_ids == b.completion_ids for x, y in zip(trajs, ref_trajs) for a, b in zip(x.rows, y.rows)
+        )
+        lp = max(
+            (
+                abs(p - q)
+                for x, y in zip(trajs, ref_trajs)
+                for a, b in zip(x.rows, y.rows)
+                for p, q in zip(a.old_logprobs, b.old_logprobs)
+            ),
+            default=0.0,
+        )
         ref |= {"ref": args.ref, "identical_tokens": same, "max_logprob_diff": lp}
         results[f"envace@{args.ref}"] = ref
-        print(f"envace@{args.ref}: {ref['tokens_per_s']:.1f} tok/s (current is {envace['tokens_per_s'] / ref['tokens_per_s']:.2f}x); identical tokens: {same}, max |dlogp| {lp:.2e}")
+        print(
+            f"envace@{args.ref}: {ref['tokens_per_s']:.1f} tok/s (current is {envace['tokens_per_s'] / ref['tokens_per_s']:.2f}x); identical tokens: {same}, max |dlogp| {lp:.2e}"
+        )
     if args.bf16:
         b16, b16_trajs, _ = run_rollout(Forced, model, tok, tasks, cfg, bf16=True)
         b16["logprob_drift_vs_fp32"] = bf16_drift(model, b16_trajs, cfg)
         results["envace_bf16"] = b16
-        print(f"envace bf16: {b16['tokens_per_s']:.1f} tok/s ({b16['tokens_per_s'] / envace['tokens_per_s']:.2f}x fp32); drift {b16['logprob_drift_vs_fp32']}")
+        print(
+            f"envace bf16: {b16['tokens_per_s']:.1f} tok/s ({b16['tokens_per_s'] / envace['tokens_per_s']:.2f}x fp32); drift {b16['logprob_drift_vs_fp32']}"
+        )
     items = replay_subset(be.calls, args.replay_tokens)
-    results["replay"] = {"calls": len(items), "generated_tokens": sum(it["n"] for it in items), "prompt_tokens": sum(len(it["prompt"]) for it in items)}
+    results["replay"] = {
+        "calls": len(items),
+        "generated_tokens": sum(it["n"] for it in items),
+        "prompt_tokens": sum(len(it["prompt"]) for it in items),
+    }
     if not args.no_naive:
         results["naive"] = run_naive(model, tok, items, cfg)
         print(f"naive generate loop: {results['naive']['tokens_per_s']:.1f} tok/s over {len(items)} calls")
@@ -206,7 +264,9 @@ def main() -> None:
         r[f"envace_vs_envace@{args.ref}"] = e / results[f"envace@{args.ref}"]["tokens_per_s"]
     results["ratios"] = r
     results["targets"] = {
-        "envace >= 2x llama.cpp single-stream decode": (r.get("envace_vs_llama_cpp_decode", 0) >= 2.0) if "envace_vs_llama_cpp_decode" in r else None,
+        "envace >= 2x llama.cpp single-stream decode": (r.get("envace_vs_llama_cpp_decode", 0) >= 2.0)
+        if "envace_vs_llama_cpp_decode" in r
+        else None,
         "envace >= 4x naive generate loop": (r.get("envace_vs_naive", 0) >= 4.0) if "envace_vs_naive" in r else None,
     }
     print("ratios:", {k: round(v, 2) for k, v in r.items()})

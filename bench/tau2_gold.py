@@ -13,6 +13,7 @@ evaluator error, or a truncation.
 Usage: python bench/tau2_gold.py [--domain telecom] [--split all] [--mode real|rehearsal] [--n N] [--out-dir ...]
 (telecom's default split, "all" here, has 114 tasks; about 5 s on 2 cores.)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,10 @@ def gold_replay(domain: str, split: str, mode: str, n: int | None = None) -> dic
     results = [(t, tr, outcome(t, tr)) for t, tr in zip(tasks, trajs)]
     failures = {t.id: failure_category(tr, o) for t, tr, o in results if not o.get("success")}
     return {
-        "domain": domain, "split": split, "mode": mode, "n_tasks": len(tasks),
+        "domain": domain,
+        "split": split,
+        "mode": mode,
+        "n_tasks": len(tasks),
         "n_full_reward": len(tasks) - len(failures),
         "n_with_user_actions": sum(bool(t.user_actions) for t in tasks),
         "n_user_calls": sum(tr.counters.get("user/tool_calls", 0) for _, tr, _ in results),
@@ -78,8 +82,10 @@ def main() -> None:
     ap.add_argument("--name", default=None)
     args = ap.parse_args()
     result = gold_replay(args.domain, args.split, args.mode, args.n)
-    print(f"{args.domain}/{args.split} ({args.mode}): {result['n_full_reward']}/{result['n_tasks']} gold replays score 1.0; "
-          f"failures by category: {result['failure_categories'] or 'none'}")
+    print(
+        f"{args.domain}/{args.split} ({args.mode}): {result['n_full_reward']}/{result['n_tasks']} gold replays score 1.0; "
+        f"failures by category: {result['failure_categories'] or 'none'}"
+    )
     write_result(args.name or f"tau2_gold_{args.domain}_{args.mode}", result, args.out_dir)
 
 

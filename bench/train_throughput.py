@@ -21,6 +21,7 @@ the peak RSS growth over the process's RSS before the first step.
 
 Usage: python bench/train_throughput.py [--tasks 2] [--group 4] [--steps 1] [--ref b2d4f0a]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,7 +56,11 @@ def make_rows(tok, tasks_n: int, group: int, seed: int = 0):
             return OBS
         task = next(t for u, t in by_user.items() if u in prompt)
         gold, n = task.flat_gold(), prompt.count("<|im_start|>tool")
-        return gold[n].to_text() if n < len(gold) else "All done: every operation you asked for has been carried out and checked."
+        return (
+            gold[n].to_text()
+            if n < len(gold)
+            else "All done: every operation you asked for has been carried out and checked."
+        )
 
     trajs = RolloutEngine(ScriptedBackend(tok, respond), RolloutConfig(group_size=group, max_steps=8)).run(tasks)
     g = torch.Generator().manual_seed(seed)
@@ -88,7 +93,16 @@ def worker_envace(args, ref: str | None, ab: bool = False) -> dict:
         return algos.policy_loss(logp, old, adv[idxs], mask, clip_eps=0.2, agg="token_mean", normalizer=normalizer)
 
     def step(sub):
-        return U.optimizer_step(model, opt, sub, loss_fn, agg="token_mean", micro_batch_tokens=args.micro_batch_tokens, temperatures=temps, max_grad_norm=1.0)
+        return U.optimizer_step(
+            model,
+            opt,
+            sub,
+            loss_fn,
+            agg="token_mean",
+            micro_batch_tokens=args.micro_batch_tokens,
+            temperatures=temps,
+            max_grad_norm=1.0,
+        )
 
     base = rss_now_mb()
     step(rows[: max(1, len(rows) // 8)])  # warm-up
@@ -98,9 +112,24 @@ def worker_envace(args, ref: str | None, ab: bool = False) -> dict:
         for _ in range(args.steps):
             for mod, times in ((cur, times_a), (B, times_b)):
                 with Timer() as t:
-                    mod.optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=args.micro_batch_tokens, temperatures=temps, max_grad_norm=1.0)
+                    mod.optimizer_step(
+                        model,
+                        opt,
+                        rows,
+                        loss_fn,
+                        agg="token_mean",
+                        micro_batch_tokens=args.micro_batch_tokens,
+                        temperatures=temps,
+                        max_grad_norm=1.0,
+                    )
                 times.append(t.s)
-        return {"current_step_seconds": times_a, "ref_step_seconds": times_b, "current_over_ref_speed": min(times_b) / min(times_a), "ref": ref, "steps_each": args.steps}
+        return {
+            "current_step_seconds": times_a,
+            "ref_step_seconds": times_b,
+            "current_over_ref_speed": min(times_b) / min(times_a),
+            "ref": ref,
+            "steps_each": args.steps,
+        }
     times = []
     for _ in range(args.steps):
         with Timer() as t:
@@ -123,9 +152,31 @@ def worker_trl(args) -> dict:
     longest = max(len(r.prompt_ids) for r in rows) + max(len(r.completion_ids) for r in rows)
     mb = max(2, (args.micro_batch_tokens // longest) // 2 * 2)
     out = tempfile.mkdtemp(prefix="trl-bench-")
-    cfg = GRPOConfig(output_dir=out, per_device_train_batch_size=mb, num_generations=2, gradient_accumulation_steps=1, learning_rate=1e-6, max_grad_norm=1.0, beta=0.0, loss_type="dapo", temperature=1.0, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1, max_completion_length=max(len(r.completion_ids) for r in rows))
+    cfg = GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=mb,
+        num_generations=2,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-6,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        temperature=1.0,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        max_completion_length=max(len(r.completion_ids) for r in rows),
+    )
     ds = Dataset.from_list([{"prompt": "x"}] * 4)
-    trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [0.0] * len(completions), args=cfg, train_dataset=ds, processing_class=tok)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+        args=cfg,
+        train_dataset=ds,
+        processing_class=tok,
+    )
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(), which we do not run (it would generate)
     model = trainer.model
     model.train()
@@ -147,7 +198,15 @@ def worker_trl(args) -> dict:
             ci[j, : len(c)] = torch.tensor(c)
             cm[j, : len(c)] = 1
             old[j, : len(c)] = torch.tensor(rows[i].old_logprobs)
-        return {"prompt_ids": pi, "prompt_mask": pm, "completion_ids": ci, "completion_mask": cm, "advantages": adv[idx], "old_per_token_logps": old, "num_items_in_batch": torch.tensor(float(sum(len(r.completion_ids) for r in sub_rows)))}
+        return {
+            "prompt_ids": pi,
+            "prompt_mask": pm,
+            "completion_ids": ci,
+            "completion_mask": cm,
+            "advantages": adv[idx],
+            "old_per_token_logps": old,
+            "num_items_in_batch": torch.tensor(float(sum(len(r.completion_ids) for r in sub_rows))),
+        }
 
     def step(sub):
         nonlocal sub_rows
@@ -170,14 +229,28 @@ def worker_trl(args) -> dict:
         times.append(t.s)
     import trl
 
-    return summary(rows, times, base) | {"micro_batches": -(-len(rows) // mb), "rows_per_micro_batch": mb, "trl_version": trl.__version__}
+    return summary(rows, times, base) | {
+        "micro_batches": -(-len(rows) // mb),
+        "rows_per_micro_batch": mb,
+        "trl_version": trl.__version__,
+    }
 
 
 def summary(rows, times, base_rss) -> dict:
     comp = sum(len(r.completion_ids) for r in rows)
     tot = sum(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
     s = min(times)
-    return {"rows": len(rows), "completion_tokens": comp, "row_tokens": tot, "step_seconds": times, "completion_tokens_per_s": comp / s, "row_tokens_per_s": tot / s, "peak_rss_mb": peak_rss_mb(), "rss_before_step_mb": base_rss, "peak_growth_mb": peak_rss_mb() - base_rss}
+    return {
+        "rows": len(rows),
+        "completion_tokens": comp,
+        "row_tokens": tot,
+        "step_seconds": times,
+        "completion_tokens_per_s": comp / s,
+        "row_tokens_per_s": tot / s,
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_before_step_mb": base_rss,
+        "peak_growth_mb": peak_rss_mb() - base_rss,
+    }
 
 
 def main() -> None:
@@ -202,26 +275,54 @@ def main() -> None:
         print(json.dumps(res))
         return
 
-    common_args = [__file__, "--tasks", str(args.tasks), "--group", str(args.group), "--steps", str(args.steps), "--micro-batch-tokens", str(args.micro_batch_tokens), "--model", args.model]
-    results: dict = {"model": args.model, "B": args.tasks, "K": args.group, "micro_batch_tokens": args.micro_batch_tokens}
+    common_args = [
+        __file__,
+        "--tasks",
+        str(args.tasks),
+        "--group",
+        str(args.group),
+        "--steps",
+        str(args.steps),
+        "--micro-batch-tokens",
+        str(args.micro_batch_tokens),
+        "--model",
+        args.model,
+    ]
+    results: dict = {
+        "model": args.model,
+        "B": args.tasks,
+        "K": args.group,
+        "micro_batch_tokens": args.micro_batch_tokens,
+    }
     contenders = ["envace"] + ([f"envace@{args.ref}"] if args.ref else []) + ([] if args.no_trl else ["trl"])
     for name in contenders:
         t0 = time.perf_counter()
         results[name] = run_json_subprocess(common_args + ["--worker", name])
         r = results[name]
-        print(f"{name}: {r['row_tokens_per_s']:.0f} row tok/s, {r['completion_tokens_per_s']:.1f} completion tok/s, step {min(r['step_seconds']):.1f}s, peak RSS {r['peak_rss_mb']:.0f} MiB (+{r['peak_growth_mb']:.0f}) [{time.perf_counter() - t0:.0f}s]")
+        print(
+            f"{name}: {r['row_tokens_per_s']:.0f} row tok/s, {r['completion_tokens_per_s']:.1f} completion tok/s, step {min(r['step_seconds']):.1f}s, peak RSS {r['peak_rss_mb']:.0f} MiB (+{r['peak_growth_mb']:.0f}) [{time.perf_counter() - t0:.0f}s]"
+        )
     e = results["envace"]
     ratios = {}
     if "trl" in results:
         ratios["envace_vs_trl_tokens_per_s"] = e["row_tokens_per_s"] / results["trl"]["row_tokens_per_s"]
         ratios["envace_over_trl_peak_rss"] = e["peak_rss_mb"] / results["trl"]["peak_rss_mb"]
         ratios["envace_over_trl_peak_growth"] = e["peak_growth_mb"] / max(1.0, results["trl"]["peak_growth_mb"])
-        results["targets"] = {"envace >= 1.2x TRL GRPOTrainer tokens/s": ratios["envace_vs_trl_tokens_per_s"] >= 1.2, "envace peak memory <= TRL": e["peak_rss_mb"] <= results["trl"]["peak_rss_mb"]}
+        results["targets"] = {
+            "envace >= 1.2x TRL GRPOTrainer tokens/s": ratios["envace_vs_trl_tokens_per_s"] >= 1.2,
+            "envace peak memory <= TRL": e["peak_rss_mb"] <= results["trl"]["peak_rss_mb"],
+        }
     if args.ref:
-        ratios[f"envace_vs_envace@{args.ref}"] = e["row_tokens_per_s"] / results[f"envace@{args.ref}"]["row_tokens_per_s"]
-        ab = results["ab"] = run_json_subprocess(common_args + ["--steps", str(max(2, args.steps)), "--worker", f"ab@{args.ref}"])
+        ratios[f"envace_vs_envace@{args.ref}"] = (
+            e["row_tokens_per_s"] / results[f"envace@{args.ref}"]["row_tokens_per_s"]
+        )
+        ab = results["ab"] = run_json_subprocess(
+            common_args + ["--steps", str(max(2, args.steps)), "--worker", f"ab@{args.ref}"]
+        )
         ratios[f"envace_vs_envace@{args.ref}_alternating"] = ab["current_over_ref_speed"]
-        print(f"alternating steps in one process: current {min(ab['current_step_seconds']):.1f}s, {args.ref} {min(ab['ref_step_seconds']):.1f}s per step")
+        print(
+            f"alternating steps in one process: current {min(ab['current_step_seconds']):.1f}s, {args.ref} {min(ab['ref_step_seconds']):.1f}s per step"
+        )
     results["ratios"] = ratios
     print("ratios:", {k: round(v, 2) for k, v in ratios.items()})
     print("targets:", results.get("targets"))

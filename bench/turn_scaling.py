@@ -18,6 +18,7 @@ kept history) and ``full / reuse``.
 
 Usage: python bench/turn_scaling.py [--turns 16] [--group 2] [--full-turns 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,10 @@ def scripts(task):
         return gold[n % len(gold)].to_text()
 
     def rehearse(session, n):
-        return '<observation>{"ok": true, "call": %d, "result": {"status": "done", "detail": "operation completed"}}</observation>' % n
+        return (
+            '<observation>{"ok": true, "call": %d, "result": {"status": "done", "detail": "operation completed"}}</observation>'
+            % n
+        )
 
     return act, rehearse
 
@@ -84,7 +88,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--turns", type=int, default=16)
     ap.add_argument("--group", type=int, default=2, help="K trajectories of the task, in lockstep")
-    ap.add_argument("--full-turns", type=int, default=8, help="turns of the full re-encoding run (it grows quadratically)")
+    ap.add_argument(
+        "--full-turns", type=int, default=8, help="turns of the full re-encoding run (it grows quadratically)"
+    )
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -92,28 +98,55 @@ def main() -> None:
     model, tok = load(args.model)
     task = load_tasks("builtin", "train", n=1, seed=0)[0]
     Forced = forced_backend(HFBackend)
-    HFBackend(model, tok).generate([tok.encode("Hello")], RolloutConfig().act.with_(max_new_tokens=4, seed=0))  # warm-up
+    HFBackend(model, tok).generate(
+        [tok.encode("Hello")], RolloutConfig().act.with_(max_new_tokens=4, seed=0)
+    )  # warm-up
 
     def cfg(turns):
         # lockstep: every turn's calls are separate generate calls, timed one by one (the KV reuse is the same
         # as under continuous batching, where a turn has no wall-clock boundary of its own)
-        return RolloutConfig(mode="rehearsal", group_size=args.group, max_steps=turns, max_steps_per_turn=turns, max_context_tokens=8192, seed=0, schedule="lockstep")
+        return RolloutConfig(
+            mode="rehearsal",
+            group_size=args.group,
+            max_steps=turns,
+            max_steps_per_turn=turns,
+            max_context_tokens=8192,
+            seed=0,
+            schedule="lockstep",
+        )
 
     reuse = rollout(Forced, model, tok, task, cfg(args.turns))
     new_only = replay_new_only(Forced, model, tok, task, reuse.calls, cfg(args.turns))
-    full = rollout(Forced, model, tok, task, cfg(min(args.full_turns, args.turns)), keep_sessions=False, share_prefixes=False)
+    full = rollout(
+        Forced, model, tok, task, cfg(min(args.full_turns, args.turns)), keep_sessions=False, share_prefixes=False
+    )
     tr, tn, tf = per_turn(reuse.calls), per_turn(new_only.calls), per_turn(full.calls)
     rows = []
     cum = {"reuse": 0.0, "new_only": 0.0, "full": 0.0}
     for T in range(1, args.turns + 1):
         cum["reuse"] += tr[T - 1]["seconds"]
         cum["new_only"] += tn[T - 1]["seconds"]
-        row = {"T": T, "context_tokens": tr[T - 1]["context"], "reuse_s": cum["reuse"], "new_only_s": cum["new_only"], "reuse_over_new_only": cum["reuse"] / cum["new_only"], "turn_encoded_tokens_reuse": tr[T - 1]["encoded"], "turn_generated_tokens": tr[T - 1]["generated"]}
+        row = {
+            "T": T,
+            "context_tokens": tr[T - 1]["context"],
+            "reuse_s": cum["reuse"],
+            "new_only_s": cum["new_only"],
+            "reuse_over_new_only": cum["reuse"] / cum["new_only"],
+            "turn_encoded_tokens_reuse": tr[T - 1]["encoded"],
+            "turn_generated_tokens": tr[T - 1]["generated"],
+        }
         if T <= len(tf):
             cum["full"] += tf[T - 1]["seconds"]
-            row |= {"full_s": cum["full"], "full_over_reuse": cum["full"] / cum["reuse"], "turn_encoded_tokens_full": tf[T - 1]["encoded"]}
+            row |= {
+                "full_s": cum["full"],
+                "full_over_reuse": cum["full"] / cum["reuse"],
+                "turn_encoded_tokens_full": tf[T - 1]["encoded"],
+            }
         rows.append(row)
-        print(f"T={T:2d} ctx={row['context_tokens']:5d}  reuse {row['reuse_s']:7.1f}s  new-only {row['new_only_s']:7.1f}s  ratio {row['reuse_over_new_only']:.2f}" + (f"  full {row['full_s']:7.1f}s ({row['full_over_reuse']:.2f}x reuse)" if "full_s" in row else ""))
+        print(
+            f"T={T:2d} ctx={row['context_tokens']:5d}  reuse {row['reuse_s']:7.1f}s  new-only {row['new_only_s']:7.1f}s  ratio {row['reuse_over_new_only']:.2f}"
+            + (f"  full {row['full_s']:7.1f}s ({row['full_over_reuse']:.2f}x reuse)" if "full_s" in row else "")
+        )
     last = rows[-1]
     res = {
         "model": args.model,

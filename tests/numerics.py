@@ -15,6 +15,7 @@ a rounding) or too loose (an atol larger than the tensor). Here the tolerance is
 Log-probs are compared on the same scale with ``floor=1``: their rounding is that of the logits and of the
 log-sum-exp, not of the (maybe tiny) log-prob itself.
 """
+
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Sequence
@@ -36,7 +37,9 @@ def _as_tensor(x: torch.Tensor | Sequence[float]) -> torch.Tensor:
     return t.to(torch.float64).cpu()
 
 
-def relative_errors(actual: torch.Tensor | Sequence[float], expected: torch.Tensor | Sequence[float], floor: float = 0.0) -> tuple[float, float]:
+def relative_errors(
+    actual: torch.Tensor | Sequence[float], expected: torch.Tensor | Sequence[float], floor: float = 0.0
+) -> tuple[float, float]:
     """``(||a - b|| / max(||b||, floor * sqrt(n)), max|a - b| / max(max|b|, floor))`` in float64: ``floor`` is the
     least magnitude an element's rounding is relative to."""
     a, b = _as_tensor(actual), _as_tensor(expected)
@@ -46,7 +49,15 @@ def relative_errors(actual: torch.Tensor | Sequence[float], expected: torch.Tens
     return norm, elem
 
 
-def assert_close_rel(actual: torch.Tensor | Sequence[float], expected: torch.Tensor | Sequence[float], *, rel: float = REL, elem: float = ELEM, floor: float = 0.0, what: str = "tensor") -> None:
+def assert_close_rel(
+    actual: torch.Tensor | Sequence[float],
+    expected: torch.Tensor | Sequence[float],
+    *,
+    rel: float = REL,
+    elem: float = ELEM,
+    floor: float = 0.0,
+    what: str = "tensor",
+) -> None:
     """Assert that ``actual`` equals ``expected`` up to float rounding relative to the magnitude of ``expected``.
 
     Same shape, non-finite values at the same places and equal there, and over the finite entries
@@ -55,7 +66,9 @@ def assert_close_rel(actual: torch.Tensor | Sequence[float], expected: torch.Ten
     a, b = _as_tensor(actual), _as_tensor(expected)
     assert a.shape == b.shape, f"{what}: shape {tuple(a.shape)} != expected {tuple(b.shape)}"
     fa, fb = torch.isfinite(a), torch.isfinite(b)
-    assert torch.equal(fa, fb) and torch.equal(a[~fa].nan_to_num(), b[~fb].nan_to_num()), f"{what}: non-finite values differ"
+    assert torch.equal(fa, fb) and torch.equal(a[~fa].nan_to_num(), b[~fb].nan_to_num()), (
+        f"{what}: non-finite values differ"
+    )
     a, b = a[fa], b[fb]
     norm, worst = relative_errors(a, b, floor)
     if norm > rel or worst > elem:
@@ -66,14 +79,28 @@ def assert_close_rel(actual: torch.Tensor | Sequence[float], expected: torch.Ten
         )
 
 
-def assert_all_close_rel(actual: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor], *, rel: float = REL, elem: float = ELEM, what: str = "") -> None:
+def assert_all_close_rel(
+    actual: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    *,
+    rel: float = REL,
+    elem: float = ELEM,
+    what: str = "",
+) -> None:
     """:func:`assert_close_rel` for every tensor of two dicts with the same keys (gradients, parameter updates)."""
     assert actual.keys() == expected.keys(), f"{what}: keys differ: {sorted(set(actual) ^ set(expected))}"
     for name in expected:
         assert_close_rel(actual[name], expected[name], rel=rel, elem=elem, what=f"{what}{name}")
 
 
-def assert_logprobs_close(actual: Iterable[float] | torch.Tensor, expected: Iterable[float] | torch.Tensor, *, rel: float = REL, elem: float = LOGPROB_ELEM, what: str = "log-probs") -> None:
+def assert_logprobs_close(
+    actual: Iterable[float] | torch.Tensor,
+    expected: Iterable[float] | torch.Tensor,
+    *,
+    rel: float = REL,
+    elem: float = LOGPROB_ELEM,
+    what: str = "log-probs",
+) -> None:
     """Log-probs of the same tokens computed two ways (see the module docstring for the ``floor=1`` scale)."""
     a = actual if isinstance(actual, torch.Tensor) else list(actual)
     b = expected if isinstance(expected, torch.Tensor) else list(expected)

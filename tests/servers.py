@@ -1,4 +1,5 @@
 """A live ``envace serve`` for tests: started in a subprocess on a free loopback port, stopped on exit."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,9 +10,17 @@ from typing import IO, Iterator
 
 
 @contextlib.contextmanager
-def envace_serve(*args: str, stderr: int | IO[str] = subprocess.DEVNULL, env: dict[str, str] | None = None, timeout_s: float = 120) -> Iterator[str]:
+def envace_serve(
+    *args: str, stderr: int | IO[str] = subprocess.DEVNULL, env: dict[str, str] | None = None, timeout_s: float = 120
+) -> Iterator[str]:
     """``envace serve --port 0 *args``: yields its ``http://127.0.0.1:PORT/v1`` URL once it says it is up."""
-    proc = subprocess.Popen([sys.executable, "-m", "envace.cli", "serve", *args, "--port", "0"], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envace.cli", "serve", *args, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env=env,
+    )
     try:
         deadline, url = time.time() + timeout_s, None
         while time.time() < deadline and url is None:

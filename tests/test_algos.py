@@ -1,4 +1,5 @@
 """Hand-computed values for the math of role-wise GRPO (envace.algos), plus loop references on random data."""
+
 from __future__ import annotations
 
 import math
@@ -6,7 +7,16 @@ import math
 import pytest
 import torch
 
-from envace.algos import ADVANTAGES, AGGREGATIONS, aggregate, kl_k3, loss_normalizer, policy_loss, sft_loss, token_logprobs
+from envace.algos import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    aggregate,
+    kl_k3,
+    loss_normalizer,
+    policy_loss,
+    sft_loss,
+    token_logprobs,
+)
 from envace.registry import UnknownNameError
 
 ACT, REH = 0, 1
@@ -88,7 +98,9 @@ def test_constant_or_singleton_cells_give_zero_advantage_not_nan():
 
 
 def test_a_cell_with_only_invalid_rows_and_an_empty_batch():
-    adv, m = ADVANTAGES.get("rolewise")(torch.tensor([0.7, 0.2]), torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([True, False]))
+    adv, m = ADVANTAGES.get("rolewise")(
+        torch.tensor([0.7, 0.2]), torch.tensor([0, 0]), torch.tensor([0, 1]), torch.tensor([True, False])
+    )
     assert adv.tolist() == [0.0, 0.0] and m["n_cells"] == 1
     empty = torch.zeros(0)
     adv, m = ADVANTAGES.get("rolewise_std")(empty, empty.long(), empty.long())
@@ -121,7 +133,10 @@ def _loop_advantages(rewards, groups, roles, valid, by_role, scale, eps):
     return out
 
 
-@pytest.mark.parametrize("name,by_role,scale", [("rolewise", True, False), ("rolewise_std", True, True), ("pooled", False, False), ("pooled_std", False, True)])
+@pytest.mark.parametrize(
+    "name,by_role,scale",
+    [("rolewise", True, False), ("rolewise_std", True, True), ("pooled", False, False), ("pooled_std", False, True)],
+)
 def test_vectorised_advantages_match_the_loop_reference(name, by_role, scale):
     g = torch.Generator().manual_seed(0)
     for _ in range(20):
@@ -131,7 +146,9 @@ def test_vectorised_advantages_match_the_loop_reference(name, by_role, scale):
         roles = torch.randint(0, 3, (n,), generator=g)
         valid = torch.rand(n, generator=g, dtype=torch.float64) > 0.2
         adv, _ = ADVANTAGES.get(name)(rewards, groups, roles, valid, eps=1e-6)
-        assert adv.tolist() == pytest.approx(_loop_advantages(rewards, groups, roles, valid, by_role, scale, 1e-6), abs=1e-9)
+        assert adv.tolist() == pytest.approx(
+            _loop_advantages(rewards, groups, roles, valid, by_role, scale, 1e-6), abs=1e-9
+        )
 
 
 # ---------------------------------------------------------------------------------------------- policy loss
@@ -216,7 +233,9 @@ def test_micro_batch_losses_with_the_batch_normalizer_sum_to_the_full_batch_loss
 
     parts = [slice(0, 2), slice(2, 3), slice(3, 6)]
     norm = sum(loss_normalizer(mask[s], agg) for s in parts)
-    assert norm == loss_normalizer(mask, agg) == (19.0 if agg == "token_mean" else 5.0)  # 7+1+4+0+5+2 tokens, 5 non-empty rows
+    assert (
+        norm == loss_normalizer(mask, agg) == (19.0 if agg == "token_mean" else 5.0)
+    )  # 7+1+4+0+5+2 tokens, 5 non-empty rows
     acc_logp = logp0.clone().requires_grad_(True)
     total = 0.0
     for s in parts:
@@ -331,7 +350,6 @@ def test_token_logprobs_gradient_flows_to_the_logits():
     assert logits.grad[0, 0].tolist() == pytest.approx([-0.25, -0.25, 0.75, -0.25])
 
 
-
 def test_the_update_divides_by_the_count_a_new_aggregation_declares(tiny):
     """optimizer_step asks the aggregation registry for the batch's divisor: a new aggregation (here one whose
     count is neither the tokens nor the rows) gets its own, in every micro-batch."""
@@ -342,11 +360,18 @@ def test_the_update_divides_by_the_count_a_new_aggregation_declares(tiny):
     from envace.update import optimizer_step
 
     lengths = [3, 1, 4]
-    rows = [Row("act", [5, 6, 7 + i], list(range(20, 20 + n)), [0.0] * n, "t", f"traj{i}", "g") for i, n in enumerate(lengths)]
+    rows = [
+        Row("act", [5, 6, 7 + i], list(range(20, 20 + n)), [0.0] * n, "t", f"traj{i}", "g")
+        for i, n in enumerate(lengths)
+    ]
     squares = Aggregation(total=lambda x, m: (x * m).sum(), count=lambda m: (m.sum(-1) ** 2).sum(), doc="test only")
     AGGREGATIONS.add("test_squared_lengths", squares)
     try:
-        assert rows_normalizer(lengths, "test_squared_lengths") == rows_normalizer(lengths + [0], "test_squared_lengths") == 9 + 1 + 16
+        assert (
+            rows_normalizer(lengths, "test_squared_lengths")
+            == rows_normalizer(lengths + [0], "test_squared_lengths")
+            == 9 + 1 + 16
+        )
         seen = []
 
         def loss_fn(logp, mask, idxs, normalizer):
@@ -355,7 +380,16 @@ def test_the_update_divides_by_the_count_a_new_aggregation_declares(tiny):
 
         model = copy.deepcopy(tiny[0])
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        optimizer_step(model, opt, rows, loss_fn, agg="test_squared_lengths", micro_batch_tokens=4, temperatures={}, max_grad_norm=1e9)
+        optimizer_step(
+            model,
+            opt,
+            rows,
+            loss_fn,
+            agg="test_squared_lengths",
+            micro_batch_tokens=4,
+            temperatures={},
+            max_grad_norm=1e9,
+        )
         assert len(seen) >= 2 and set(seen) == {26.0}  # not the 8 tokens, not the 3 non-empty rows
     finally:
         AGGREGATIONS.remove("test_squared_lengths")

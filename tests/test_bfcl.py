@@ -1,5 +1,6 @@
 """BFCL-v4 multi-turn adapter: data conversion, gold replay through the adapter scored by the official checker,
 corruption, and the guarantee that model text is never evaluated."""
+
 from __future__ import annotations
 
 import copy
@@ -29,7 +30,9 @@ def run_turns(task: Task, turns: list[list[ToolCall]], reply: str = "Done.") -> 
     steps = []
     for i, calls in enumerate(turns):
         for c in calls:
-            steps.append(Step(user_turn=i, action_text=c.to_text(), calls=[c], observations=[env.call(c)], sources=["real"]))
+            steps.append(
+                Step(user_turn=i, action_text=c.to_text(), calls=[c], observations=[env.call(c)], sources=["real"])
+            )
         steps.append(Step(user_turn=i, action_text=reply, reply=reply))
     return env, Trajectory(id=f"{task.id}-t", task_id=task.id, group_id="g", mode="real", steps=steps)
 
@@ -54,13 +57,27 @@ def test_each_category_has_200_tasks_with_valid_json_schemas(all_tasks):
 
 
 def test_schema_normalisation_maps_bfcl_types():
-    doc = {"type": "dict", "properties": {
-        "a": {"type": "float"}, "b": {"type": "tuple", "items": {"type": "integer"}}, "c": {"type": "any"},
-        "d": {"type": "dict", "properties": {"e": {"type": "boolean"}}}}, "required": ["a"]}
+    doc = {
+        "type": "dict",
+        "properties": {
+            "a": {"type": "float"},
+            "b": {"type": "tuple", "items": {"type": "integer"}},
+            "c": {"type": "any"},
+            "d": {"type": "dict", "properties": {"e": {"type": "boolean"}}},
+        },
+        "required": ["a"],
+    }
     out = bfcl.normalize_schema(doc)
-    assert out == {"type": "object", "properties": {
-        "a": {"type": "number"}, "b": {"type": "array", "items": {"type": "integer"}}, "c": {},
-        "d": {"type": "object", "properties": {"e": {"type": "boolean"}}}}, "required": ["a"]}
+    assert out == {
+        "type": "object",
+        "properties": {
+            "a": {"type": "number"},
+            "b": {"type": "array", "items": {"type": "integer"}},
+            "c": {},
+            "d": {"type": "object", "properties": {"e": {"type": "boolean"}}},
+        },
+        "required": ["a"],
+    }
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
@@ -77,7 +94,9 @@ def test_gold_replay_through_adapter_scores_200_of_200(all_tasks, category):
 
 def test_positional_gold_arguments_are_named_from_the_signature(all_tasks):
     owners = bfcl._method_owners(["GorillaFileSystem", "VehicleControlAPI"])
-    assert bfcl.parse_gold_call("sort('final_report.pdf')", owners) == ToolCall("sort", {"file_name": "final_report.pdf"})
+    assert bfcl.parse_gold_call("sort('final_report.pdf')", owners) == ToolCall(
+        "sort", {"file_name": "final_report.pdf"}
+    )
     assert bfcl.parse_gold_call("fillFuelTank(15.0)", owners) == ToolCall("fillFuelTank", {"fuelAmount": 15.0})
     # the dataset's positional gold calls all arrive with named arguments (none dropped)
     n_positional = 0
@@ -92,7 +111,12 @@ def test_positional_gold_arguments_are_named_from_the_signature(all_tasks):
 
 def test_gold_parsing_accepts_literals_only():
     owners = bfcl._method_owners(["GorillaFileSystem"])
-    for text in ["cd(folder=__import__('os').getcwd())", "cd(folder=open('x').read())", "os.system('ls')", "cd(**{'folder': 'a'})"]:
+    for text in [
+        "cd(folder=__import__('os').getcwd())",
+        "cd(folder=open('x').read())",
+        "os.system('ls')",
+        "cd(**{'folder': 'a'})",
+    ]:
         with pytest.raises(ValueError):
             bfcl.parse_gold_call(text, owners)
 
@@ -129,9 +153,14 @@ def test_scores_agree_with_bfcl_s_own_eval_executor(all_tasks):
     try:
         for task in all_tasks["multi_turn_base"][:6]:
             strings = task.env_config["ground_truth"]
-            entry = {"id": task.id, "initial_config": task.env_config["initial_config"],
-                     "involved_classes": task.env_config["involved_classes"]}
-            official = multi_turn_checker([[turn] if turn else [] for turn in strings], strings, entry, "multi_turn_base", name)
+            entry = {
+                "id": task.id,
+                "initial_config": task.env_config["initial_config"],
+                "involved_classes": task.env_config["involved_classes"],
+            }
+            official = multi_turn_checker(
+                [[turn] if turn else [] for turn in strings], strings, entry, "multi_turn_base", name
+            )
             assert official["valid"] and score(task, task.gold_actions).success
             # corrupt: drop the last call of the first non-empty turn
             t = next(i for i, turn in enumerate(strings) if turn)
@@ -139,8 +168,9 @@ def test_scores_agree_with_bfcl_s_own_eval_executor(all_tasks):
             bad_strings[t] = bad_strings[t][:-1]
             bad_calls = copy.deepcopy(task.gold_actions)
             bad_calls[t] = bad_calls[t][:-1]
-            official_bad = multi_turn_checker([[turn] if turn else [] for turn in bad_strings], strings, entry,
-                                              "multi_turn_base", name + "_bad")
+            official_bad = multi_turn_checker(
+                [[turn] if turn else [] for turn in bad_strings], strings, entry, "multi_turn_base", name + "_bad"
+            )
             assert official_bad["valid"] == score(task, bad_calls).success, task.id
     finally:
         for key in [k for k in vars(multi_turn_utils) if k.startswith(name)]:
@@ -160,8 +190,13 @@ def test_adapter_leaves_no_instances_in_bfcl_module_globals(all_tasks):
 def test_model_text_is_never_executed(all_tasks, tmp_path):
     marker = tmp_path / "pwned"
     code = f"__import__('os').system('touch {marker}')"
-    task = next(t for t in all_tasks["multi_turn_base"] if "GorillaFileSystem" in t.env_config["involved_classes"]
-                and t.tool("echo") is not None and t.tool("touch") is not None)
+    task = next(
+        t
+        for t in all_tasks["multi_turn_base"]
+        if "GorillaFileSystem" in t.env_config["involved_classes"]
+        and t.tool("echo") is not None
+        and t.tool("touch") is not None
+    )
     env = make_env(task)
 
     # code as a tool name: an unknown tool, through the env and through the adapter's invoker
@@ -180,8 +215,12 @@ def test_model_text_is_never_executed(all_tasks, tmp_path):
 
     # scoring re-executes every call of the trajectory: still no evaluation
     turns = copy.deepcopy(task.gold_actions)
-    turns[0] = [ToolCall(name=code, arguments={}), ToolCall("touch", {"file_name": code}),
-                ToolCall("echo", {"content": code, "file_name": code}), ToolCall("cat", {code: code})] + turns[0]
+    turns[0] = [
+        ToolCall(name=code, arguments={}),
+        ToolCall("touch", {"file_name": code}),
+        ToolCall("echo", {"content": code, "file_name": code}),
+        ToolCall("cat", {code: code}),
+    ] + turns[0]
     s = score(task, turns)
     assert isinstance(s.success, bool)
     assert not marker.exists()

@@ -2,6 +2,7 @@
 BFCL's own AST checker, wrong types as BFCL's error types, the relevance rules, only the first response scored,
 BFCL's weighting against a hand-computed example, unavailable categories named, suite specs, and (test-time)
 rehearsal with a scripted backend."""
+
 from __future__ import annotations
 
 import json
@@ -51,9 +52,18 @@ def respond(task: Task, calls: list[ToolCall] | None = None, reply: str | None =
     """Score one response (calls, a text reply or an unparsable output) through the task's real environment."""
     env = make_env(task)
     if parse_error is not None:
-        step = Step(user_turn=0, action_text="<tool_call>{", parse_error={"error": {"kind": "bad_format", "message": parse_error}})
+        step = Step(
+            user_turn=0,
+            action_text="<tool_call>{",
+            parse_error={"error": {"kind": "bad_format", "message": parse_error}},
+        )
     elif calls:
-        step = Step(user_turn=0, action_text="".join(c.to_text() for c in calls), calls=calls, observations=[env.call(c) for c in calls])
+        step = Step(
+            user_turn=0,
+            action_text="".join(c.to_text() for c in calls),
+            calls=calls,
+            observations=[env.call(c) for c in calls],
+        )
     else:
         step = Step(user_turn=0, action_text=reply or "", reply=reply or "")
     return env.score(first_step_traj(task, [step]))
@@ -116,13 +126,22 @@ def test_tools_are_valid_json_schema_with_bfcl_types_mapped(by_category):
 
 
 def test_a_call_with_wrong_argument_types_fails_with_bfcl_s_error_type_and_no_exception(by_category):
-    py = next(t for t in by_category["simple_python"] if any(isinstance(v, int) and not isinstance(v, bool) for v in t.gold_actions[0][0].arguments.values()))
+    py = next(
+        t
+        for t in by_category["simple_python"]
+        if any(isinstance(v, int) and not isinstance(v, bool) for v in t.gold_actions[0][0].arguments.values())
+    )
     call = py.gold_actions[0][0]
     name = next(k for k, v in call.arguments.items() if isinstance(v, int) and not isinstance(v, bool))
     bad = ToolCall(call.name, {**call.arguments, name: {"not": "an int"}})
     assert is_error_obs(make_env(py).call(bad))  # the environment answers with a schema error, as an observation
     s = respond(py, calls=[bad])
-    assert not s.success and s.reward == 0.0 and s.details["error_type"] == "type_error:simple" and name in s.details["error"]
+    assert (
+        not s.success
+        and s.reward == 0.0
+        and s.details["error_type"] == "type_error:simple"
+        and name in s.details["error"]
+    )
     for category, error_type in (("simple_java", "type_error:java"), ("simple_javascript", "type_error:js")):
         task = by_category[category][0]
         gold = task.gold_actions[0][0]
@@ -132,21 +151,40 @@ def test_a_call_with_wrong_argument_types_fails_with_bfcl_s_error_type_and_no_ex
 
 
 def test_an_exception_inside_bfcl_s_checker_is_a_failed_check():
-    doc = [{"name": "f", "description": "", "parameters": {"type": "dict", "properties": {"q": {"type": "Queue", "description": ""}}, "required": ["q"]}}]
-    s = bfcl_single.score_response("simple_java", doc, [{"f": {"q": [["x"]]}}], [ToolCall("f", {"q": "new LinkedList<>()"})])
-    assert not s.success and s.details["error_type"] == "checker_exception" and "NotImplementedError" in s.details["error"]
+    doc = [
+        {
+            "name": "f",
+            "description": "",
+            "parameters": {
+                "type": "dict",
+                "properties": {"q": {"type": "Queue", "description": ""}},
+                "required": ["q"],
+            },
+        }
+    ]
+    s = bfcl_single.score_response(
+        "simple_java", doc, [{"f": {"q": [["x"]]}}], [ToolCall("f", {"q": "new LinkedList<>()"})]
+    )
+    assert (
+        not s.success and s.details["error_type"] == "checker_exception" and "NotImplementedError" in s.details["error"]
+    )
 
 
 def test_wrong_function_count_and_values_fail_with_bfcl_s_error_types(by_category):
     task = by_category["parallel"][0]
     assert len(task.gold_actions[0]) >= 2
-    assert respond(task, calls=task.gold_actions[0][:1]).details["error_type"] == "parallel_function_checker_no_order:wrong_count"
+    assert (
+        respond(task, calls=task.gold_actions[0][:1]).details["error_type"]
+        == "parallel_function_checker_no_order:wrong_count"
+    )
     assert respond(task, calls=list(reversed(task.gold_actions[0]))).success  # parallel calls in any order
     simple = by_category["simple_python"][0]
     wrong = ToolCall("no_such_function", simple.gold_actions[0][0].arguments)
     assert respond(simple, calls=[wrong]).details["error_type"] == "simple_function_checker:wrong_func_name"
     assert respond(simple, reply="I cannot help.").details["error_type"] == "simple_function_checker:wrong_count"
-    assert respond(simple, parse_error="tool call is not valid JSON").details["error_type"] == "ast_decoder:decoder_failed"
+    assert (
+        respond(simple, parse_error="tool call is not valid JSON").details["error_type"] == "ast_decoder:decoder_failed"
+    )
 
 
 def test_irrelevance_passes_without_a_call_and_relevance_with_any_call(by_category):
@@ -168,9 +206,15 @@ def test_only_the_first_response_is_scored_and_no_response_fails_everywhere(by_c
     task = by_category["simple_python"][3]
     gold = task.gold_actions[0]
     env = make_env(task)
-    late = [Step(user_turn=0, action_text="Let me think.", reply="Let me think."), Step(user_turn=0, action_text="", calls=gold, observations=[env.call(c) for c in gold])]
+    late = [
+        Step(user_turn=0, action_text="Let me think.", reply="Let me think."),
+        Step(user_turn=0, action_text="", calls=gold, observations=[env.call(c) for c in gold]),
+    ]
     assert not env.score(first_step_traj(task, late)).success
-    early = [Step(user_turn=0, action_text="", calls=gold, observations=[env.call(c) for c in gold]), Step(user_turn=0, action_text="", calls=[ToolCall("junk", {})])]
+    early = [
+        Step(user_turn=0, action_text="", calls=gold, observations=[env.call(c) for c in gold]),
+        Step(user_turn=0, action_text="", calls=[ToolCall("junk", {})]),
+    ]
     assert env.score(first_step_traj(task, early)).success
     for t in (task, by_category["irrelevance"][0]):
         s = make_env(t).score(first_step_traj(t, []))
@@ -206,12 +250,27 @@ def test_live_system_messages_join_the_system_prompt_and_earlier_turns_become_a_
 
 def test_suite_specs_select_categories_and_collections_and_unknown_names_list_the_valid_ones():
     assert bfcl_v4.categories_of("bfcl") == list(bfcl.CATEGORIES)  # the multi-turn four, as before
-    assert bfcl_v4.categories_of("bfcl:non_live") == ["simple_python", "simple_java", "simple_javascript", "multiple", "parallel", "parallel_multiple", "irrelevance"]
-    assert bfcl_v4.categories_of("bfcl:live,simple_java")[-1] == "simple_java" and len(bfcl_v4.categories_of("bfcl:all")) == 22
+    assert bfcl_v4.categories_of("bfcl:non_live") == [
+        "simple_python",
+        "simple_java",
+        "simple_javascript",
+        "multiple",
+        "parallel",
+        "parallel_multiple",
+        "irrelevance",
+    ]
+    assert (
+        bfcl_v4.categories_of("bfcl:live,simple_java")[-1] == "simple_java"
+        and len(bfcl_v4.categories_of("bfcl:all")) == 22
+    )
     assert "format_sensitivity" not in bfcl_v4.categories_of("bfcl:all")
-    with pytest.raises(ValueError, match=r"'simple_pyton'.*valid collections: .*single_turn.*valid categories: .*simple_python"):
+    with pytest.raises(
+        ValueError, match=r"'simple_pyton'.*valid collections: .*single_turn.*valid categories: .*simple_python"
+    ):
         load_tasks("bfcl:simple_pyton", "all")
-    with pytest.raises(ValueError, match="no selected BFCL category can run here: web_search_base: unavailable offline"):
+    with pytest.raises(
+        ValueError, match="no selected BFCL category can run here: web_search_base: unavailable offline"
+    ):
         load_tasks("bfcl:web_search", "test")
     with pytest.raises(ValueError, match="unknown split"):
         load_tasks("bfcl:simple_python", "val")
@@ -223,17 +282,36 @@ def test_multi_turn_specs_load_the_same_tasks_as_before():
     new = load_tasks("bfcl:multi_turn_base,multi_turn_miss_param", "train", n=5, seed=2)
     old = bfcl.load_bfcl_tasks("bfcl:multi_turn_base,multi_turn_miss_param", "train", n=5, seed=2)
     assert [t.to_dict() for t in new] == [t.to_dict() for t in old]
-    assert type(make_env(new[0])) is bfcl.BFCLEnv and type(make_env(load_tasks("bfcl:multiple", "test", n=1)[0])) is bfcl_single.BFCLSingleEnv
+    assert (
+        type(make_env(new[0])) is bfcl.BFCLEnv
+        and type(make_env(load_tasks("bfcl:multiple", "test", n=1)[0])) is bfcl_single.BFCLSingleEnv
+    )
 
 
 # ------------------------------------------------------------------------------------------ the summary
 
 
 def test_bfcl_s_weighting_matches_a_hand_computed_example():
-    acc = {"simple_python": 0.8, "simple_java": 0.6, "simple_javascript": 0.4, "multiple": 0.5, "parallel": 0.7, "parallel_multiple": 0.3,
-           "irrelevance": 0.9, "live_simple": 0.5, "live_multiple": 0.25, "live_parallel": 1.0, "live_parallel_multiple": 0.0,
-           "live_irrelevance": 0.7, "live_relevance": 0.75, "multi_turn_base": 0.4, "multi_turn_miss_func": 0.2}
-    sizes = {c: bfcl_v4.category_size(c) for c in ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")}
+    acc = {
+        "simple_python": 0.8,
+        "simple_java": 0.6,
+        "simple_javascript": 0.4,
+        "multiple": 0.5,
+        "parallel": 0.7,
+        "parallel_multiple": 0.3,
+        "irrelevance": 0.9,
+        "live_simple": 0.5,
+        "live_multiple": 0.25,
+        "live_parallel": 1.0,
+        "live_parallel_multiple": 0.0,
+        "live_irrelevance": 0.7,
+        "live_relevance": 0.75,
+        "multi_turn_base": 0.4,
+        "multi_turn_miss_func": 0.2,
+    }
+    sizes = {
+        c: bfcl_v4.category_size(c) for c in ("live_simple", "live_multiple", "live_parallel", "live_parallel_multiple")
+    }
     assert sizes == {"live_simple": 258, "live_multiple": 1053, "live_parallel": 16, "live_parallel_multiple": 24}
     files = bfcl_v4.leaderboard(acc)
     simple = (0.8 + 0.6 + 0.4) / 3
@@ -251,14 +329,25 @@ def test_bfcl_s_weighting_matches_a_hand_computed_example():
 
 
 def test_the_summary_reads_per_task_rows_and_names_unavailable_and_missing_categories():
-    rows = [{"task_id": f"a{i}", "domain": "bfcl:simple_python", "successes": [i < 3, True]} for i in range(4)]  # 7 of 8 trials
-    rows += [{"task_id": "b", "domain": "bfcl:irrelevance", "successes": [False]}, {"task_id": "c", "domain": "bank", "successes": [True]}]
+    rows = [
+        {"task_id": f"a{i}", "domain": "bfcl:simple_python", "successes": [i < 3, True]} for i in range(4)
+    ]  # 7 of 8 trials
+    rows += [
+        {"task_id": "b", "domain": "bfcl:irrelevance", "successes": [False]},
+        {"task_id": "c", "domain": "bank", "successes": [True]},
+    ]
     s = bfcl_v4.summary(rows)
     assert s["categories"]["simple_python"] == {"size": 400, "n_tasks": 4, "accuracy": 7 / 8, "status": "evaluated"}
     assert s["scores"]["data_non_live"]["Python Simple AST"] == pytest.approx(7 / 8)
     simple = (7 / 8 + 0 + 0) / 3  # Python, Java, JavaScript simple; irrelevance 0 of 1, everything else not evaluated
     assert s["scores"]["data_overall"]["Overall Acc"] == pytest.approx(0.1 * (simple + 0 + 0 + 0) / 4)
-    assert set(s["unavailable"]) == {"web_search_base", "web_search_no_snippet", "memory_kv", "memory_vector", "memory_rec_sum"}
+    assert set(s["unavailable"]) == {
+        "web_search_base",
+        "web_search_no_snippet",
+        "memory_kv",
+        "memory_vector",
+        "memory_rec_sum",
+    }
     assert all(re.search("internet", s["unavailable"][c]) for c in ("web_search_base", "web_search_no_snippet"))
     assert "Hugging Face Hub" in s["unavailable"]["memory_vector"] and "multi_turn_base" in s["not_evaluated"]
     text = s["text"]
@@ -303,33 +392,77 @@ def scripted(tasks: list[Task]):
 
 @pytest.fixture(scope="module")
 def few(by_category) -> list[Task]:
-    return [by_category["simple_python"][0], by_category["parallel"][1], by_category["simple_java"][2], by_category["irrelevance"][0]]
+    return [
+        by_category["simple_python"][0],
+        by_category["parallel"][1],
+        by_category["simple_java"][2],
+        by_category["irrelevance"][0],
+    ]
 
 
 def test_evaluation_with_a_scripted_gold_policy_scores_every_single_turn_task(tokenizer, few):
-    res = evaluate(ScriptedBackend(tokenizer, scripted(few)), few, rollout=RolloutConfig(max_steps=3, max_steps_per_turn=2))
+    res = evaluate(
+        ScriptedBackend(tokenizer, scripted(few)), few, rollout=RolloutConfig(max_steps=3, max_steps_per_turn=2)
+    )
     assert [p["successes"] for p in res.per_task] == [[True]] * 4, [t.reward_info for t in res.trajectories]
     assert res.trajectories[1].steps[0].calls == few[1].gold_actions[0]  # parallel calls in one generation
     # one response is the task's protocol: the episode ends after it, generating nothing more, and is not "cut"
     assert all(len(t.steps) == 1 and t.truncated is None for t in res.trajectories)
-    assert [t.counters.get("ended/task_max_steps", 0) for t in res.trajectories] == [1, 1, 1, 0]  # (irrelevance: a reply ends it anyway)
+    assert [t.counters.get("ended/task_max_steps", 0) for t in res.trajectories] == [
+        1,
+        1,
+        1,
+        0,
+    ]  # (irrelevance: a reply ends it anyway)
 
 
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
 def test_test_time_rehearsal_runs_on_single_turn_tasks_and_scores_the_real_first_response(tokenizer, few, mode):
     be = ScriptedBackend(tokenizer, scripted(few))
-    res = evaluate_at_budget(be, few, rollout=RolloutConfig(group_size=1, max_steps=3, max_steps_per_turn=2), n=2, mode=mode, tts_options={"memory": "concat"})
+    res = evaluate_at_budget(
+        be,
+        few,
+        rollout=RolloutConfig(group_size=1, max_steps=3, max_steps_per_turn=2),
+        n=2,
+        mode=mode,
+        tts_options={"memory": "concat"},
+    )
     assert res.metrics["tts/n"] == 2.0 and res.metrics["success_rate"] == 1.0
-    assert any('{"imagined": true}' in p for p in be.prompts) and any("Notes from private rehearsal" in p for p in be.prompts)
+    assert any('{"imagined": true}' in p for p in be.prompts) and any(
+        "Notes from private rehearsal" in p for p in be.prompts
+    )
     assert all(t.mode == "real" and t.env_outcome["success"] for t in res.trajectories)
 
 
 def test_eval_cli_prints_bfcl_s_summary_table_and_saves_it(tmp_path):
     out = tmp_path / "eval.json"
-    cmd = [sys.executable, "-m", "envace.cli", "eval", "--model", "tiny-random", "--suite", "bfcl:simple_python,live_relevance", "-n", "2",
-           "--max-steps", "1", "--max-new-tokens", "4", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "envace.cli",
+        "eval",
+        "--model",
+        "tiny-random",
+        "--suite",
+        "bfcl:simple_python,live_relevance",
+        "-n",
+        "2",
+        "--max-steps",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "BFCL-v4 summary" in p.stdout and "Overall Acc" in p.stdout and "web_search_base: unavailable offline" in p.stdout
+    assert (
+        "BFCL-v4 summary" in p.stdout
+        and "Overall Acc" in p.stdout
+        and "web_search_base: unavailable offline" in p.stdout
+    )
     d = json.loads(out.read_text())
-    assert d["summary"]["scores"]["data_overall"]["Overall Acc"] >= 0.0 and Counter(r["domain"] for r in d["per_task"]).total() == 2
+    assert (
+        d["summary"]["scores"]["data_overall"]["Overall Acc"] >= 0.0
+        and Counter(r["domain"] for r in d["per_task"]).total() == 2
+    )

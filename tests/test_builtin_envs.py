@@ -1,4 +1,5 @@
 """Behaviour tests of the built-in environments (bank, shop, files) and their task generators."""
+
 from __future__ import annotations
 
 import copy
@@ -26,7 +27,15 @@ def gold_trajectory(task: Task, calls_per_turn: list[list[ToolCall]] | None = No
     steps = []
     for i, (calls, reply) in enumerate(zip(calls_per_turn, replies)):
         if calls:
-            steps.append(Step(user_turn=i, action_text="", calls=list(calls), observations=[env.call(c) for c in calls], sources=["real"] * len(calls)))
+            steps.append(
+                Step(
+                    user_turn=i,
+                    action_text="",
+                    calls=list(calls),
+                    observations=[env.call(c) for c in calls],
+                    sources=["real"] * len(calls),
+                )
+            )
         steps.append(Step(user_turn=i, action_text=reply, reply=reply))
     return env, Trajectory(id=f"{task.id}/t0", task_id=task.id, group_id=task.id, mode="real", steps=steps)
 
@@ -156,9 +165,15 @@ def test_train_and_test_tasks_are_disjoint(tasks):
         train, test = tasks[(d, "train")], tasks[(d, "test")]
         assert {t.id for t in train}.isdisjoint({t.id for t in test})
         assert {tuple(t.user_turns) for t in train}.isdisjoint({tuple(t.user_turns) for t in test})
-        assert {json.dumps(t.env_config, sort_keys=True) for t in train}.isdisjoint({json.dumps(t.env_config, sort_keys=True) for t in test})
+        assert {json.dumps(t.env_config, sort_keys=True) for t in train}.isdisjoint(
+            {json.dumps(t.env_config, sort_keys=True) for t in test}
+        )
         # every in-distribution template appears in both splits, with different parameter combinations
-        assert {t.metadata["template"] for t in train} == {t.metadata["template"] for t in test} == set(DOMAINS[d].template_names("train"))
+        assert (
+            {t.metadata["template"] for t in train}
+            == {t.metadata["template"] for t in test}
+            == set(DOMAINS[d].template_names("train"))
+        )
 
 
 def test_split_membership_follows_the_parameter_combination(tasks):
@@ -174,7 +189,9 @@ def test_generation_is_deterministic_from_the_seed():
         a = [t.to_dict() for t in load_tasks(d, "test", n=25, seed=7)]
         b = [t.to_dict() for t in load_tasks(d, "test", n=25, seed=7)]
         assert a == b
-        assert [t.to_dict() for t in load_tasks(d, "test", n=3)] == [make_task(d, "test", i).to_dict() for i in range(3)]
+        assert [t.to_dict() for t in load_tasks(d, "test", n=3)] == [
+            make_task(d, "test", i).to_dict() for i in range(3)
+        ]
 
 
 def test_tasks_round_trip_through_to_dict_and_from_dict(tasks):
@@ -290,7 +307,10 @@ def test_bank_transfer_moves_money_and_records_history():
     assert env.call(ToolCall("list_accounts", {}))["total"] == before
     assert env.call(ToolCall("get_transactions", {"account": b, "limit": 1}))["transactions"][0]["amount"] == "12.50"
     env.call(ToolCall("freeze_account", {"account": a}))
-    assert "frozen" in env.call(ToolCall("transfer", {"from_account": a, "to_account": b, "amount": 1}))["error"]["message"]
+    assert (
+        "frozen"
+        in env.call(ToolCall("transfer", {"from_account": a, "to_account": b, "amount": 1}))["error"]["message"]
+    )
 
 
 def test_shop_order_lifecycle_keeps_stock_consistent():
@@ -311,7 +331,9 @@ def test_files_mv_moves_directories_with_their_contents():
     env.call(ToolCall("mkdir", {"path": "/dest"}))
     assert env.call(ToolCall("mv", {"src": "/proj", "dst": "/dest"})) == {"from": "/proj", "to": "/dest/proj"}
     assert env.call(ToolCall("cat", {"path": "/dest/proj/a.txt"}))["content"] == "alpha\nbeta"
-    assert env.call(ToolCall("grep", {"text": "BETA", "path": "/dest"}))["matches"] == [{"path": "/dest/proj/a.txt", "line": "beta"}]
+    assert env.call(ToolCall("grep", {"text": "BETA", "path": "/dest"}))["matches"] == [
+        {"path": "/dest/proj/a.txt", "line": "beta"}
+    ]
     assert "not empty" in env.call(ToolCall("rm", {"path": "/dest"}))["error"]["message"]
     assert env.call(ToolCall("mv", {"src": "/dest", "dst": "/dest/proj/x"}))["error"]["kind"] == "tool_error"
 

@@ -1,6 +1,7 @@
 """The built-in suites' validation and out-of-distribution splits and task kinds: what ``val`` and ``ood`` hold
 out, that every split has every kind, that the labels are derived correctly, and that the in-distribution test
 split (and, outside the carved-out val keys, train) did not change."""
+
 from __future__ import annotations
 
 import copy
@@ -51,7 +52,11 @@ def test_ood_shares_no_template_with_train_or_test(tasks):
         seen = {t.metadata["template"] for s in ("train", "test") for t in tasks[(d, s)]}
         assert held == set(dom.template_names("ood")) == dom.held_out and len(held) >= 4
         assert held.isdisjoint(seen)
-        assert set(dom.template_names("train")) == set(dom.template_names("test")) == set(dom.templates.names()) - dom.held_out
+        assert (
+            set(dom.template_names("train"))
+            == set(dom.template_names("test"))
+            == set(dom.templates.names()) - dom.held_out
+        )
 
 
 def _strings(x: Any) -> list[str]:
@@ -65,11 +70,19 @@ def _strings(x: Any) -> list[str]:
 
 def _texts(t: Task) -> list[str]:
     """What a task says: user turns, gold replies, expected outputs, gold-call arguments, the initial state."""
-    return [*t.user_turns, *t.gold_replies, *t.expected_outputs, *_strings([c.arguments for c in t.flat_gold()]), *_strings(t.env_config)]
+    return [
+        *t.user_turns,
+        *t.gold_replies,
+        *t.expected_outputs,
+        *_strings([c.arguments for c in t.flat_gold()]),
+        *_strings(t.env_config),
+    ]
 
 
 def _mentions(texts: list[str], names: set[str]) -> set[str]:
-    pattern = re.compile("|".join(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])" for n in sorted(names, key=len, reverse=True)))
+    pattern = re.compile(
+        "|".join(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])" for n in sorted(names, key=len, reverse=True))
+    )
     return {m.group(0) for s in texts for m in pattern.finditer(s)}
 
 
@@ -208,11 +221,11 @@ def test_carried_values_come_from_observations_and_not_from_the_user():
 # captured from the code before the ood split and the kinds existed
 TEST_HASHES = {
     "bank": "1c2d5e5c65c1 6314b0f9811b 5d9a9805acaa a3e7b786cd1d ab86a3e6031b 5dc1e109545e 00eba14b1d42 9b11209a406b bcbafb72924a c7c0e54d53b7 "
-            "f8fdb22a3149 20e2a243d75b a4598b053b16 990c45c31c70 ea90487a0d31 36a1f919728a 34276a184312 ebcb83abba49 284a53c3d525 0dfaf2e42367",
+    "f8fdb22a3149 20e2a243d75b a4598b053b16 990c45c31c70 ea90487a0d31 36a1f919728a 34276a184312 ebcb83abba49 284a53c3d525 0dfaf2e42367",
     "shop": "a820fe49326e 566a94121d85 c652035fcbd6 85abead760ad 0f1a18d298f9 f05fd560798f f36266194f80 019df476a62b d4f847b5470e 51a26154bc85 "
-            "8eb13b12f765 7c4c4696e089 62afadf518bb d729278f7281 f5e8b8ebac6f c4385cb5c6e9 0c131ae32ab2 2ea2fc2385a9 9c0bbf0a0d24 ecc0a82efab8",
+    "8eb13b12f765 7c4c4696e089 62afadf518bb d729278f7281 f5e8b8ebac6f c4385cb5c6e9 0c131ae32ab2 2ea2fc2385a9 9c0bbf0a0d24 ecc0a82efab8",
     "files": "ffc1ae7c55f0 65940cc117e8 46a4cd93322d 6f61d4b76aff de42cd5f09da 0a6be1ae9e38 d8f00984d644 4f6313729a6a 1ad90f3dc11a 0c1b8c0ee398 "
-             "c19ad729a195 d265106f2269 d809f56a8448 d4820dc0f1db fe50e0fe5872 069c43a70327 d2941020fb6a 6f573f4c3705 aa91f8fa041f 19c772b4fc9c",
+    "c19ad729a195 d265106f2269 d809f56a8448 d4820dc0f1db fe50e0fe5872 069c43a70327 d2941020fb6a 6f573f4c3705 aa91f8fa041f 19c772b4fc9c",
 }
 
 
@@ -255,7 +268,12 @@ def test_val_is_a_split_of_every_builtin_suite(tasks):
         assert make_task(d, "val", 7).to_dict() == ts[7].to_dict()
         a, b = load_tasks(d, "val", n=5, seed=3), load_tasks(d, "val", n=5, seed=3)
         assert [t.to_dict() for t in a] == [t.to_dict() for t in b]
-    assert [t.id for t in tasks[("builtin", "val")][:4]] == ["bank-val-000000", "shop-val-000000", "files-val-000000", "bank-val-000001"]
+    assert [t.id for t in tasks[("builtin", "val")][:4]] == [
+        "bank-val-000000",
+        "shop-val-000000",
+        "files-val-000000",
+        "bank-val-000001",
+    ]
 
 
 def test_train_val_and_test_keys_are_pairwise_disjoint(scanned):
@@ -292,25 +310,62 @@ def test_split_of_gives_test_and_val_their_shares():
 
 def _digest(ts: list[Task]) -> str:
     """sha256 (16 hex digits) of the tasks' to_dict() without references (metadata["kind"] included)."""
+
     def one(t: Task) -> str:
         d = t.to_dict()
         d.pop("references", None)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
+
     return hashlib.sha256(" ".join(one(t) for t in ts).encode()).hexdigest()[:16]
 
 
 # _digest of the first 20 tasks of each suite, captured from the code before the val split existed
 BEFORE_VAL = {
-    ("bank", "test"): "06a48a2479062213", ("shop", "test"): "d86e2e55c83f81ec", ("files", "test"): "b956e664626c2d20",
+    ("bank", "test"): "06a48a2479062213",
+    ("shop", "test"): "d86e2e55c83f81ec",
+    ("files", "test"): "b956e664626c2d20",
     ("builtin", "test"): "0d7cbc930d98a76f",
-    ("bank", "ood"): "30a02a4e2248cde6", ("shop", "ood"): "c9e7706f3c7c6e62", ("files", "ood"): "be17185dab95e70f",
+    ("bank", "ood"): "30a02a4e2248cde6",
+    ("shop", "ood"): "c9e7706f3c7c6e62",
+    ("files", "ood"): "be17185dab95e70f",
     ("builtin", "ood"): "67ef80d44724f89c",
 }
 # of the first 256 train tasks, the indices whose first accepted draw had a key that is now val (so a later
 # sub-seed decides them now), and _digest of the other indices' tasks, captured before the val split existed
 TRAIN_CHANGED = {
-    "bank": ([20, 28, 66, 67, 87, 101, 105, 115, 133, 146, 154, 162, 165, 171, 186, 194, 196, 202, 204, 206, 242, 249], "5021ee58503aa164"),
-    "shop": ([22, 67, 70, 73, 81, 83, 99, 105, 127, 132, 136, 137, 141, 153, 166, 200, 204, 205, 212, 218, 226, 233, 241, 247], "68025e4dcd78de3d"),
+    "bank": (
+        [20, 28, 66, 67, 87, 101, 105, 115, 133, 146, 154, 162, 165, 171, 186, 194, 196, 202, 204, 206, 242, 249],
+        "5021ee58503aa164",
+    ),
+    "shop": (
+        [
+            22,
+            67,
+            70,
+            73,
+            81,
+            83,
+            99,
+            105,
+            127,
+            132,
+            136,
+            137,
+            141,
+            153,
+            166,
+            200,
+            204,
+            205,
+            212,
+            218,
+            226,
+            233,
+            241,
+            247,
+        ],
+        "68025e4dcd78de3d",
+    ),
     "files": ([3, 10, 21, 33, 46, 56, 58, 69, 79, 81, 94, 159, 190, 205, 210, 220], "85c07886fe769fe4"),
 }
 

@@ -2,6 +2,7 @@
 that cannot be appended to falls back visibly, tool formats per family, thinking stripped, and a rollout, an SFT
 step and a GRPO step with a Llama-3-style tokenizer. The tokenizers are the tiny model's, renamed and given new
 special tokens and a template here: nothing is downloaded."""
+
 import copy
 import json
 import os
@@ -121,13 +122,19 @@ def retokenized(tok, rename, specials, template, bos, eos, pad, name, split=None
     ``split``: a pre-tokenizer pattern in place of GPT-2's."""
     j = json.loads(tok.backend_tokenizer.to_str())
     if split is not None:
-        j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
-            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+        j["pre_tokenizer"] = {
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+            ],
+        }
     for t in j["added_tokens"]:
         t["content"] = rename.get(t["content"], t["content"])
     j["model"]["vocab"] = {rename.get(k, k): v for k, v in j["model"]["vocab"].items()}
-    out = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(j)), bos_token=bos, eos_token=eos, pad_token=pad)
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(j)), bos_token=bos, eos_token=eos, pad_token=pad
+    )
     out.add_special_tokens({"additional_special_tokens": specials})
     out.chat_template = template
     out.name_or_path = name
@@ -136,11 +143,31 @@ def retokenized(tok, rename, specials, template, bos, eos, pad, name, split=None
 
 @pytest.fixture(scope="module")
 def llama_tok(tokenizer):
-    return retokenized(tokenizer, LLAMA_RENAME, ["<|start_header_id|>", "<|end_header_id|>", "<|python_tag|>", "<|eom_id|>"], LLAMA_TEMPLATE, "<|begin_of_text|>", "<|eot_id|>", "<|end_of_text|>", "test/llama-3-style", LLAMA3_SPLIT)
+    return retokenized(
+        tokenizer,
+        LLAMA_RENAME,
+        ["<|start_header_id|>", "<|end_header_id|>", "<|python_tag|>", "<|eom_id|>"],
+        LLAMA_TEMPLATE,
+        "<|begin_of_text|>",
+        "<|eot_id|>",
+        "<|end_of_text|>",
+        "test/llama-3-style",
+        LLAMA3_SPLIT,
+    )
 
 
 def _mistral(tokenizer, template, name):
-    specials = ["[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"]
+    specials = [
+        "[INST]",
+        "[/INST]",
+        "[TOOL_CALLS]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_RESULTS]",
+        "[/TOOL_RESULTS]",
+        "[SYSTEM_PROMPT]",
+        "[/SYSTEM_PROMPT]",
+    ]
     return retokenized(tokenizer, MISTRAL_RENAME, specials, template, "<s>", "</s>", "<unk>", name)
 
 
@@ -149,7 +176,11 @@ def llama_model_dir(tiny, llama_tok, tmp_path_factory):
     """A model folder: the tiny model, its embeddings resized to the Llama-style vocabulary, and that tokenizer."""
     model = copy.deepcopy(tiny[0])
     model.resize_token_embeddings(len(llama_tok))
-    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = llama_tok.bos_token_id, llama_tok.eos_token_id, llama_tok.pad_token_id
+    model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id = (
+        llama_tok.bos_token_id,
+        llama_tok.eos_token_id,
+        llama_tok.pad_token_id,
+    )
     model.generation_config.eos_token_id = llama_tok.eos_token_id
     folder = tmp_path_factory.mktemp("llama-style")
     model.save_pretrained(folder)
@@ -158,11 +189,13 @@ def llama_model_dir(tiny, llama_tok, tmp_path_factory):
 
 
 def template_ids(tok, chat, generation=False):
-    return tok.encode(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation), add_special_tokens=False)
+    return tok.encode(
+        tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation), add_special_tokens=False
+    )
 
 
 CHAT = [
-    {"role": "system", "content": "You are a bank assistant.\n\n# Tools\n{\"name\": \"get_balance\"}"},
+    {"role": "system", "content": 'You are a bank assistant.\n\n# Tools\n{"name": "get_balance"}'},
     {"role": "user", "content": "How much is in main?"},
     {"role": "assistant", "content": '{"name": "get_balance", "parameters": {"account": "main"}}'},
     {"role": "tool", "content": '{"balance": 12.5, "note": "line\\nbreak \\"quoted\\""}'},
@@ -206,7 +239,9 @@ def test_appending_a_completion_closes_the_turn_as_the_template_renders_it(llama
     context = fmt.render(CHAT[:4]) + reply + [fmt.end_id]
     context += fmt.close_completion(reply + [fmt.end_id])
     assert context == template_ids(llama_tok, CHAT[:5])
-    assert fmt.render(CHAT[:4]) + reply + fmt.close_completion(reply) == template_ids(llama_tok, CHAT[:5])  # stopped without the end token
+    assert fmt.render(CHAT[:4]) + reply + fmt.close_completion(reply) == template_ids(
+        llama_tok, CHAT[:5]
+    )  # stopped without the end token
 
 
 def test_mistral_template_that_merges_the_system_prompt_falls_back_to_chatml_with_a_notice(tokenizer, capsys):
@@ -272,7 +307,10 @@ def test_special_token_text_in_content_stays_text_in_a_template_format(llama_tok
 
 # ----------------------------------------------------------------------------------------- tool formats
 
-CALLS = [ToolCall("get_balance", {"account": "main"}), ToolCall("transfer", {"to": "bob", "amount": 5.5, "memo": "ü ; [x] {y}"})]
+CALLS = [
+    ToolCall("get_balance", {"account": "main"}),
+    ToolCall("transfer", {"to": "bob", "amount": 5.5, "memo": "ü ; [x] {y}"}),
+]
 TAGS = {"llama3_json": "<|python_tag|>", "mistral": "[TOOL_CALLS]"}
 
 
@@ -292,14 +330,51 @@ def test_each_tool_format_parses_what_it_renders(name):
 
 
 MALFORMED = {
-    "hermes": ['<tool_call>{"name": "a"', '<tool_call>[1]</tool_call>', '<tool_call>{"name": "a", "arguments": 3}</tool_call>'],
-    "llama3_json": ['{"name": "a", "parameters": {', '<|python_tag|>not json', '<|python_tag|>{"foo": 1}', '{"name": "a", "parameters": []}',
-                    '{"name": "a", "parameters": {}} and more text', '{"name": 3, "parameters": {}}', '{"name": "a", "parameters": {"x": NaN}}'],
-    "mistral": ['[TOOL_CALLS] [{"name": "a", "arguments": ', '[TOOL_CALLS] []', '[TOOL_CALLS] [{"name": "a", "arguments": 1}]',
-                '[TOOL_CALLS] [{"name": "a", "arguments": {}}] trailing', '[{"name": "a", "arguments": {}', '[TOOL_CALLS] [1, 2]'],
+    "hermes": [
+        '<tool_call>{"name": "a"',
+        "<tool_call>[1]</tool_call>",
+        '<tool_call>{"name": "a", "arguments": 3}</tool_call>',
+    ],
+    "llama3_json": [
+        '{"name": "a", "parameters": {',
+        "<|python_tag|>not json",
+        '<|python_tag|>{"foo": 1}',
+        '{"name": "a", "parameters": []}',
+        '{"name": "a", "parameters": {}} and more text',
+        '{"name": 3, "parameters": {}}',
+        '{"name": "a", "parameters": {"x": NaN}}',
+    ],
+    "mistral": [
+        '[TOOL_CALLS] [{"name": "a", "arguments": ',
+        "[TOOL_CALLS] []",
+        '[TOOL_CALLS] [{"name": "a", "arguments": 1}]',
+        '[TOOL_CALLS] [{"name": "a", "arguments": {}}] trailing',
+        '[{"name": "a", "arguments": {}',
+        "[TOOL_CALLS] [1, 2]",
+    ],
 }
-REPLIES = {"hermes": ["{\"total\": 5}", "plain"], "llama3_json": ['{"total": 5}', "[1, 2]", "plain"], "mistral": ['[{"total": 5}]', '{"name": "x"}', "plain"]}
-JUNK = [None, "x" * 300_000, "hi \ud800", "<think>never closed", "", "   ", "{", "[", "<|python_tag|>", "[TOOL_CALLS]", '{"name": "a\\ud800", "parameters": {}}', "[" * 5000 + "]" * 5000, "[{" * 3000, '{"a":' * 100 + "1" + "}" * 100, '[TOOL_CALLS] [{"name": "a", "arguments": ' + '{"a":' * 100 + "1" + "}" * 100 + "}]"]
+REPLIES = {
+    "hermes": ['{"total": 5}', "plain"],
+    "llama3_json": ['{"total": 5}', "[1, 2]", "plain"],
+    "mistral": ['[{"total": 5}]', '{"name": "x"}', "plain"],
+}
+JUNK = [
+    None,
+    "x" * 300_000,
+    "hi \ud800",
+    "<think>never closed",
+    "",
+    "   ",
+    "{",
+    "[",
+    "<|python_tag|>",
+    "[TOOL_CALLS]",
+    '{"name": "a\\ud800", "parameters": {}}',
+    "[" * 5000 + "]" * 5000,
+    "[{" * 3000,
+    '{"a":' * 100 + "1" + "}" * 100,
+    '[TOOL_CALLS] [{"name": "a", "arguments": ' + '{"a":' * 100 + "1" + "}" * 100 + "}]",
+]
 
 
 @pytest.mark.parametrize("name", TOOL_FORMATS.names())
@@ -330,7 +405,10 @@ def test_act_instructions_describe_the_chosen_tool_format():
         system = act_system(task, tools=TOOL_FORMATS.get(name))
         assert TOOL_FORMATS.get(name).instructions in system
         assert all(TOOL_FORMATS.get(o).instructions not in system for o in TOOL_FORMATS.names() if o != name)
-    assert '"parameters"' in TOOL_FORMATS.get("llama3_json").instructions and "[TOOL_CALLS]" in TOOL_FORMATS.get("mistral").instructions
+    assert (
+        '"parameters"' in TOOL_FORMATS.get("llama3_json").instructions
+        and "[TOOL_CALLS]" in TOOL_FORMATS.get("mistral").instructions
+    )
 
 
 # ----------------------------------------------------------------------------------------- thinking
@@ -338,10 +416,13 @@ def test_act_instructions_describe_the_chosen_tool_format():
 
 def test_thinking_is_stripped_and_never_parsed_as_a_call():
     hermes = TOOL_FORMATS.get("hermes")
-    p = hermes.parse("<think>maybe <tool_call>{\"name\": \"drop_db\", \"arguments\": {}}</tool_call></think>It is 4.")
+    p = hermes.parse('<think>maybe <tool_call>{"name": "drop_db", "arguments": {}}</tool_call></think>It is 4.')
     assert (p.calls, p.reply) == ([], "It is 4.") and "drop_db" in p.thinking
     assert hermes.parse("opened by the prompt</think>It is 4.").reply == "It is 4."
-    assert hermes.parse("<think>no end <tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>").error["error"]["kind"] == "bad_format"
+    assert (
+        hermes.parse('<think>no end <tool_call>{"name": "a", "arguments": {}}</tool_call>').error["error"]["kind"]
+        == "bad_format"
+    )
     assert strip_thinking("<think>a</think>b<think>c</think>d") == ("bd", "<think>a</think><think>c</think>", None)
     assert strip_thinking("no thinking") == ("no thinking", None, None)
 
@@ -360,7 +441,11 @@ def test_a_user_simulator_and_rehearse_never_see_act_thinking(tokenizer):
     def respond(prompt):
         if "tool simulator" in prompt:
             return '<observation>{"ok": true}</observation>'
-        return ("<think>SECRET-PLAN-A</think>" + call.to_text()) if "<|im_start|>tool" not in prompt else "<think>SECRET-PLAN-B</think>Done."
+        return (
+            ("<think>SECRET-PLAN-A</think>" + call.to_text())
+            if "<|im_start|>tool" not in prompt
+            else "<think>SECRET-PLAN-B</think>Done."
+        )
 
     USERS.add("recording-test", lambda task, **kw: Recording())
     try:
@@ -402,7 +487,9 @@ def test_a_rehearsal_rollout_with_a_llama_style_tokenizer_builds_the_templates_c
     last = [r for r in traj.rows if r.role == "act"][-1]
     chat = [{"role": m.role, "content": m.content} for m in traj.messages]
     # the appended Act context is the template's own tokenization of the chat, turn for turn
-    assert last.prompt_ids + last.completion_ids + engine.fmt.close_completion(last.completion_ids) == template_ids(llama_tok, chat)
+    assert last.prompt_ids + last.completion_ids + engine.fmt.close_completion(last.completion_ids) == template_ids(
+        llama_tok, chat
+    )
     assert tools.instructions in traj.messages[0].content
     reh = [r for r in traj.rows if r.role == "rehearse"][0]
     assert llama_tok.decode(reh.prompt_ids).startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>")
@@ -412,7 +499,12 @@ def test_an_hf_rollout_with_a_llama_style_model_stops_on_its_end_of_turn(llama_m
     model, tok = load(llama_model_dir)
     be = HFBackend(model, tok)
     assert tok.convert_tokens_to_ids("<|eot_id|>") in be.eos_ids
-    cfg = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=6), rehearse=SamplingParams(max_new_tokens=6, stop=["</observation>"]))
+    cfg = RolloutConfig(
+        group_size=2,
+        max_steps=2,
+        act=SamplingParams(max_new_tokens=6),
+        rehearse=SamplingParams(max_new_tokens=6, stop=["</observation>"]),
+    )
     trajs = RolloutEngine(be, cfg).run(load_tasks("bank", "train", n=1))
     rows = [r for t in trajs for r in t.rows]
     assert {r.role for r in rows} >= {"act"} and all(tok.decode(r.prompt_ids[:1]) == "<|begin_of_text|>" for r in rows)
@@ -430,9 +522,43 @@ def test_sft_gold_calls_are_written_in_the_models_tool_format(llama_tok):
 
 
 def test_an_sft_step_and_a_grpo_step_run_with_a_llama_style_model(llama_model_dir, tmp_path):
-    res = sft(SFTConfig(model=llama_model_dir, suite="bank", n_tasks=2, steps=1, batch_tasks=2, out_dir=str(tmp_path / "sft"), tensorboard=False, report_to=(), progress=False))
+    res = sft(
+        SFTConfig(
+            model=llama_model_dir,
+            suite="bank",
+            n_tasks=2,
+            steps=1,
+            batch_tasks=2,
+            out_dir=str(tmp_path / "sft"),
+            tensorboard=False,
+            report_to=(),
+            progress=False,
+        )
+    )
     assert res.metrics[-1]["sft/grad_norm"] > 0 and os.path.isdir(res.checkpoint)
-    rc = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=8), rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]))
-    out = train(TrainConfig(model=res.checkpoint, suite="bank", variant="envace", iterations=1, batch_tasks=1, lr=1e-3, rollout=rc, out_dir=str(tmp_path / "rl"), tensorboard=False, progress=False, save_every=1))
+    rc = RolloutConfig(
+        group_size=2,
+        max_steps=2,
+        act=SamplingParams(max_new_tokens=8),
+        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
+    )
+    out = train(
+        TrainConfig(
+            model=res.checkpoint,
+            suite="bank",
+            variant="envace",
+            iterations=1,
+            batch_tasks=1,
+            lr=1e-3,
+            rollout=rc,
+            out_dir=str(tmp_path / "rl"),
+            tensorboard=False,
+            progress=False,
+            save_every=1,
+        )
+    )
     assert out.step == 1 and read_metrics(out.out_dir)[-1]["step"] == 1
-    assert ChatFormat.for_tokenizer(load_tokenizer(res.checkpoint)).prefixes["tool"] == "<|start_header_id|>ipython<|end_header_id|>\n\n"
+    assert (
+        ChatFormat.for_tokenizer(load_tokenizer(res.checkpoint)).prefixes["tool"]
+        == "<|start_header_id|>ipython<|end_header_id|>\n\n"
+    )

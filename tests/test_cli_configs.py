@@ -3,6 +3,7 @@ shows the dataclass defaults (for the commands that had hand-written flags: the 
 the shorthand flags and ``--set`` resolve in the documented order, unknown fields name the valid ones, ``--help``
 lists every field with its docstring, and ``eval --backend http`` against a live ``envace serve`` gives the same
 greedy trajectories as ``--backend hf``."""
+
 import dataclasses
 import json
 import sys
@@ -16,21 +17,97 @@ from envace.config import config_fields, config_help, field_docs, first_sentence
 from servers import envace_serve
 
 COMMANDS = {
-    "sft": "SFTConfig", "train": "TrainConfig", "eval": "EvalConfig", "fidelity": "FidelityConfig",
-    "experiment": "ExperimentConfig", "rollout": "RolloutBatchConfig", "rehearse": "RehearseConfig", "serve": "ServeConfig", "export": "ExportConfig",
+    "sft": "SFTConfig",
+    "train": "TrainConfig",
+    "eval": "EvalConfig",
+    "fidelity": "FidelityConfig",
+    "experiment": "ExperimentConfig",
+    "rollout": "RolloutBatchConfig",
+    "rehearse": "RehearseConfig",
+    "serve": "ServeConfig",
+    "export": "ExportConfig",
 }
 MODEL = "SmolLM2-135M-Instruct"
 OLD_FLAG_DEFAULTS = {  # the argparse defaults these commands had before they had configs: behaviour is unchanged
-    "eval": dict(model=MODEL, suite="builtin", split="test", n=20, samples=1, tts_n=0, tts_mode="parallel", tts_memory="model", temperature=None,
-                 max_steps=8, max_new_tokens=160, seed=0, bf16=False, out=None, trajectories=False),
-    "fidelity": dict(model=MODEL, suite="builtin", split="test", n=8, k=2, mode="rehearsal", rehearser=None, simulator=None, validate_in_code=False,
-                     reference_cache=False, max_steps=8, max_new_tokens=160, seed=0, show=0, out=None),
-    "rollout": dict(model=MODEL, suite="builtin", split="train", mode="rehearsal", simulator=None, rehearser=None, n=2, k=4, max_steps=4,
-                    max_new_tokens=96, shadow=False, seed=0, show=2, out="trajectories.jsonl"),
-    "rehearse": dict(model=MODEL, suite="builtin", split="test", index=0, n=2, mode="parallel", memory="model", memory_max_tokens=256, max_steps=6,
-                     max_new_tokens=128, temperature=1.0, seed=0, out=None),
-    "serve": dict(model=MODEL, served_model_name=None, host="127.0.0.1", port=8000, backend="hf", device="cpu", bf16=False, max_batch=32,
-                  batch_wait_ms=5.0, default_max_tokens=256, max_tokens_limit=4096, verbose=False),
+    "eval": dict(
+        model=MODEL,
+        suite="builtin",
+        split="test",
+        n=20,
+        samples=1,
+        tts_n=0,
+        tts_mode="parallel",
+        tts_memory="model",
+        temperature=None,
+        max_steps=8,
+        max_new_tokens=160,
+        seed=0,
+        bf16=False,
+        out=None,
+        trajectories=False,
+    ),
+    "fidelity": dict(
+        model=MODEL,
+        suite="builtin",
+        split="test",
+        n=8,
+        k=2,
+        mode="rehearsal",
+        rehearser=None,
+        simulator=None,
+        validate_in_code=False,
+        reference_cache=False,
+        max_steps=8,
+        max_new_tokens=160,
+        seed=0,
+        show=0,
+        out=None,
+    ),
+    "rollout": dict(
+        model=MODEL,
+        suite="builtin",
+        split="train",
+        mode="rehearsal",
+        simulator=None,
+        rehearser=None,
+        n=2,
+        k=4,
+        max_steps=4,
+        max_new_tokens=96,
+        shadow=False,
+        seed=0,
+        show=2,
+        out="trajectories.jsonl",
+    ),
+    "rehearse": dict(
+        model=MODEL,
+        suite="builtin",
+        split="test",
+        index=0,
+        n=2,
+        mode="parallel",
+        memory="model",
+        memory_max_tokens=256,
+        max_steps=6,
+        max_new_tokens=128,
+        temperature=1.0,
+        seed=0,
+        out=None,
+    ),
+    "serve": dict(
+        model=MODEL,
+        served_model_name=None,
+        host="127.0.0.1",
+        port=8000,
+        backend="hf",
+        device="cpu",
+        bf16=False,
+        max_batch=32,
+        batch_wait_ms=5.0,
+        default_max_tokens=256,
+        max_tokens_limit=4096,
+        verbose=False,
+    ),
 }
 
 
@@ -59,42 +136,143 @@ def test_print_config_shows_the_defaults_and_reads_back_as_the_same_config(cmd, 
 def test_file_then_shorthand_flags_then_set_win_in_that_order(tmp_path):
     f = tmp_path / "eval.yaml"
     f.write_text("n: 5\nseed: 3\nsplit: val\nmax_steps: 2\nbackend_options: {timeout: 9}\n")
-    cfg = _cfg("eval", "--config", str(f), "-n", "7", "--split", "train", "--set", "split=ood", "--trajectories", "--set", "backend_options.max_retries=1")
-    assert (cfg.n, cfg.seed, cfg.split, cfg.max_steps, cfg.trajectories) == (7, 3, "ood", 2, True)  # flag > file; --set > flag
-    assert cfg.backend_options == {"timeout": 9, "max_retries": 1} and cfg.samples == 1 and cfg.model == MODEL  # dotted --set reaches into a dict
+    cfg = _cfg(
+        "eval",
+        "--config",
+        str(f),
+        "-n",
+        "7",
+        "--split",
+        "train",
+        "--set",
+        "split=ood",
+        "--trajectories",
+        "--set",
+        "backend_options.max_retries=1",
+    )
+    assert (cfg.n, cfg.seed, cfg.split, cfg.max_steps, cfg.trajectories) == (
+        7,
+        3,
+        "ood",
+        2,
+        True,
+    )  # flag > file; --set > flag
+    assert (
+        cfg.backend_options == {"timeout": 9, "max_retries": 1} and cfg.samples == 1 and cfg.model == MODEL
+    )  # dotted --set reaches into a dict
     # the same order for the commands without shorthands, and nested fields
     f.write_text("iterations: 3\nrollout: {group_size: 2, act: {max_new_tokens: 7}}\n")
     cfg = _cfg("train", "--config", str(f), "--set", "rollout.group_size=6")
-    assert (cfg.iterations, cfg.rollout.group_size, cfg.rollout.act.max_new_tokens, cfg.rollout.max_steps) == (3, 6, 7, 8)
+    assert (cfg.iterations, cfg.rollout.group_size, cfg.rollout.act.max_new_tokens, cfg.rollout.max_steps) == (
+        3,
+        6,
+        7,
+        8,
+    )
 
 
 def test_old_flags_still_parse_into_their_fields():
-    cfg = _cfg("eval", "--model", "m", "--suite", "bank", "-n", "20", "-k", "3", "--tts-n", "2", "--tts-mode", "sequential", "--tts-memory", "concat",
-               "--temperature", "0.5", "--max-steps", "2", "--max-new-tokens", "9", "--seed", "4", "--bf16", "auto", "--out", "x.json", "--backend", "vllm")
-    assert (cfg.model, cfg.suite, cfg.n, cfg.samples, cfg.tts_n, cfg.tts_mode, cfg.tts_memory, cfg.temperature) == ("m", "bank", 20, 3, 2, "sequential", "concat", 0.5)
-    assert (cfg.max_steps, cfg.max_new_tokens, cfg.seed, cfg.bf16, cfg.out, cfg.backend) == (2, 9, 4, "auto", "x.json", "vllm")
-    assert [_cfg("eval", *a).bf16 for a in ([], ["--bf16"], ["--bf16", "auto"], ["--bf16", "off"])] == [False, True, "auto", False]
-    assert _cfg("fidelity", "-k", "3", "--mode", "per_role", "--rehearser", "r", "--validate-in-code", "--backend", "http").k == 3
+    cfg = _cfg(
+        "eval",
+        "--model",
+        "m",
+        "--suite",
+        "bank",
+        "-n",
+        "20",
+        "-k",
+        "3",
+        "--tts-n",
+        "2",
+        "--tts-mode",
+        "sequential",
+        "--tts-memory",
+        "concat",
+        "--temperature",
+        "0.5",
+        "--max-steps",
+        "2",
+        "--max-new-tokens",
+        "9",
+        "--seed",
+        "4",
+        "--bf16",
+        "auto",
+        "--out",
+        "x.json",
+        "--backend",
+        "vllm",
+    )
+    assert (cfg.model, cfg.suite, cfg.n, cfg.samples, cfg.tts_n, cfg.tts_mode, cfg.tts_memory, cfg.temperature) == (
+        "m",
+        "bank",
+        20,
+        3,
+        2,
+        "sequential",
+        "concat",
+        0.5,
+    )
+    assert (cfg.max_steps, cfg.max_new_tokens, cfg.seed, cfg.bf16, cfg.out, cfg.backend) == (
+        2,
+        9,
+        4,
+        "auto",
+        "x.json",
+        "vllm",
+    )
+    assert [_cfg("eval", *a).bf16 for a in ([], ["--bf16"], ["--bf16", "auto"], ["--bf16", "off"])] == [
+        False,
+        True,
+        "auto",
+        False,
+    ]
+    assert (
+        _cfg(
+            "fidelity", "-k", "3", "--mode", "per_role", "--rehearser", "r", "--validate-in-code", "--backend", "http"
+        ).k
+        == 3
+    )
     assert _cfg("rehearse", "-N", "0", "--index", "4").n == 0 and _cfg("rollout", "--shadow", "--out", "t.jsonl").shadow
-    serve = _cfg("serve", "--served-model-name", "x", "--port", "0", "--batch-wait-ms", "2", "--verbose", "--bf16", "auto")
-    assert (serve.served_model_name, serve.port, serve.batch_wait_ms, serve.verbose, serve.bf16) == ("x", 0, 2.0, True, "auto")
+    serve = _cfg(
+        "serve", "--served-model-name", "x", "--port", "0", "--batch-wait-ms", "2", "--verbose", "--bf16", "auto"
+    )
+    assert (serve.served_model_name, serve.port, serve.batch_wait_ms, serve.verbose, serve.bf16) == (
+        "x",
+        0,
+        2.0,
+        True,
+        "auto",
+    )
 
 
-@pytest.mark.parametrize("argv,cls", [(["fidelity", "--set", "nope=1"], "FidelityConfig"), (["rollout", "--config", "FILE"], "RolloutBatchConfig"),
-                                      (["serve", "--set", "max_tokens=3"], "ServeConfig")])
+@pytest.mark.parametrize(
+    "argv,cls",
+    [
+        (["fidelity", "--set", "nope=1"], "FidelityConfig"),
+        (["rollout", "--config", "FILE"], "RolloutBatchConfig"),
+        (["serve", "--set", "max_tokens=3"], "ServeConfig"),
+    ],
+)
 def test_an_unknown_field_is_one_error_line_naming_the_valid_fields(argv, cls, capsys, tmp_path):
     (tmp_path / "c.yaml").write_text("nope: 1\n")
     argv = [str(tmp_path / "c.yaml") if a == "FILE" else a for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     valid = sorted(f.name for f in dataclasses.fields(config_class(f"envace.config:{cls}")))
-    assert err == f"envace {argv[0]}: error: unknown {cls} field(s) ['{argv[-1].split('=')[0] if '=' in argv[-1] else 'nope'}']; valid: {valid}"
+    assert (
+        err
+        == f"envace {argv[0]}: error: unknown {cls} field(s) ['{argv[-1].split('=')[0] if '=' in argv[-1] else 'nope'}']; valid: {valid}"
+    )
 
 
 def test_a_bad_backend_lists_the_valid_ones_and_vllm_without_vllm_names_the_extra(monkeypatch, capsys):
     for cmd in ("eval", "fidelity"):
         assert main([cmd, "--backend", "nosuch", "--print-config"]) == 2
-        assert capsys.readouterr().err.strip() == f"envace {cmd}: error: unknown backend 'nosuch'; valid names: hf, http, vllm"
+        assert (
+            capsys.readouterr().err.strip()
+            == f"envace {cmd}: error: unknown backend 'nosuch'; valid names: hf, http, vllm"
+        )
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError (as on any machine without it)
     assert main(["eval", "--backend", "vllm", "--model", "tiny-random", "-n", "1"]) == 2
     err = capsys.readouterr().err
@@ -136,11 +314,23 @@ class _Documented:
 
 
 def test_field_docs_read_the_docstring_under_each_field():
-    assert field_docs(_Documented) == {"a": "First sentence, e.g. ``x``, i.e. with abbreviations. Second sentence.", "c": "Spans\ntwo lines.\n\nA second paragraph."}
+    assert field_docs(_Documented) == {
+        "a": "First sentence, e.g. ``x``, i.e. with abbreviations. Second sentence.",
+        "c": "Spans\ntwo lines.\n\nA second paragraph.",
+    }
     assert config_fields(_Documented) == [
-        ("a", 1, "First sentence, e.g. ``x``, i.e. with abbreviations."), ("b", "x", ""), ("c", [1], "Spans two lines.")]
+        ("a", 1, "First sentence, e.g. ``x``, i.e. with abbreviations."),
+        ("b", "x", ""),
+        ("c", [1], "Spans two lines."),
+    ]
     assert first_sentence("x" * 400).endswith("...") and len(first_sentence("x" * 400)) == 300
-    assert config_help(_Documented).splitlines()[1:] == ["  a = 1", "      First sentence, e.g. ``x``, i.e. with abbreviations.", "  b = 'x'", "  c = [1]", "      Spans two lines."]
+    assert config_help(_Documented).splitlines()[1:] == [
+        "  a = 1",
+        "      First sentence, e.g. ``x``, i.e. with abbreviations.",
+        "  b = 'x'",
+        "  c = [1]",
+        "      Spans two lines.",
+    ]
 
 
 def test_eval_backend_http_against_envace_serve_evaluates_like_backend_hf(tmp_path, capsys):
@@ -155,21 +345,43 @@ def test_eval_backend_http_against_envace_serve_evaluates_like_backend_hf(tmp_pa
 
     common = ["--suite", "bank", "-n", "2", "--max-steps", "2", "--max-new-tokens", "24", "--trajectories"]
     assert main(["eval", "--model", "tiny-random", *common, "--out", str(tmp_path / "hf.json")]) == 0
-    kw = dict(suite="bank", n=2, rollout=RolloutConfig(max_steps=2, act=SamplingParams(max_new_tokens=12)), progress=False)
+    kw = dict(
+        suite="bank", n=2, rollout=RolloutConfig(max_steps=2, act=SamplingParams(max_new_tokens=12)), progress=False
+    )
     local = evaluate_model("tiny-random", **kw)
     with envace_serve("--model", "tiny-random", "--served-model-name", "tiny") as url:
         # the served name is no local model: the client is told which tokenizer to use, and says so when it cannot tell
         assert main(["eval", "--backend", "http", "--model", url, *common]) == 2
         assert "set backend_options.tokenizer" in capsys.readouterr().err
-        assert main(["eval", "--backend", "http", "--model", url, "--set", "backend_options.tokenizer=tiny-random", *common, "--out", str(tmp_path / "http.json")]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    "--backend",
+                    "http",
+                    "--model",
+                    url,
+                    "--set",
+                    "backend_options.tokenizer=tiny-random",
+                    *common,
+                    "--out",
+                    str(tmp_path / "http.json"),
+                ]
+            )
+            == 0
+        )
         remote = evaluate_model(url, backend="http", backend_options={"tokenizer": "tiny-random"}, **kw)
     hf, http = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("hf", "http"))
     assert http["config"]["backend"] == "http" and http["config"]["model"] == url and hf["config"]["backend"] == "hf"
     assert hf["task_ids"] == http["task_ids"] and len(hf["per_task"]) == 2
     assert hf["per_task"] == http["per_task"]  # the same per-task outcomes and scores
-    assert hf["trajectories"] == http["trajectories"] and all(st["action_text"] for t in hf["trajectories"] for st in t["steps"])
+    assert hf["trajectories"] == http["trajectories"] and all(
+        st["action_text"] for t in hf["trajectories"] for st in t["steps"]
+    )
     rows = [[r for t in res.trajectories for r in t.rows] for res in (local, remote)]
     assert len(rows[0]) == len(rows[1]) >= 2
     for a, b in zip(*rows):
-        assert (a.role, a.prompt_ids, a.completion_ids) == (b.role, b.prompt_ids, b.completion_ids) and len(a.completion_ids) == 12
+        assert (a.role, a.prompt_ids, a.completion_ids) == (b.role, b.prompt_ids, b.completion_ids) and len(
+            a.completion_ids
+        ) == 12
         assert_logprobs_close(b.old_logprobs, a.old_logprobs)

@@ -1,5 +1,6 @@
 """The example configs (configs/*.yaml) load into TrainConfig as `envace train --config` loads them, and the
 reference one holds METHOD.md's reference hyper-parameters."""
+
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ def test_accelerate_fsdp_config_is_an_accelerate_config():
     assert acc["distributed_type"] == "FSDP" and acc["num_processes"] == 8 and acc["fsdp_config"]["fsdp_version"] == 2
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parent.parent / "configs" / "experiment").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parent.parent / "configs" / "experiment").glob("*.yaml")), ids=lambda p: p.stem
+)
 def test_experiment_configs_load_into_experiment_config(path):
     from envace.experiment import ARMS, ExperimentConfig, load_experiment_config
 

@@ -4,6 +4,7 @@ checkpoints; a 2-process run resumes on 1 process.
 One torchrun launch serves both behaviour tests (a process start costs ~10 s here): the worker
 (tests/fixtures/dist_worker.py) takes one update over fixed rows, then runs ``envace train`` for one iteration.
 """
+
 import importlib.util
 import json
 import os
@@ -21,7 +22,19 @@ from envace.trainer import train
 from numerics import assert_all_close_rel
 
 WORKER = Path(__file__).parent / "fixtures" / "dist_worker.py"
-TRAIN_ARGS = ["model=tiny-random", "suite=bank", "batch_tasks=3", "save_every=1", "rollout.group_size=2", "rollout.max_steps=2", "rollout.act.max_new_tokens=8", "rollout.rehearse.max_new_tokens=8", "tensorboard=false", "progress=false", "lr=1e-3"]
+TRAIN_ARGS = [
+    "model=tiny-random",
+    "suite=bank",
+    "batch_tasks=3",
+    "save_every=1",
+    "rollout.group_size=2",
+    "rollout.max_steps=2",
+    "rollout.act.max_new_tokens=8",
+    "rollout.rehearse.max_new_tokens=8",
+    "tensorboard=false",
+    "progress=false",
+    "lr=1e-3",
+]
 
 
 def _worker():
@@ -36,7 +49,18 @@ def two_processes(tmp_path_factory):
     """Outputs of one 2-process torchrun: the fixed-rows update (``out``) and one training iteration (``out/run``)."""
     out = tmp_path_factory.mktemp("two")
     sets = [a for kv in TRAIN_ARGS + ["iterations=1", f"out_dir={out / 'run'}"] for a in ("--set", kv)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER), str(out), "train", *sets]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(WORKER),
+        str(out),
+        "train",
+        *sets,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -45,10 +69,18 @@ def two_processes(tmp_path_factory):
 def test_two_processes_give_the_one_process_advantages_and_update(two_processes, tmp_path):
     _worker().step(str(tmp_path))  # the same update on this one process (no launcher: envace.distributed.Dist)
     one = json.loads((tmp_path / "adv-0.json").read_text())
-    two = {**json.loads((two_processes / "adv-0.json").read_text()), **json.loads((two_processes / "adv-1.json").read_text())}
+    two = {
+        **json.loads((two_processes / "adv-0.json").read_text()),
+        **json.loads((two_processes / "adv-1.json").read_text()),
+    }
     assert two == one  # whole groups on each process: the role-wise baselines are exact, bit for bit
-    m1, m2 = json.loads((tmp_path / "metrics.json").read_text()), json.loads((two_processes / "metrics.json").read_text())
-    assert m2["world_size"] == 2 and len(set(m2["micro_batches_per_rank"])) == 2  # unequal shares: idle micro-batches ran
+    m1, m2 = (
+        json.loads((tmp_path / "metrics.json").read_text()),
+        json.loads((two_processes / "metrics.json").read_text()),
+    )
+    assert (
+        m2["world_size"] == 2 and len(set(m2["micro_batches_per_rank"])) == 2
+    )  # unequal shares: idle micro-batches ran
     assert m2["metrics"]["n_tokens"] == m1["metrics"]["n_tokens"]  # the normalizer is the whole batch's
     assert m2["metrics"]["grad_norm"] == pytest.approx(m1["metrics"]["grad_norm"], rel=1e-4)
     d1, d2 = torch.load(tmp_path / "delta.pt"), torch.load(two_processes / "delta.pt")
@@ -64,7 +96,10 @@ def test_two_process_training_checkpoints_once_and_resumes_on_one_process(two_pr
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000001"
     assert [m["step"] for m in read_metrics(str(run))] == [1]  # rank 0 alone logs
     trajs = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
-    assert len(trajs) == 3 * 2 and {t["group_id"].split("-")[1] for t in trajs} == {"r0", "r1"}  # both processes' groups
+    assert len(trajs) == 3 * 2 and {t["group_id"].split("-")[1] for t in trajs} == {
+        "r0",
+        "r1",
+    }  # both processes' groups
     by_task = {}
     for t in trajs:
         by_task.setdefault(t["task_id"], set()).add(t["group_id"])

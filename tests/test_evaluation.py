@@ -1,5 +1,6 @@
 """Evaluation harness: pass^k, tool / call F1 and the aggregate metrics by hand; a gold policy scores perfectly;
 test-time rehearsal is reached through the budget; the CLI writes its JSON (run folders: test_run_models.py)."""
+
 import json
 import os
 import subprocess
@@ -11,7 +12,13 @@ from envace.backends.scripted import ScriptedBackend
 from envace.budget import evaluate_at_budget
 from envace.envs import load_tasks
 from envace.evaluation import (
-    compare_results, evaluate, format_metrics, pass_hat_k, rate_with_ci, summarize, task_scores,
+    compare_results,
+    evaluate,
+    format_metrics,
+    pass_hat_k,
+    rate_with_ci,
+    summarize,
+    task_scores,
 )
 from envace.stats import mcnemar_exact, wilson_interval
 from envace.rollout import RolloutConfig
@@ -39,23 +46,62 @@ def test_pass_hat_k_is_the_chance_that_k_draws_without_replacement_all_succeed()
 
 
 def test_task_scores_average_tool_and_call_prf_over_the_trials():
-    task = Task(id="x", env="bank", system_prompt="", user_turns=["u"], tools=[],
-                gold_actions=[[ToolCall("get_balance", {"account": "a"}), ToolCall("transfer", {"from_account": "a", "to_account": "b", "amount": 5})]])
+    task = Task(
+        id="x",
+        env="bank",
+        system_prompt="",
+        user_turns=["u"],
+        tools=[],
+        gold_actions=[
+            [
+                ToolCall("get_balance", {"account": "a"}),
+                ToolCall("transfer", {"from_account": "a", "to_account": "b", "amount": 5}),
+            ]
+        ],
+    )
     t1 = _traj([ToolCall("get_balance", {"account": "a"}), ToolCall("get_balance", {"account": "b"})], reward=1.0)
     t2 = _traj([], reward=0.0)
     s = task_scores(task, [t1, t2])
     # t1: names {get_balance} vs {get_balance, transfer}: P=1, R=1/2, F1=2/3; calls: 1 of 2 right each way: 1/2, 1/2, 1/2
     # t2: no calls vs gold -> 0, 0, 0
     assert s["successes"] == [True, False]
-    assert s["tool_precision"] == pytest.approx(0.5) and s["tool_recall"] == pytest.approx(0.25) and s["tool_f1"] == pytest.approx(1 / 3)
-    assert s["call_precision"] == pytest.approx(0.25) and s["call_recall"] == pytest.approx(0.25) and s["call_f1"] == pytest.approx(0.25)
+    assert (
+        s["tool_precision"] == pytest.approx(0.5)
+        and s["tool_recall"] == pytest.approx(0.25)
+        and s["tool_f1"] == pytest.approx(1 / 3)
+    )
+    assert (
+        s["call_precision"] == pytest.approx(0.25)
+        and s["call_recall"] == pytest.approx(0.25)
+        and s["call_f1"] == pytest.approx(0.25)
+    )
     assert s["domain"] == "bank" and s["steps"] == 1.0
 
 
 def test_summarize_aggregates_success_pass_k_format_and_domains_by_hand():
     per_task = [
-        {"task_id": "a", "domain": "bank", "successes": [True, False], "tool_precision": 1.0, "tool_recall": 0.5, "tool_f1": 2 / 3, "call_precision": 0.5, "call_recall": 0.5, "call_f1": 0.5},
-        {"task_id": "b", "domain": "shop", "successes": [True, True], "tool_precision": 0.0, "tool_recall": 0.0, "tool_f1": 0.0, "call_precision": 0.0, "call_recall": 0.0, "call_f1": 0.0},
+        {
+            "task_id": "a",
+            "domain": "bank",
+            "successes": [True, False],
+            "tool_precision": 1.0,
+            "tool_recall": 0.5,
+            "tool_f1": 2 / 3,
+            "call_precision": 0.5,
+            "call_recall": 0.5,
+            "call_f1": 0.5,
+        },
+        {
+            "task_id": "b",
+            "domain": "shop",
+            "successes": [True, True],
+            "tool_precision": 0.0,
+            "tool_recall": 0.0,
+            "tool_f1": 0.0,
+            "call_precision": 0.0,
+            "call_recall": 0.0,
+            "call_f1": 0.0,
+        },
     ]
     trajs = [
         _traj([ToolCall("f")], counters={"act/steps": 3, "act/parse_errors": 1, "act/tool_calls": 1}, tid="1"),
@@ -67,41 +113,98 @@ def test_summarize_aggregates_success_pass_k_format_and_domains_by_hand():
     m = summarize(per_task, trajs, samples=2, wall_s=1.5)
     assert m["success_rate"] == pytest.approx(0.75)
     assert m["pass^1"] == pytest.approx(0.75) and m["pass^2"] == pytest.approx(0.5)  # (C(1,2)=0 + 1) / 2
-    assert m["tool_f1"] == pytest.approx(1 / 3) and m["tool_recall"] == pytest.approx(0.25) and m["call_f1"] == pytest.approx(0.25)
+    assert (
+        m["tool_f1"] == pytest.approx(1 / 3)
+        and m["tool_recall"] == pytest.approx(0.25)
+        and m["call_f1"] == pytest.approx(0.25)
+    )
     assert m["format_valid_rate"] == pytest.approx(0.75)  # 1 parse error in 4 Act generations
     assert m["tool_calls_per_traj"] == pytest.approx(0.25) and m["truncated_rate"] == pytest.approx(0.25)
     assert m["domain/bank/success_rate"] == 0.5 and m["domain/shop/success_rate"] == 1.0 and m["wall_s"] == 1.5
     text = format_metrics(m)
-    assert text.splitlines()[0].startswith("success_rate") and text.splitlines()[1].startswith("pass^1") and text.splitlines()[2].startswith("pass^2")
+    assert (
+        text.splitlines()[0].startswith("success_rate")
+        and text.splitlines()[1].startswith("pass^1")
+        and text.splitlines()[2].startswith("pass^2")
+    )
     # intervals over the 2 tasks (per-task means 1/2 and 1), printed next to each rate and not as rows of their own
     assert (m["success_rate/ci_lo"], m["success_rate/ci_hi"]) == pytest.approx(wilson_interval(1.5, 2))
-    assert (m["domain/shop/success_rate/ci_lo"], m["domain/shop/success_rate/ci_hi"]) == pytest.approx(wilson_interval(1, 1))
+    assert (m["domain/shop/success_rate/ci_lo"], m["domain/shop/success_rate/ci_hi"]) == pytest.approx(
+        wilson_interval(1, 1)
+    )
     assert "success_rate" in text and "0.750 [" in text.splitlines()[0] and "95% CI" in text.splitlines()[0]
-    assert "ci_lo" not in text and m["n_tasks"] == 2 and rate_with_ci(m) == "0.750 [{:.3f}, {:.3f}]".format(*wilson_interval(1.5, 2))
+    assert (
+        "ci_lo" not in text
+        and m["n_tasks"] == 2
+        and rate_with_ci(m) == "0.750 [{:.3f}, {:.3f}]".format(*wilson_interval(1.5, 2))
+    )
 
 
 def test_results_are_broken_down_by_task_kind_when_tasks_carry_one():
-    task = Task(id="x", env="bank", system_prompt="", user_turns=["u"], tools=[], gold_actions=[[ToolCall("get_balance", {"account": "a"})]], metadata={"kind": "lookup"})
+    task = Task(
+        id="x",
+        env="bank",
+        system_prompt="",
+        user_turns=["u"],
+        tools=[],
+        gold_actions=[[ToolCall("get_balance", {"account": "a"})]],
+        metadata={"kind": "lookup"},
+    )
     assert task_scores(task, [_traj([], reward=1.0)])["kind"] == "lookup"
-    assert "kind" not in task_scores(Task(id="y", env="bank", system_prompt="", user_turns=["u"], tools=[]), [_traj([])])
-    rows = [{"task_id": t, "domain": "bank", "kind": k, "successes": [s], **{f"{a}_{b}": 0.0 for a in ("tool", "call") for b in ("precision", "recall", "f1")}}
-            for t, k, s in (("a", "lookup", True), ("b", "lookup", False), ("c", "recovery", True), ("d", "report", False))]
+    assert "kind" not in task_scores(
+        Task(id="y", env="bank", system_prompt="", user_turns=["u"], tools=[]), [_traj([])]
+    )
+    rows = [
+        {
+            "task_id": t,
+            "domain": "bank",
+            "kind": k,
+            "successes": [s],
+            **{f"{a}_{b}": 0.0 for a in ("tool", "call") for b in ("precision", "recall", "f1")},
+        }
+        for t, k, s in (("a", "lookup", True), ("b", "lookup", False), ("c", "recovery", True), ("d", "report", False))
+    ]
     m = summarize(rows, [_traj([], tid=str(i)) for i in range(4)], samples=1)
-    assert m["kind/lookup/success_rate"] == 0.5 and m["kind/recovery/success_rate"] == 1.0 and m["kind/report/success_rate"] == 0.0
-    assert (m["kind/lookup/success_rate/ci_lo"], m["kind/lookup/success_rate/ci_hi"]) == pytest.approx(wilson_interval(1, 2))
+    assert (
+        m["kind/lookup/success_rate"] == 0.5
+        and m["kind/recovery/success_rate"] == 1.0
+        and m["kind/report/success_rate"] == 0.0
+    )
+    assert (m["kind/lookup/success_rate/ci_lo"], m["kind/lookup/success_rate/ci_hi"]) == pytest.approx(
+        wilson_interval(1, 2)
+    )
 
 
 def test_a_gold_policy_succeeds_everywhere_in_the_real_environment(tokenizer):
     tasks = load_tasks("bank", "test", n=3)
-    res = evaluate(GoldTeacher(tokenizer, tasks), tasks, samples=2, rollout=RolloutConfig(max_steps=12, max_steps_per_turn=8))
+    res = evaluate(
+        GoldTeacher(tokenizer, tasks), tasks, samples=2, rollout=RolloutConfig(max_steps=12, max_steps_per_turn=8)
+    )
     m = res.metrics
-    for key in ("success_rate", "pass^1", "pass^2", "tool_f1", "tool_precision", "tool_recall", "call_f1", "format_valid_rate"):
+    for key in (
+        "success_rate",
+        "pass^1",
+        "pass^2",
+        "tool_f1",
+        "tool_precision",
+        "tool_recall",
+        "call_f1",
+        "format_valid_rate",
+    ):
         assert m[key] == 1.0, key
-    assert m["truncated_rate"] == 0.0 and m["act_tokens_per_traj"] > 0 and m["context_tokens_per_traj"] > m["act_tokens_per_traj"]
+    assert (
+        m["truncated_rate"] == 0.0
+        and m["act_tokens_per_traj"] > 0
+        and m["context_tokens_per_traj"] > m["act_tokens_per_traj"]
+    )
     assert [t.task_id for t in res.trajectories] == [t.id for t in tasks for _ in range(2)]  # task by task, K each
     assert all(t.mode == "real" and t.reward == 1.0 for t in res.trajectories)
     d = json.loads(json.dumps(res.to_dict(with_trajectories=True)))
-    assert d["per_task"][0]["successes"] == [True, True] and d["split"] == "test" and d["task_ids"] == [t.id for t in tasks]
+    assert (
+        d["per_task"][0]["successes"] == [True, True]
+        and d["split"] == "test"
+        and d["task_ids"] == [t.id for t in tasks]
+    )
 
 
 def test_a_rehearsal_budget_runs_private_attempts_and_shows_the_memory_to_the_real_run(tokenizer):
@@ -121,8 +224,27 @@ def test_a_rehearsal_budget_runs_private_attempts_and_shows_the_memory_to_the_re
 
 def test_eval_cli_writes_metrics_and_per_task_json(tmp_path):
     out = tmp_path / "eval.json"
-    cmd = [sys.executable, "-m", "envace.cli", "eval", "--model", "tiny-random", "--suite", "bank", "-n", "2", "--samples", "2",
-           "--max-steps", "1", "--max-new-tokens", "4", "--out", str(out), "--trajectories"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "envace.cli",
+        "eval",
+        "--model",
+        "tiny-random",
+        "--suite",
+        "bank",
+        "-n",
+        "2",
+        "--samples",
+        "2",
+        "--max-steps",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+        "--trajectories",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "success_rate" in p.stdout and "pass^2" in p.stdout
@@ -131,7 +253,19 @@ def test_eval_cli_writes_metrics_and_per_task_json(tmp_path):
     assert d["suite"] == "bank" and d["split"] == "test" and d["task_ids"] == [r["task_id"] for r in d["per_task"]]
     assert [len(r["successes"]) for r in d["per_task"]] == [2, 2] and "success_rate/ci_lo" in d["metrics"]
     assert len(d["per_task"]) == 2 and len(d["trajectories"]) == 4 and d["config"]["samples"] == 2
-    for key in ("success_rate", "pass^1", "pass^2", "tool_f1", "tool_precision", "tool_recall", "call_f1", "format_valid_rate", "steps_per_traj", "act_tokens_per_traj", "wall_s"):
+    for key in (
+        "success_rate",
+        "pass^1",
+        "pass^2",
+        "tool_f1",
+        "tool_precision",
+        "tool_recall",
+        "call_f1",
+        "format_valid_rate",
+        "steps_per_traj",
+        "act_tokens_per_traj",
+        "wall_s",
+    ):
         assert key in d["metrics"], key
 
 
@@ -141,9 +275,23 @@ def test_eval_cli_writes_metrics_and_per_task_json(tmp_path):
 
 
 def _saved(outcomes, split="test", suite="bank", kinds=None, prefix="bank-test-"):
-    rows = [{"task_id": f"{prefix}{i:06d}", "domain": "bank", "successes": [bool(x) for x in (o if isinstance(o, list) else [o])]}
-            | ({"kind": kinds[i]} if kinds else {}) for i, o in enumerate(outcomes)]
-    return {"config": {"suite": suite, "split": split}, "suite": suite, "split": split, "task_ids": [r["task_id"] for r in rows], "metrics": {}, "per_task": rows}
+    rows = [
+        {
+            "task_id": f"{prefix}{i:06d}",
+            "domain": "bank",
+            "successes": [bool(x) for x in (o if isinstance(o, list) else [o])],
+        }
+        | ({"kind": kinds[i]} if kinds else {})
+        for i, o in enumerate(outcomes)
+    ]
+    return {
+        "config": {"suite": suite, "split": split},
+        "suite": suite,
+        "split": split,
+        "task_ids": [r["task_id"] for r in rows],
+        "metrics": {},
+        "per_task": rows,
+    }
 
 
 def _compare_cli(*args):
@@ -167,10 +315,18 @@ def test_compare_cli_prints_the_paired_table_and_its_json(tmp_path):
     assert "kind/lookup" in p.stdout and "kind/recovery" in p.stdout and "exact McNemar" in p.stdout
     p = _compare_cli(tmp_path / "a.json", tmp_path / "b.json", "--json")
     c = json.loads(p.stdout)
-    assert c["n_tasks"] == 12 and c["overall"]["p"] == pytest.approx(2 / 2**5) and c["overall"]["p_method"] == "mcnemar_exact"
-    assert c["overall"]["a"]["ci95"] == pytest.approx(list(wilson_interval(3, 12))) and c["overall"]["diff"] == pytest.approx(5 / 12)
+    assert (
+        c["n_tasks"] == 12
+        and c["overall"]["p"] == pytest.approx(2 / 2**5)
+        and c["overall"]["p_method"] == "mcnemar_exact"
+    )
+    assert c["overall"]["a"]["ci95"] == pytest.approx(list(wilson_interval(3, 12))) and c["overall"][
+        "diff"
+    ] == pytest.approx(5 / 12)
     lo, hi = c["overall"]["diff_ci95"]
-    assert 0 < lo < 5 / 12 < hi and set(c["by_kind"]) == {"lookup", "recovery"} and c["by_kind"]["lookup"]["n_tasks"] == 6
+    assert (
+        0 < lo < 5 / 12 < hi and set(c["by_kind"]) == {"lookup", "recovery"} and c["by_kind"]["lookup"]["n_tasks"] == 6
+    )
     assert c == json.loads(_compare_cli(tmp_path / "a.json", tmp_path / "b.json", "--json").stdout)  # seeded
 
 
@@ -178,13 +334,17 @@ def test_compare_with_several_samples_pairs_the_per_task_means():
     a = _saved([[1, 0], [0, 0], [1, 1]])
     b = _saved([[1, 1], [1, 0], [1, 1]])
     c = compare_results(a, b)["overall"]
-    assert c["p_method"] == "sign_flip" and c["diff"] == pytest.approx(1 / 3) and c["p"] == pytest.approx(2 / 4)  # 2 non-zero, equal
+    assert (
+        c["p_method"] == "sign_flip" and c["diff"] == pytest.approx(1 / 3) and c["p"] == pytest.approx(2 / 4)
+    )  # 2 non-zero, equal
 
 
 def test_compare_refuses_other_task_sets_splits_and_suites(tmp_path):
     (tmp_path / "a.json").write_text(json.dumps(_saved([1] * 10)))
     other = _saved([1] * 10)
-    other["per_task"] = other["per_task"][:7] + [{"task_id": f"bank-test-9{i:05d}", "successes": [True]} for i in range(4)]
+    other["per_task"] = other["per_task"][:7] + [
+        {"task_id": f"bank-test-9{i:05d}", "successes": [True]} for i in range(4)
+    ]
     (tmp_path / "b.json").write_text(json.dumps(other))
     p = _compare_cli(tmp_path / "a.json", tmp_path / "b.json")
     assert p.returncode == 2 and p.stdout == ""
@@ -231,8 +391,12 @@ def test_evaluation_scores_each_trial_from_its_own_run_and_executes_every_call_o
         return task.flat_gold()[n].to_text() if n < len(task.flat_gold()) else task.gold_replies[0] or "Done."
 
     EVAL_CALLS.clear()
-    res = evaluate(ScriptedBackend(tokenizer, gold), tasks, samples=2, rollout=RolloutConfig(max_steps=12, max_steps_per_turn=8))
+    res = evaluate(
+        ScriptedBackend(tokenizer, gold), tasks, samples=2, rollout=RolloutConfig(max_steps=12, max_steps_per_turn=8)
+    )
     assert res.metrics["success_rate"] == 1.0
     for task in tasks:
-        assert sorted(EVAL_CALLS[task.id]) == sorted([c.key() for c in task.flat_gold()] * 2)  # two trials (interleaved), every call once
+        assert sorted(EVAL_CALLS[task.id]) == sorted(
+            [c.key() for c in task.flat_gold()] * 2
+        )  # two trials (interleaved), every call once
     assert all(t.reward_info["scored_in"] == "rollout" and t.reward_info["n_replayed"] == 0 for t in res.trajectories)

@@ -3,6 +3,7 @@ of every arm with the tiny model through the CLI (every report file), resume, an
 Chromium (no script errors, screenshots).
 
 Chromium is Debian's ``chromium`` package (``apt-get install -y chromium``); without it the browser tests skip."""
+
 import json
 import os
 import re
@@ -14,18 +15,54 @@ import pytest
 
 from envace.config import to_dict
 from envace.envs import load_tasks
-from envace.experiment import ARMS, ExperimentConfig, budgets, fidelity_steps, load_experiment_config, plan_budget, rl_train_tasks, run_experiment, sft_more_steps
+from envace.experiment import (
+    ARMS,
+    ExperimentConfig,
+    budgets,
+    fidelity_steps,
+    load_experiment_config,
+    plan_budget,
+    rl_train_tasks,
+    run_experiment,
+    sft_more_steps,
+)
 from envace.fidelity import measure_fidelity
 from envace.parsing import format_observation
 from envace.report import (
-    LOADED_SUFFIX, TRAIN_SUCCESS_CURVES, VERDICTS, claim_verdict, claims_table, curve_lines, fidelity_breakdown_table, fidelity_curve, fidelity_curve_table, fmt_ms,
-    json_html, kind_table, main_table, mean_std, paired_table, tts_table, tts_tokens_table, write_report,
+    LOADED_SUFFIX,
+    TRAIN_SUCCESS_CURVES,
+    VERDICTS,
+    claim_verdict,
+    claims_table,
+    curve_lines,
+    fidelity_breakdown_table,
+    fidelity_curve,
+    fidelity_curve_table,
+    fmt_ms,
+    json_html,
+    kind_table,
+    main_table,
+    mean_std,
+    paired_table,
+    tts_table,
+    tts_tokens_table,
+    write_report,
 )
 from envace.rollout import RolloutConfig
 from envace.sft import GoldTeacher
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-REPORT_FILES = ("report.md", "report.html", "trajectories.html", "results.json", "curve_reward.png", "curve_train_success.png", "curve_sft_nll.png", "tts_budget.png", "fidelity_curve.png")
+REPORT_FILES = (
+    "report.md",
+    "report.html",
+    "trajectories.html",
+    "results.json",
+    "curve_reward.png",
+    "curve_train_success.png",
+    "curve_sft_nll.png",
+    "tts_budget.png",
+    "fidelity_curve.png",
+)
 ALL_ARMS = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
 RL_ARMS = ("real_env", "envace", "per_role", "simulator", "caller_only")
 TTS_ARMS = ("base", "sft", "envace")
@@ -93,15 +130,19 @@ def test_budgets_evaluate_n0_once_and_every_positive_n_in_every_mode():
 
 
 def test_only_the_tts_arms_and_seeds_get_the_sweep_with_rehearsal_before_the_plan_baseline():
-    cfg = ExperimentConfig(tts_budgets=(0, 2), tts_modes=("plan", "sequential", "parallel"), tts_arms=("base", "envace"), tts_seeds=(1,))
+    cfg = ExperimentConfig(
+        tts_budgets=(0, 2), tts_modes=("plan", "sequential", "parallel"), tts_arms=("base", "envace"), tts_seeds=(1,)
+    )
     assert budgets(cfg, "envace", 1) == [(0, "none"), (2, "sequential"), (2, "parallel"), (2, "plan")]
     assert budgets(cfg, "envace", 0) == budgets(cfg, "sft", 1) == [(0, "none")]
 
 
 def test_plan_budget_is_the_mean_tokens_of_one_parallel_attempt_at_the_same_n():
-    evals = [{"n": 1, "mode": "parallel", "metrics": {"tts/attempt_tokens_per_attempt": 99.0}},
-             {"n": 2, "mode": "sequential", "metrics": {"tts/attempt_tokens_per_attempt": 80.0}},
-             {"n": 2, "mode": "parallel", "metrics": {"tts/attempt_tokens_per_attempt": 37.4}}]
+    evals = [
+        {"n": 1, "mode": "parallel", "metrics": {"tts/attempt_tokens_per_attempt": 99.0}},
+        {"n": 2, "mode": "sequential", "metrics": {"tts/attempt_tokens_per_attempt": 80.0}},
+        {"n": 2, "mode": "parallel", "metrics": {"tts/attempt_tokens_per_attempt": 37.4}},
+    ]
     assert plan_budget(evals, 2, 160) == (37, "parallel N=2") and plan_budget(evals, 1, 160) == (99, "parallel N=1")
     assert plan_budget(evals[1:2], 2, 160) == (160, "fallback (tts_max_new_tokens)")  # never matched to another mode
 
@@ -109,23 +150,43 @@ def test_plan_budget_is_the_mean_tokens_of_one_parallel_attempt_at_the_same_n():
 def test_sft_more_takes_as_many_steps_as_rl_and_fidelity_segments_end_every_fidelity_every():
     cfg = ExperimentConfig(iterations=7, batch_tasks=3, fidelity_every=3, fidelity_tasks=2)
     assert sft_more_steps(cfg) == 7 and rl_train_tasks(cfg) == 64 and fidelity_steps(cfg) == [3, 6]
-    assert rl_train_tasks(ExperimentConfig(iterations=30, batch_tasks=4)) == 120 and rl_train_tasks(ExperimentConfig(train_tasks=10)) == 10
+    assert (
+        rl_train_tasks(ExperimentConfig(iterations=30, batch_tasks=4)) == 120
+        and rl_train_tasks(ExperimentConfig(train_tasks=10)) == 10
+    )
     assert fidelity_steps(ExperimentConfig(iterations=6, fidelity_every=3)) == [3]  # the end is the final fidelity
-    assert fidelity_steps(ExperimentConfig(fidelity_every=0)) == [] == fidelity_steps(ExperimentConfig(fidelity_every=2, fidelity_tasks=0))
+    assert (
+        fidelity_steps(ExperimentConfig(fidelity_every=0))
+        == []
+        == fidelity_steps(ExperimentConfig(fidelity_every=2, fidelity_tasks=0))
+    )
 
 
 def test_config_loads_from_yaml_with_overrides(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text(TINY_YAML)
     cfg = load_experiment_config(str(path), ["seeds=[3, 4]", "rollout.max_steps=3", "out_dir=/tmp/x"])
-    assert cfg.seeds == (3, 4) and cfg.rollout.max_steps == 3 and cfg.rollout.act.max_new_tokens == 8 and cfg.out_dir == "/tmp/x"
-    assert cfg.arms == ALL_ARMS and cfg.tts_budgets == (0, 1) and cfg.tts_modes == ("parallel", "sequential", "plan") and cfg.fidelity_every == 1
+    assert (
+        cfg.seeds == (3, 4)
+        and cfg.rollout.max_steps == 3
+        and cfg.rollout.act.max_new_tokens == 8
+        and cfg.out_dir == "/tmp/x"
+    )
+    assert (
+        cfg.arms == ALL_ARMS
+        and cfg.tts_budgets == (0, 1)
+        and cfg.tts_modes == ("parallel", "sequential", "plan")
+        and cfg.fidelity_every == 1
+    )
 
 
 def test_train_options_reach_every_rl_arm_but_may_not_override_what_the_experiment_sets(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text(TINY_YAML)
-    assert load_experiment_config(str(path), ["train_options.mini_batches=2"]).train_options == {"update_epochs": 2, "mini_batches": 2}
+    assert load_experiment_config(str(path), ["train_options.mini_batches=2"]).train_options == {
+        "update_epochs": 2,
+        "mini_batches": 2,
+    }
     for bad in ("train_options.lr=0.1", "train_options.seed=3", "train_options.no_such_field=1"):
         with pytest.raises(ValueError, match="train_options"):
             load_experiment_config(str(path), [bad])
@@ -149,7 +210,7 @@ class _WrongBalance(GoldTeacher):
         acts, obs = super()._script(task)
         fixed = []
         for text in obs:
-            o = json.loads(text[len("<observation>"): -len("</observation>")])
+            o = json.loads(text[len("<observation>") : -len("</observation>")])
             if isinstance(o, dict) and "balance" in o:
                 o["balance"] = "999.99"
             fixed.append(format_observation(o))
@@ -157,34 +218,65 @@ class _WrongBalance(GoldTeacher):
 
 
 def _metrics(success, tool_f1):
-    return {"success_rate": success, "pass^1": success, "tool_f1": tool_f1, "tool_precision": tool_f1, "tool_recall": tool_f1, "call_f1": tool_f1,
-            "format_valid_rate": 1.0, "steps_per_traj": 3.0, "act_tokens_per_traj": 40.0, "wall_s": 2.0}
+    return {
+        "success_rate": success,
+        "pass^1": success,
+        "tool_f1": tool_f1,
+        "tool_precision": tool_f1,
+        "tool_recall": tool_f1,
+        "call_f1": tool_f1,
+        "format_valid_rate": 1.0,
+        "steps_per_traj": 3.0,
+        "act_tokens_per_traj": 40.0,
+        "wall_s": 2.0,
+    }
 
 
 @pytest.fixture(scope="module")
 def synthetic(tokenizer, tmp_path_factory):
     """Results of two arms x two seeds with hand-chosen numbers and real shadow trajectories, and their report."""
     tasks = load_tasks("bank", "test", n=2)
-    fid = measure_fidelity(_WrongBalance(tokenizer, tasks), tasks, RolloutConfig(mode="rehearsal", group_size=1, max_steps=12, max_steps_per_turn=8))
+    fid = measure_fidelity(
+        _WrongBalance(tokenizer, tasks),
+        tasks,
+        RolloutConfig(mode="rehearsal", group_size=1, max_steps=12, max_steps_per_turn=8),
+    )
     cfg = ExperimentConfig(arms=("sft", "envace"), seeds=(0, 1), tts_budgets=(0, 1), eval_samples=1)
     runs = {}
     # per-task outcomes at N=0 of 4 tasks, matching the rates: sft 1/4 in each seed, envace 2/4 then 4/4
-    outcomes = {("sft", "0"): [1, 0, 0, 0], ("sft", "1"): [0, 1, 0, 0], ("envace", "0"): [1, 1, 0, 0], ("envace", "1"): [1, 1, 1, 1]}
+    outcomes = {
+        ("sft", "0"): [1, 0, 0, 0],
+        ("sft", "1"): [0, 1, 0, 0],
+        ("envace", "0"): [1, 1, 0, 0],
+        ("envace", "1"): [1, 1, 1, 1],
+    }
     kinds = ("lookup", "lookup", "recovery", "report")
     for arm, succ in (("sft", (0.25, 0.25)), ("envace", (0.5, 1.0))):
         runs[arm] = {}
         for seed, s in zip(("0", "1"), succ):
-            per_task = [{"task_id": f"bank-test-{i}", "domain": "bank", "kind": kinds[i], "successes": [bool(x)]} for i, x in enumerate(outcomes[arm, seed])]
+            per_task = [
+                {"task_id": f"bank-test-{i}", "domain": "bank", "kind": kinds[i], "successes": [bool(x)]}
+                for i, x in enumerate(outcomes[arm, seed])
+            ]
             runs[arm][seed] = {
-                "evals": [{"n": 0, "mode": "none", "metrics": _metrics(s, s / 2), "per_task": per_task},
-                          {"n": 1, "mode": "parallel", "metrics": _metrics(min(1.0, s + 0.25), s)},
-                          {"n": 1, "mode": "sequential", "metrics": _metrics(s, s)}],
+                "evals": [
+                    {"n": 0, "mode": "none", "metrics": _metrics(s, s / 2), "per_task": per_task},
+                    {"n": 1, "mode": "parallel", "metrics": _metrics(min(1.0, s + 0.25), s)},
+                    {"n": 1, "mode": "sequential", "metrics": _metrics(s, s)},
+                ],
                 "fidelity": fid.summary,
                 "examples": [t.to_dict(with_rows=False) for t in fid.trajectories],
-                "curve": [{"step": i, "reward/mean": 0.1 * i + s, "reward/imagined_success_rate": s} for i in (1, 2, 3)] if arm == "envace" else [{"step": 1, "sft/nll": 3.0}, {"step": 2, "sft/nll": 2.0}],
+                "curve": [{"step": i, "reward/mean": 0.1 * i + s, "reward/imagined_success_rate": s} for i in (1, 2, 3)]
+                if arm == "envace"
+                else [{"step": 1, "sft/nll": 3.0}, {"step": 2, "sft/nll": 2.0}],
                 "train_s": 10.0,
             }
-    results = {"config": to_dict(cfg), "arms": list(cfg.arms), "docs": {a: ARMS.get(a).doc for a in cfg.arms}, "runs": runs}
+    results = {
+        "config": to_dict(cfg),
+        "arms": list(cfg.arms),
+        "docs": {a: ARMS.get(a).doc for a in cfg.arms},
+        "runs": runs,
+    }
     out = tmp_path_factory.mktemp("synthetic_report")
     with open(out / "results.json", "w") as f:
         json.dump(results, f)
@@ -194,10 +286,16 @@ def synthetic(tokenizer, tmp_path_factory):
 
 def test_training_success_curves_name_imagined_and_real_success_apart(synthetic):
     results, files = synthetic
-    curves = {"envace": [{"step": 1, "reward/imagined_success_rate": 0.75}], "real_env": [{"step": 1, "reward/real_success_rate": 0.25}],
-              "old": [{"step": 1, "reward/success_rate": 0.5}]}  # a plain key says neither: it is not drawn as either
+    curves = {
+        "envace": [{"step": 1, "reward/imagined_success_rate": 0.75}],
+        "real_env": [{"step": 1, "reward/real_success_rate": 0.25}],
+        "old": [{"step": 1, "reward/success_rate": 0.5}],
+    }  # a plain key says neither: it is not drawn as either
     res = {"arms": list(curves), "runs": {a: {"0": {"curve": c}} for a, c in curves.items()}}
-    assert curve_lines(res, TRAIN_SUCCESS_CURVES) == [("envace (imagined)", "envace", "reward/imagined_success_rate"), ("real_env (real env)", "real_env", "reward/real_success_rate")]
+    assert curve_lines(res, TRAIN_SUCCESS_CURVES) == [
+        ("envace (imagined)", "envace", "reward/imagined_success_rate"),
+        ("real_env (real env)", "real_env", "reward/real_success_rate"),
+    ]
     md = open(files["md"]).read()
     assert "Training success: imagined vs real env" in md and "'imagined' is the success of rehearsed" in md
 
@@ -208,14 +306,26 @@ def test_report_tables_show_wilson_intervals_over_tasks_and_the_spread_over_seed
     assert head[:4] == ["arm", "success [95% CI]", "success over seeds", "tool F1"]
     envace = next(r for r in rows if r[0] == "envace")
     # pooled over both seeds, per-task means (1, 1, 1/2, 1/2): rate 3/4, Wilson over 4 tasks of 3 successes
-    assert envace[1] == "0.750 [0.301, 0.954]" and envace[2] == "0.750 ± 0.354 (0.500–1.000)" and envace[3] == "0.375 ± 0.177"
+    assert (
+        envace[1] == "0.750 [0.301, 0.954]"
+        and envace[2] == "0.750 ± 0.354 (0.500–1.000)"
+        and envace[3] == "0.375 ± 0.177"
+    )
     assert next(r for r in rows if r[0] == "sft")[1:3] == ["0.250 [0.046, 0.699]", "0.250 ± 0.000 (0.250–0.250)"]
     head, rows = tts_table(results)
     assert head == ["arm", "N=0", "N=1 par", "N=1 seq"]
     # N=0 has per-task outcomes (interval + sd over seeds); N=1 has none: mean ± std over seeds
-    assert next(r for r in rows if r[0] == "envace")[1:] == ["0.750 [0.301, 0.954] · sd 0.354", "0.875 ± 0.177", "0.750 ± 0.354"]
+    assert next(r for r in rows if r[0] == "envace")[1:] == [
+        "0.750 [0.301, 0.954] · sd 0.354",
+        "0.875 ± 0.177",
+        "0.750 ± 0.354",
+    ]
     md = open(files["md"]).read()
-    assert "| envace | 0.750 [0.301, 0.954] | 0.750 ± 0.354 (0.500–1.000) |" in md and "bank/get_balance" in md and "trajectories.html" in md
+    assert (
+        "| envace | 0.750 [0.301, 0.954] | 0.750 ± 0.354 (0.500–1.000) |" in md
+        and "bank/get_balance" in md
+        and "trajectories.html" in md
+    )
     for name in REPORT_FILES:
         assert os.path.getsize(os.path.join(os.path.dirname(files["md"]), name)) > 0, name
 
@@ -226,12 +336,31 @@ def test_report_compares_each_rl_arm_with_sft_paired_over_the_same_tasks(synthet
     assert head[:6] == ["arm", "sft [95% CI]", "arm [95% CI]", "arm - sft", "paired 95% CI", "p"]
     # per-task means sft (1/2, 1/2, 0, 0), envace (1, 1, 1/2, 1/2): every task +1/2, so the bootstrap interval is a
     # point and the exact sign-flip p is 2 of 2^4 sign patterns
-    assert rows == [["envace", "0.250 [0.046, 0.699]", "0.750 [0.301, 0.954]", "+0.500", "[+0.500, +0.500]", "0.125", "sign flip", "4", "2"]]
+    assert rows == [
+        [
+            "envace",
+            "0.250 [0.046, 0.699]",
+            "0.750 [0.301, 0.954]",
+            "+0.500",
+            "[+0.500, +0.500]",
+            "0.125",
+            "sign flip",
+            "4",
+            "2",
+        ]
+    ]
     head, rows = kind_table(results)
     assert head == ["arm", "lookup", "recovery", "report"]
-    assert next(r for r in rows if r[0] == "sft")[1:] == ["0.500 [0.095, 0.905] (2)", "0.000 [0.000, 0.793] (1)", "0.000 [0.000, 0.793] (1)"]
+    assert next(r for r in rows if r[0] == "sft")[1:] == [
+        "0.500 [0.095, 0.905] (2)",
+        "0.000 [0.000, 0.793] (1)",
+        "0.000 [0.000, 0.793] (1)",
+    ]
     md = open(files["md"]).read()
-    assert "## Paired comparison with SFT" in md and "| envace | 0.250 [0.046, 0.699] | 0.750 [0.301, 0.954] | +0.500 |" in md
+    assert (
+        "## Paired comparison with SFT" in md
+        and "| envace | 0.250 [0.046, 0.699] | 0.750 [0.301, 0.954] | +0.500 |" in md
+    )
     assert "## Success by task kind" in md
 
 
@@ -272,10 +401,16 @@ def test_claim_verdicts_by_hand():
 def _claims_results():
     """8 held-out tasks, one seed, hand-chosen outcomes: envace solves every task at N=0, sft none, real_env every one;
     at N=2 parallel envace solves none (a loss of 1 per task), its plan baseline the last four, base nothing at all."""
+
     def ev(n, mode, succ, **extra):
         per_task = [{"task_id": f"bank-test-{i}", "domain": "bank", "successes": [bool(x)]} for i, x in enumerate(succ)]
-        m = {"success_rate": sum(succ) / len(succ), "tts/attempt_tokens_per_task": 100.0 * n, "tts/rehearsal_tokens_per_task": 150.0 * n}
+        m = {
+            "success_rate": sum(succ) / len(succ),
+            "tts/attempt_tokens_per_task": 100.0 * n,
+            "tts/rehearsal_tokens_per_task": 150.0 * n,
+        }
         return {"n": n, "mode": mode, "metrics": m, "per_task": per_task, **extra}
+
     one, zero, half = [1] * 8, [0] * 8, [0] * 4 + [1] * 4
     evals = {
         "base": [ev(0, "none", zero), ev(2, "parallel", zero), ev(2, "plan", zero, plan_max_new_tokens=50)],
@@ -283,7 +418,12 @@ def _claims_results():
         "envace": [ev(0, "none", one), ev(2, "parallel", zero), ev(2, "plan", half, plan_max_new_tokens=60)],
         "real_env": [ev(0, "none", one)],
     }
-    cfg = ExperimentConfig(arms=("base", "sft", "envace", "real_env", "per_role"), seeds=(0,), tts_budgets=(0, 2), tts_modes=("parallel", "plan"))
+    cfg = ExperimentConfig(
+        arms=("base", "sft", "envace", "real_env", "per_role"),
+        seeds=(0,),
+        tts_budgets=(0, 2),
+        tts_modes=("parallel", "plan"),
+    )
     return {"config": to_dict(cfg), "arms": list(cfg.arms), "runs": {a: {"0": {"evals": e}} for a, e in evals.items()}}
 
 
@@ -293,8 +433,23 @@ def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
     by = {r[0]: r for r in rows}
     assert len(rows) == 10
     # every task +1: a point interval above 0; exact McNemar with 8 discordant pairs, 2 / 2^8
-    assert by["EnvACE > SFT"][2:] == ["envace@N=0 − sft@N=0", "+1.000", "[+1.000, +1.000]", "0.00781", "8", "1", "holds"]
-    assert by["EnvACE ≥ real-env GRPO"][3:] == ["+0.000", "[+0.000, +0.000]", "1", "8", "1", "cannot tell at this scale"]
+    assert by["EnvACE > SFT"][2:] == [
+        "envace@N=0 − sft@N=0",
+        "+1.000",
+        "[+1.000, +1.000]",
+        "0.00781",
+        "8",
+        "1",
+        "holds",
+    ]
+    assert by["EnvACE ≥ real-env GRPO"][3:] == [
+        "+0.000",
+        "[+0.000, +0.000]",
+        "1",
+        "8",
+        "1",
+        "cannot tell at this scale",
+    ]
     assert by["shared weights ≥ per-role"][-1] == "not measured"  # per_role was not run
     assert by["EnvACE > SFT continued (compute-matched)"][-1] == "not measured"  # sft_more is not an arm here
     # test-time rehearsal: envace loses 1 per task at N=2, base 0: the difference of gains is -1 on every task
@@ -306,7 +461,10 @@ def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
     plan = by["rehearsal > compute-matched plans (EnvACE, N=2 parallel vs plan)"]
     assert plan[3] == "-0.500" and plan[-1] == "does not hold"
     head, rows = tts_tokens_table(_claims_results())
-    assert head == ["arm", "N=2 par", "N=2 plan"] and rows == [["base", "200 · 300", "200 · 300 (plan ≤ 50)"], ["envace", "200 · 300", "200 · 300 (plan ≤ 60)"]]
+    assert head == ["arm", "N=2 par", "N=2 plan"] and rows == [
+        ["base", "200 · 300", "200 · 300 (plan ≤ 50)"],
+        ["envace", "200 · 300", "200 · 300 (plan ≤ 60)"],
+    ]
     assert [r[0] for r in tts_table(_claims_results())[1]] == ["base", "envace"]  # only the arms that were swept
 
 
@@ -322,26 +480,53 @@ def test_a_sweep_on_fewer_seeds_and_tasks_is_paired_with_the_n0_outcomes_of_the_
         for e in res["runs"][arm]["0"]["evals"][1:]:
             e["per_task"] = e["per_task"][:4]
     by = {r[0]: r for r in claims_table(res)[1]}
-    assert by["EnvACE > SFT"][3:8] == ["+0.500", "[+0.500, +0.500]", "0.00781", "8", "2"]  # N=0 claims: both seeds (two outcomes a task: exact sign flip, 2 / 2^8)
+    assert by["EnvACE > SFT"][3:8] == [
+        "+0.500",
+        "[+0.500, +0.500]",
+        "0.00781",
+        "8",
+        "2",
+    ]  # N=0 claims: both seeds (two outcomes a task: exact sign flip, 2 / 2^8)
     # N=2 - N=0 on seed 0 only (where envace solved all at N=0) and on the 4 swept tasks (exact McNemar: 2 / 2^4)
-    assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:8] == ["-1.000", "[-1.000, -1.000]", "0.125", "4", "1"]
+    assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:8] == [
+        "-1.000",
+        "[-1.000, -1.000]",
+        "0.125",
+        "4",
+        "1",
+    ]
     head, rows = tts_table(res)
     envace = next(r for r in rows if r[0] == "envace")
-    assert head[1] == "N=0" and envace[1] == "1.000 [0.510, 1.000]" and envace[2] == "0.000 [0.000, 0.490]"  # 4 tasks of seed 0
+    assert (
+        head[1] == "N=0" and envace[1] == "1.000 [0.510, 1.000]" and envace[2] == "0.000 [0.000, 0.490]"
+    )  # 4 tasks of seed 0
 
 
 def test_fidelity_curve_is_drawn_from_each_seed_s_points_on_the_shadow_set():
     def point(step, leaf, n=4.0):
-        return {"step": step, "summary": {"overall": {"n": n, "valid": 1.0, "exact": 0.0, "keys": 1.0, "leaf_acc": leaf, "outcome": 1.0}}}
-    runs = {"envace": {"0": {"evals": [], "fidelity_curve": [point(0, 0.2), point(2, 0.4), point(4, 0.6)]},
-                       "1": {"evals": [], "fidelity_curve": [point(0, 0.4), point(2, 0.6), point(4, 0.8)]}},
-            "real_env": {"0": {"evals": [], "fidelity_curve": [point(0, 0.2), point(2, 0.0, n=0.0), point(4, 0.1)]}}}
+        return {
+            "step": step,
+            "summary": {"overall": {"n": n, "valid": 1.0, "exact": 0.0, "keys": 1.0, "leaf_acc": leaf, "outcome": 1.0}},
+        }
+
+    runs = {
+        "envace": {
+            "0": {"evals": [], "fidelity_curve": [point(0, 0.2), point(2, 0.4), point(4, 0.6)]},
+            "1": {"evals": [], "fidelity_curve": [point(0, 0.4), point(2, 0.6), point(4, 0.8)]},
+        },
+        "real_env": {"0": {"evals": [], "fidelity_curve": [point(0, 0.2), point(2, 0.0, n=0.0), point(4, 0.1)]}},
+    }
     res = {"arms": ["envace", "real_env"], "runs": runs}
     steps, mean, std = fidelity_curve(res, "envace")
     assert steps == [0, 2, 4] and mean == pytest.approx([0.3, 0.5, 0.7]) and std == pytest.approx([0.14142136] * 3)
     assert fidelity_curve(res, "real_env")[:2] == ([0, 4], [0.2, 0.1])  # a point without scored pairs is left out
     head, rows = fidelity_curve_table(res)
-    assert head == ["arm", "step 0", "step 2", "step 4"] and rows[0] == ["envace", "0.300 ± 0.141", "0.500 ± 0.141", "0.700 ± 0.141"]
+    assert head == ["arm", "step 0", "step 2", "step 4"] and rows[0] == [
+        "envace",
+        "0.300 ± 0.141",
+        "0.500 ± 0.141",
+        "0.700 ± 0.141",
+    ]
     assert rows[1] == ["real_env", "0.200 ± 0.000", "–", "0.100 ± 0.000"]
 
 
@@ -362,8 +547,22 @@ def _chromium(tmp_path, url, *args):
     if not os.path.exists(CHROMIUM):
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     profile = tmp_path / f"chromium-profile-{len(list(tmp_path.iterdir()))}"
-    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args, url]
+    cmd = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        *args,
+        url,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -438,8 +637,20 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
         swept = [(0, "none"), (1, "parallel"), (1, "sequential"), (1, "plan")]
         assert [(e["n"], e["mode"]) for e in rec["evals"]] == (swept if arm in TTS_ARMS else swept[:1])
         for e in rec["evals"]:
-            assert {"success_rate", "success_rate/ci_lo", "success_rate/ci_hi", "pass^1", "tool_f1", "call_f1", "format_valid_rate", "wall_s", "gen_tokens_per_task"} <= set(e["metrics"])
-            assert [len(r["successes"]) for r in e["per_task"]] == ([1, 1] if e["n"] == 0 else [1])  # tts_tasks: 1 of the 2
+            assert {
+                "success_rate",
+                "success_rate/ci_lo",
+                "success_rate/ci_hi",
+                "pass^1",
+                "tool_f1",
+                "call_f1",
+                "format_valid_rate",
+                "wall_s",
+                "gen_tokens_per_task",
+            } <= set(e["metrics"])
+            assert [len(r["successes"]) for r in e["per_task"]] == (
+                [1, 1] if e["n"] == 0 else [1]
+            )  # tts_tasks: 1 of the 2
             assert e["per_task"][0]["task_id"].startswith("bank-test-")
             for r in e["per_task"]:  # generated tokens per task, rehearsal included
                 assert r["gen_tokens"] == r["private_tokens"] + r["real_tokens"] and r["real_tokens"] > 0
@@ -448,10 +659,16 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
             par, plan = rec["evals"][1], rec["evals"][3]
             assert par["metrics"]["tts/n"] == 1.0 and plan["metrics"]["tts/n"] == 1.0
             # the plan baseline's budget: the mean tokens of one parallel attempt at the same N, and it stays within it
-            assert plan["plan_max_new_tokens"] == max(1, round(par["metrics"]["tts/attempt_tokens_per_attempt"])) and plan["plan_budget_from"] == "parallel N=1"
+            assert (
+                plan["plan_max_new_tokens"] == max(1, round(par["metrics"]["tts/attempt_tokens_per_attempt"]))
+                and plan["plan_budget_from"] == "parallel N=1"
+            )
             assert 0 < plan["per_task"][0]["attempt_tokens"] <= plan["plan_max_new_tokens"]
         assert set(rec["fidelity"]) >= {"overall", "by_domain", "by_tool", "skipped"}
-        assert os.path.isfile(os.path.join(rec["models"]["policy"], "config.json")) or rec["models"]["policy"] == "tiny-random"
+        assert (
+            os.path.isfile(os.path.join(rec["models"]["policy"], "config.json"))
+            or rec["models"]["policy"] == "tiny-random"
+        )
     start = res["runs"]["envace"]["0"]["fidelity_curve"][0]
     for arm in RL_ARMS:  # same budget: two iterations each (one optimizer step each), from the SFT checkpoint
         rec = res["runs"][arm]["0"]
@@ -468,20 +685,34 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
     more = res["runs"]["sft_more"]["0"]
     assert [m["step"] for m in more["curve"]] == [1, 2] and all("sft/nll" in m for m in more["curve"])
     done = json.loads((out / "seed0" / "sft_more" / "done.json").read_text())
-    assert done["steps"] == 2 and done["batch_tasks"] == 1 and done["n_tasks"] == 64 and more["models"]["policy"] != res["runs"]["sft"]["0"]["models"]["policy"]
+    assert (
+        done["steps"] == 2
+        and done["batch_tasks"] == 1
+        and done["n_tasks"] == 64
+        and more["models"]["policy"] != res["runs"]["sft"]["0"]["models"]["policy"]
+    )
     assert res["runs"]["per_role"]["0"]["models"]["rehearser"].endswith("rehearser")
     assert res["runs"]["simulator"]["0"]["models"]["simulator"] == res["runs"]["sft"]["0"]["models"]["policy"]
     md = (out / "report.md").read_text()
     for arm in ALL_ARMS:
         assert f"| {arm} |" in md
     assert "## Paired comparison with SFT" in md and "mcnemar exact" in md  # one sample per task: binary outcomes
-    assert "## The paper's claims" in md and "## Test-time compute: generated tokens" in md and "![Rehearsal fidelity over training](fidelity_curve.png)" in md
-    assert ("## Rehearsal fidelity over training" in md) == bool(fidelity_curve_table(res)[1])  # the tiny model may score no pair
+    assert (
+        "## The paper's claims" in md
+        and "## Test-time compute: generated tokens" in md
+        and "![Rehearsal fidelity over training](fidelity_curve.png)" in md
+    )
+    assert ("## Rehearsal fidelity over training" in md) == bool(
+        fidelity_curve_table(res)[1]
+    )  # the tiny model may score no pair
     claims = claims_table(res)[1]
     assert len(claims) == 10 and all(r[-1] in VERDICTS for r in claims)
     assert {r[0]: r[-1] != "not measured" for r in claims}["EnvACE > SFT continued (compute-matched)"]
     # claim_n=2 was not evaluated: the test-time claims use the largest N run (1)
-    assert any(r[0] == "rehearsal > compute-matched plans (EnvACE, N=1 parallel vs plan)" and r[-1] != "not measured" for r in claims)
+    assert any(
+        r[0] == "rehearsal > compute-matched plans (EnvACE, N=1 parallel vs plan)" and r[-1] != "not measured"
+        for r in claims
+    )
 
 
 def test_a_rerun_with_the_same_config_skips_finished_arms_and_another_config_is_refused(tiny_experiment, capsys):
@@ -518,14 +749,24 @@ def test_a_rerun_adds_the_sweep_to_arms_finished_without_it_and_redoes_nothing(t
     shutil.copytree(out, work)
     res = json.loads((work / "results.json").read_text())
     full = res["runs"]["envace"]["0"]
-    res["runs"]["envace"]["0"] = {**full, "evals": [e for e in full["evals"] if e["n"] == 0]}  # as a run without the sweep left it
+    res["runs"]["envace"]["0"] = {
+        **full,
+        "evals": [e for e in full["evals"] if e["n"] == 0],
+    }  # as a run without the sweep left it
     res["config"]["tts_seeds"] = []
     (work / "results.json").write_text(json.dumps(res))
-    run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_seeds=[]"]))  # accepted: nothing to add
+    run_experiment(
+        load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_seeds=[]"])
+    )  # accepted: nothing to add
     assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
-    got = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_seeds=[0]"])).results["runs"]["envace"]["0"]
+    got = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_seeds=[0]"])).results["runs"][
+        "envace"
+    ]["0"]
     said = capsys.readouterr().out
-    assert "arm envace: done before; adding 3 evaluations of the sweep" in said and said.count("done before, skipped") == len(ALL_ARMS) - 1
+    assert (
+        "arm envace: done before; adding 3 evaluations of the sweep" in said
+        and said.count("done before, skipped") == len(ALL_ARMS) - 1
+    )
     assert [(e["n"], e["mode"]) for e in got["evals"]] == [(e["n"], e["mode"]) for e in full["evals"]]
     assert got["evals"][0] == full["evals"][0] and got["curve"] == full["curve"] and got["train_s"] == full["train_s"]
     assert all(e["per_task"] for e in got["evals"])
@@ -553,9 +794,29 @@ def test_training_in_fidelity_segments_ends_with_the_weights_of_one_uninterrupte
 
     monkeypatch.setitem(REWARDS._entries, "segments_first_of_group", _first_of_group)  # only for this test
     small = SamplingParams(temperature=1.0, max_new_tokens=8)
-    rc = RolloutConfig(group_size=2, max_steps=2, max_steps_per_turn=2, act=small, rehearse=small.with_(stop=["</observation>"]), progress=False)
-    base = TrainConfig(model="tiny-random", suite="bank", n_train_tasks=8, variant="envace", reward="segments_first_of_group", iterations=2, batch_tasks=1, lr=1e-3,
-                       rollout=rc, save_every=2, keep_checkpoints=1, tensorboard=False, progress=False)
+    rc = RolloutConfig(
+        group_size=2,
+        max_steps=2,
+        max_steps_per_turn=2,
+        act=small,
+        rehearse=small.with_(stop=["</observation>"]),
+        progress=False,
+    )
+    base = TrainConfig(
+        model="tiny-random",
+        suite="bank",
+        n_train_tasks=8,
+        variant="envace",
+        reward="segments_first_of_group",
+        iterations=2,
+        batch_tasks=1,
+        lr=1e-3,
+        rollout=rc,
+        save_every=2,
+        keep_checkpoints=1,
+        tensorboard=False,
+        progress=False,
+    )
     whole = train(dataclasses.replace(base, out_dir=str(tmp_path / "whole")))
     first = train(dataclasses.replace(base, out_dir=str(tmp_path / "seg"), iterations=1))
     w1 = load_file(os.path.join(first.checkpoint, "policy", "model.safetensors"))

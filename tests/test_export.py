@@ -3,6 +3,7 @@
 Hand-built trajectories (built message by message as the rollout engine builds them), trajectories of the real
 rollout engine with a scripted policy (a malformed output, two calls in one step, three user turns), and gold
 trajectories of 3 bank tasks with the tiny-random model's (SmolLM2's) tokenizer."""
+
 import json
 import subprocess
 import sys
@@ -13,7 +14,14 @@ from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.cli import main
 from envace.envs import load_tasks
-from envace.export import chat_messages, export_records, read_trajectories, tools_from_system, trajectory_record, world_of
+from envace.export import (
+    chat_messages,
+    export_records,
+    read_trajectories,
+    tools_from_system,
+    trajectory_record,
+    world_of,
+)
 from envace.parsing import parse_act
 from envace.prompts import ACT_INSTRUCTIONS, act_system, tool_message_content
 from envace.rollout import RolloutConfig, RolloutEngine
@@ -21,17 +29,23 @@ from envace.sft import gold_trajectories
 from envace.types import Message, Step, Task, ToolCall, ToolSpec, Trajectory
 
 TOOLS = [
-    ToolSpec("add", "add n to the counter", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+    ToolSpec(
+        "add", "add n to the counter", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    ),
     ToolSpec("lookup", "look something up", {"type": "object", "properties": {"q": {"type": "string"}}}),
 ]
-TASK = Task(id="t1", env="counter", system_prompt="You count.", user_turns=["add 2 and 3", "now look up ü"], tools=TOOLS)
+TASK = Task(
+    id="t1", env="counter", system_prompt="You count.", user_turns=["add 2 and 3", "now look up ü"], tools=TOOLS
+)
 
 
 class Chat:
     """A trajectory built message by message the way envace.rollout builds one."""
 
     def __init__(self, mode: str = "rehearsal", memory: str | None = None):
-        self.traj = Trajectory(id="tr", task_id=TASK.id, group_id="g", mode=mode, messages=[Message("system", act_system(TASK, memory))])
+        self.traj = Trajectory(
+            id="tr", task_id=TASK.id, group_id="g", mode=mode, messages=[Message("system", act_system(TASK, memory))]
+        )
         self.turn = 0
 
     def user(self, text: str) -> "Chat":
@@ -55,13 +69,24 @@ class Chat:
 
 
 def hand_built(mode: str = "rehearsal") -> Trajectory:
-    return (Chat(mode).user(TASK.user_turns[0])
-            .act("<tool_call>{\"name\": \"add\", \"arguments\": {\"n\": 2}</tool_call>")  # malformed: no call runs
-            .act("First 2, then 3. " + ToolCall("add", {"n": 2}).to_text() + ToolCall("add", {"n": 3}).to_text(), [{"total": 2}, {"total": 5}], ["rehearsed", "cache"])
-            .act("The total is 5.")
-            .user(TASK.user_turns[1])
-            .act(ToolCall("lookup", {"q": "ü"}).to_text(), [{"error": {"kind": "tool_error", "message": "none"}}], ["rehearsed"])
-            .act("Nothing found for ü.")).traj
+    return (
+        Chat(mode)
+        .user(TASK.user_turns[0])
+        .act('<tool_call>{"name": "add", "arguments": {"n": 2}</tool_call>')  # malformed: no call runs
+        .act(
+            "First 2, then 3. " + ToolCall("add", {"n": 2}).to_text() + ToolCall("add", {"n": 3}).to_text(),
+            [{"total": 2}, {"total": 5}],
+            ["rehearsed", "cache"],
+        )
+        .act("The total is 5.")
+        .user(TASK.user_turns[1])
+        .act(
+            ToolCall("lookup", {"q": "ü"}).to_text(),
+            [{"error": {"kind": "tool_error", "message": "none"}}],
+            ["rehearsed"],
+        )
+        .act("Nothing found for ü.")
+    ).traj
 
 
 def check_record(rec: dict, traj: Trajectory) -> None:
@@ -81,7 +106,9 @@ def check_record(rec: dict, traj: Trajectory) -> None:
     assert [json.loads(f["arguments"]) for f in made.values()] == [c.arguments for c in calls]
     assert [f["name"] for f in made.values()] == [c.name for c in calls]
     assert all(isinstance(f["arguments"], str) for f in made.values())
-    assert [m["content"] for m in rec["messages"] if m["role"] == "user" and not _is_error(m["content"])] == [m.content for m in traj.messages if m.role == "user"]
+    assert [m["content"] for m in rec["messages"] if m["role"] == "user" and not _is_error(m["content"])] == [
+        m.content for m in traj.messages if m.role == "user"
+    ]
     assert json.loads(json.dumps(rec)) == rec
 
 
@@ -109,10 +136,21 @@ def engine_traj(tokenizer, bank3):
     then a reply per user turn."""
     task = bank3[0]
     assert len(task.user_turns) == 3
-    script = ["<tool_call>{not json}</tool_call>",
-              ToolCall("get_balance", {"account": "emergency"}).to_text() + ToolCall("list_accounts", {}).to_text(),
-              "Done one.", "Done two.", "Done three."]
-    cfg = RolloutConfig(mode="real", group_size=1, max_steps=8, max_steps_per_turn=4, schedule="lockstep", act=SamplingParams(max_new_tokens=200))
+    script = [
+        "<tool_call>{not json}</tool_call>",
+        ToolCall("get_balance", {"account": "emergency"}).to_text() + ToolCall("list_accounts", {}).to_text(),
+        "Done one.",
+        "Done two.",
+        "Done three.",
+    ]
+    cfg = RolloutConfig(
+        mode="real",
+        group_size=1,
+        max_steps=8,
+        max_steps_per_turn=4,
+        schedule="lockstep",
+        act=SamplingParams(max_new_tokens=200),
+    )
     return RolloutEngine(ScriptedBackend(tokenizer, lambda prompt: script.pop(0)), cfg).run([task])[0]
 
 
@@ -121,20 +159,41 @@ def test_hand_built_record_pairs_every_tool_message_with_a_preceding_call():
     rec = trajectory_record(traj)
     check_record(rec, traj)
     roles = [m["role"] for m in rec["messages"]]
-    assert roles == ["system", "user", "assistant", "user", "assistant", "tool", "tool", "assistant", "user", "assistant", "tool", "assistant"]
+    assert roles == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
     two = rec["messages"][4]
     assert two["content"] == "First 2, then 3." and [c["id"] for c in two["tool_calls"]] == ["call_1_0", "call_1_1"]
     assert [m["tool_call_id"] for m in rec["messages"] if m["role"] == "tool"] == ["call_1_0", "call_1_1", "call_3_0"]
     assert json.loads(rec["messages"][10]["content"]) == {"error": {"kind": "tool_error", "message": "none"}}
-    assert rec["messages"][9]["content"] is None and json.loads(rec["messages"][9]["tool_calls"][0]["function"]["arguments"]) == {"q": "ü"}
+    assert rec["messages"][9]["content"] is None and json.loads(
+        rec["messages"][9]["tool_calls"][0]["function"]["arguments"]
+    ) == {"q": "ü"}
     assert rec["observation_sources"] == ["rehearsed", "cache", "rehearsed"]
-    assert (rec["task_id"], rec["mode"], rec["world"], rec["parse_errors"], rec["reward"]) == ("t1", "rehearsal", "imagined", 1, None)
+    assert (rec["task_id"], rec["mode"], rec["world"], rec["parse_errors"], rec["reward"]) == (
+        "t1",
+        "rehearsal",
+        "imagined",
+        1,
+        None,
+    )
 
 
 def test_a_malformed_act_output_is_assistant_text_then_the_parser_error_as_a_user_message():
     rec = trajectory_record(hand_built())
     bad, feedback = rec["messages"][2], rec["messages"][3]
-    assert bad == {"role": "assistant", "content": "<tool_call>{\"name\": \"add\", \"arguments\": {\"n\": 2}</tool_call>"}
+    assert bad == {"role": "assistant", "content": '<tool_call>{"name": "add", "arguments": {"n": 2}</tool_call>'}
     assert feedback["role"] == "user" and json.loads(feedback["content"])["error"]["kind"] == "bad_format"
 
 
@@ -142,11 +201,16 @@ def test_the_tools_are_read_back_from_the_system_message_as_openai_schemas():
     assert tools_from_system(act_system(TASK)) == [t.to_openai() for t in TOOLS]
     assert tools_from_system("You count.") == []
     with pytest.raises(ValueError, match="not a tool"):
-        tools_from_system("x\n\n# Tools\n{\"name\": \"add\"}\nnot json")
+        tools_from_system('x\n\n# Tools\n{"name": "add"}\nnot json')
 
 
 def test_content_raw_keeps_the_act_output_and_system_task_drops_envaces_tool_instructions():
-    traj = Chat(memory="remember 5").user("hi").act(ToolCall("add", {"n": 1}).to_text(), [{"total": 1}], ["rehearsed"]).traj
+    traj = (
+        Chat(memory="remember 5")
+        .user("hi")
+        .act(ToolCall("add", {"n": 1}).to_text(), [{"total": 1}], ["rehearsed"])
+        .traj
+    )
     text = chat_messages(traj)[0]
     raw = chat_messages(traj, content="raw", system="task")[0]
     assert text[2]["content"] is None and raw[2]["content"] == ToolCall("add", {"n": 1}).to_text()
@@ -157,7 +221,12 @@ def test_content_raw_keeps_the_act_output_and_system_task_drops_envaces_tool_ins
 
 
 def test_a_trajectory_cut_inside_a_step_ends_on_its_unanswered_calls():
-    traj = Chat().user("hi").act(ToolCall("add", {"n": 1}).to_text() + ToolCall("add", {"n": 2}).to_text(), [{"total": 1}], ["rehearsed"]).traj
+    traj = (
+        Chat()
+        .user("hi")
+        .act(ToolCall("add", {"n": 1}).to_text() + ToolCall("add", {"n": 2}).to_text(), [{"total": 1}], ["rehearsed"])
+        .traj
+    )
     traj.truncated = "context:rehearse"
     rec = trajectory_record(traj)
     check_record(rec, traj)
@@ -174,7 +243,9 @@ def test_messages_that_do_not_match_the_steps_are_an_error():
     with pytest.raises(ValueError, match="answers no call"):
         trajectory_record(traj)
     with pytest.raises(ValueError, match="no messages"):
-        trajectory_record(Trajectory(id="x", task_id="t1", group_id="g", mode="real", steps=[Step(0, "hi", reply="hi")]))
+        trajectory_record(
+            Trajectory(id="x", task_id="t1", group_id="g", mode="real", steps=[Step(0, "hi", reply="hi")])
+        )
 
 
 def test_engine_trajectory_with_user_turns_in_order(engine_traj, bank3):
@@ -197,7 +268,9 @@ def test_gold_trajectories_of_three_bank_tasks(gold, bank3):
         made = [json.loads(c["function"]["arguments"]) for m in rec["messages"] for c in m.get("tool_calls", [])]
         assert made == [c.arguments for c in task.flat_gold()] and rec["parse_errors"] == 0
         assert rec["tools"] == [t.to_openai() for t in task.tools] and rec["world"] == "real"
-        assert world_of(traj) == "imagined"  # a rehearsal-mode rollout, but GoldTeacher's observations are real: hence world="real"
+        assert (
+            world_of(traj) == "imagined"
+        )  # a rehearsal-mode rollout, but GoldTeacher's observations are real: hence world="real"
 
 
 def test_real_only_leaves_out_imagined_trajectories_and_counts_them():
@@ -215,18 +288,22 @@ def _write_jsonl(path, lines):
 def test_read_trajectories_keeps_every_valid_line_and_names_the_bad_ones(tmp_path):
     good = json.dumps(hand_built().to_dict(with_rows=False) | {"iteration": 0})
     path = tmp_path / "trajectories.jsonl"
-    _write_jsonl(path, [good, "{\"id\": \"torn", "", json.dumps({"no": "trajectory"}), good])
+    _write_jsonl(path, [good, '{"id": "torn', "", json.dumps({"no": "trajectory"}), good])
     res = read_trajectories([str(path)])
     assert len(res.items) == 2 and res.items[0][1] == {"iteration": 0}
     assert len(res.errors) == 2
-    assert res.errors[0].startswith(f"{path}:2: not a JSON line") and res.errors[1].startswith(f"{path}:4: not a trajectory (KeyError")
+    assert res.errors[0].startswith(f"{path}:2: not a JSON line") and res.errors[1].startswith(
+        f"{path}:4: not a trajectory (KeyError"
+    )
     # a malformed first line does not hide the rest
     _write_jsonl(path, ["garbage", good])
     res = read_trajectories([str(tmp_path)])  # a run folder means its trajectories.jsonl
     assert len(res.items) == 1 and res.errors[0].startswith(f"{path}:1:")
     # an eval result (indented JSON) with trajectories, and one without
     doc = tmp_path / "eval.json"
-    doc.write_text(json.dumps({"metrics": {}, "trajectories": [hand_built().to_dict(with_rows=False), {"id": 1}]}, indent=1))
+    doc.write_text(
+        json.dumps({"metrics": {}, "trajectories": [hand_built().to_dict(with_rows=False), {"id": 1}]}, indent=1)
+    )
     res = read_trajectories([str(doc)])
     assert len(res.items) == 1 and res.errors[0].startswith(f"{doc}: trajectories[1]: not a trajectory")
     doc.write_text(json.dumps({"metrics": {}, "per_task": []}, indent=1))
@@ -241,7 +318,9 @@ def test_export_cli_skips_a_bad_line_with_one_error_line_and_writes_the_rest(tmp
     out = tmp_path / "out" / "records.jsonl"
     assert main(["export", str(src), "--real-only", "--out", str(out)]) == 0
     printed = capsys.readouterr()
-    assert printed.err.strip().splitlines() == [f"envace export: skipped {src}:2: not a JSON line (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"]
+    assert printed.err.strip().splitlines() == [
+        f"envace export: skipped {src}:2: not a JSON line (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
+    ]
     assert "wrote 1 records" in printed.out and "skipped 1 malformed, 1 imagined" in printed.out
     assert [json.loads(line)["world"] for line in out.read_text().splitlines()] == ["real"]
     assert main(["export", "--out", str(out)]) == 2 and "nothing to export" in capsys.readouterr().err
@@ -252,8 +331,29 @@ def test_export_cli_round_trip_writes_json_lines_of_gold_and_trajectory_records(
     src = tmp_path / "t.jsonl"
     _write_jsonl(src, [json.dumps(hand_built().to_dict())])
     out = tmp_path / "gold.jsonl"
-    p = subprocess.run([sys.executable, "-m", "envace.cli", "export", str(src), "--gold", "--suite", "bank", "--split", "train", "-n", "3", "--model", "tiny-random", "--out", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "envace.cli",
+            "export",
+            str(src),
+            "--gold",
+            "--suite",
+            "bank",
+            "--split",
+            "train",
+            "-n",
+            "3",
+            "--model",
+            "tiny-random",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert f"wrote 4 records to {out}" in p.stdout
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -273,10 +373,14 @@ def test_datasets_loads_the_records_as_json(tmp_path, gold):
     assert len(ds) == 4 and {"messages", "tools", "task_id", "world", "reward"} <= set(ds.column_names)
     for row, rec in zip(ds, records):
         ids = [c["id"] for m in row["messages"] for c in (m.get("tool_calls") or [])]
-        assert [m["tool_call_id"] for m in row["messages"] if m["role"] == "tool"] == [m["tool_call_id"] for m in rec["messages"] if m["role"] == "tool"]
+        assert [m["tool_call_id"] for m in row["messages"] if m["role"] == "tool"] == [
+            m["tool_call_id"] for m in rec["messages"] if m["role"] == "tool"
+        ]
         assert all(m["tool_call_id"] in ids for m in row["messages"] if m["role"] == "tool")
         args = [json.loads(c["function"]["arguments"]) for m in row["messages"] for c in (m.get("tool_calls") or [])]
-        assert args == [json.loads(c["function"]["arguments"]) for m in rec["messages"] for c in m.get("tool_calls", [])]
+        assert args == [
+            json.loads(c["function"]["arguments"]) for m in rec["messages"] for c in m.get("tool_calls", [])
+        ]
         assert [t["function"]["name"] for t in row["tools"]] == [t["function"]["name"] for t in rec["tools"]]
 
 

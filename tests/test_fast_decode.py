@@ -1,6 +1,7 @@
 """The packed decode step (envace.backends.fastdecode) computes the model's own next-token logits: exactly (up to
 kernel rounding) in float32, with bf16 autocast's error in bf16; the backend's bf16 decoding through it
 is consistent between continuous batching and lockstep generate, and follows weight changes."""
+
 import copy
 
 import pytest
@@ -15,7 +16,17 @@ from numerics import assert_close_rel, assert_logprobs_close
 
 def _tiny(cls, cfg_cls, **over):
     torch.manual_seed(1)
-    cfg = cfg_cls(vocab_size=49152, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, max_position_embeddings=4096, tie_word_embeddings=True, **over)
+    cfg = cfg_cls(
+        vocab_size=49152,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        **over,
+    )
     return cls(cfg).eval()
 
 
@@ -33,7 +44,10 @@ def _window(model, tok, n_rows: int = 5):
     """A stream slab holding ``n_rows`` prompts of different lengths (rows right-aligned, holes on the left) and
     the inputs of the next decode step: (stream, tokens, attention mask, positions)."""
     be = HFBackend(model, tok, share_prefixes=False)
-    prompts = [tok.encode("You are a tool-using agent. " * (1 + i) + f"Request {i}: transfer {10 * i} dollars.") for i in range(n_rows)]
+    prompts = [
+        tok.encode("You are a tool-using agent. " * (1 + i) + f"Request {i}: transfer {10 * i} dollars.")
+        for i in range(n_rows)
+    ]
     reqs = [Request(p, SamplingParams(max_new_tokens=4)) for p in prompts]
     st = _Stream(be._n_layers(), be.device, torch.float32)
     with torch.no_grad():
@@ -85,7 +99,11 @@ def test_bf16_decoding_errs_from_float32_like_bf16_autocast(tiny):
     assert dec.head.dtype == torch.bfloat16 and all(L.qkv.dtype == torch.bfloat16 for L in dec.layers)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_new_tokens=8), SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=8)], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0, max_new_tokens=8), SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=8)],
+    ids=["greedy", "sampled"],
+)
 def test_bf16_backend_decodes_through_the_packed_weights_alike_in_stream_and_lockstep(tiny, params):
     model, tok = tiny
     be = HFBackend(model, tok, bf16=True)
@@ -93,7 +111,11 @@ def test_bf16_backend_decodes_through_the_packed_weights_alike_in_stream_and_loc
     prompts = [tok.encode(f"Request {i}: " + "please help " * (i + 1)) for i in range(4)]
     lock = be.generate(prompts, params.with_(seed=3))
     got = {}
-    HFBackend(model, tok, bf16=True).generate_stream([Request(p, params.with_(seed=3), tag=i) for i, p in enumerate(prompts)], lambda r, g: got.__setitem__(r.tag, g) or [], seed=3)
+    HFBackend(model, tok, bf16=True).generate_stream(
+        [Request(p, params.with_(seed=3), tag=i) for i, p in enumerate(prompts)],
+        lambda r, g: got.__setitem__(r.tag, g) or [],
+        seed=3,
+    )
     if params.temperature == 0:  # sampled streams draw in another order; greedy ones must agree token for token
         for i, g in enumerate(lock):
             assert got[i].token_ids == g.token_ids
@@ -143,7 +165,14 @@ def _mostly_same(a, b) -> None:
             assert_logprobs_close(x.logprobs, y.logprobs)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_new_tokens=10), SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, stop=["."])], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_new_tokens=10),
+        SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=10, stop=["."]),
+    ],
+    ids=["greedy", "sampled"],
+)
 def test_packed_float32_generation_equals_the_models_own(tiny, params):
     """Every forward of the backend through the decoder (prompt prefill with kept sessions and shared prefixes,
     lockstep decoding and continuous batching): same tokens, log-probs equal up to float32 rounding (sampled: see
@@ -176,8 +205,19 @@ def test_cascade_attention_over_shared_prefixes_changes_nothing_but_the_work(tin
     shared_inputs = hf._Stream.shared_inputs
     monkeypatch.setattr(hf._Stream, "shared_inputs", lambda st: used.append(shared_inputs(st)) or used[-1])
     model, tok = tiny
-    systems = ["You are a careful banking assistant. Use the tools when needed and confirm every transfer. " * 5, "You manage files in a sandbox; list before you delete and answer briefly. " * 5]
-    prompts = [tok.apply_chat_template([{"role": "system", "content": systems[i % 2]}, {"role": "user", "content": f"task {i}: " + "go " * i}], add_generation_prompt=True, tokenize=True, return_dict=False) for i in range(6)]
+    systems = [
+        "You are a careful banking assistant. Use the tools when needed and confirm every transfer. " * 5,
+        "You manage files in a sandbox; list before you delete and answer briefly. " * 5,
+    ]
+    prompts = [
+        tok.apply_chat_template(
+            [{"role": "system", "content": systems[i % 2]}, {"role": "user", "content": f"task {i}: " + "go " * i}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for i in range(6)
+    ]
     lens = [3, 9, 5, 12, 7, 4]
 
     def run(be):
@@ -187,10 +227,24 @@ def test_cascade_attention_over_shared_prefixes_changes_nothing_but_the_work(tin
             i, turn = req.tag
             got[(i, turn)] = g
             if turn < 2:
-                return [Request(req.prompt + g.token_ids + tok.encode(" result"), SamplingParams(temperature=0, max_new_tokens=lens[(i + turn + 1) % 6]), session=f"s{i}", tag=(i, turn + 1))]
+                return [
+                    Request(
+                        req.prompt + g.token_ids + tok.encode(" result"),
+                        SamplingParams(temperature=0, max_new_tokens=lens[(i + turn + 1) % 6]),
+                        session=f"s{i}",
+                        tag=(i, turn + 1),
+                    )
+                ]
             return []
 
-        be.generate_stream([Request(p, SamplingParams(temperature=0, max_new_tokens=n), session=f"s{i}", tag=(i, 0)) for i, (p, n) in enumerate(zip(prompts, lens))], on_done, seed=0)
+        be.generate_stream(
+            [
+                Request(p, SamplingParams(temperature=0, max_new_tokens=n), session=f"s{i}", tag=(i, 0))
+                for i, (p, n) in enumerate(zip(prompts, lens))
+            ],
+            on_done,
+            seed=0,
+        )
         return [got[k] for k in sorted(got)]
 
     from test_perf_equivalence import _same

@@ -1,5 +1,6 @@
 """Rehearsal fidelity: the pure metrics by hand, pair collection and aggregation, and shadow rollouts with a
 perfect and a corrupted rehearser."""
+
 import json
 import os
 import subprocess
@@ -10,8 +11,19 @@ import pytest
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks
 from envace.fidelity import (
-    BREAKDOWNS, METRICS, FidelityPair, aggregate, collect_pairs, format_fidelity, keys_match, leaf_accuracy, leaf_paths, measure_fidelity,
-    mismatched_leaves, observation_fidelity, path_str,
+    BREAKDOWNS,
+    METRICS,
+    FidelityPair,
+    aggregate,
+    collect_pairs,
+    format_fidelity,
+    keys_match,
+    leaf_accuracy,
+    leaf_paths,
+    measure_fidelity,
+    mismatched_leaves,
+    observation_fidelity,
+    path_str,
 )
 from envace.parsing import format_observation
 from envace.rollout import RolloutConfig, changed_fields
@@ -48,7 +60,9 @@ def test_error_versus_success_disagree_and_two_errors_agree():
     s = observation_fidelity(err, REAL)
     assert s == {"valid": 1.0, "exact": 0.0, "keys": 0.0, "leaf_acc": 0.0, "outcome": 0.0}
     s = observation_fidelity(error_obs("tool_error", "no such account"), err)
-    assert s["outcome"] == 1.0 and s["keys"] == 1.0 and s["leaf_acc"] == 0.5 and s["exact"] == 0.0  # kind right, message wrong
+    assert (
+        s["outcome"] == 1.0 and s["keys"] == 1.0 and s["leaf_acc"] == 0.5 and s["exact"] == 0.0
+    )  # kind right, message wrong
     assert observation_fidelity(REAL, err)["outcome"] == 0.0
 
 
@@ -60,7 +74,9 @@ def test_an_unparsable_rehearsal_is_invalid_and_reproduces_nothing():
 
 def test_values_compare_as_canonical_json_and_non_objects_by_type():
     assert observation_fidelity({"n": 1.0}, {"n": 1})["exact"] == 0.0  # the project's canonical rule: 1 != 1.0
-    assert observation_fidelity({"b": 2, "a": [1, 2]}, {"a": [1, 2], "b": 2})["exact"] == 1.0  # key order does not matter
+    assert (
+        observation_fidelity({"b": 2, "a": [1, 2]}, {"a": [1, 2], "b": 2})["exact"] == 1.0
+    )  # key order does not matter
     assert keys_match([1], [2, 3]) and not keys_match([1], "x") and not keys_match({"a": 1}, [1])
     assert leaf_accuracy([1, 2, 3], [1, 5]) == 0.5
 
@@ -80,7 +96,11 @@ def test_aggregate_averages_overall_per_domain_and_per_tool():
     half = dict(one, exact=0.0, leaf_acc=0.5)
     pairs = [_pair("bank", "get_balance", one), _pair("bank", "get_balance", zero), _pair("shop", "get_balance", half)]
     agg = aggregate(pairs)
-    assert agg["overall"]["n"] == 3 and agg["overall"]["exact"] == pytest.approx(1 / 3) and agg["overall"]["leaf_acc"] == pytest.approx(0.5)
+    assert (
+        agg["overall"]["n"] == 3
+        and agg["overall"]["exact"] == pytest.approx(1 / 3)
+        and agg["overall"]["leaf_acc"] == pytest.approx(0.5)
+    )
     assert agg["overall"]["valid"] == pytest.approx(2 / 3)
     assert agg["by_domain"]["bank"]["exact"] == 0.5 and agg["by_domain"]["shop"]["leaf_acc"] == 0.5
     assert set(agg["by_tool"]) == {"bank/get_balance", "shop/get_balance"}  # same tool name, two domains
@@ -90,13 +110,27 @@ def test_aggregate_averages_overall_per_domain_and_per_tool():
 
 def test_collect_pairs_scores_model_made_observations_and_counts_the_rest():
     task = Task(id="x", env="bank", system_prompt="", user_turns=["u"], tools=[])
-    step = Step(user_turn=0, action_text="", calls=[ToolCall("get_balance", {"account": "rent"}), ToolCall("a"), ToolCall("b"), ToolCall("c"), ToolCall("d")],
-                observations=[dict(REAL), {"cached": 1}, error_obs("unknown_tool", "a"), {"x": 1}, {"y": 1}],
-                sources=["rehearsed", "cache", "validation", "rehearsed", "simulator"], shadow=[REAL, {"cached": 1}, None, None, {"y": 2}])
+    step = Step(
+        user_turn=0,
+        action_text="",
+        calls=[
+            ToolCall("get_balance", {"account": "rent"}),
+            ToolCall("a"),
+            ToolCall("b"),
+            ToolCall("c"),
+            ToolCall("d"),
+        ],
+        observations=[dict(REAL), {"cached": 1}, error_obs("unknown_tool", "a"), {"x": 1}, {"y": 1}],
+        sources=["rehearsed", "cache", "validation", "rehearsed", "simulator"],
+        shadow=[REAL, {"cached": 1}, None, None, {"y": 2}],
+    )
     tr = Trajectory(id="tr", task_id="x", group_id="g", mode="rehearsal", steps=[step])
     pairs, skipped = collect_pairs([tr], [task])
     assert skipped == {"n_cache": 1, "n_validation": 1, "n_no_shadow": 1}
-    assert [(p.tool, p.source, p.scores["exact"]) for p in pairs] == [("get_balance", "rehearsed", 1.0), ("d", "simulator", 0.0)]
+    assert [(p.tool, p.source, p.scores["exact"]) for p in pairs] == [
+        ("get_balance", "rehearsed", 1.0),
+        ("d", "simulator", 0.0),
+    ]
     assert pairs[0].domain == "bank" and json.loads(json.dumps(pairs[0].to_dict()))["real"] == REAL
 
 
@@ -107,7 +141,7 @@ class WrongBalances(GoldTeacher):
         acts, obs = super()._script(task)
         out = []
         for i, text in enumerate(obs):
-            o = json.loads(text[len("<observation>"): -len("</observation>")])
+            o = json.loads(text[len("<observation>") : -len("</observation>")])
             if isinstance(o, dict) and "balance" in o:
                 o["balance"] = "999.99"
             out.append("not an observation" if i == 0 else format_observation(o))
@@ -149,7 +183,11 @@ def test_code_validation_answers_are_counted_not_scored_and_real_mode_is_refused
     tasks = load_tasks("bank", "test", n=1)
 
     def respond(prompt):
-        return '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>' if "<|im_start|>tool" not in prompt else "Done."
+        return (
+            '<tool_call>{"name": "no_such_tool", "arguments": {}}</tool_call>'
+            if "<|im_start|>tool" not in prompt
+            else "Done."
+        )
 
     res = measure_fidelity(ScriptedBackend(tokenizer, respond), tasks, _cfg(validate_in_code=True))
     assert res.pairs == [] and res.summary["skipped"]["n_validation"] == 1 and res.summary["overall"]["n"] == 0
@@ -159,8 +197,26 @@ def test_code_validation_answers_are_counted_not_scored_and_real_mode_is_refused
 
 def test_fidelity_cli_prints_the_table_and_writes_pairs_and_trajectories(tmp_path):
     out = tmp_path / "fid.json"
-    cmd = [sys.executable, "-m", "envace.cli", "fidelity", "--model", "tiny-random", "--suite", "bank", "-n", "1", "-k", "1",
-           "--max-steps", "1", "--max-new-tokens", "4", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "envace.cli",
+        "fidelity",
+        "--model",
+        "tiny-random",
+        "--suite",
+        "bank",
+        "-n",
+        "1",
+        "-k",
+        "1",
+        "--max-steps",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--out",
+        str(out),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "leaf_acc" in p.stdout and "overall" in p.stdout
@@ -177,7 +233,10 @@ def test_fidelity_cli_prints_the_table_and_writes_pairs_and_trajectories(tmp_pat
 def test_changed_fields_names_the_top_level_state_fields_that_differ():
     before = {"accounts": {"a": 1}, "transactions": [], "next_txn": 1}
     assert changed_fields(before, before) == []
-    assert changed_fields(before, {"accounts": {"a": 2}, "transactions": [1], "next_txn": 1}) == ["accounts", "transactions"]
+    assert changed_fields(before, {"accounts": {"a": 2}, "transactions": [1], "next_txn": 1}) == [
+        "accounts",
+        "transactions",
+    ]
     assert changed_fields({"x": 1}, {"y": 1}) == ["x", "y"]  # a removed and an added field
 
 
@@ -186,10 +245,26 @@ def test_breakdowns_put_each_pair_in_one_bucket_by_hand():
     err = error_obs("tool_error", "insufficient funds")
     pairs = [
         FidelityPair("t", "tr", "bank", "get_balance", 0, 0, "rehearsed", None, REAL, one, []),
-        FidelityPair("t", "tr", "bank", "freeze_account", 1, 0, "rehearsed", None, {"frozen": True}, zero, ["accounts"]),
-        FidelityPair("t", "tr", "bank", "transfer", 2, 0, "rehearsed", None, {"ok": 1}, zero, ["accounts", "next_txn", "transactions"]),
+        FidelityPair(
+            "t", "tr", "bank", "freeze_account", 1, 0, "rehearsed", None, {"frozen": True}, zero, ["accounts"]
+        ),
+        FidelityPair(
+            "t",
+            "tr",
+            "bank",
+            "transfer",
+            2,
+            0,
+            "rehearsed",
+            None,
+            {"ok": 1},
+            zero,
+            ["accounts", "next_txn", "transactions"],
+        ),
         FidelityPair("t", "tr", "bank", "transfer", 5, 1, "rehearsed", None, err, one, []),
-        FidelityPair("t", "tr", "bank", "get_balance", 1, 1, "rehearsed", None, REAL, one),  # recorded without state changes
+        FidelityPair(
+            "t", "tr", "bank", "get_balance", 1, 1, "rehearsed", None, REAL, one
+        ),  # recorded without state changes
     ]
     agg = aggregate(pairs)
     assert {k: v["n"] for k, v in agg["by_state"].items()} == {"read": 2, "write": 2, "unknown": 1}
@@ -203,17 +278,25 @@ def test_breakdowns_put_each_pair_in_one_bucket_by_hand():
 
 
 def test_shadow_rollouts_record_what_each_real_call_changed_and_the_breakdowns_add_up(tokenizer):
-    tasks = load_tasks("bank", "test", n=3)  # gold: balance reads, transfers / deposits (3 fields), a freeze (1), a failing transfer
+    tasks = load_tasks(
+        "bank", "test", n=3
+    )  # gold: balance reads, transfers / deposits (3 fields), a freeze (1), a failing transfer
     res = measure_fidelity(WrongBalances(tokenizer, tasks), tasks, _cfg())
     by_call = {(p.tool, bool(p.changed), len(p.changed)) for p in res.pairs}
-    assert ("get_balance", False, 0) in by_call and ("freeze_account", True, 1) in by_call and ("transfer", True, 3) in by_call
+    assert (
+        ("get_balance", False, 0) in by_call
+        and ("freeze_account", True, 1) in by_call
+        and ("transfer", True, 3) in by_call
+    )
     for p in res.pairs:
         if p.tool == "get_balance":
             assert p.changed == [] and BREAKDOWNS["by_state"].bucket(p) == "read"
         if p.tool == "transfer" and "error" not in p.real:
             assert p.changed == ["accounts", "next_txn", "transactions"] and BREAKDOWNS["by_state"].bucket(p) == "write"
         if isinstance(p.real, dict) and "error" in p.real:
-            assert p.changed == [] and BREAKDOWNS["by_outcome"].bucket(p) == "error"  # a failed transfer changes nothing
+            assert (
+                p.changed == [] and BREAKDOWNS["by_outcome"].bucket(p) == "error"
+            )  # a failed transfer changes nothing
     summary = res.summary
     total = summary["overall"]["n"]
     assert total == len(res.pairs) == sum(len(t.flat_gold()) for t in tasks)

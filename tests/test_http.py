@@ -2,6 +2,7 @@
 backend; the client's errors are clear and bounded for a stopped server, a slow server and bad requests; retries
 recover from a transient 503 and wait what a Retry-After asks; connections are kept alive; the concurrency limit
 holds; without vLLM's extensions the client sends only OpenAI's fields."""
+
 import json
 import socket
 import threading
@@ -28,7 +29,12 @@ def served():
 
 
 def _post(url, body, raw=None):
-    req = urllib.request.Request(url, data=raw if raw is not None else json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        url,
+        data=raw if raw is not None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())
@@ -40,7 +46,10 @@ def test_served_model_answers_chat_and_token_completions_like_the_local_backend(
     model, tok = tiny
     client = HTTPBackend(served, tokenizer=tok, timeout=60)
     assert client.model == "tiny"  # from GET /v1/models
-    texts = client.chat([[{"role": "user", "content": "hello"}], [{"role": "user", "content": "list the tools"}]], SamplingParams(temperature=0.7, max_new_tokens=6, seed=3))
+    texts = client.chat(
+        [[{"role": "user", "content": "hello"}], [{"role": "user", "content": "list the tools"}]],
+        SamplingParams(temperature=0.7, max_new_tokens=6, seed=3),
+    )
     assert len(texts) == 2 and all(isinstance(t, str) and t for t in texts)
     fmt = ChatFormat.for_tokenizer(tok)
     prompts = [fmt.render([{"role": "user", "content": c}]) for c in ("check my balance", "transfer 5 to bob")]
@@ -71,12 +80,19 @@ def test_server_validates_requests_and_answers_json_errors(served, tokenizer):
     assert status == 404 and "routes" in body["error"]["message"]
     with urllib.request.urlopen(base.removesuffix("/v1") + "/health", timeout=10) as r:
         assert json.loads(r.read()) == {"status": "ok"}
-    status, body = _post(base + "/completions", {"prompt": "Hi", "max_tokens": 3, "logprobs": 0, "return_token_ids": True, "stop": ["\n"]})
-    assert status == 200 and len(body["choices"][0]["token_ids"]) == len(body["choices"][0]["logprobs"]["token_logprobs"])
+    status, body = _post(
+        base + "/completions",
+        {"prompt": "Hi", "max_tokens": 3, "logprobs": 0, "return_token_ids": True, "stop": ["\n"]},
+    )
+    assert status == 200 and len(body["choices"][0]["token_ids"]) == len(
+        body["choices"][0]["logprobs"]["token_logprobs"]
+    )
     # a client error is not retried: BackendError at once, with the server's message
     t0 = time.perf_counter()
     with pytest.raises(BackendError, match="HTTP 404.*not served here"):
-        HTTPBackend(base, model="other", max_retries=3, backoff=1.0).chat([[{"role": "user", "content": "x"}]], SamplingParams(max_new_tokens=2))
+        HTTPBackend(base, model="other", max_retries=3, backoff=1.0).chat(
+            [[{"role": "user", "content": "x"}]], SamplingParams(max_new_tokens=2)
+        )
     assert time.perf_counter() - t0 < 1.0
 
 
@@ -148,7 +164,10 @@ class _StubHandler(BaseHTTPRequestHandler):
         pass
 
 
-CHAT_OK = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}
+CHAT_OK = {
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+}
 
 
 def test_slow_server_times_out_with_backend_error():
@@ -172,13 +191,20 @@ def test_transient_503_is_retried_and_then_answered():
 def test_concurrency_limit_bounds_requests_in_flight():
     stub = _Stub(lambda k: (0.2, 200, CHAT_OK))
     client = HTTPBackend(stub.url, model="m", max_concurrency=2)
-    assert client.chat([[{"role": "user", "content": str(i)}] for i in range(6)], SamplingParams(max_new_tokens=2)) == ["ok"] * 6
+    assert (
+        client.chat([[{"role": "user", "content": str(i)}] for i in range(6)], SamplingParams(max_new_tokens=2))
+        == ["ok"] * 6
+    )
     assert stub.max_inflight == 2 and stub.n == 6
     stub.shutdown()
 
 
 def test_a_429_with_retry_after_is_retried_after_the_asked_wait_and_a_long_one_is_not_waited_for():
-    stub = _Stub(lambda k: (0.0, 429, {"error": {"message": "slow down"}}, {"Retry-After": "1"}) if k == 1 else (0.0, 200, CHAT_OK))
+    stub = _Stub(
+        lambda k: (
+            (0.0, 429, {"error": {"message": "slow down"}}, {"Retry-After": "1"}) if k == 1 else (0.0, 200, CHAT_OK)
+        )
+    )
     client = HTTPBackend(stub.url, model="m", max_retries=2, backoff=0.01)
     t0 = time.perf_counter()
     assert client.chat([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2)) == ["ok"]
@@ -187,7 +213,10 @@ def test_a_429_with_retry_after_is_retried_after_the_asked_wait_and_a_long_one_i
     stub = _Stub(lambda k: (0.0, 503, {"error": {"message": "maintenance"}}, {"Retry-After": "3600"}))
     client = HTTPBackend(stub.url, model="m", max_retries=3, backoff=0.01, max_retry_after=5)
     t0 = time.perf_counter()
-    with pytest.raises(BackendError, match=r"failed after 1 attempt\(s\).*HTTP 503: maintenance.*retry after 3600s, more than max_retry_after 5s"):
+    with pytest.raises(
+        BackendError,
+        match=r"failed after 1 attempt\(s\).*HTTP 503: maintenance.*retry after 3600s, more than max_retry_after 5s",
+    ):
         client.chat([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=2))
     assert time.perf_counter() - t0 < 1.0 and stub.n == 1
     stub.shutdown()
@@ -200,7 +229,10 @@ def test_retry_after_reads_seconds_and_http_dates():
 
     now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
     assert retry_after("2", now) == 2.0 and retry_after(" 0.5 ", now) == 0.5 and retry_after("-3", now) == 0.0
-    assert retry_after("Wed, 01 Jan 2025 12:00:30 GMT", now) == 30.0 and retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now) == 0.0
+    assert (
+        retry_after("Wed, 01 Jan 2025 12:00:30 GMT", now) == 30.0
+        and retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now) == 0.0
+    )
     assert retry_after(None, now) is None and retry_after("soon", now) is None
 
 
@@ -219,13 +251,26 @@ OPENAI_COMPLETION_FIELDS = {"model", "prompt", "logprobs", "temperature", "top_p
 
 
 def test_without_vllm_extensions_the_client_sends_only_openai_fields():
-    gen_ok = {"choices": [{"index": 0, "text": "ok", "token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}, "finish_reason": "stop"}], "usage": {}}
+    gen_ok = {
+        "choices": [
+            {
+                "index": 0,
+                "text": "ok",
+                "token_ids": [5],
+                "logprobs": {"token_logprobs": [-0.5]},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {},
+    }
     stub = _Stub(lambda k: (0.0, 200, CHAT_OK if k == 1 else gen_ok))
     sampling = SamplingParams(max_new_tokens=2, top_k=5, stop=["\n"], seed=1)
     HTTPBackend(stub.url, model="m", vllm_extensions=False).chat([[{"role": "user", "content": "x"}]], sampling)
     HTTPBackend(stub.url, model="m", vllm_extensions=False).generate([[1, 2]], sampling)
     assert set(stub.bodies[0]) == OPENAI_CHAT_FIELDS and set(stub.bodies[1]) == OPENAI_COMPLETION_FIELDS
-    HTTPBackend(stub.url, model="m").chat([[{"role": "user", "content": "x"}]], sampling)  # on (the default): vLLM's fields too
+    HTTPBackend(stub.url, model="m").chat(
+        [[{"role": "user", "content": "x"}]], sampling
+    )  # on (the default): vLLM's fields too
     assert set(stub.bodies[2]) - OPENAI_CHAT_FIELDS == {"top_k", "include_stop_str_in_output"}
     stub.shutdown()
 

@@ -1,6 +1,7 @@
 """envace.logging: metrics.jsonl always, other sinks by name (report_to); a sink that cannot start or fails says so
 once on stderr and the run goes on. wandb and trackio are not installed here: their adapters are checked against
 stand-in modules that record the calls."""
+
 import os
 import sys
 import types
@@ -40,10 +41,17 @@ def test_a_missing_package_says_so_once_in_one_line_and_metrics_jsonl_is_still_w
         logger.log(1, {"reward/mean": 0.5, "note": "x"})
         logger.log(2, {"reward/mean": 1})
         logger.close()
-        assert read_metrics(str(tmp_path / run)) == [{"step": 1, "note": "x", "reward/mean": 0.5}, {"step": 2, "reward/mean": 1.0}]
+        assert read_metrics(str(tmp_path / run)) == [
+            {"step": 1, "note": "x", "reward/mean": 0.5},
+            {"step": 2, "reward/mean": 1.0},
+        ]
         assert os.listdir(tmp_path / run / "tb")
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and err[0].startswith("envace: metrics sink 'wandb' is off: ") and err[1].startswith("envace: metrics sink 'trackio' is off: ")
+    assert (
+        len(err) == 2
+        and err[0].startswith("envace: metrics sink 'wandb' is off: ")
+        and err[1].startswith("envace: metrics sink 'trackio' is off: ")
+    )
     assert all("not installed" in line or "halted" in line for line in err)
 
 
@@ -66,7 +74,9 @@ def test_a_sink_that_fails_while_logging_is_dropped_with_one_line_and_the_run_go
         logger.close()
     finally:
         SINKS.remove("flaky")
-    assert capsys.readouterr().err.strip().splitlines() == ["envace: metrics sink 'flaky' is off: it failed while logging step 0: OSError: disk gone"]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "envace: metrics sink 'flaky' is off: it failed while logging step 0: OSError: disk gone"
+    ]
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [0, 1, 2]
 
 
@@ -130,8 +140,13 @@ def test_report_to_in_the_configs_and_its_relation_to_tensorboard():
     assert SFTConfig(report_to="tensorboard,wandb").report_to == ("tensorboard", "wandb")
     assert load_config(TrainConfig, overrides=["report_to=trackio,tensorboard"]).report_to == ("trackio", "tensorboard")
     assert load_config(SFTConfig, overrides=["report_to=[]"]).sinks == ("jsonl",)
-    assert config_diff(to_dict(TrainConfig()), to_dict(TrainConfig(report_to=("wandb",))), ignore=RESUMABLE_FIELDS) == []  # a run resumes with other sinks
-    with pytest.raises(ValueError, match=r"TrainConfig.report_to: unknown metrics sink 'tb'; valid names: jsonl, tensorboard, trackio, wandb"):
+    assert (
+        config_diff(to_dict(TrainConfig()), to_dict(TrainConfig(report_to=("wandb",))), ignore=RESUMABLE_FIELDS) == []
+    )  # a run resumes with other sinks
+    with pytest.raises(
+        ValueError,
+        match=r"TrainConfig.report_to: unknown metrics sink 'tb'; valid names: jsonl, tensorboard, trackio, wandb",
+    ):
         TrainConfig(report_to=("tb",))
 
 
@@ -139,7 +154,19 @@ def test_sft_asked_for_a_missing_sink_says_so_and_trains_with_metrics_jsonl(tmp_
     from envace.sft import sft
 
     monkeypatch.setitem(sys.modules, "wandb", None)
-    res = sft(SFTConfig(model="tiny-random", suite="files", n_tasks=2, steps=2, batch_tasks=1, out_dir=str(tmp_path), report_to=("wandb", "tensorboard"), tensorboard=False, progress=False))
+    res = sft(
+        SFTConfig(
+            model="tiny-random",
+            suite="files",
+            n_tasks=2,
+            steps=2,
+            batch_tasks=1,
+            out_dir=str(tmp_path),
+            report_to=("wandb", "tensorboard"),
+            tensorboard=False,
+            progress=False,
+        )
+    )
     err = [line for line in capsys.readouterr().err.splitlines() if "metrics sink" in line]
     assert len(err) == 1 and err[0].startswith("envace: metrics sink 'wandb' is off")
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2] and res.checkpoint

@@ -1,4 +1,5 @@
 """MCP adapter: a real MCP server (tests/fixtures/mcp_server.py, FastMCP over stdio) started as a subprocess."""
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,11 @@ def test_round_trip_errors_and_close(explore_task):
         assert env.call(ToolCall("read_note", {"title": "t"})) == {"result": "hello"}
         # a tool that reports an error (isError) is an error observation, not an exception
         obs = env.call(ToolCall("fail", {"reason": "broken on purpose"}))
-        assert is_error_obs(obs) and obs["error"]["kind"] == "tool_error" and "broken on purpose" in obs["error"]["message"]
+        assert (
+            is_error_obs(obs)
+            and obs["error"]["kind"] == "tool_error"
+            and "broken on purpose" in obs["error"]["message"]
+        )
         obs = env.call(ToolCall("read_note", {"title": "missing"}))
         assert obs["error"]["kind"] == "tool_error"
         # arguments are checked against the server's inputSchema before the call
@@ -91,17 +96,28 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "envace.cli", *args], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("server,reason", [
-    ("/nonexistent/mcp-server --flag", "no such program (No such file or directory: '/nonexistent/mcp-server')"),
-    ("python -c \"import sys; sys.exit('cannot read config.toml')\"", "closed the connection before the MCP handshake"),
-    ("true", "closed the connection before the MCP handshake"),
-], ids=["missing_program", "exits_with_a_message", "exits_silently"])
+@pytest.mark.parametrize(
+    "server,reason",
+    [
+        ("/nonexistent/mcp-server --flag", "no such program (No such file or directory: '/nonexistent/mcp-server')"),
+        (
+            "python -c \"import sys; sys.exit('cannot read config.toml')\"",
+            "closed the connection before the MCP handshake",
+        ),
+        ("true", "closed the connection before the MCP handshake"),
+    ],
+    ids=["missing_program", "exits_with_a_message", "exits_silently"],
+)
 def test_a_failing_server_start_is_a_one_line_cli_error(server, reason):
     p = _cli("tasks", "--suite", f"mcp:{server}")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, lines
-    assert lines[0].startswith("envace tasks: error: MCP server `") and " did not start: " in lines[0] and reason in lines[0]
+    assert (
+        lines[0].startswith("envace tasks: error: MCP server `")
+        and " did not start: " in lines[0]
+        and reason in lines[0]
+    )
     if "config.toml" in server:
         assert lines[0].endswith("its stderr ends: cannot read config.toml")  # what the server said, last
 
@@ -110,18 +126,30 @@ def test_rollout_against_a_server_that_cannot_start_ends_with_the_one_line_error
     p = _cli("rollout", "--model", "tiny-random", "--suite", "mcp:/nonexistent/mcp-server", "-n", "1", "-k", "1")
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
     errors = [line for line in p.stderr.splitlines() if "error" in line.lower()]
-    assert errors == [p.stderr.strip().splitlines()[-1]] and errors[0].startswith("envace rollout: error: MCP server `/nonexistent/mcp-server`")
+    assert errors == [p.stderr.strip().splitlines()[-1]] and errors[0].startswith(
+        "envace rollout: error: MCP server `/nonexistent/mcp-server`"
+    )
 
 
 def test_tasks_from_a_json_file_are_scored_by_gold_calls_and_outputs(tmp_path):
     spec = {
         "command": COMMAND,
         "tasks": [
-            {"id": "count_to_3", "user_turns": ["Add 1 and then 2 to the counter and tell me the total."],
-             "gold_actions": [[{"name": "increment", "arguments": {"by": 1}}, {"name": "increment", "arguments": {"by": 2}}]],
-             "expected_outputs": ["3"], "split": "test"},
-            {"id": "note", "user_turns": ["Save a note 'a' saying 'b'."], "split": "train",
-             "gold_actions": [[{"name": "add_note", "arguments": {"title": "a", "text": "b"}}]]},
+            {
+                "id": "count_to_3",
+                "user_turns": ["Add 1 and then 2 to the counter and tell me the total."],
+                "gold_actions": [
+                    [{"name": "increment", "arguments": {"by": 1}}, {"name": "increment", "arguments": {"by": 2}}]
+                ],
+                "expected_outputs": ["3"],
+                "split": "test",
+            },
+            {
+                "id": "note",
+                "user_turns": ["Save a note 'a' saying 'b'."],
+                "split": "train",
+                "gold_actions": [[{"name": "add_note", "arguments": {"title": "a", "text": "b"}}]],
+            },
         ],
     }
     path = tmp_path / "tasks.json"
@@ -154,10 +182,22 @@ def test_check_env_passes(explore_task):
 def _side_effect_tasks(tmp_path, **extra):
     """The count_to_3 task on a server whose ``increment`` appends to a file (a real side effect)."""
     log = tmp_path / "side_effects.txt"
-    spec = {"command": COMMAND, "env": {"MCP_TEST_SIDE_EFFECTS": str(log)}, **extra, "tasks": [
-        {"id": "count_to_3", "user_turns": ["Add 1 and then 2 to the counter and tell me the total."],
-         "gold_actions": [[{"name": "increment", "arguments": {"by": 1}}, {"name": "increment", "arguments": {"by": 2}}]],
-         "expected_outputs": ["3"], "split": "test"}]}
+    spec = {
+        "command": COMMAND,
+        "env": {"MCP_TEST_SIDE_EFFECTS": str(log)},
+        **extra,
+        "tasks": [
+            {
+                "id": "count_to_3",
+                "user_turns": ["Add 1 and then 2 to the counter and tell me the total."],
+                "gold_actions": [
+                    [{"name": "increment", "arguments": {"by": 1}}, {"name": "increment", "arguments": {"by": 2}}]
+                ],
+                "expected_outputs": ["3"],
+                "split": "test",
+            }
+        ],
+    }
     path = tmp_path / "tasks.json"
     path.write_text(json.dumps(spec))
     return load_tasks(f"mcp:{path}", "test"), log
@@ -183,7 +223,9 @@ def test_evaluating_on_an_mcp_server_runs_each_call_once(tokenizer, tmp_path):
     from envace.rollout import RolloutConfig
 
     (task,), log = _side_effect_tasks(tmp_path)
-    res = evaluate(ScriptedBackend(tokenizer, _gold_then_reply(task)), [task], samples=1, rollout=RolloutConfig(max_steps=4))
+    res = evaluate(
+        ScriptedBackend(tokenizer, _gold_then_reply(task)), [task], samples=1, rollout=RolloutConfig(max_steps=4)
+    )
     assert _ran(log) == ["increment 1", "increment 2"]  # the single real execution, not replayed for scoring
     assert res.metrics["success_rate"] == 1.0 and res.trajectories[0].reward_info["scored_in"] == "rollout"
 

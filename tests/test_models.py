@@ -3,6 +3,7 @@
 Only the conversion tests build into their own cache (``ENVACE_CACHE`` set for the build alone); every other
 test uses the shared cache, where the tiny model is built once and then loads in well under a second.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -317,7 +318,9 @@ def test_importing_envace_models_leaves_the_processs_hub_settings_alone_and_load
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     if order == "envace_first":
         env["ENVACE_CACHE"] = str(tmp_path)  # a fresh cache: the tiny model is built here (GGUF tokenizer), too
-    p = subprocess.run([sys.executable, "-c", _NO_NETWORK_IMPORT, order], capture_output=True, text=True, timeout=300, env=env)
+    p = subprocess.run(
+        [sys.executable, "-c", _NO_NETWORK_IMPORT, order], capture_output=True, text=True, timeout=300, env=env
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["env"] is None  # not set for the process

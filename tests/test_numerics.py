@@ -1,4 +1,5 @@
 """The float-rounding comparison of tests/numerics.py: rounding-level differences pass, real mismatches fail."""
+
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
 """Package conventions: one version everywhere, a cheap ``import envace`` with the public API, py.typed, LICENSE."""
+
 import importlib
 import importlib.metadata
 import json
@@ -51,7 +52,9 @@ def test_version_flag_prints_name_and_version(module):
 
 def test_import_envace_and_its_version_do_not_import_torch():
     heavy = ["torch", "transformers", "numpy", "envace.models", "envace.trainer"]
-    out = _python(f"import sys, json, envace; envace.__version__; dir(envace); print(json.dumps([m for m in {heavy!r} if m in sys.modules]))")
+    out = _python(
+        f"import sys, json, envace; envace.__version__; dir(envace); print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+    )
     assert json.loads(out) == []
 
 
@@ -111,7 +114,9 @@ def test_license_file_is_the_license_pyproject_names():
 def _requirements(lines):
     from packaging.requirements import Requirement
 
-    return {(r := Requirement(line)).name.lower(): r for line in lines if line.strip() and not line.lstrip().startswith("#")}
+    return {
+        (r := Requirement(line)).name.lower(): r for line in lines if line.strip() and not line.lstrip().startswith("#")
+    }
 
 
 def test_every_tested_pin_lies_inside_the_range_pyproject_declares():
@@ -123,8 +128,12 @@ def test_every_tested_pin_lies_inside_the_range_pyproject_declares():
     assert set(ranges) == set(pins), "constraints.txt pins exactly the direct dependencies"
     for name, pin in pins.items():
         (version,) = [s.version for s in pin.specifier if s.operator == "=="]
-        assert ranges[name].specifier.contains(version), f"{name}=={version} is outside pyproject's {ranges[name].specifier}"
-        assert not any(s.operator == "==" for s in ranges[name].specifier), f"pyproject pins {name} exactly; declare a range"
+        assert ranges[name].specifier.contains(version), (
+            f"{name}=={version} is outside pyproject's {ranges[name].specifier}"
+        )
+        assert not any(s.operator == "==" for s in ranges[name].specifier), (
+            f"pyproject pins {name} exactly; declare a range"
+        )
 
 
 def test_the_installed_dependencies_are_the_tested_pins():

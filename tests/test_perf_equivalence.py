@@ -6,6 +6,7 @@ prompt whole, and a lockstep batch against one prompt at a time. Update: running
 micro-batch once against running every pack whole (log-probs, gradients, the optimizer step), and micro-batches
 that cover every pack once within the token budget.
 """
+
 import copy
 
 import pytest
@@ -17,19 +18,34 @@ from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks
 from envace.prompts import REHEARSE_SYSTEM
 from envace.rollout import RolloutConfig, RolloutEngine
-from envace.update import MIN_SHARED_PREFIX, completion_logprobs, micro_batches, optimizer_step, pack_rows, shared_prefix_len
+from envace.update import (
+    MIN_SHARED_PREFIX,
+    completion_logprobs,
+    micro_batches,
+    optimizer_step,
+    pack_rows,
+    shared_prefix_len,
+)
 from numerics import assert_all_close_rel, assert_close_rel, assert_logprobs_close
 
 TEMPS = {"act": 1.0, "rehearse": 0.6}
 
 
 def _chat(tok, system: str, user: str) -> list[int]:
-    return tok.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}], add_generation_prompt=True, tokenize=True, return_dict=False)
+    return tok.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
 
 
 def _prompts(tok, n: int = 5) -> list[list[int]]:
     """Two clusters with long common prefixes (two system prompts) and different user turns."""
-    systems = ["You are a careful banking assistant. Use the tools when needed. " * 4, "You manage files in a sandbox; answer briefly. " * 4]
+    systems = [
+        "You are a careful banking assistant. Use the tools when needed. " * 4,
+        "You manage files in a sandbox; answer briefly. " * 4,
+    ]
     return [list(_chat(tok, systems[i % 2], f"request number {i}: " + "please help " * (i + 1))) for i in range(n)]
 
 
@@ -41,7 +57,9 @@ def _three_turns(be: HFBackend, tok, params: SamplingParams) -> list:
     for turn in range(3):
         gens = be.generate(prompts, params.with_(seed=10 + turn), sessions)
         out += gens
-        prompts = [p + g.token_ids + tok.encode(f" tool result {turn} for {i}") for i, (p, g) in enumerate(zip(prompts, gens))]
+        prompts = [
+            p + g.token_ids + tok.encode(f" tool result {turn} for {i}") for i, (p, g) in enumerate(zip(prompts, gens))
+        ]
     return out
 
 
@@ -52,7 +70,14 @@ def _same(a, b) -> None:
         assert_logprobs_close(x.logprobs, y.logprobs, what=f"log-probs of generation {k}")
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=0, max_new_tokens=12), SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, stop=["."])], ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_new_tokens=12),
+        SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, stop=["."]),
+    ],
+    ids=["greedy", "sampled"],
+)
 def test_session_reuse_and_shared_prefixes_match_encoding_every_prompt_whole(tiny, params):
     model, tok = tiny
     fast = HFBackend(model, tok)
@@ -60,7 +85,9 @@ def test_session_reuse_and_shared_prefixes_match_encoding_every_prompt_whole(tin
     a, b = _three_turns(fast, tok, params), _three_turns(plain, tok, params)
     _same(a, b)
     assert fast.stats["shared_prefix_tokens"] >= 2 * MIN_SHARED_PREFIX  # both clusters were prefilled once
-    assert sum(g.cached_tokens for g in a[5:]) > 0.8 * sum(g.prompt_tokens for g in a[5:])  # later turns: only new tokens
+    assert sum(g.cached_tokens for g in a[5:]) > 0.8 * sum(
+        g.prompt_tokens for g in a[5:]
+    )  # later turns: only new tokens
     assert fast.stats["prompt_tokens"] == plain.stats["prompt_tokens"] and plain.stats["cached_tokens"] == 0
 
 
@@ -85,7 +112,9 @@ def test_kept_sessions_are_reused_after_rows_finish_at_different_steps(tiny):
     first2 = be2.generate(prompts, SamplingParams(temperature=0, max_new_tokens=9), ["k0", "k1", "k2"])
     nxt = [p + g.token_ids + tok.encode(" ok") for p, g in zip(prompts, first2)]
     reuse = be2.generate(nxt, SamplingParams(temperature=0, max_new_tokens=6), ["k0", "k1", "k2"])
-    whole = HFBackend(model, tok, keep_sessions=False, share_prefixes=False).generate(nxt, SamplingParams(temperature=0, max_new_tokens=6))
+    whole = HFBackend(model, tok, keep_sessions=False, share_prefixes=False).generate(
+        nxt, SamplingParams(temperature=0, max_new_tokens=6)
+    )
     assert [g.cached_tokens for g in reuse] == [len(p) + len(g.token_ids) - 1 for p, g in zip(prompts, first2)]
     _same(reuse, whole)
 
@@ -133,7 +162,11 @@ def test_a_memory_budget_runs_fewer_sequences_at_once_with_the_same_tokens(tiny)
     for be in (free, tight):
         be.max_kv_bytes = None if be is free else _budget_for_rows(be, 2, columns) * 2**30
         got = {}
-        be.generate_stream([Request(p, params, tag=i) for i, p in enumerate(prompts)], lambda r, g, got=got: got.__setitem__(r.tag, g) or [], seed=0)
+        be.generate_stream(
+            [Request(p, params, tag=i) for i, p in enumerate(prompts)],
+            lambda r, g, got=got: got.__setitem__(r.tag, g) or [],
+            seed=0,
+        )
         out[be is free] = [got[i] for i in range(len(prompts))]
     _same(out[False], out[True])
     assert max(free.stream_rows) == 6 and max(tight.stream_rows) == 2
@@ -157,7 +190,9 @@ def test_a_prefill_budget_encodes_long_new_prompts_a_few_at_a_time_with_the_same
     _same(tight.generate(prompts, params), free.generate(prompts, params))
     assert free.batches == [6] and tight.batches == [2, 2, 2]
     got = {}
-    tight.generate_stream([Request(p, params, tag=i) for i, p in enumerate(prompts)], lambda r, g: got.__setitem__(r.tag, g) or [], seed=0)
+    tight.generate_stream(
+        [Request(p, params, tag=i) for i, p in enumerate(prompts)], lambda r, g: got.__setitem__(r.tag, g) or [], seed=0
+    )
     _same([got[i] for i in range(6)], free.generate(prompts, params))
     assert tight.stream_rows[0] == 2  # the first step ran with the first two admitted
     kept = _RowsSeen(model, tok, max_prefill_gib=two)
@@ -183,13 +218,18 @@ def test_a_stream_serves_follow_ups_of_running_work_before_new_requests(tiny):
 
     def on_done(req, g):
         order.append(req.tag)
-        return [Request(req.prompt + g.token_ids, params, session=req.session, tag=req.tag + "'")] if len(req.tag) == 1 else []
+        return (
+            [Request(req.prompt + g.token_ids, params, session=req.session, tag=req.tag + "'")]
+            if len(req.tag) == 1
+            else []
+        )
 
     be.generate_stream([Request(p, params, session=t, tag=t) for p, t in zip(prompts, "abc")], on_done, seed=0)
     assert order == ["a", "a'", "b", "b'", "c", "c'"]
 
 
 # -- update ------------------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def rows(tokenizer):
@@ -249,9 +289,14 @@ def test_running_the_shared_prefix_once_gives_the_same_logprobs_and_gradients(ti
 
         P, S = ids.shape
         pre = trunk(input_ids=ids[:1, :lp], use_cache=True).past_key_values
-        kv = [(layer.keys.detach().expand(P, -1, -1, -1), layer.values.detach().expand(P, -1, -1, -1)) for layer in pre.layers]
+        kv = [
+            (layer.keys.detach().expand(P, -1, -1, -1), layer.values.detach().expand(P, -1, -1, -1))
+            for layer in pre.layers
+        ]
         pos = torch.arange(lp, S)[None].expand(P, -1)
-        return trunk(input_ids=ids[:, lp:], position_ids=pos, past_key_values=DynamicCache(kv), use_cache=True).last_hidden_state
+        return trunk(
+            input_ids=ids[:, lp:], position_ids=pos, past_key_values=DynamicCache(kv), use_cache=True
+        ).last_hidden_state
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(update, "_shared_prefix_hidden", detached_prefix_hidden)
@@ -283,7 +328,17 @@ def test_optimizer_step_is_the_same_with_and_without_prefix_sharing(tiny, rows):
     for share in (False, True):
         model = copy.deepcopy(tiny[0])
         opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=4000, temperatures=TEMPS, max_grad_norm=1e9, share_prefixes=share)
+        optimizer_step(
+            model,
+            opt,
+            rows,
+            loss_fn,
+            agg="token_mean",
+            micro_batch_tokens=4000,
+            temperatures=TEMPS,
+            max_grad_norm=1e9,
+            share_prefixes=share,
+        )
         deltas.append({n: p.detach() - before[n] for n, p in model.named_parameters()})
     assert all(bool(d.abs().max() > 0) for d in deltas[0].values())
     assert_all_close_rel(deltas[1], deltas[0], what="update of ")  # the step itself, not the (much larger) weights
@@ -308,11 +363,25 @@ def test_a_stream_matches_generate_when_requests_join_and_leave_mid_batch(tiny, 
         i, turn = req.tag
         got[(i, turn)] = g
         if turn < 2:
-            return [Request(req.prompt + g.token_ids + tok.encode(follow), SamplingParams(temperature=0, max_new_tokens=lens[(i + turn + 1) % 4]), session=f"s{i}", tag=(i, turn + 1))]
+            return [
+                Request(
+                    req.prompt + g.token_ids + tok.encode(follow),
+                    SamplingParams(temperature=0, max_new_tokens=lens[(i + turn + 1) % 4]),
+                    session=f"s{i}",
+                    tag=(i, turn + 1),
+                )
+            ]
         return []
 
     be = HFBackend(model, tok)
-    be.generate_stream([Request(p, SamplingParams(temperature=0, max_new_tokens=n), session=f"s{i}", tag=(i, 0)) for i, (p, n) in enumerate(zip(prompts, lens))], on_done, seed=0)
+    be.generate_stream(
+        [
+            Request(p, SamplingParams(temperature=0, max_new_tokens=n), session=f"s{i}", tag=(i, 0))
+            for i, (p, n) in enumerate(zip(prompts, lens))
+        ],
+        on_done,
+        seed=0,
+    )
     plain = HFBackend(model, tok, keep_sessions=False, share_prefixes=False)
     for i, p in enumerate(prompts):
         kept = 0
@@ -344,7 +413,11 @@ def test_rows_with_different_settings_are_each_sampled_under_their_own():
     from envace.backends.sampling import sample_grouped, sample_next
 
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
-    greedy, hot, warm = SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.5, top_p=0.9)
+    greedy, hot, warm = (
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=0.5, top_p=0.9),
+    )
     params = [hot, greedy, warm, greedy, hot]
     tok, lp = sample_grouped(logits, params, [p.sampling_key() for p in params], torch.Generator().manual_seed(3))
     gen = torch.Generator().manual_seed(3)
@@ -352,4 +425,6 @@ def test_rows_with_different_settings_are_each_sampled_under_their_own():
         want, want_lp = sample_next(logits[rows], p, gen)
         assert tok[rows].tolist() == want.tolist() and torch.equal(lp[rows], want_lp)
     assert tok[[1, 3]].tolist() == logits[[1, 3]].argmax(-1).tolist()
-    assert (logits[[0, 4]].topk(5, -1).values[:, -1] <= logits[[0, 4]].gather(-1, tok[[0, 4], None]).squeeze(-1)).all()  # within top-5
+    assert (
+        logits[[0, 4]].topk(5, -1).values[:, -1] <= logits[[0, 4]].gather(-1, tok[[0, 4], None]).squeeze(-1)
+    ).all()  # within top-5

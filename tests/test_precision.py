@@ -1,6 +1,7 @@
 """bf16 only where it is fast (envace.precision): the decision rule with injected probes, the once-per-process
 probe and note, every bf16 default that goes through it (HFBackend, SFT, the demo, eval, the trainer), and the
 real probe on a CPU whose bf16 matmuls are slow (oneDNN limited to AVX2)."""
+
 import os
 import platform
 import subprocess
@@ -38,7 +39,10 @@ def test_auto_uses_bf16_on_a_cpu_only_where_the_probe_finds_it_faster(auto):
     assert resolve_bf16(auto, "cpu", probe=lambda: FAST) == (True, None)
     use, note = resolve_bf16(auto, "cpu", probe=lambda: SLOW)
     assert use is False
-    assert note == "bf16 is slower than float32 on this CPU (probe: 837.00 ms vs 17.00 ms, torch CPU capability AVX2); using float32"
+    assert (
+        note
+        == "bf16 is slower than float32 on this CPU (probe: 837.00 ms vs 17.00 ms, torch CPU capability AVX2); using float32"
+    )
 
 
 def test_an_explicit_true_is_honoured_with_a_warning_where_bf16_is_slow():
@@ -61,7 +65,16 @@ def test_on_a_gpu_torch_cuda_support_decides_and_the_cpu_probe_never_runs():
 
 
 def test_a_bf16_setting_is_true_false_or_auto_and_anything_else_names_its_field():
-    assert [bf16_setting(v) for v in (True, False, None, "auto", "on", "off", "true", "0")] == [True, False, "auto", "auto", True, False, True, False]
+    assert [bf16_setting(v) for v in (True, False, None, "auto", "on", "off", "true", "0")] == [
+        True,
+        False,
+        "auto",
+        "auto",
+        True,
+        False,
+        True,
+        False,
+    ]
     with pytest.raises(ValueError, match="TrainConfig.bf16: bad value 'fast'"):
         bf16_setting("fast", "TrainConfig.bf16")
     with pytest.raises(ValueError):
@@ -87,7 +100,11 @@ def test_the_fallback_note_is_printed_once_not_per_call(cpu_is, capsys):
         use_bf16("auto", "cpu")
     use_bf16(False, "cpu")
     err = capsys.readouterr().err
-    assert err.count("using float32") == 1 and err.startswith("envace: bf16 is slower than float32") and err.count("\n") == 1
+    assert (
+        err.count("using float32") == 1
+        and err.startswith("envace: bf16 is slower than float32")
+        and err.count("\n") == 1
+    )
 
 
 def test_the_real_probe_times_both_dtypes_and_stays_cheap_even_where_bf16_is_slow():
@@ -124,7 +141,19 @@ def test_sft_auto_runs_its_update_in_bf16_only_where_bf16_is_fast(tmp_path, cpu_
     seen = []
     real = update.optimizer_step
     monkeypatch.setattr(update, "optimizer_step", lambda *a, **kw: seen.append(kw["bf16"]) or real(*a, **kw))
-    sft(SFTConfig(model="tiny-random", suite="files", n_tasks=2, steps=1, batch_tasks=1, bf16="auto", out_dir=str(tmp_path), tensorboard=False, progress=False))
+    sft(
+        SFTConfig(
+            model="tiny-random",
+            suite="files",
+            n_tasks=2,
+            steps=1,
+            batch_tasks=1,
+            bf16="auto",
+            out_dir=str(tmp_path),
+            tensorboard=False,
+            progress=False,
+        )
+    )
     assert seen == [expect]
 
 
@@ -152,7 +181,12 @@ def test_eval_bf16_auto_generates_in_float32_where_bf16_is_slow(monkeypatch, cpu
     from envace.rollout import RolloutConfig
 
     resolved = lambda *argv: command_config(build_parser().parse_args(list(argv)))  # noqa: E731
-    assert [resolved("eval", *a).bf16 for a in ([], ["--bf16"], ["--bf16", "auto"], ["--bf16", "off"])] == [False, True, "auto", False]
+    assert [resolved("eval", *a).bf16 for a in ([], ["--bf16"], ["--bf16", "auto"], ["--bf16", "off"])] == [
+        False,
+        True,
+        "auto",
+        False,
+    ]
     assert resolved("serve", "--bf16", "auto").bf16 == "auto"
     built = []
 
@@ -171,7 +205,16 @@ def test_eval_bf16_auto_generates_in_float32_where_bf16_is_slow(monkeypatch, cpu
 def _train_cfg(tmp_path, **kw):
     from envace.config import TrainConfig
 
-    return TrainConfig(model="tiny-random", suite="bank", iterations=1, batch_tasks=1, out_dir=str(tmp_path), tensorboard=False, progress=False, **kw)
+    return TrainConfig(
+        model="tiny-random",
+        suite="bank",
+        iterations=1,
+        batch_tasks=1,
+        out_dir=str(tmp_path),
+        tensorboard=False,
+        progress=False,
+        **kw,
+    )
 
 
 def test_trainer_precisions_and_the_old_logprob_recompute_follow_the_decided_values(tmp_path, cpu_is, tiny):
@@ -182,7 +225,9 @@ def test_trainer_precisions_and_the_old_logprob_recompute_follow_the_decided_val
     auto = _train_cfg(tmp_path, bf16="auto")
     assert (update_bf16(auto), rollout_bf16(auto), recomputes_old_logprobs(auto)) == (False, False, False)
     assert rollout_backend(auto, tiny[0], tiny[1], Dist())._decoder is None
-    rollouts_only = _train_cfg(tmp_path, rollout_bf16="auto")  # falls back: float32 like the update, nothing to recompute
+    rollouts_only = _train_cfg(
+        tmp_path, rollout_bf16="auto"
+    )  # falls back: float32 like the update, nothing to recompute
     assert (rollout_bf16(rollouts_only), recomputes_old_logprobs(rollouts_only)) == (False, False)
     forced = _train_cfg(tmp_path, rollout_bf16=True)  # honoured on a slow CPU; the float32 update then recomputes
     assert (rollout_bf16(forced), recomputes_old_logprobs(forced)) == (True, True)
@@ -203,7 +248,9 @@ def test_configs_default_to_float32_and_take_auto_from_yaml_or_set():
 
 
 # -- the real probe on a CPU whose bf16 matmuls are slow ----------------------------------------------------
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN ISA limits are an x86 setting")
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"), reason="oneDNN ISA limits are an x86 setting"
+)
 def test_where_bf16_matmuls_are_slow_the_real_probe_picks_float32_and_says_so_once():
     """ONEDNN_MAX_CPU_ISA=AVX2 gives the kernels of a CPU without bf16 units (a bf16 matmul ~50x slower here);
     on a CPU that has none the probe finds the same."""
@@ -212,7 +259,13 @@ def test_where_bf16_matmuls_are_slow_the_real_probe_picks_float32_and_says_so_on
         "m, tok = load('tiny-random'); be = HFBackend(m, tok, bf16='auto'); HFBackend(m, tok, bf16='auto')\n"
         "p = cpu_bf16_probe(); print(be.bf16, be._decoder is None, p.bf16_ms > p.float32_ms)\n"
     )
-    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        ONEDNN_MAX_CPU_ISA="AVX2",
+        PYTHONPATH=os.pathsep.join(
+            [os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")]
+        ),
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["False", "True", "True"]

@@ -4,6 +4,7 @@ come from another train task; plus the chooser's rules on a hand-made pool, the 
 
 The scan helpers use only the task data model (no ``envace.envs.references``), so the scan also runs against
 code from before references were drawn from other tasks (where it counted 40/40 BFCL and tau2 tasks leaking)."""
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,9 @@ def leak_counts(tasks: list[Task], train_ids: set[str]) -> dict[str, int]:
         texts = [r.call.key() + " " + dumps(r.result) for r in t.references]
         gold_call += any(r.call.key() in gold for r in t.references)
         reveals += any(_has(text, v) for text in texts for v in hidden)
-        not_other_train += any(getattr(r, "source", "") in ("", t.id) or getattr(r, "source", "") not in train_ids for r in t.references)
+        not_other_train += any(
+            getattr(r, "source", "") in ("", t.id) or getattr(r, "source", "") not in train_ids for r in t.references
+        )
     return {"tasks": len(tasks), "gold_call": gold_call, "reveals_answer": reveals, "not_other_train": not_other_train}
 
 
@@ -70,7 +73,9 @@ def test_tau2_test_tasks_get_references_of_other_train_tasks_only(domain, min_wi
     from envace.envs import tau2
 
     tasks = load_tasks(f"tau2:{domain}", "test")
-    train_ids = {t.id for t in (tau2.convert_task(domain, t2) for t2 in tau2._domain_info(domain)["tasks"]) if t.split == "train"}
+    train_ids = {
+        t.id for t in (tau2.convert_task(domain, t2) for t2 in tau2._domain_info(domain)["tasks"]) if t.split == "train"
+    }
     assert_no_leaks(tasks, train_ids, min_with_refs)
 
 
@@ -89,31 +94,49 @@ def _rec(name: str, source: str, result, **args) -> ReferenceExample:
 
 def _task() -> Task:
     tools = [ToolSpec("get_balance", "Balance of an account"), ToolSpec("transfer", "Move money")]
-    return Task(id="t-1", env="bank", system_prompt="You are a bank assistant.", user_turns=["How much is in rent?"], tools=tools,
-                gold_actions=[[ToolCall("get_balance", {"account": "rent"})]], expected_outputs=["$142.50"])
+    return Task(
+        id="t-1",
+        env="bank",
+        system_prompt="You are a bank assistant.",
+        user_turns=["How much is in rent?"],
+        tools=tools,
+        gold_actions=[[ToolCall("get_balance", {"account": "rent"})]],
+        expected_outputs=["$142.50"],
+    )
 
 
 def test_the_chooser_drops_own_gold_and_answer_records_and_keeps_the_rest():
     from envace.envs.references import ReferencePool, choose_references
 
-    good = [_rec("get_balance", "t-2", {"account": "school", "balance": "1142.50"}, account="school"),  # 142.50 inside a longer number
-            _rec("transfer", "t-3", {"from_balance": "3.00"}, from_account="a", to_account="b", amount=1)]
-    bad = [_rec("get_balance", "t-1", {"balance": "9.00"}, account="garden"),  # the task's own record
-           _rec("get_balance", "t-4", {"balance": "7.00"}, account="rent"),  # the task's gold call
-           _rec("get_balance", "t-5", {"balance": "142.50"}, account="travel"),  # reveals the expected output
-           _rec("freeze_account", "t-6", {"frozen": True}, account="x")]  # not one of the task's tools
+    good = [
+        _rec(
+            "get_balance", "t-2", {"account": "school", "balance": "1142.50"}, account="school"
+        ),  # 142.50 inside a longer number
+        _rec("transfer", "t-3", {"from_balance": "3.00"}, from_account="a", to_account="b", amount=1),
+    ]
+    bad = [
+        _rec("get_balance", "t-1", {"balance": "9.00"}, account="garden"),  # the task's own record
+        _rec("get_balance", "t-4", {"balance": "7.00"}, account="rent"),  # the task's gold call
+        _rec("get_balance", "t-5", {"balance": "142.50"}, account="travel"),  # reveals the expected output
+        _rec("freeze_account", "t-6", {"frozen": True}, account="x"),
+    ]  # not one of the task's tools
     pool = ReferencePool.from_records(bad + good)
     chosen = choose_references(_task(), pool, k=3)
     assert sorted(r.call.key() for r in chosen) == sorted(r.call.key() for r in good)
     assert choose_references(_task(), pool, k=3) == chosen  # deterministic per task
-    assert len(choose_references(_task(), pool, k=1)) == 1 and choose_references(_task(), ReferencePool.from_records(bad)) == []
+    assert (
+        len(choose_references(_task(), pool, k=1)) == 1
+        and choose_references(_task(), ReferencePool.from_records(bad)) == []
+    )
 
 
 def test_hidden_values_are_answer_and_looked_up_values_the_task_does_not_show():
     from envace.envs.references import hidden_values
 
     t = _task()
-    t.gold_actions = [[ToolCall("find_user", {"email": "mia@example.com"}), ToolCall("get_order", {"order_id": "#W59", "n": 2})]]
+    t.gold_actions = [
+        [ToolCall("find_user", {"email": "mia@example.com"}), ToolCall("get_order", {"order_id": "#W59", "n": 2})]
+    ]
     t.user_turns = ["My email is mia@example.com; what did order... cost?"]
     assert hidden_values(t) == ["142.50", "#w59"]  # the email is shown; 2 is too short to tell
 

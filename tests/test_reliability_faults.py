@@ -1,6 +1,7 @@
 """Faults of the world around the policy: tools that raise, hang, return non-JSON or 10 MB; judges that fail or
 answer garbage; an HTTP backend whose server is down. The rollout goes on with an error observation, every fault
 is counted, a failed judgement masks the trajectory (reward None) instead of scoring it 0."""
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,14 @@ def _release_hung_threads():
 
 
 def faulty_task(i: int = 0) -> Task:
-    return Task(id=f"faulty-{i}", env="reliability_faulty", system_prompt="Call the tools.", user_turns=["Try every tool."],
-                tools=[ToolSpec(n, f"the {n} tool", NO_ARGS) for n in TOOLS], gold_actions=[[ToolCall("ok", {})]])
+    return Task(
+        id=f"faulty-{i}",
+        env="reliability_faulty",
+        system_prompt="Call the tools.",
+        user_turns=["Try every tool."],
+        tools=[ToolSpec(n, f"the {n} tool", NO_ARGS) for n in TOOLS],
+        gold_actions=[[ToolCall("ok", {})]],
+    )
 
 
 def test_every_tool_fault_becomes_an_error_observation_and_is_counted(tokenizer):
@@ -85,8 +92,16 @@ def test_every_tool_fault_becomes_an_error_observation_and_is_counted(tokenizer)
     assert time.perf_counter() - t0 < 20  # the hung tool costs its timeout, not the 60 s it would take
     obs = {s.calls[0].name: s.observations[0] for s in traj.steps if s.calls}
     kinds = {n: (o["error"]["kind"] if is_error_obs(o) else "ok") for n, o in obs.items()}
-    assert kinds == {"ok": "ok", "refuse": "tool_error", "raises": "tool_exception", "hangs": "timeout", "circular": "tool_exception",
-                     "nan": "tool_exception", "odd_types": "ok", "huge": "too_large"}
+    assert kinds == {
+        "ok": "ok",
+        "refuse": "tool_error",
+        "raises": "tool_exception",
+        "hangs": "timeout",
+        "circular": "tool_exception",
+        "nan": "tool_exception",
+        "odd_types": "ok",
+        "huge": "too_large",
+    }
     assert "RuntimeError: boom" in obs["raises"]["error"]["message"] and "0.5s" in obs["hangs"]["error"]["message"]
     assert isinstance(obs["odd_types"]["when"], str) and isinstance(obs["odd_types"]["tags"], str)
     # the rollout went on to the end, and every fault is visible in the trajectory's counters
@@ -119,9 +134,18 @@ def test_faults_in_a_batch_do_not_disturb_the_other_trajectories(tokenizer):
     """Two tasks, K=2: the faulty calls of one trajectory leave the others' observations intact."""
     tasks = [faulty_task(0), faulty_task(1)]
     tasks[0].user_turns, tasks[1].user_turns = ["Call raises."], ["Just call ok."]
-    be = ScriptedBackend(tokenizer, lambda p: (ToolCall("raises", {}).to_text() if "Call raises." in p else ToolCall("ok", {}).to_text()) if "<|im_start|>tool" not in p else "done")
+    be = ScriptedBackend(
+        tokenizer,
+        lambda p: (
+            (ToolCall("raises", {}).to_text() if "Call raises." in p else ToolCall("ok", {}).to_text())
+            if "<|im_start|>tool" not in p
+            else "done"
+        ),
+    )
     trajs = RolloutEngine(be, RolloutConfig(mode="real", group_size=2, max_steps=3)).run(tasks)
-    assert [t.steps[0].observations[0].get("error", {}).get("kind", "ok") for t in trajs] == ["tool_exception"] * 2 + ["ok"] * 2
+    assert [t.steps[0].observations[0].get("error", {}).get("kind", "ok") for t in trajs] == ["tool_exception"] * 2 + [
+        "ok"
+    ] * 2
     assert all(t.steps[-1].reply == "done" for t in trajs)
     assert [t.counters.get("env/tool_exception", 0) for t in trajs] == [1, 1, 0, 0]
 
@@ -146,8 +170,15 @@ class FlakyJudge(Backend):
 
 
 def _judged_group():
-    task = Task(id="j", env="bank", system_prompt="", user_turns=["hi"], tools=[], gold_actions=[[]],
-                checklist=[ChecklistItem("a"), ChecklistItem("b")])
+    task = Task(
+        id="j",
+        env="bank",
+        system_prompt="",
+        user_turns=["hi"],
+        tools=[],
+        gold_actions=[[]],
+        checklist=[ChecklistItem("a"), ChecklistItem("b")],
+    )
     trajs = [Trajectory(id=f"t{i}", task_id="j", group_id="g", mode="rehearsal") for i in range(6)]
     return task, trajs
 
@@ -183,7 +214,9 @@ def test_trainer_scoring_masks_unscored_trajectories_out_of_the_update(tokenizer
     assert len({t.id for t in trajs}) == 4
     for t in trajs:
         t.group_id = "g"
-    ctx = RewardContext(judge=FlakyJudge([[GOOD.replace("true", "false")], RuntimeError("judge crashed"), ["garbage"], [GOOD]]))
+    ctx = RewardContext(
+        judge=FlakyJudge([[GOOD.replace("true", "false")], RuntimeError("judge crashed"), ["garbage"], [GOOD]])
+    )
     for t in tasks:
         t.checklist = [ChecklistItem("a"), ChecklistItem("b")]
     m = score_trajectories({tasks[0].id: tasks[0]}, trajs, make_reward("checklist_judge"), ctx)

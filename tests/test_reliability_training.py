@@ -2,6 +2,7 @@
 metrics and trajectories logs end with no gaps, no duplicates and no torn lines. Determinism: the same seed and
 config give the same rollouts and the same first update on CPU. Firewall: a rehearsal training run never
 creates or calls a real environment once its tasks are loaded."""
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,9 @@ def check_checkpoints(root: Path) -> list[int]:
         steps.append(state["step"])
     if (root / "latest").exists():
         ckpt = latest_checkpoint(str(root))
-        assert ckpt is not None and Path(ckpt).name in {d.name for d in root.glob("step-*")}, "latest names a missing checkpoint"
+        assert ckpt is not None and Path(ckpt).name in {d.name for d in root.glob("step-*")}, (
+            "latest names a missing checkpoint"
+        )
     return steps
 
 
@@ -72,9 +75,22 @@ ITERATIONS = 16
 
 
 def _args(out: Path) -> list[str]:
-    sets = {"model": "tiny-random", "suite": "bank", "iterations": ITERATIONS, "batch_tasks": 1, "save_every": 2, "keep_checkpoints": 2,
-            "rollout.group_size": 2, "rollout.max_steps": 2, "rollout.act.max_new_tokens": 8, "rollout.rehearse.max_new_tokens": 8,
-            "tensorboard": "false", "progress": "false", "out_dir": str(out), "lr": "1e-3"}
+    sets = {
+        "model": "tiny-random",
+        "suite": "bank",
+        "iterations": ITERATIONS,
+        "batch_tasks": 1,
+        "save_every": 2,
+        "keep_checkpoints": 2,
+        "rollout.group_size": 2,
+        "rollout.max_steps": 2,
+        "rollout.act.max_new_tokens": 8,
+        "rollout.rehearse.max_new_tokens": 8,
+        "tensorboard": "false",
+        "progress": "false",
+        "out_dir": str(out),
+        "lr": "1e-3",
+    }
     return [sys.executable, "-m", "envace.cli", "train"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
 
 
@@ -125,7 +141,10 @@ def test_kill_9_at_random_points_then_resume_loses_nothing(tmp_path):
             proc.send_signal(signal.SIGKILL)
         proc.wait()
         log.close()
-        assert proc.returncode in (0, -signal.SIGKILL), (proc.returncode, (tmp_path / f"stderr-{len(kills)}.txt").read_text()[-3000:])
+        assert proc.returncode in (0, -signal.SIGKILL), (
+            proc.returncode,
+            (tmp_path / f"stderr-{len(kills)}.txt").read_text()[-3000:],
+        )
         kills.append((trial, killed_live, _latest(out), len(check_jsonl(out / "metrics.jsonl"))))
         # after every kill: nothing half-written
         check_checkpoints(out / "checkpoints")
@@ -143,7 +162,9 @@ def test_kill_9_at_random_points_then_resume_loses_nothing(tmp_path):
     assert [m["step"] for m in read_metrics(str(out))] == list(range(1, ITERATIONS + 1)), f"seed {seed}, kills {kills}"
     trajs = check_jsonl(out / "trajectories.jsonl")
     assert len(trajs) == len(json.loads(json.dumps(trajs)))  # no torn line left
-    assert [t["iteration"] for t in trajs] == sorted(it for it in range(ITERATIONS) for _ in range(2)), f"seed {seed}, kills {kills}"
+    assert [t["iteration"] for t in trajs] == sorted(it for it in range(ITERATIONS) for _ in range(2)), (
+        f"seed {seed}, kills {kills}"
+    )
     assert len({t["id"] for t in trajs}) == len(trajs)
     assert check_checkpoints(out / "checkpoints")[-1] == ITERATIONS
     assert (out / "checkpoints" / "latest").read_text().strip() == f"step-{ITERATIONS:06d}"
@@ -214,9 +235,28 @@ def _first_of_group(task, traj, ctx):
 
 
 def _cfg(out: Path, variant: str = "envace") -> TrainConfig:
-    rc = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=12), rehearse=SamplingParams(max_new_tokens=12, stop=["</observation>"]))
-    return TrainConfig(model="tiny-random", suite="bank", variant=variant, iterations=1, batch_tasks=1, n_train_tasks=4, lr=1e-3, rollout=rc, out_dir=str(out),
-                       tensorboard=False, progress=False, save_every=1, seed=7, reward="reliability_first_of_group")
+    rc = RolloutConfig(
+        group_size=2,
+        max_steps=2,
+        act=SamplingParams(max_new_tokens=12),
+        rehearse=SamplingParams(max_new_tokens=12, stop=["</observation>"]),
+    )
+    return TrainConfig(
+        model="tiny-random",
+        suite="bank",
+        variant=variant,
+        iterations=1,
+        batch_tasks=1,
+        n_train_tasks=4,
+        lr=1e-3,
+        rollout=rc,
+        out_dir=str(out),
+        tensorboard=False,
+        progress=False,
+        save_every=1,
+        seed=7,
+        reward="reliability_first_of_group",
+    )
 
 
 def test_same_seed_same_rollouts_same_first_update_and_no_real_env_after_loading(tmp_path, monkeypatch):
@@ -252,7 +292,14 @@ def test_same_seed_same_rollouts_same_first_update_and_no_real_env_after_loading
     assert any(json.loads(line)["steps"] for line in t_a.splitlines())  # the rollouts did something
     w_a, w_b = (load_file(str(r / "checkpoints" / "step-000001" / "policy" / "model.safetensors")) for r in runs)
     assert w_a.keys() == w_b.keys() and all(torch.equal(w_a[k], w_b[k]) for k in w_a)  # bitwise
-    init_w = load_file(str(Path(os.path.expanduser(os.environ.get("ENVACE_CACHE", "~/.cache/envace"))) / "models" / "tiny-random" / "model.safetensors"))
+    init_w = load_file(
+        str(
+            Path(os.path.expanduser(os.environ.get("ENVACE_CACHE", "~/.cache/envace")))
+            / "models"
+            / "tiny-random"
+            / "model.safetensors"
+        )
+    )
     assert any(not torch.equal(init_w[k], w_a[k]) for k in w_a if k in init_w)  # and the update did change them
     m_a, m_b = ({k: v for k, v in read_metrics(str(r))[0].items() if not k.startswith("perf/")} for r in runs)
     assert m_a == m_b

@@ -1,5 +1,6 @@
 """Reward agreement (envace.reward_agreement): the metrics by hand and against loop references, the report, a
 scripted end-to-end measurement on bank tasks where Rehearse invents balances, and a smoke run of the bench script."""
+
 from __future__ import annotations
 
 import itertools
@@ -69,7 +70,7 @@ def test_group_auc_pairs_only_trajectories_of_the_same_task():
 
 def test_point_biserial_hand_value_and_constant_inputs():
     # s mean .5, y mean .25: cov .125, var s .25, var y .1875 -> 1/sqrt(3)
-    assert point_biserial([1, 0, 1, 0], [True, False, False, False]) == pytest.approx(3 ** -0.5)
+    assert point_biserial([1, 0, 1, 0], [True, False, False, False]) == pytest.approx(3**-0.5)
     assert point_biserial([1, 1, 1], [True, False, False]) is None
     assert point_biserial([1, 0], [True, True]) is None
 
@@ -89,7 +90,10 @@ def test_agreement_counts_rewarded_failures_and_leaves_unscored_out():
     none = agreement([None, None], [True, False], ["a", "a"])
     assert none["n"] == 0 and none["n_unscored"] == 2 and none["auc"] is None
     # a weighted sum whose weights add up to 2 is "full" at 2
-    assert agreement([1.0, 2.0], [False, True], ["a", "a"], full=full_value({"gold_f1": 1, "reply_facts": 1}))["full_rate"] == 0.5
+    assert (
+        agreement([1.0, 2.0], [False, True], ["a", "a"], full=full_value({"gold_f1": 1, "reply_facts": 1}))["full_rate"]
+        == 0.5
+    )
 
 
 def test_spec_labels_and_full_values():
@@ -117,7 +121,9 @@ def test_bootstrap_difference_is_zero_for_the_same_reward_and_positive_for_a_bet
 
 
 def test_report_has_every_reward_overall_and_by_kind_and_leaves_out_records_without_an_outcome():
-    recs = _records(good=(1.0, 0.0), bad=(1.0, 1.0), base=(1.0, 1.0)) + [Record("t9", "simple", None, {"good": 1.0, "bad": 1.0, "gold_f1": 1.0})]
+    recs = _records(good=(1.0, 0.0), bad=(1.0, 1.0), base=(1.0, 1.0)) + [
+        Record("t9", "simple", None, {"good": 1.0, "bad": 1.0, "gold_f1": 1.0})
+    ]
     specs = ["good", "bad", "gold_f1"]
     from envace.rewards import REWARDS
 
@@ -127,9 +133,15 @@ def test_report_has_every_reward_overall_and_by_kind_and_leaves_out_records_with
     try:
         rep = agreement_report(recs, specs, baseline="gold_f1", resamples=50)
         assert rep["n_no_outcome"] == 1 and rep["n_tasks"] == 6 and rep["kinds"] == {"read_only_report": 6, "simple": 6}
-        assert rep["rewards"]["good"]["overall"]["auc"] == 1.0 and rep["rewards"]["bad"]["overall"]["rewarded_failure_rate"] == 0.5
+        assert (
+            rep["rewards"]["good"]["overall"]["auc"] == 1.0
+            and rep["rewards"]["bad"]["overall"]["rewarded_failure_rate"] == 0.5
+        )
         assert rep["rewards"]["good"]["by_kind"]["simple"]["n"] == 6
-        assert "vs_baseline" not in rep["rewards"]["gold_f1"] and rep["rewards"]["good"]["vs_baseline"]["auc"]["diff"] == 0.5
+        assert (
+            "vs_baseline" not in rep["rewards"]["gold_f1"]
+            and rep["rewards"]["good"]["vs_baseline"]["auc"]["diff"] == 0.5
+        )
         table = format_report(rep)
         assert "| `good` | 12 |" in table and "AUC − gold_f1" in table and "| `bad` | read_only_report |" in table
         json.dumps(rep)  # JSON-able
@@ -151,7 +163,11 @@ def test_real_success_reads_env_outcome():
 
 
 def _read_only_bank_tasks(n):
-    tasks = [t for t in load_tasks("bank", "train", n=64) if t.metadata["kind"] == "read_only_report" and len(t.flat_gold()) == 1]
+    tasks = [
+        t
+        for t in load_tasks("bank", "train", n=64)
+        if t.metadata["kind"] == "read_only_report" and len(t.flat_gold()) == 1
+    ]
     return tasks[:n]
 
 
@@ -180,7 +196,9 @@ def test_measurement_finds_gold_f1_rewards_invented_facts_and_reply_facts_does_n
     honest = {tasks[0].id, tasks[1].id}
     be = ScriptedBackend(tokenizer, _policy(tasks, honest))
     cfg = RolloutConfig(mode="rehearsal", group_size=2, max_steps=4, shadow=True)
-    rep, recs, trajs = measure_reward_agreement(be, tasks, ["gold_f1", "reply_facts", "gold_f1*reply_facts", "checklist"], cfg, resamples=100)
+    rep, recs, trajs = measure_reward_agreement(
+        be, tasks, ["gold_f1", "reply_facts", "gold_f1*reply_facts", "checklist"], cfg, resamples=100
+    )
     assert [r.real_success for r in recs] == [t.task_id in honest for t in trajs]  # invented facts fail in the world
     assert all(len(s.shadow) == len(s.calls) for t in trajs for s in t.steps)
     g, f = rep["rewards"]["gold_f1"]["overall"], rep["rewards"]["reply_facts"]["overall"]
@@ -205,8 +223,27 @@ def test_shadow_rollouts_refuse_a_rollout_without_the_real_outcome(tokenizer):
 
 
 def test_bench_script_smoke_on_tiny_random(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, str(ROOT / "bench" / "reward_agreement.py"), "--model", "tiny-random", "--n", "2", "--k", "2", "--resamples", "20", "--bf16", "false", "--out-dir", str(tmp_path), "--name", "ra"]
+    env = dict(
+        os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1"
+    )
+    cmd = [
+        sys.executable,
+        str(ROOT / "bench" / "reward_agreement.py"),
+        "--model",
+        "tiny-random",
+        "--n",
+        "2",
+        "--k",
+        "2",
+        "--resamples",
+        "20",
+        "--bf16",
+        "false",
+        "--out-dir",
+        str(tmp_path),
+        "--name",
+        "ra",
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     d = json.loads((tmp_path / "ra.json").read_text())

@@ -1,5 +1,6 @@
 """Rewards on hand-built trajectories (envace.rewards): gold matching, checklist rules, the LLM judge with fake
 backends, the grounded reward with a tiny environment defined here, composition and group scoring."""
+
 from __future__ import annotations
 
 import json
@@ -62,9 +63,15 @@ for _name, _cls in (("rwtest_counter", CounterEnv), ("rwtest_broken", BrokenScor
         ENVS.add(_name, _cls)
 
 TOOLS = [
-    ToolSpec("add", "add n to the counter", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+    ToolSpec(
+        "add", "add n to the counter", {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    ),
     ToolSpec("fail", "always fails", {"type": "object", "properties": {}}),
-    ToolSpec("lookup", "look something up", {"type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer"}}}),
+    ToolSpec(
+        "lookup",
+        "look something up",
+        {"type": "object", "properties": {"q": {"type": "string"}, "k": {"type": "integer"}}},
+    ),
 ]
 
 
@@ -100,7 +107,17 @@ CTX = RewardContext()
 
 
 def test_reward_registry_names_and_unknown_name():
-    assert REWARDS.names() == ["checklist", "checklist_judge", "consistent_f1", "consistent_facts", "gold_exact", "gold_f1", "grounded", "outcome_checklist", "reply_facts"]
+    assert REWARDS.names() == [
+        "checklist",
+        "checklist_judge",
+        "consistent_f1",
+        "consistent_facts",
+        "gold_exact",
+        "gold_f1",
+        "grounded",
+        "outcome_checklist",
+        "reply_facts",
+    ]
     with pytest.raises(UnknownNameError, match="gold_f1"):
         REWARDS.get("gold")
 
@@ -258,7 +275,9 @@ def test_judge_malformed_verdict_is_unscored_with_the_reason(reply):
 
 
 def test_judge_backend_exception_is_unscored_and_missing_judge_is_an_error():
-    res = REWARDS.get("checklist_judge")(_checklist_task(), GOOD, RewardContext(judge=FakeJudge(BackendError("server down"))))
+    res = REWARDS.get("checklist_judge")(
+        _checklist_task(), GOOD, RewardContext(judge=FakeJudge(BackendError("server down")))
+    )
     assert res.value is None and "server down" in res.info["judge_error"]
     with pytest.raises(ValueError, match="judge backend"):
         REWARDS.get("checklist_judge")(_checklist_task(), GOOD, RewardContext())
@@ -281,13 +300,28 @@ def test_parse_verdict_takes_only_the_first_json_object():
 
 def test_serialize_trajectory_prefers_the_act_chat_and_falls_back_to_steps():
     from_steps = serialize_trajectory(make_task(), GOOD)
-    assert from_steps.splitlines()[:3] == ["[user] add 2 then 3", '[assistant calls] add({"n": 2})', '[tool] {"ok": true}']
+    assert from_steps.splitlines()[:3] == [
+        "[user] add 2 then 3",
+        '[assistant calls] add({"n": 2})',
+        '[tool] {"ok": true}',
+    ]
     assert "[user] now tell me the total" in from_steps and "[assistant] The total is 5." in from_steps
     chat = make_traj()
-    chat.messages = [Message("system", "SECRET SCHEMAS"), Message("user", "hello"), Message("assistant", "", [ADD2]), Message("tool", '{"total": 2}'), Message("assistant", "bye")]
+    chat.messages = [
+        Message("system", "SECRET SCHEMAS"),
+        Message("user", "hello"),
+        Message("assistant", "", [ADD2]),
+        Message("tool", '{"total": 2}'),
+        Message("assistant", "bye"),
+    ]
     text = serialize_trajectory(make_task(), chat)
     assert "SECRET" not in text
-    assert text.splitlines() == ["[user] hello", '[assistant calls] add({"n": 2})', '[tool] {"total": 2}', "[assistant] bye"]
+    assert text.splitlines() == [
+        "[user] hello",
+        '[assistant calls] add({"n": 2})',
+        '[tool] {"total": 2}',
+        "[assistant] bye",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- grounded
@@ -307,9 +341,16 @@ def test_grounded_replays_calls_in_a_fresh_real_environment():
 def test_grounded_takes_the_outcome_of_the_run_itself_and_builds_no_environment():
     import dataclasses
 
-    ran = dataclasses.replace(GOOD, env_outcome={"success": False, "reward": 0.25, "details": {"total": 4}, "n_calls": 2})
+    ran = dataclasses.replace(
+        GOOD, env_outcome={"success": False, "reward": 0.25, "details": {"total": 4}, "n_calls": 2}
+    )
     res = REWARDS.get("grounded")(make_task(env="rwtest_no_such_env"), ran, CTX)  # building that env would raise
-    assert res.value == 0.0 and res.info["scored_in"] == "rollout" and res.info["n_replayed"] == 0 and res.info["env_reward"] == 0.25
+    assert (
+        res.value == 0.0
+        and res.info["scored_in"] == "rollout"
+        and res.info["n_replayed"] == 0
+        and res.info["env_reward"] == 0.25
+    )
     crashed = dataclasses.replace(GOOD, env_outcome={"error": "RuntimeError: boom", "n_calls": 2})
     res = REWARDS.get("grounded")(make_task(env="rwtest_no_such_env"), crashed, CTX)
     assert res.value is None and res.info["grounded_error"] == "RuntimeError: boom"
@@ -393,7 +434,10 @@ def _balance_task(**kw: Any) -> Task:
         gold_actions=[[ToolCall("get_balance", {"account": "rent"})]],
         expected_outputs=["142.50"],
         checklist=[
-            ChecklistItem("Calls get_balance(account=rent)", {"type": "called", "tool": "get_balance", "arguments": {"account": "rent"}}),
+            ChecklistItem(
+                "Calls get_balance(account=rent)",
+                {"type": "called", "tool": "get_balance", "arguments": {"account": "rent"}},
+            ),
             ChecklistItem("Does not call transfer", {"type": "not_called", "tool": "transfer"}),
             ChecklistItem("Tells the user '142.50'", {"type": "reply_contains", "text": "142.50"}),
         ],
@@ -405,7 +449,11 @@ def _balance_task(**kw: Any) -> Task:
 def _balance_traj(rehearsed: str, tid: str = "tr") -> Trajectory:
     """The gold call, a rehearsed balance, and a reply that reports the rehearsed balance."""
     call = ToolCall("get_balance", {"account": "rent"})
-    return make_traj(calls_step(call, obs=[{"account": "rent", "balance": rehearsed}]), reply_step(f"Your rent account holds ${rehearsed}.", turn=0), tid=tid)
+    return make_traj(
+        calls_step(call, obs=[{"account": "rent", "balance": rehearsed}]),
+        reply_step(f"Your rent account holds ${rehearsed}.", turn=0),
+        tid=tid,
+    )
 
 
 def test_outcome_rewards_tell_an_invented_balance_from_the_right_one_where_gold_f1_cannot():
@@ -425,16 +473,32 @@ def _sweep_task() -> Task:
     """Move the whole balance of holiday (511.00 in the real world) to savings: the amount is only looked up."""
     tools = [ToolSpec(n, n, {"type": "object", "properties": {}}) for n in ("get_balance", "transfer")]
     return Task(
-        id="sw", env="rwtest_counter", system_prompt="You bank.", user_turns=["Move everything from holiday to savings and tell me how much."], tools=tools,
-        gold_actions=[[ToolCall("get_balance", {"account": "holiday"}), ToolCall("transfer", {"from_account": "holiday", "to_account": "savings", "amount": 511.0})]],
+        id="sw",
+        env="rwtest_counter",
+        system_prompt="You bank.",
+        user_turns=["Move everything from holiday to savings and tell me how much."],
+        tools=tools,
+        gold_actions=[
+            [
+                ToolCall("get_balance", {"account": "holiday"}),
+                ToolCall("transfer", {"from_account": "holiday", "to_account": "savings", "amount": 511.0}),
+            ]
+        ],
         expected_outputs=["511.00"],
     )
 
 
 def _sweep_traj(seen: str, moved: float, told: str) -> Trajectory:
     """Looks up holiday (the observation says ``seen``), moves ``moved``, replies with ``told``."""
-    look, move = ToolCall("get_balance", {"account": "holiday"}), ToolCall("transfer", {"from_account": "holiday", "to_account": "savings", "amount": moved})
-    return make_traj(calls_step(look, obs=[{"account": "holiday", "balance": seen}]), calls_step(move, obs=[{"amount": f"{moved:.2f}"}]), reply_step(f"Moved ${told} to savings."))
+    look, move = (
+        ToolCall("get_balance", {"account": "holiday"}),
+        ToolCall("transfer", {"from_account": "holiday", "to_account": "savings", "amount": moved}),
+    )
+    return make_traj(
+        calls_step(look, obs=[{"account": "holiday", "balance": seen}]),
+        calls_step(move, obs=[{"amount": f"{moved:.2f}"}]),
+        reply_step(f"Moved ${told} to savings."),
+    )
 
 
 def test_consistent_rewards_score_a_rehearsed_world_by_its_own_observations_where_the_gold_rewards_cannot():
@@ -453,11 +517,19 @@ def test_consistent_rewards_score_a_rehearsed_world_by_its_own_observations_wher
 
 def test_consistent_f1_still_needs_the_values_the_user_states_exactly():
     task = _sweep_task()
-    wrong_account = make_traj(calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"balance": "300.00"}]), calls_step(ToolCall("transfer", {"from_account": "holiday", "to_account": "checking", "amount": 300.0})))
+    wrong_account = make_traj(
+        calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"balance": "300.00"}]),
+        calls_step(ToolCall("transfer", {"from_account": "holiday", "to_account": "checking", "amount": 300.0})),
+    )
     assert REWARDS.get("consistent_f1")(task, wrong_account, CTX).value == 0.5
     extra_arg = make_traj(calls_step(ToolCall("get_balance", {"account": "holiday", "x": 1})))
     assert REWARDS.get("consistent_f1")(task, extra_arg, CTX).value == 0.0
-    assert REWARDS.get("consistent_f1")(_sweep_task().__class__(**{**_sweep_task().__dict__, "gold_actions": []}), wrong_account, CTX).value is None
+    assert (
+        REWARDS.get("consistent_f1")(
+            _sweep_task().__class__(**{**_sweep_task().__dict__, "gold_actions": []}), wrong_account, CTX
+        ).value
+        is None
+    )
 
 
 def test_consistent_facts_ask_the_stated_facts_as_written_and_a_word_fact_from_the_observations():
@@ -465,8 +537,14 @@ def test_consistent_facts_ask_the_stated_facts_as_written_and_a_word_fact_from_t
     stated = Task(**{**base.__dict__, "expected_outputs": ["holiday"]})  # the user names it: it must be said
     assert REWARDS.get("consistent_facts")(stated, _sweep_traj("300.00", 300.0, "300.00"), CTX).value == 0.0
     payee = Task(**{**base.__dict__, "expected_outputs": ["cinema"]})  # only the world knows the payee
-    said = make_traj(calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"merchant": "bakery"}]), reply_step("The newest payment went to the bakery."))
-    unsaid = make_traj(calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"merchant": "bakery"}]), reply_step("I could not tell."))
+    said = make_traj(
+        calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"merchant": "bakery"}]),
+        reply_step("The newest payment went to the bakery."),
+    )
+    unsaid = make_traj(
+        calls_step(ToolCall("get_balance", {"account": "holiday"}), obs=[{"merchant": "bakery"}]),
+        reply_step("I could not tell."),
+    )
     assert REWARDS.get("consistent_facts")(payee, said, CTX).value == 1.0
     assert REWARDS.get("consistent_facts")(payee, unsaid, CTX).value == 0.0
 
@@ -511,11 +589,18 @@ def test_builtin_checklists_already_check_every_expected_output():
 
 def test_product_terms_multiply_and_parse_to_one_canonical_name():
     assert parse_reward_spec("gold_f1 * reply_facts") == {"gold_f1*reply_facts": 1.0}
-    assert parse_reward_spec({"gold_f1*reply_facts": 0.8, "checklist": 0.2}) == {"gold_f1*reply_facts": 0.8, "checklist": 0.2}
+    assert parse_reward_spec({"gold_f1*reply_facts": 0.8, "checklist": 0.2}) == {
+        "gold_f1*reply_facts": 0.8,
+        "checklist": 0.2,
+    }
     assert reward_names({"gold_f1*reply_facts": 0.8, "checklist": 0.2}) == {"gold_f1", "reply_facts", "checklist"}
     with pytest.raises(UnknownNameError, match="reply_facts"):
         parse_reward_spec("gold_f1*facts")
-    for bad in ("gold_f1*", "gold_f1*gold_f1", ["gold_f1*reply_facts", "gold_f1 * reply_facts"]):  # the last: one term twice
+    for bad in (
+        "gold_f1*",
+        "gold_f1*gold_f1",
+        ["gold_f1*reply_facts", "gold_f1 * reply_facts"],
+    ):  # the last: one term twice
         with pytest.raises(ValueError):
             parse_reward_spec(bad)
     task = _balance_task(expected_outputs=["142.50", "rent"])

@@ -1,4 +1,5 @@
 """Rollout modes: role-tagged rows, what each role sees, the rehearsal firewall, limits and counters."""
+
 import copy
 import dataclasses
 import json
@@ -159,7 +160,9 @@ def test_parse_errors_and_truncation_are_counted_not_silent(tokenizer, bank_task
 
 
 def test_validation_in_code_answers_unknown_tools_without_rehearse(tokenizer, bank_tasks):
-    be = ScriptedBackend(tokenizer, lambda p: ToolCall("launch_rocket", {}).to_text() if "<|im_start|>tool" not in p else "no")
+    be = ScriptedBackend(
+        tokenizer, lambda p: ToolCall("launch_rocket", {}).to_text() if "<|im_start|>tool" not in p else "no"
+    )
     tr = RolloutEngine(be, cfg(validate_in_code=True)).run(bank_tasks[:1])[0]
     assert tr.steps[0].observations[0]["error"]["kind"] == "unknown_tool"
     assert {r.role for r in tr.rows} == {"act"} and tr.counters["rehearse/validation_errors"] >= 1
@@ -192,7 +195,13 @@ def test_unknown_mode_lists_the_valid_ones():
 
 def test_tiny_model_rehearsal_batch_is_deterministic_and_round_trips_as_jsonl(tiny, bank_tasks, tmp_path):
     model, tok = tiny
-    c = RolloutConfig(group_size=4, max_steps=2, seed=7, act=SamplingParams(max_new_tokens=12), rehearse=SamplingParams(max_new_tokens=12, stop=["</observation>"]))
+    c = RolloutConfig(
+        group_size=4,
+        max_steps=2,
+        seed=7,
+        act=SamplingParams(max_new_tokens=12),
+        rehearse=SamplingParams(max_new_tokens=12, stop=["</observation>"]),
+    )
     a = RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:2])
     b = RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:2])
     assert [r.completion_ids for t in a for r in t.rows] == [r.completion_ids for t in b for r in t.rows]
@@ -221,7 +230,9 @@ class _GoldActHF(HFBackend):
         n = self.n[session] = self.n.get(session, -1) + 1
         gold = self.tasks[session.rsplit("/", 2)[0].split(":", 1)[1]].flat_gold()
         text = gold[n].to_text() if n < len(gold) else "Done."
-        return self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        return self.tokenizer.encode(text, add_special_tokens=False) + [
+            self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ]
 
     def _force(self, logits, tok, lp, forced):
         for i, f, step in forced:
@@ -253,7 +264,14 @@ def test_continuous_batching_unrolls_the_same_trajectories_as_lockstep(tiny, mod
     greedy = SamplingParams(temperature=0, max_new_tokens=48)
     runs = {}
     for schedule in ("lockstep", "continuous"):
-        c = RolloutConfig(mode=mode, schedule=schedule, group_size=2, max_steps=6, act=greedy, rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]))
+        c = RolloutConfig(
+            mode=mode,
+            schedule=schedule,
+            group_size=2,
+            max_steps=6,
+            act=greedy,
+            rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]),
+        )
         be = _GoldActHF(model, tok, tasks)
         runs[schedule] = (RolloutEngine(be, c).run(tasks), be.lockstep_calls)
     (lock, lock_calls), (cont, cont_calls) = runs["lockstep"], runs["continuous"]
@@ -296,7 +314,13 @@ def test_a_finished_trajectorys_kept_contexts_are_dropped_while_the_others_run(t
     model, tok = tiny
     tasks = load_tasks("builtin", "train", n=4, seed=3)
     greedy = SamplingParams(temperature=0, max_new_tokens=48)
-    c = RolloutConfig(mode=mode, group_size=2, max_steps=6, act=greedy, rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]))
+    c = RolloutConfig(
+        mode=mode,
+        group_size=2,
+        max_steps=6,
+        act=greedy,
+        rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]),
+    )
     be = _KeptGoldHF(model, tok, tasks)
     trajs = RolloutEngine(be, c).run(tasks)
     steps = sorted(len(t.steps) for t in trajs)
@@ -338,14 +362,30 @@ class _SeenHF(HFBackend):
         return super().generate(prompts, params, sessions)
 
 
-@pytest.mark.parametrize("mode,schedule", [("rehearsal", "lockstep"), ("rehearsal", "continuous"), ("per_role", "lockstep"), ("simulator", "lockstep"), ("real", "continuous")])
+@pytest.mark.parametrize(
+    "mode,schedule",
+    [
+        ("rehearsal", "lockstep"),
+        ("rehearsal", "continuous"),
+        ("per_role", "lockstep"),
+        ("simulator", "lockstep"),
+        ("real", "continuous"),
+    ],
+)
 def test_a_rehearse_context_over_the_limit_is_never_generated_from_and_is_counted(tiny, mode, schedule):
     """A limit that Act's first context fits but the first call's Rehearse context (schemas, references, the
     serialized conversation) does not: the trajectory ends there, visibly, with no Rehearse generation."""
     model, tok = tiny
     task = load_tasks("builtin", "train", n=4, seed=3)[0]
     greedy = SamplingParams(temperature=0, max_new_tokens=48)
-    base = RolloutConfig(mode="rehearsal", schedule=schedule, group_size=2, max_steps=4, act=greedy, rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]))
+    base = RolloutConfig(
+        mode="rehearsal",
+        schedule=schedule,
+        group_size=2,
+        max_steps=4,
+        act=greedy,
+        rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]),
+    )
     probe = RolloutEngine(ScriptedBackend(tok, lambda p: ""), base)
     lv = probe._start(task, 0, "probe")
     n_act, n_reh = len(lv.act_ids), len(probe.rehearse_prompt(lv, task.flat_gold()[0]))
@@ -355,7 +395,9 @@ def test_a_rehearse_context_over_the_limit_is_never_generated_from_and_is_counte
     def run(limit):
         be, other = _SeenGoldHF(model, tok, [task]), _SeenHF(model, tok)
         c = dataclasses.replace(base, mode=mode, max_context_tokens=limit)
-        trajs = RolloutEngine(be, c, rehearser=other if mode == "per_role" else None, simulator=other if mode == "simulator" else None).run([task])
+        trajs = RolloutEngine(
+            be, c, rehearser=other if mode == "per_role" else None, simulator=other if mode == "simulator" else None
+        ).run([task])
         rehearse_gens = [n for s, n in be.seen if s is None or not s.endswith("/act")] + [n for _, n in other.seen]
         return trajs, rehearse_gens
 
@@ -365,7 +407,11 @@ def test_a_rehearse_context_over_the_limit_is_never_generated_from_and_is_counte
         return
     assert gens == []  # no Rehearse generation, least of all from an over-long prompt
     for t in trajs:
-        assert t.truncated == "context:rehearse" and t.counters["context/rehearse"] == 1 and t.counters["truncated/context"] == 1
+        assert (
+            t.truncated == "context:rehearse"
+            and t.counters["context/rehearse"] == 1
+            and t.counters["truncated/context"] == 1
+        )
         assert "context/act" not in t.counters
         assert [r.role for r in t.rows] == ["act"] and len(t.steps) == 1 and t.steps[0].calls == task.flat_gold()[:1]
     # a limit the first Rehearse context just fits: it is generated from (so the spies above can see one), and

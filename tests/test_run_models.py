@@ -1,5 +1,6 @@
 """Every command that takes a model takes a training run: a run folder, a checkpoint folder or its policy/
 folder, of a full fine-tuning run or of a LoRA run (whose policy/ holds only the adapter, merged on load)."""
+
 import json
 import os
 import subprocess
@@ -17,8 +18,25 @@ from envace.trainer import train
 
 
 def _train(out_dir, **kw):
-    rc = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=8), rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]))
-    cfg = TrainConfig(model="tiny-random", suite="bank", iterations=1, batch_tasks=1, lr=1e-3, rollout=rc, out_dir=str(out_dir), tensorboard=False, progress=False, save_every=1, **kw)
+    rc = RolloutConfig(
+        group_size=2,
+        max_steps=2,
+        act=SamplingParams(max_new_tokens=8),
+        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
+    )
+    cfg = TrainConfig(
+        model="tiny-random",
+        suite="bank",
+        iterations=1,
+        batch_tasks=1,
+        lr=1e-3,
+        rollout=rc,
+        out_dir=str(out_dir),
+        tensorboard=False,
+        progress=False,
+        save_every=1,
+        **kw,
+    )
     return train(cfg)
 
 
@@ -45,7 +63,7 @@ def runs(tmp_path_factory):
 
 
 def _logits(model, tok):
-    ids = torch.tensor([tok("<tool_call>{\"name\": \"get_balance\"}</tool_call>")["input_ids"]])
+    ids = torch.tensor([tok('<tool_call>{"name": "get_balance"}</tool_call>')["input_ids"]])
     with torch.no_grad():
         return model(input_ids=ids).logits
 
@@ -126,7 +144,9 @@ def test_a_lora_adapter_without_its_tokenizer_takes_its_bases(runs, tmp_path):
     bare.mkdir()
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         shutil.copy(os.path.join(src, name), bare / name)
-    assert load_tokenizer(bare)("Hello world!")["input_ids"] == load_tokenizer("tiny-random")("Hello world!")["input_ids"]
+    assert (
+        load_tokenizer(bare)("Hello world!")["input_ids"] == load_tokenizer("tiny-random")("Hello world!")["input_ids"]
+    )
 
 
 def test_serve_loads_a_lora_run_merged(runs):
@@ -151,25 +171,84 @@ def _cli(*args):
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_rehearse_takes_a_run_folder(runs, kind):
-    out = _cli("rehearse", "--model", runs[kind], "--suite", "bank", "-N", "1", "--max-steps", "2", "--max-new-tokens", "8", "--memory", "concat")
+    out = _cli(
+        "rehearse",
+        "--model",
+        runs[kind],
+        "--suite",
+        "bank",
+        "-N",
+        "1",
+        "--max-steps",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--memory",
+        "concat",
+    )
     assert out.strip()
 
 
 @pytest.mark.parametrize("kind", ["full", "lora"])
 def test_rollout_takes_a_run_folder(runs, kind, tmp_path):
     path = tmp_path / "t.jsonl"
-    _cli("rollout", "--model", runs[kind], "--suite", "bank", "-n", "1", "-k", "1", "--max-steps", "2", "--max-new-tokens", "8", "--show", "0", "--out", str(path))
+    _cli(
+        "rollout",
+        "--model",
+        runs[kind],
+        "--suite",
+        "bank",
+        "-n",
+        "1",
+        "-k",
+        "1",
+        "--max-steps",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--show",
+        "0",
+        "--out",
+        str(path),
+    )
     assert len(path.read_text().splitlines()) == 1
 
 
 def test_eval_takes_a_lora_run(runs, tmp_path):
     res = tmp_path / "eval.json"
-    _cli("eval", "--model", runs["lora"], "--suite", "bank", "-n", "1", "--max-steps", "2", "--max-new-tokens", "8", "--out", str(res))
+    _cli(
+        "eval",
+        "--model",
+        runs["lora"],
+        "--suite",
+        "bank",
+        "-n",
+        "1",
+        "--max-steps",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(res),
+    )
     assert len(json.loads(res.read_text())["per_task"]) == 1
 
 
 def test_train_starts_from_a_lora_run(runs, tmp_path):
     out = tmp_path / "next"
-    sets = [f"model={runs['lora']}", "suite=bank", "iterations=1", "batch_tasks=1", "rollout.group_size=2", "rollout.max_steps=2", "rollout.act.max_new_tokens=8", "rollout.rehearse.max_new_tokens=8", f"out_dir={out}", "tensorboard=false", "progress=false", "save_every=1"]
+    sets = [
+        f"model={runs['lora']}",
+        "suite=bank",
+        "iterations=1",
+        "batch_tasks=1",
+        "rollout.group_size=2",
+        "rollout.max_steps=2",
+        "rollout.act.max_new_tokens=8",
+        "rollout.rehearse.max_new_tokens=8",
+        f"out_dir={out}",
+        "tensorboard=false",
+        "progress=false",
+        "save_every=1",
+    ]
     _cli("train", *[a for s in sets for a in ("--set", s)])
     assert os.path.isfile(os.path.join(resolve_model(str(out)), "config.json"))  # full fine-tuning of the merged model

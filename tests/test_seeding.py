@@ -1,5 +1,6 @@
 """derive_seed gives every call site the seed it computed by hand before (so results do not change), and its salts
 and primes keep the streams apart."""
+
 import itertools
 
 from envace.seeding import SEED_MODULUS, derive_seed
@@ -13,7 +14,9 @@ SEEDS = (0, 1, 7, 12345, 2**31 - 1, 2**40 + 3)
 def test_derive_seed_equals_the_formulas_each_call_site_used():
     for seed, n in itertools.product(SEEDS, (0, 1, 2, 99, 10**6)):
         assert derive_seed(seed, n) == (seed * 1_000_003 + n) % 2**63  # rollout generate call n
-        assert derive_seed(seed, PRIVATE_SALT + n) == (seed * 1_000_003 + 500_009 + n) % 2**63  # tts plans / reflections / memory
+        assert (
+            derive_seed(seed, PRIVATE_SALT + n) == (seed * 1_000_003 + 500_009 + n) % 2**63
+        )  # tts plans / reflections / memory
         assert derive_seed(seed, n, prime=ITERATION_PRIME) == seed * 100_003 + n  # training iteration n
         assert derive_seed(seed + 1, n, prime=ATTEMPT_PRIME) == (seed + 1) * 7919 + n  # tts attempt batch n
         assert derive_seed(n % 8, seed) == seed + 1_000_003 * (n % 8)  # process rank r of a launched run

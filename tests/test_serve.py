@@ -5,6 +5,7 @@ gives a seeded request the same tokens whatever else runs. Tool calls go through
 app in this process: rendered into the prompt exactly as Act sees them, parsed back into ``tool_calls``, a malformed
 or unknown call returned as plain content. Below the HTTP layer: the generation worker's batching and the pure pieces
 (prompt rendering, reply parsing, what a stream may send yet)."""
+
 import json
 import threading
 import time
@@ -28,7 +29,9 @@ SEGMENT = 3  # the subprocess server streams every 3 tokens: a 24-token answer c
 
 @pytest.fixture(scope="module")
 def url():
-    with envace_serve("--model", "tiny-random", "--served-model-name", "tiny", "--stream-segment-tokens", str(SEGMENT)) as u:
+    with envace_serve(
+        "--model", "tiny-random", "--served-model-name", "tiny", "--stream-segment-tokens", str(SEGMENT)
+    ) as u:
         yield u
 
 
@@ -80,8 +83,14 @@ def test_plain_chat_answers_like_the_local_backend(client, tiny):
     prompt = ChatFormat.for_tokenizer(tok).render([{"role": "user", "content": "hello there"}])
     local = HFBackend(model, tok).generate([prompt], SamplingParams(temperature=0, max_new_tokens=12))[0]
     assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == local.text
-    assert r.choices[0].finish_reason == ("length" if local.finish_reason == "length" else "stop") and r.choices[0].message.tool_calls is None
-    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(prompt), len(local.token_ids)) and r.model == "tiny"
+    assert (
+        r.choices[0].finish_reason == ("length" if local.finish_reason == "length" else "stop")
+        and r.choices[0].message.tool_calls is None
+    )
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (
+        len(prompt),
+        len(local.token_ids),
+    ) and r.model == "tiny"
 
 
 def test_streamed_chat_concatenates_to_the_non_streamed_answer_under_greedy_decoding(client):
@@ -103,25 +112,32 @@ def test_streamed_chat_concatenates_to_the_non_streamed_answer_under_greedy_deco
 
 
 def test_streamed_completion_concatenates_to_the_non_streamed_text_and_token_ids(client):
-    kw = dict(model="tiny", prompt="Once upon a time", max_tokens=14, temperature=0, extra_body={"return_token_ids": True})
+    kw = dict(
+        model="tiny", prompt="Once upon a time", max_tokens=14, temperature=0, extra_body={"return_token_ids": True}
+    )
     whole = client.completions.create(**kw).choices[0]
     chunks = list(client.completions.create(stream=True, **kw))
     assert len(chunks) > 2  # several pieces (every SEGMENT tokens), then the finish
     assert "".join(c.choices[0].text for c in chunks) == whole.text
-    assert [t for c in chunks for t in (c.choices[0].model_extra.get("token_ids") or [])] == whole.model_extra["token_ids"]
+    assert [t for c in chunks for t in (c.choices[0].model_extra.get("token_ids") or [])] == whole.model_extra[
+        "token_ids"
+    ]
     assert chunks[-1].choices[0].finish_reason == whole.finish_reason
 
 
-@pytest.mark.parametrize("kw,param", [
-    (dict(temperature=5), "temperature"),
-    (dict(max_tokens=0), "max_tokens"),
-    (dict(n=100), "n"),
-    (dict(logprobs=True, top_logprobs=3), "top_logprobs"),
-    (dict(frequency_penalty=0.5), "frequency_penalty"),
-    (dict(tool_choice="required", tools=[{"type": "function", "function": {"name": "f"}}]), "tool_choice"),
-    (dict(extra_body={"frobnicate": 1}), "frobnicate"),
-    (dict(extra_body={"max_tokens": 4000, "messages": [{"role": "user", "content": "word " * 5000}]}), "messages"),
-])
+@pytest.mark.parametrize(
+    "kw,param",
+    [
+        (dict(temperature=5), "temperature"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(n=100), "n"),
+        (dict(logprobs=True, top_logprobs=3), "top_logprobs"),
+        (dict(frequency_penalty=0.5), "frequency_penalty"),
+        (dict(tool_choice="required", tools=[{"type": "function", "function": {"name": "f"}}]), "tool_choice"),
+        (dict(extra_body={"frobnicate": 1}), "frobnicate"),
+        (dict(extra_body={"max_tokens": 4000, "messages": [{"role": "user", "content": "word " * 5000}]}), "messages"),
+    ],
+)
 def test_a_bad_or_unknown_field_is_a_400_naming_it(client, kw, param):
     with pytest.raises(openai.BadRequestError) as e:
         _chat(client, "x", **kw)
@@ -133,7 +149,10 @@ def test_a_bad_completion_field_and_an_unanswerable_tool_message_are_400s_naming
         client.completions.create(model="tiny", prompt="x", logprobs=2)
     assert e.value.body["param"] == "logprobs"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_9", "content": "{}"}])
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_9", "content": "{}"}],
+        )
     assert e.value.body["param"] == "messages[1].tool_call_id"
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
@@ -148,7 +167,11 @@ def test_concurrent_requests_are_all_answered_as_they_are_one_at_a_time(client):
 
     def ask(i):
         barrier.wait()
-        results[i] = _streamed_chat(client, prompts[i], **kw)[0] if i % 2 else _chat(client, prompts[i], **kw).choices[0].message.content
+        results[i] = (
+            _streamed_chat(client, prompts[i], **kw)[0]
+            if i % 2
+            else _chat(client, prompts[i], **kw).choices[0].message.content
+        )
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
     for t in threads:
@@ -159,9 +182,23 @@ def test_concurrent_requests_are_all_answered_as_they_are_one_at_a_time(client):
 
 
 def test_a_seeded_request_gives_the_same_tokens_whatever_else_runs(client):
-    kw = dict(model="tiny", prompt="The weather today", max_tokens=12, temperature=1.0, seed=7, extra_body={"return_token_ids": True})
+    kw = dict(
+        model="tiny",
+        prompt="The weather today",
+        max_tokens=12,
+        temperature=1.0,
+        seed=7,
+        extra_body={"return_token_ids": True},
+    )
     alone = client.completions.create(**kw).choices[0].model_extra["token_ids"]
-    others = [threading.Thread(target=lambda i=i: client.completions.create(model="tiny", prompt=f"noise {i}", max_tokens=40, temperature=1.0)) for i in range(4)]
+    others = [
+        threading.Thread(
+            target=lambda i=i: client.completions.create(
+                model="tiny", prompt=f"noise {i}", max_tokens=40, temperature=1.0
+            )
+        )
+        for i in range(4)
+    ]
     for t in others:
         t.start()
     time.sleep(0.2)  # the unseeded requests are generating
@@ -169,13 +206,21 @@ def test_a_seeded_request_gives_the_same_tokens_whatever_else_runs(client):
     for t in others:
         t.join(120)
     assert busy == alone and len(alone) == 12
-    assert client.completions.create(**(kw | {"seed": 8})).choices[0].model_extra["token_ids"] != alone  # the seed matters
+    assert (
+        client.completions.create(**(kw | {"seed": 8})).choices[0].model_extra["token_ids"] != alone
+    )  # the seed matters
 
 
 # -- tools, through a scripted backend served by the same app --------------------------------------------------
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
@@ -190,20 +235,33 @@ def scripted(tokenizer):
 
 def test_tools_round_trip_rendered_as_act_sees_them_and_parsed_into_tool_calls(scripted, tokenizer):
     client, backend = scripted
-    messages = [{"role": "system", "content": "You are a weather bot."}, {"role": "user", "content": "Weather in Paris?"}]
+    messages = [
+        {"role": "system", "content": "You are a weather bot."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ]
     r = client.chat.completions.create(model="scripted", messages=messages, tools=[WEATHER])
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     (call,) = choice.message.tool_calls
-    assert call.type == "function" and call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert (
+        call.type == "function"
+        and call.function.name == "get_weather"
+        and json.loads(call.function.arguments) == {"city": "Paris"}
+    )
     fmt = ChatFormat.for_tokenizer(tokenizer)
-    task = Task(id="t", env="", system_prompt="You are a weather bot.", user_turns=[], tools=[ToolSpec.from_dict(WEATHER)])
+    task = Task(
+        id="t", env="", system_prompt="You are a weather bot.", user_turns=[], tools=[ToolSpec.from_dict(WEATHER)]
+    )
     act = [Message("system", act_system(task)), Message("user", "Weather in Paris?")]
     assert backend.prompts[-1] == tokenizer.decode(fmt.render(act), skip_special_tokens=False)  # Act's very prompt
     # the call's result goes back as a tool message; the assistant message is sent back as the client got it
     messages += [choice.message, {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'}]
     r2 = client.chat.completions.create(model="scripted", messages=messages, tools=[WEATHER])
-    assert (r2.choices[0].message.content, r2.choices[0].finish_reason, r2.choices[0].message.tool_calls) == ("It is 21 degrees in Paris.", "stop", None)
+    assert (r2.choices[0].message.content, r2.choices[0].finish_reason, r2.choices[0].message.tool_calls) == (
+        "It is 21 degrees in Paris.",
+        "stop",
+        None,
+    )
     act += [Message("assistant", CALL), Message("tool", '{"temp": 21}')]
     assert backend.prompts[-1] == tokenizer.decode(fmt.render(act), skip_special_tokens=False)
 
@@ -211,24 +269,45 @@ def test_tools_round_trip_rendered_as_act_sees_them_and_parsed_into_tool_calls(s
 def test_a_streamed_tool_call_comes_as_a_tool_calls_chunk(scripted):
     client, backend = scripted
     backend.answer = lambda prompt: "Let me look.\n" + CALL
-    chunks = list(client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Paris?"}], tools=[WEATHER], stream=True))
+    chunks = list(
+        client.chat.completions.create(
+            model="scripted", messages=[{"role": "user", "content": "Paris?"}], tools=[WEATHER], stream=True
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks)
     calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
-    assert text == "Let me look." and [(tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [(0, "get_weather", {"city": "Paris"})]
+    assert text == "Let me look." and [
+        (tc.index, tc.function.name, json.loads(tc.function.arguments)) for tc in calls
+    ] == [(0, "get_weather", {"city": "Paris"})]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-@pytest.mark.parametrize("answer,tool_choice", [
-    ('<tool_call>{"name": "get_weather", "arguments": </tool_call>', None),  # not JSON
-    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}', None),  # unterminated
-    ('<tool_call>{"name": "delete_everything", "arguments": {}}</tool_call>', None),  # not one of the request's tools
-    (CALL, "none"),  # tool_choice none: never parsed
-])
+@pytest.mark.parametrize(
+    "answer,tool_choice",
+    [
+        ('<tool_call>{"name": "get_weather", "arguments": </tool_call>', None),  # not JSON
+        ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}', None),  # unterminated
+        (
+            '<tool_call>{"name": "delete_everything", "arguments": {}}</tool_call>',
+            None,
+        ),  # not one of the request's tools
+        (CALL, "none"),  # tool_choice none: never parsed
+    ],
+)
 def test_a_malformed_or_unknown_call_comes_back_as_plain_content(scripted, answer, tool_choice):
     client, backend = scripted
     backend.answer = lambda prompt: answer
-    r = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "Paris?"}], tools=[WEATHER], **({"tool_choice": tool_choice} if tool_choice else {}))
-    assert (r.choices[0].message.content, r.choices[0].message.tool_calls, r.choices[0].finish_reason) == (answer, None, "stop")
+    r = client.chat.completions.create(
+        model="scripted",
+        messages=[{"role": "user", "content": "Paris?"}],
+        tools=[WEATHER],
+        **({"tool_choice": tool_choice} if tool_choice else {}),
+    )
+    assert (r.choices[0].message.content, r.choices[0].message.tool_calls, r.choices[0].finish_reason) == (
+        answer,
+        None,
+        "stop",
+    )
 
 
 def test_a_backend_failure_is_a_json_500_and_the_server_goes_on(scripted):
@@ -243,7 +322,12 @@ def test_a_backend_failure_is_a_json_500_and_the_server_goes_on(scripted):
     with pytest.raises(openai.InternalServerError) as e:
         client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "boom"}])
     assert e.value.status_code == 500 and "the model fell over" in e.value.body["message"]
-    assert client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "ok?"}]).choices[0].message.content == "fine"
+    assert (
+        client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "ok?"}])
+        .choices[0]
+        .message.content
+        == "fine"
+    )
 
 
 # -- the generation worker -----------------------------------------------------------------------------------
@@ -294,7 +378,14 @@ def test_a_job_submitted_while_a_stream_runs_joins_it_and_ends_first(tiny):
     greedy = SamplingParams(temperature=0, max_new_tokens=60)
     first = threading.Event()
     long_done = {}
-    worker.submit(Job([tok.encode("a long story")], greedy, lambda u: first.set() if not u.done else long_done.setdefault("g", u.generation), segment=4))
+    worker.submit(
+        Job(
+            [tok.encode("a long story")],
+            greedy,
+            lambda u: first.set() if not u.done else long_done.setdefault("g", u.generation),
+            segment=4,
+        )
+    )
     assert first.wait(60)  # the long job's first piece has ended: its stream is running
     short = _collect(worker, [tok.encode("short")], greedy.with_(max_new_tokens=2))
     (g,), _ = short()
@@ -319,7 +410,9 @@ def test_a_generation_in_pieces_ends_where_a_whole_one_would(tiny):
         (pieces,), _ = _collect(worker, [prompt], greedy, segment=segment)()
         assert (pieces.token_ids, pieces.text, pieces.finish_reason) == (whole.token_ids, whole.text, "length")
         (stopped,), _ = _collect(worker, [prompt], greedy.with_(stop=[stop]), segment=segment)()
-        assert (stopped.token_ids, stopped.finish_reason) == (whole_stopped.token_ids, "stop") and len(stopped.token_ids) < 24
+        assert (stopped.token_ids, stopped.finish_reason) == (whole_stopped.token_ids, "stop") and len(
+            stopped.token_ids
+        ) < 24
     worker.close()
     assert not backend._kept  # every piece's kept session was released
 
@@ -328,13 +421,18 @@ def test_a_generation_in_pieces_ends_where_a_whole_one_would(tiny):
 
 
 def test_first_stop_finds_stop_strings_only_in_windows_reaching_back_before_the_piece():
-    decode = lambda ids: "".join(chr(96 + t) for t in ids)  # 1 -> a, 2 -> b, ...
+    def decode(ids):  # 1 -> a, 2 -> b, ...
+        return "".join(chr(96 + t) for t in ids)
+
     toks = [1, 2, 3, 4, 5]  # "abcde"; a piece started at index 2 ("cde")
     assert first_stop(decode, toks, ["bc"], 2, 5) == 2 and first_stop(decode, toks, ["cd"], 2, 5) == 3
     assert first_stop(decode, toks, ["de"], 2, 4) is None  # the end bound: the last token is not looked at
     assert first_stop(decode, toks, ["ab"], 2, 5) == 2  # ended before the piece: the first window holding it
     far = list(range(1, 21))  # windows from index start + STOP_WINDOW - 1 on lie inside the piece: the backend saw them
-    assert first_stop(decode, far + [1, 2], ["ab"], 20, 22) == 21 and first_stop(decode, far + [1] * STOP_WINDOW + [2, 3], ["bc"], 20, 38) is None
+    assert (
+        first_stop(decode, far + [1, 2], ["ab"], 20, 22) == 21
+        and first_stop(decode, far + [1] * STOP_WINDOW + [2, 3], ["bc"], 20, 38) is None
+    )
 
 
 def test_streamable_holds_back_what_may_still_become_a_stop_string_or_a_call():
@@ -347,18 +445,37 @@ def test_streamable_holds_back_what_may_still_become_a_stop_string_or_a_call():
 
 def test_act_messages_render_tools_calls_and_results_as_act_does():
     spec = ToolSpec.from_dict(WEATHER)
-    msgs = [{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]}, {"role": "user", "content": "Paris?"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 21}'}]
+    msgs = [
+        {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": "Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 21}'},
+    ]
     out = act_messages(msgs, [spec])
     assert out[0].content == "Be brief.\n\n# Tools\n" + render_tools([spec]) + "\n\n" + ACT_INSTRUCTIONS
     assert [(m.role, m.content) for m in out[1:]] == [("user", "Paris?"), ("assistant", CALL), ("tool", '{"temp": 21}')]
     assert out[2].tool_calls == [ToolCall("get_weather", {"city": "Paris"})]
     assert act_messages([{"role": "user", "content": "x"}], [])[0].content == "x"  # no tools: as sent
-    assert act_messages([{"role": "user", "content": "x"}], [spec])[0].content.startswith("# Tools\n")  # no system message: an empty prompt
-    for bad, param in [(msgs[:3] + [dict(msgs[3], tool_call_id="c2")], "messages[3].tool_call_id"),
-                       ([dict(msgs[1], name="bob")], "messages[0].name"),
-                       ([msgs[2] | {"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}], "messages[0].tool_calls[0].function.arguments")]:
+    assert act_messages([{"role": "user", "content": "x"}], [spec])[0].content.startswith(
+        "# Tools\n"
+    )  # no system message: an empty prompt
+    for bad, param in [
+        (msgs[:3] + [dict(msgs[3], tool_call_id="c2")], "messages[3].tool_call_id"),
+        ([dict(msgs[1], name="bob")], "messages[0].name"),
+        (
+            [
+                msgs[2]
+                | {"tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}
+            ],
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+    ]:
         with pytest.raises(RequestError) as e:
             act_messages(bad, [spec])
         assert e.value.param == param
@@ -372,16 +489,31 @@ def test_chat_tools_follow_the_models_own_tool_format(name):
 
     fmt, spec = TOOL_FORMATS.get(name), ToolSpec.from_dict(WEATHER)
     call = ToolCall("get_weather", {"city": "Paris"})
-    msgs = [{"role": "user", "content": "Paris?"}, {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "{}"}]
+    msgs = [
+        {"role": "user", "content": "Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+    ]
     out = act_messages(msgs, [spec], fmt)
     assert out[0].content.endswith(fmt.instructions) and out[2].content == fmt.render([call])
     assert reply(fmt.render([call]), ["get_weather"], fmt) == (None, [call])
-    assert reply(fmt.render([call]), ["other"], fmt)[1] == [] and reply("Sunny.", ["get_weather"], fmt) == ("Sunny.", [])
+    assert reply(fmt.render([call]), ["other"], fmt)[1] == [] and reply("Sunny.", ["get_weather"], fmt) == (
+        "Sunny.",
+        [],
+    )
 
 
 def test_reply_parses_only_well_formed_calls_of_known_tools():
-    assert reply("Looking.\n" + CALL + "\nmore", ["get_weather"]) == ("Looking.", [ToolCall("get_weather", {"city": "Paris"})])
+    assert reply("Looking.\n" + CALL + "\nmore", ["get_weather"]) == (
+        "Looking.",
+        [ToolCall("get_weather", {"city": "Paris"})],
+    )
     assert reply(CALL, ["get_weather"]) == (None, [ToolCall("get_weather", {"city": "Paris"})])
     assert reply(CALL, None) == (CALL, []) and reply(CALL, ["other"]) == (CALL, [])
     assert reply("<tool_call>{oops}</tool_call>", ["get_weather"]) == ("<tool_call>{oops}</tool_call>", [])

@@ -1,12 +1,21 @@
 """Intervals and paired tests by hand: known Wilson values, exact McNemar against a direct binomial sum, the
 sign-flip test by enumeration, and a seeded paired bootstrap that is deterministic and covers the true difference."""
+
 import math
 
 import numpy as np
 import pytest
 
 from envace.stats import (
-    EXACT_FLIPS, fmt_rate, mcnemar_exact, paired_bootstrap, paired_comparison, rate_interval, seed_spread, sign_flip_p, wilson_interval,
+    EXACT_FLIPS,
+    fmt_rate,
+    mcnemar_exact,
+    paired_bootstrap,
+    paired_comparison,
+    rate_interval,
+    seed_spread,
+    sign_flip_p,
+    wilson_interval,
 )
 
 
@@ -111,7 +120,9 @@ def test_paired_comparison_uses_mcnemar_for_one_binary_sample_and_sign_flip_othe
     b = [[True]] * 6 + [[True]] * 4
     c = paired_comparison(a, b, resamples=2_000)
     assert c["p_method"] == "mcnemar_exact" and c["p"] == pytest.approx(2 / 2**6) and c["diff"] == pytest.approx(0.6)
-    assert c["a"] == pytest.approx(rate_interval(a)) and c["n_tasks"] == 10 and c["diff_ci"][0] <= 0.6 <= c["diff_ci"][1]
+    assert (
+        c["a"] == pytest.approx(rate_interval(a)) and c["n_tasks"] == 10 and c["diff_ci"][0] <= 0.6 <= c["diff_ci"][1]
+    )
     k2 = paired_comparison([[False, True]] * 3, [[True, True]] * 3)
     assert k2["p_method"] == "sign_flip" and k2["p"] == pytest.approx(2 / 8) and k2["diff_ci"] == (0.5, 0.5)
     with pytest.raises(ValueError, match="same tasks"):

@@ -1,6 +1,7 @@
 """Training on chosen task kinds: ``SFTConfig.task_kinds`` / ``TrainConfig.task_kinds`` are validated against the
 built-in kinds, ``load_tasks_of_kinds`` returns n tasks of those kinds (the first ones of the split for seed 0),
 a filter that keeps nothing is an error, and SFT and RL really load their training tasks through the filter."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,13 +18,19 @@ def test_task_kinds_is_a_typed_config_value(cls):
     assert cls().task_kinds is None  # every kind
     assert cls(task_kinds=["chained", "recovery", "chained"]).task_kinds == ("chained", "recovery")
     assert from_dict(cls, {"task_kinds": ["simple"]}).task_kinds == ("simple",)  # as YAML gives it
-    assert from_dict(cls, apply_overrides({}, ["task_kinds=chained,recovery"])).task_kinds == ("chained", "recovery")  # --set
+    assert from_dict(cls, apply_overrides({}, ["task_kinds=chained,recovery"])).task_kinds == (
+        "chained",
+        "recovery",
+    )  # --set
     assert from_dict(cls, apply_overrides({"task_kinds": ["simple"]}, ["task_kinds=none"])).task_kinds is None
 
 
 @pytest.mark.parametrize("cls", [SFTConfig, TrainConfig])
 def test_an_unknown_or_empty_task_kind_is_an_error_listing_the_valid_ones(cls):
-    with pytest.raises(ValueError, match=rf"{cls.__name__}\.task_kinds: .*'chaned'.*valid kinds: recovery, chained, read_only_report, simple"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{cls.__name__}\.task_kinds: .*'chaned'.*valid kinds: recovery, chained, read_only_report, simple",
+    ):
         cls(task_kinds=["chaned"])
     with pytest.raises(ValueError, match="no kind .*valid kinds: recovery"):
         cls(task_kinds=[])
@@ -45,9 +52,13 @@ def test_load_tasks_of_kinds_gives_n_tasks_of_those_kinds_in_split_order():
 
 
 def test_load_tasks_of_kinds_without_a_filter_is_load_tasks():
-    assert [t.to_dict() for t in load_tasks_of_kinds("shop", "train", 12, 3, None)] == [t.to_dict() for t in load_tasks("shop", "train", n=12, seed=3)]
+    assert [t.to_dict() for t in load_tasks_of_kinds("shop", "train", 12, 3, None)] == [
+        t.to_dict() for t in load_tasks("shop", "train", n=12, seed=3)
+    ]
     a, b = (load_tasks_of_kinds("files", "val", 10, 5, ("simple",)) for _ in range(2))
-    assert [t.id for t in a] == [t.id for t in b] and all(t.metadata["kind"] == "simple" and t.split == "val" for t in a)
+    assert [t.id for t in a] == [t.id for t in b] and all(
+        t.metadata["kind"] == "simple" and t.split == "val" for t in a
+    )
 
 
 @pytest.fixture
@@ -55,7 +66,10 @@ def unlabelled_suite():
     """A suite whose tasks carry no kind (as BFCL, tau2 and MCP tasks do), two of them labelled simple."""
 
     def loader(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-        tasks = [Task(id=f"t{i}", env="bank", system_prompt="", user_turns=["hi"], tools=[], env_config={}, split=split) for i in range(5)]
+        tasks = [
+            Task(id=f"t{i}", env="bank", system_prompt="", user_turns=["hi"], tools=[], env_config={}, split=split)
+            for i in range(5)
+        ]
         for t in tasks[:2]:
             t.metadata = {"kind": "simple"}
         return tasks[: n or 5]
@@ -66,7 +80,10 @@ def unlabelled_suite():
 
 
 def test_a_filter_that_keeps_no_task_is_an_error_naming_the_kinds_there_are(unlabelled_suite):
-    with pytest.raises(ValueError, match=r"TrainConfig.task_kinds=\['chained'\] keeps none of 5 nokinds/train tasks; their kinds: \{'simple': 2, '<no kind label>': 3\}"):
+    with pytest.raises(
+        ValueError,
+        match=r"TrainConfig.task_kinds=\['chained'\] keeps none of 5 nokinds/train tasks; their kinds: \{'simple': 2, '<no kind label>': 3\}",
+    ):
         load_tasks_of_kinds(unlabelled_suite, "train", 8, 0, ("chained",), "TrainConfig.task_kinds")
     # a suite that runs out returns the tasks of the kind it has
     assert [t.id for t in load_tasks_of_kinds(unlabelled_suite, "train", 8, 0, ("simple",))] == ["t0", "t1"]
@@ -96,7 +113,18 @@ def test_sft_warms_up_only_on_the_chosen_kinds(tmp_path, monkeypatch):
 
     seen = _spy(monkeypatch, sft_mod)
     with pytest.raises(_Loaded):
-        sft_mod.sft(SFTConfig(model="tiny-random", suite="bank", n_tasks=20, steps=1, task_kinds=("simple", "read_only_report"), out_dir=str(tmp_path), tensorboard=False, progress=False))
+        sft_mod.sft(
+            SFTConfig(
+                model="tiny-random",
+                suite="bank",
+                n_tasks=20,
+                steps=1,
+                task_kinds=("simple", "read_only_report"),
+                out_dir=str(tmp_path),
+                tensorboard=False,
+                progress=False,
+            )
+        )
     assert len(seen[0]) == 20 and {t.metadata["kind"] for t in seen[0]} == {"simple", "read_only_report"}
 
 
@@ -105,5 +133,17 @@ def test_rl_trains_only_on_the_chosen_kinds(tmp_path, monkeypatch):
 
     seen = _spy(monkeypatch, trainer)
     with pytest.raises(_Loaded):
-        trainer.train(TrainConfig(model="tiny-random", suite="bank", iterations=1, batch_tasks=1, n_train_tasks=10, task_kinds=("chained",), out_dir=str(tmp_path), tensorboard=False, progress=False))
+        trainer.train(
+            TrainConfig(
+                model="tiny-random",
+                suite="bank",
+                iterations=1,
+                batch_tasks=1,
+                n_train_tasks=10,
+                task_kinds=("chained",),
+                out_dir=str(tmp_path),
+                tensorboard=False,
+                progress=False,
+            )
+        )
     assert len(seen[0]) == 10 and {t.metadata["kind"] for t in seen[0]} == {"chained"}

@@ -1,5 +1,6 @@
 """tau2-bench adapter: tools and execution through tau2's environments, scoring by tau2's own evaluator,
 scripted and LLM users."""
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,9 @@ def retail_test() -> list[Task]:
     return load_tasks("tau2:retail", "test", n=12, seed=0)
 
 
-def gold_trajectory(task: Task, turns: list[list[ToolCall]] | None = None, replies: list[str] | None = None,
-                    env=None) -> Trajectory:
+def gold_trajectory(
+    task: Task, turns: list[list[ToolCall]] | None = None, replies: list[str] | None = None, env=None
+) -> Trajectory:
     """The scripted conversation of a task played with the given calls (default: the gold actions) through
     the real environment: per user turn, the calls one step each, then the reply."""
     turns = task.gold_actions if turns is None else turns
@@ -69,7 +71,11 @@ def test_corrupted_write_call_scores_zero(retail_test):
     task = next(t for t in retail_test if len(t.gold_actions) > 1 and effective_write(t))
     turns = copy.deepcopy(task.gold_actions)
     write = turns[1][0]  # the first write action opens turn 1
-    key = "order_id" if "order_id" in write.arguments else next(k for k, v in write.arguments.items() if isinstance(v, str))
+    key = (
+        "order_id"
+        if "order_id" in write.arguments
+        else next(k for k, v in write.arguments.items() if isinstance(v, str))
+    )
     write.arguments[key] = write.arguments[key] + "0"
     s = score(task, turns=turns)
     assert not s.success and s.reward == 0.0
@@ -169,11 +175,18 @@ def test_llm_user_drives_a_backend_with_the_task_persona(retail_test):
     first = user.reply(task, [Message("system", task.system_prompt)], 0)
     assert first == "Hi, I want to exchange an item."
     conv = backend.seen[0]
-    assert conv[0]["role"] == "system" and str(t2.tau2_task(task).user_scenario.instructions.reason_for_call) in conv[0]["content"]
+    assert (
+        conv[0]["role"] == "system"
+        and str(t2.tau2_task(task).user_scenario.instructions.reason_for_call) in conv[0]["content"]
+    )
     assert conv[1] == {"role": "user", "content": t2.FIRST_AGENT_MESSAGE}
-    chat = [Message("system", task.system_prompt), Message("user", first),
-            Message("assistant", tool_calls=[ToolCall("find_user_id_by_email", {"email": "a@b.c"})]),
-            Message("tool", "{}"), Message("assistant", "Can you confirm?")]
+    chat = [
+        Message("system", task.system_prompt),
+        Message("user", first),
+        Message("assistant", tool_calls=[ToolCall("find_user_id_by_email", {"email": "a@b.c"})]),
+        Message("tool", "{}"),
+        Message("assistant", "Can you confirm?"),
+    ]
     assert user.reply(task, chat, 1) is None and user.ended == "stop"
     roles = [m["role"] for m in backend.seen[1]]
     assert roles == ["system", "user", "assistant", "user"]  # tool traffic hidden, roles flipped

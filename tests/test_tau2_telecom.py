@@ -1,5 +1,6 @@
 """tau2 telecom: the user acts on their own phone through user-side tools, in the agent's environment (real
 mode) or nowhere (rehearsal: applied when the conversation is scored); gold replay reaches tau2's reward."""
+
 from __future__ import annotations
 
 import copy
@@ -75,8 +76,17 @@ def test_plan_turns_puts_user_actions_after_the_reply_that_asks_for_them():
         return SimpleNamespace(requestor=requestor, name=name, arguments={})
 
     kinds = {"refuel": "write", "lookup": "read"}
-    turns = t2.plan_turns([act("user", "a"), act("user", "b"), act("assistant", "refuel"), act("assistant", "lookup"),
-                           act("user", "c"), act("assistant", "lookup")], kinds)
+    turns = t2.plan_turns(
+        [
+            act("user", "a"),
+            act("user", "b"),
+            act("assistant", "refuel"),
+            act("assistant", "lookup"),
+            act("user", "c"),
+            act("assistant", "lookup"),
+        ],
+        kinds,
+    )
     got = [([c.name for c in t.user], [c.name for c in t.agent]) for t in turns]
     # opening; the user's two actions; the confirmed write and a read; then the user's next action and a read
     assert got == [([], []), (["a", "b"], []), ([], ["refuel", "lookup"]), (["c"], ["lookup"])]
@@ -90,8 +100,15 @@ def test_telecom_tasks_carry_the_user_tools_and_tau2s_user_actions_per_turn(tele
     for task in telecom:
         actions = t2.tau2_task(task).evaluation_criteria.actions
         assert [t.name for t in task.user_tools] == names
-        assert len(task.user_turns) == len(task.gold_actions) == len(task.gold_replies) == len(task.user_actions or task.user_turns)
-        assert [c.name for turn in task.user_actions for c in turn] == [a.name for a in actions if a.requestor == "user"]
+        assert (
+            len(task.user_turns)
+            == len(task.gold_actions)
+            == len(task.gold_replies)
+            == len(task.user_actions or task.user_turns)
+        )
+        assert [c.name for turn in task.user_actions for c in turn] == [
+            a.name for a in actions if a.requestor == "user"
+        ]
         assert [c.name for c in task.flat_gold()] == [a.name for a in actions if a.requestor == "assistant"]
         for i, calls in enumerate(task.user_actions):  # the reply before a turn of user actions asks for them
             if calls:
@@ -104,7 +121,11 @@ def test_telecom_tasks_carry_the_user_tools_and_tau2s_user_actions_per_turn(tele
 def test_task_with_user_side_round_trips_through_json(telecom):
     task = two_toggles(telecom)
     again = Task.from_dict(json.loads(json.dumps(task.to_dict())))
-    assert again.to_dict() == task.to_dict() and again.user_actions == task.user_actions and again.user_tools == task.user_tools
+    assert (
+        again.to_dict() == task.to_dict()
+        and again.user_actions == task.user_actions
+        and again.user_tools == task.user_tools
+    )
 
 
 def test_llm_user_prompt_has_tau2s_tool_guidelines_and_the_user_tools(telecom):
@@ -193,7 +214,10 @@ def test_scoring_puts_user_calls_before_the_message_of_their_turn(tokenizer, tel
     msgs = t2.tau2_messages(task, tr)
     kinds = [("user-calls" if m.is_tool_call() else "user") if isinstance(m, UserMessage) else m.role for m in msgs]
     assert kinds == ["user", "assistant", "user-calls", "tool", "user-calls", "tool", "user", "assistant"]
-    assert [tc.requestor for m in msgs if isinstance(m, UserMessage) and m.is_tool_call() for tc in m.tool_calls] == ["user", "user"]
+    assert [tc.requestor for m in msgs if isinstance(m, UserMessage) and m.is_tool_call() for tc in m.tool_calls] == [
+        "user",
+        "user",
+    ]
     again = Trajectory.from_dict(json.loads(json.dumps(tr.to_dict())))
     assert again.user_steps == tr.user_steps and t2.score_trajectory(task, again).success
     tr.user_steps[1].sources = ["validation"]  # a call that failed validation never happened
@@ -219,12 +243,18 @@ def test_llm_user_acts_on_its_phone_and_only_its_text_reaches_the_agent(tokenize
     assert not any("tool_call" in m.content or "Roaming" in m.content for m in tr.messages[1:])
     assert [s.sources for s in tr.user_steps] == [[], ["real"], [], ["validation"], ["real"], [], []]
     assert tr.user_steps[2].parse_error["error"]["kind"] == "bad_format"
-    assert tr.counters["user/generations"] == 7 and tr.counters["user/calls_real"] == 2 and tr.counters["user/parse_errors"] == 1
+    assert (
+        tr.counters["user/generations"] == 7
+        and tr.counters["user/calls_real"] == 2
+        and tr.counters["user/parse_errors"] == 1
+    )
     assert tr.env_outcome["success"], tr.env_outcome  # its calls ran in the task's environment
     # its own context: the agent's text as user, its moves and their real results, never the agent's tool traffic
     last = user.seen[5]
-    assert last[2:4] == [{"role": "assistant", "content": "My mobile data is not working."},
-                         {"role": "user", "content": task.gold_replies[0]}]
+    assert last[2:4] == [
+        {"role": "assistant", "content": "My mobile data is not working."},
+        {"role": "user", "content": task.gold_replies[0]},
+    ]
     assert last[-2]["content"] == call_text("toggle_roaming") and "Data Roaming is now ON" in last[-1]["content"]
     assert "bad_format" in last[7]["content"] and "unknown_tool" in last[9]["content"]
     # its generations are no training rows: only Act's
@@ -236,7 +266,13 @@ def test_llm_user_acts_on_its_phone_and_only_its_text_reaches_the_agent(tokenize
 
 def test_llm_user_in_rehearsal_is_told_its_action_ran_nowhere(tokenizer, telecom):
     task = two_toggles(telecom)
-    replies = ["My data is broken.", call_text("toggle_airplane_mode"), call_text("toggle_roaming"), "Done both.", "###STOP###"]
+    replies = [
+        "My data is broken.",
+        call_text("toggle_airplane_mode"),
+        call_text("toggle_roaming"),
+        "Done both.",
+        "###STOP###",
+    ]
     tr, user = run_llm_user(tokenizer, task, replies, mode="rehearsal")
     assert [s.sources for s in tr.user_steps if s.calls] == [["unexecuted"], ["unexecuted"]]
     assert UNEXECUTED["note"] in user.seen[3][-1]["content"]

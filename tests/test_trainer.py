@@ -1,5 +1,5 @@
 """Trainer: masks by role, one step changes the parameters, every variant runs, kill and resume continues."""
-import json
+
 import os
 import signal
 import subprocess
@@ -61,7 +61,11 @@ def test_packed_logprobs_equal_row_by_row_logprobs(tiny):
         with torch.no_grad():
             logits = model(torch.tensor([r.prompt_ids + r.completion_ids])).logits[0].float()
         t = 1.0 if r.role == "act" else 0.6
-        lp = torch.log_softmax(logits[len(r.prompt_ids) - 1 : -1] / t, -1).gather(-1, torch.tensor(r.completion_ids)[:, None]).squeeze(-1)
+        lp = (
+            torch.log_softmax(logits[len(r.prompt_ids) - 1 : -1] / t, -1)
+            .gather(-1, torch.tensor(r.completion_ids)[:, None])
+            .squeeze(-1)
+        )
         assert_logprobs_close(packed[i], lp, what=f"{r.role} row {i}")
 
 
@@ -81,15 +85,35 @@ def test_one_update_step_changes_the_trainable_parameters(tiny):
         old, _ = pad_rows([logp[j].detach()[: mask[j].sum()] for j in range(len(idxs))])
         return algos.policy_loss(logp, old, adv[idxs], mask, normalizer=normalizer)
 
-    m = optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=256, temperatures={}, max_grad_norm=1.0)
+    m = optimizer_step(
+        model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=256, temperatures={}, max_grad_norm=1.0
+    )
     assert m["micro_batches"] > 1  # gradient accumulation over several micro-batches
     changed = [n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())]
     assert changed and m["grad_norm"] > 0
 
 
 def _tiny_cfg(tmp_path, variant, **kw):
-    rc = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=8), rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]))
-    return TrainConfig(model="tiny-random", suite="bank", variant=variant, iterations=1, batch_tasks=1, lr=1e-3, rollout=rc, out_dir=str(tmp_path / variant), tensorboard=False, progress=False, save_every=1, **kw)
+    rc = RolloutConfig(
+        group_size=2,
+        max_steps=2,
+        act=SamplingParams(max_new_tokens=8),
+        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
+    )
+    return TrainConfig(
+        model="tiny-random",
+        suite="bank",
+        variant=variant,
+        iterations=1,
+        batch_tasks=1,
+        lr=1e-3,
+        rollout=rc,
+        out_dir=str(tmp_path / variant),
+        tensorboard=False,
+        progress=False,
+        save_every=1,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("variant", VARIANTS.names())
@@ -122,7 +146,9 @@ def test_success_of_imagined_rollouts_is_never_logged_as_real_success(tokenizer)
 
     out = {}
     for mode in ("rehearsal", "real"):
-        trajs = RolloutEngine(ScriptedBackend(tokenizer, gold_calls_then_ok), RolloutConfig(mode=mode, group_size=2, max_steps=8)).run(tasks)
+        trajs = RolloutEngine(
+            ScriptedBackend(tokenizer, gold_calls_then_ok), RolloutConfig(mode=mode, group_size=2, max_steps=8)
+        ).run(tasks)
         score_trajectories({t.id: t for t in tasks}, trajs, make_reward("gold_exact"), RewardContext())
         assert all(t.reward == 1.0 for t in trajs)  # the calls are the gold ones either way
         out[mode] = _summarise(trajs, 0)
@@ -143,7 +169,9 @@ def test_bf16_rollouts_decode_through_packed_weights_while_the_update_stays_floa
     assert not recomputes_old_logprobs(_tiny_cfg(tmp_path, "envace", rollout_bf16=True, recompute_old_logprobs=False))
     be = rollout_backend(cfg, tiny[0], tiny[1], ONE_PROCESS)
     assert be.bf16 and be._decoder is not None and be._decoder.dtype == torch.bfloat16 and not cfg.bf16
-    assert rollout_backend(_tiny_cfg(tmp_path, "envace"), tiny[0], tiny[1], ONE_PROCESS)._decoder is None  # float32 default: the model itself
+    assert (
+        rollout_backend(_tiny_cfg(tmp_path, "envace"), tiny[0], tiny[1], ONE_PROCESS)._decoder is None
+    )  # float32 default: the model itself
     res = train(cfg)
     m = read_metrics(res.out_dir)[-1]
     assert m["step"] == 1 and m["act/rows"] > 0
@@ -188,7 +216,38 @@ def test_config_loads_from_yaml_with_cli_overrides_and_rejects_unknown_fields(tm
 
 def test_killed_training_resumes_from_the_last_checkpoint_without_gaps(tmp_path):
     out = tmp_path / "run"
-    args = [sys.executable, "-m", "envace.cli", "train", "--set", "model=tiny-random", "--set", "suite=bank", "--set", "iterations=4", "--set", "batch_tasks=1", "--set", "save_every=1", "--set", "rollout.group_size=2", "--set", "rollout.max_steps=2", "--set", "rollout.act.max_new_tokens=8", "--set", "rollout.rehearse.max_new_tokens=8", "--set", "tensorboard=false", "--set", "progress=false", "--set", f"out_dir={out}", "--set", "lr=1e-3"]
+    args = [
+        sys.executable,
+        "-m",
+        "envace.cli",
+        "train",
+        "--set",
+        "model=tiny-random",
+        "--set",
+        "suite=bank",
+        "--set",
+        "iterations=4",
+        "--set",
+        "batch_tasks=1",
+        "--set",
+        "save_every=1",
+        "--set",
+        "rollout.group_size=2",
+        "--set",
+        "rollout.max_steps=2",
+        "--set",
+        "rollout.act.max_new_tokens=8",
+        "--set",
+        "rollout.rehearse.max_new_tokens=8",
+        "--set",
+        "tensorboard=false",
+        "--set",
+        "progress=false",
+        "--set",
+        f"out_dir={out}",
+        "--set",
+        "lr=1e-3",
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = out / "checkpoints" / "latest"
     deadline = time.time() + 240

@@ -1,5 +1,6 @@
 """`reward: checklist_judge` from `envace train`: the judge is a live `envace serve` (started here on 127.0.0.1),
 the policy itself, or a local model; a verdict the tiny random judge cannot give is unscored, masked and counted."""
+
 import json
 import os
 
@@ -25,9 +26,27 @@ def judge_server(tmp_path_factory):
 
 
 def _cfg(out, **kw):
-    rc = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=8), rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]))
-    base = dict(model="tiny-random", suite="bank", iterations=1, batch_tasks=2, n_train_tasks=4, lr=1e-3, rollout=rc, out_dir=str(out), tensorboard=False,
-                progress=False, save_every=1, reward="checklist_judge", judge_max_new_tokens=24)
+    rc = RolloutConfig(
+        group_size=2,
+        max_steps=2,
+        act=SamplingParams(max_new_tokens=8),
+        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
+    )
+    base = dict(
+        model="tiny-random",
+        suite="bank",
+        iterations=1,
+        batch_tasks=2,
+        n_train_tasks=4,
+        lr=1e-3,
+        rollout=rc,
+        out_dir=str(out),
+        tensorboard=False,
+        progress=False,
+        save_every=1,
+        reward="checklist_judge",
+        judge_max_new_tokens=24,
+    )
     return TrainConfig(**(base | kw))
 
 
@@ -55,7 +74,9 @@ def test_train_with_checklist_judge_behind_a_live_server(tmp_path, judge_server)
     res = train(_cfg(tmp_path / "served", judge=url))
     assert res.step == 1
     infos = _check_masked_and_counted(res.out_dir, 4)
-    assert sum("judge_error" in i for i in infos) >= 1  # the tiny random judge cannot give a verdict: unscored, not a crash
+    assert (
+        sum("judge_error" in i for i in infos) >= 1
+    )  # the tiny random judge cannot give a verdict: unscored, not a crash
     assert log.read_text().count("POST /v1/chat/completions") - before == 4  # one verdict asked per trajectory
 
 
@@ -73,5 +94,9 @@ def test_checklist_judge_without_a_judge_is_refused_before_any_rollout(tmp_path)
 
 
 def test_judge_settings_come_from_the_command_line():
-    cfg = load_config(TrainConfig, None, ["reward=checklist_judge", "judge=http://127.0.0.1:9/v1", "judge_max_new_tokens=64", "judge_temperature=0.5"])
+    cfg = load_config(
+        TrainConfig,
+        None,
+        ["reward=checklist_judge", "judge=http://127.0.0.1:9/v1", "judge_max_new_tokens=64", "judge_temperature=0.5"],
+    )
     assert (cfg.judge, cfg.judge_max_new_tokens, cfg.judge_temperature) == ("http://127.0.0.1:9/v1", 64, 0.5)

@@ -1,5 +1,6 @@
 """Resuming a training run: the KL reference and the default simulator stay the initial model (not the resumed
 policy); a checkpoint of a run configured otherwise is refused, naming the fields, unless forced."""
+
 import json
 import os
 import subprocess
@@ -34,8 +35,26 @@ def moving_reward(monkeypatch):
 
 
 def _cfg(out, reward="gold_f1", **kw):
-    rc = RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=8), rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]))
-    base = dict(model="tiny-random", suite="bank", iterations=1, batch_tasks=1, n_train_tasks=4, lr=1e-3, rollout=rc, out_dir=str(out), tensorboard=False, progress=False, save_every=1, reward=reward)
+    rc = RolloutConfig(
+        group_size=2,
+        max_steps=2,
+        act=SamplingParams(max_new_tokens=8),
+        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
+    )
+    base = dict(
+        model="tiny-random",
+        suite="bank",
+        iterations=1,
+        batch_tasks=1,
+        n_train_tasks=4,
+        lr=1e-3,
+        rollout=rc,
+        out_dir=str(out),
+        tensorboard=False,
+        progress=False,
+        save_every=1,
+        reward=reward,
+    )
     return TrainConfig(**(base | kw))
 
 
@@ -70,14 +89,18 @@ def test_after_a_resume_the_kl_reference_and_the_simulator_are_the_initial_model
     seen = _spy_frozen(monkeypatch)
     second = train(_cfg(tmp_path / "run", moving_reward, variant="simulator", kl_coef=0.1, lr=0.05, iterations=2))
     assert second.step == 2 and [m["step"] for m in read_metrics(second.out_dir)] == [1, 2]
-    assert _same_weights(seen["policy"], trained) is False  # the resumed policy went on training; it started as `trained`
+    assert (
+        _same_weights(seen["policy"], trained) is False
+    )  # the resumed policy went on training; it started as `trained`
     assert _same_weights(seen["ref"].model, initial) and not _same_weights(seen["ref"].model, trained)
     assert _same_weights(seen["simulator"].model, initial) and not _same_weights(seen["simulator"].model, trained)
     assert seen["ref"].model is seen["simulator"].model  # one fresh load of the initial model serves both
     assert not any(p.requires_grad for p in seen["ref"].model.parameters())
 
 
-def test_after_a_lora_resume_the_kl_reference_is_the_base_model_without_the_trained_adapter(tmp_path, moving_reward, monkeypatch, tokenizer):
+def test_after_a_lora_resume_the_kl_reference_is_the_base_model_without_the_trained_adapter(
+    tmp_path, moving_reward, monkeypatch, tokenizer
+):
     cfg = _cfg(tmp_path / "lora", moving_reward, lora_r=4, kl_coef=0.1, lr=0.05)
     first = train(cfg)
     seen = _spy_frozen(monkeypatch)
@@ -85,14 +108,18 @@ def test_after_a_lora_resume_the_kl_reference_is_the_base_model_without_the_trai
     rows = [r for t in gold_trajectories(tokenizer, load_tasks("bank", "train", n=2)) for r in t.rows][:6]
     temps = {"act": 1.0, "rehearse": 1.0}
     initial, _ = load("tiny-random")
-    resumed, _ = load_trainable("tiny-random", adapter=os.path.join(first.checkpoint, "policy"))  # the checkpoint's policy
+    resumed, _ = load_trainable(
+        "tiny-random", adapter=os.path.join(first.checkpoint, "policy")
+    )  # the checkpoint's policy
     with torch.no_grad():
         want = completion_logprobs(initial, pack_rows(rows), rows, temps)
         ckpt_lp = completion_logprobs(resumed, pack_rows(rows), rows, temps)
     got = seen["ref"].logprobs(pack_rows(rows), rows, temps)
     for i in want:
         torch.testing.assert_close(got[i], want[i], rtol=0, atol=1e-5)
-    assert max(float((ckpt_lp[i] - want[i]).abs().max()) for i in want) > 1e-3, "the trained adapter should change the log-probs"
+    assert max(float((ckpt_lp[i] - want[i]).abs().max()) for i in want) > 1e-3, (
+        "the trained adapter should change the log-probs"
+    )
     assert seen["ref"].model is seen["policy"]  # no second copy: the policy with its adapter switched off
 
 
@@ -102,12 +129,26 @@ def test_after_a_lora_resume_the_kl_reference_is_the_base_model_without_the_trai
 def test_a_rerun_with_another_config_is_refused_naming_the_fields_unless_forced(tmp_path):
     out = tmp_path / "run"
     train(_cfg(out))
-    with pytest.raises(ValueError, match=r"another config \(lr: 0\.001 -> 0\.002\).*another out_dir or delete .*resume=force"):
+    with pytest.raises(
+        ValueError, match=r"another config \(lr: 0\.001 -> 0\.002\).*another out_dir or delete .*resume=force"
+    ):
         train(_cfg(out, lr=2e-3, iterations=2))
     with pytest.raises(ValueError, match=r"rollout\.act\.max_new_tokens: 8 -> 9"):  # nested fields by their dotted name
-        train(_cfg(out, rollout=RolloutConfig(group_size=2, max_steps=2, act=SamplingParams(max_new_tokens=9), rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]))))
+        train(
+            _cfg(
+                out,
+                rollout=RolloutConfig(
+                    group_size=2,
+                    max_steps=2,
+                    act=SamplingParams(max_new_tokens=9),
+                    rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
+                ),
+            )
+        )
     assert [m["step"] for m in read_metrics(str(out))] == [1]  # nothing ran
-    res = train(_cfg(out, iterations=2, save_every=2, keep_checkpoints=3, progress=True))  # resumable fields: extends the run
+    res = train(
+        _cfg(out, iterations=2, save_every=2, keep_checkpoints=3, progress=True)
+    )  # resumable fields: extends the run
     assert res.step == 2 and [m["step"] for m in read_metrics(str(out))] == [1, 2]
     res = train(_cfg(out, iterations=3, lr=2e-3, resume="force"))
     assert res.step == 3 and [m["step"] for m in read_metrics(str(out))] == [1, 2, 3]
@@ -122,7 +163,11 @@ def test_a_checkpoint_saved_without_a_newer_field_resumes_when_that_field_has_it
     first = train(_cfg(out))
     state_path = os.path.join(first.checkpoint, "state.json")
     state = json.load(open(state_path))
-    del state["config"]["judge"], state["config"]["resume"], state["config"]["rollout"]["progress"]  # as an older version wrote it
+    del (
+        state["config"]["judge"],
+        state["config"]["resume"],
+        state["config"]["rollout"]["progress"],
+    )  # as an older version wrote it
     json.dump(state, open(state_path, "w"))
     assert train(_cfg(out, iterations=2)).step == 2
 
@@ -139,12 +184,27 @@ def test_config_diff_names_nested_fields_and_compares_saved_json(tmp_path):
 
 def test_cli_train_prints_a_one_line_error_for_a_changed_config(tmp_path):
     out = tmp_path / "run"
-    sets = {"model": "tiny-random", "suite": "bank", "iterations": 1, "batch_tasks": 1, "n_train_tasks": 4, "rollout.group_size": 2, "rollout.max_steps": 2,
-            "rollout.act.max_new_tokens": 8, "rollout.rehearse.max_new_tokens": 8, "tensorboard": "false", "progress": "false", "out_dir": str(out), "lr": "1e-3"}
+    sets = {
+        "model": "tiny-random",
+        "suite": "bank",
+        "iterations": 1,
+        "batch_tasks": 1,
+        "n_train_tasks": 4,
+        "rollout.group_size": 2,
+        "rollout.max_steps": 2,
+        "rollout.act.max_new_tokens": 8,
+        "rollout.rehearse.max_new_tokens": 8,
+        "tensorboard": "false",
+        "progress": "false",
+        "out_dir": str(out),
+        "lr": "1e-3",
+    }
     args = [sys.executable, "-m", "envace.cli", "train"] + [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     env = os.environ | {"PYTHONPATH": os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")}
     subprocess.run(args, check=True, capture_output=True, timeout=300, env=env)
     p = subprocess.run(args + ["--set", "lr=3e-3"], capture_output=True, text=True, timeout=300, env=env)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
-    assert lines[0].startswith("envace train: error: ") and "lr: 0.001 -> 0.003" in lines[0] and "resume=force" in lines[0]
+    assert (
+        lines[0].startswith("envace train: error: ") and "lr: 0.001 -> 0.003" in lines[0] and "resume=force" in lines[0]
+    )

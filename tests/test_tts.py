@@ -1,5 +1,6 @@
 """Test-time scaling by private rehearsal: the firewall, N=0 = plain acting, what sequential attempts see,
 the memory bound, complete records, the tiny model end to end and the CLI."""
+
 import dataclasses
 import json
 import os
@@ -17,8 +18,22 @@ from envace.evaluation import EvalResult, evaluate
 from envace.prompts import REHEARSE_SYSTEM
 from envace.rollout import RolloutConfig, RolloutEngine
 from envace.tts import (
-    MEMORY_SYSTEM, PLAN_MEMORY_SYSTEM, PLAN_REFLECT_SYSTEM, PLAN_SYSTEM, RECORD_FIELDS, REFLECT_SYSTEM, REHEARSAL_MODES, RehearsalRecord, TTSConfig,
-    cap_tokens, evaluate_with_tts, format_record, load_records, rehearse, run_tts, save_records,
+    MEMORY_SYSTEM,
+    PLAN_MEMORY_SYSTEM,
+    PLAN_REFLECT_SYSTEM,
+    PLAN_SYSTEM,
+    RECORD_FIELDS,
+    REFLECT_SYSTEM,
+    REHEARSAL_MODES,
+    RehearsalRecord,
+    TTSConfig,
+    cap_tokens,
+    evaluate_with_tts,
+    format_record,
+    load_records,
+    rehearse,
+    run_tts,
+    save_records,
 )
 
 EVENTS: list[tuple] = []  # ("env",) when a real environment is built, ("real", key) per real call, ("gen", kind)
@@ -51,7 +66,14 @@ def tasks():
 
 
 def kind_of(prompt: str) -> str:
-    kinds = (("reflect", REFLECT_SYSTEM), ("memory", MEMORY_SYSTEM), ("rehearse", REHEARSE_SYSTEM), ("plan", PLAN_SYSTEM), ("plan_reflect", PLAN_REFLECT_SYSTEM), ("plan_memory", PLAN_MEMORY_SYSTEM))
+    kinds = (
+        ("reflect", REFLECT_SYSTEM),
+        ("memory", MEMORY_SYSTEM),
+        ("rehearse", REHEARSE_SYSTEM),
+        ("plan", PLAN_SYSTEM),
+        ("plan_reflect", PLAN_REFLECT_SYSTEM),
+        ("plan_memory", PLAN_MEMORY_SYSTEM),
+    )
     for kind, system in kinds:
         if prompt.startswith("<|im_start|>system\n" + system[:40]):
             return kind
@@ -101,7 +123,9 @@ def test_firewall_no_real_env_before_the_single_real_execution(tokenizer, tasks,
     before, after = EVENTS[:first_env], EVENTS[first_env:]
     assert not any(e[0] == "real" for e in before)
     # every rehearsal-phase generation happened before any real environment existed ...
-    n_private = sum(len(t.rows) for rec in recs for t in rec.attempts) + sum(len(rec.reflect_rows) + (rec.memory_row is not None) for rec in recs)
+    n_private = sum(len(t.rows) for rec in recs for t in rec.attempts) + sum(
+        len(rec.reflect_rows) + (rec.memory_row is not None) for rec in recs
+    )
     assert len(before) == n_private
     assert {e[1] for e in before} <= {"act", "rehearse", "reflect", "memory"}
     # ... and after it only Act generates (the real run), the world answers
@@ -148,7 +172,10 @@ def counted(tasks):
 def _executions_per_task(tasks, trajs):
     """(ran, expected) per task id: every real ``call`` made for the task, and the calls of its real trials
     (sorted: the trials of a task run side by side)."""
-    return {t.id: (sorted(CALLS.get(t.id, [])), sorted(c.key() for tr in trajs if tr.task_id == t.id for c in tr.calls())) for t in tasks}
+    return {
+        t.id: (sorted(CALLS.get(t.id, [])), sorted(c.key() for tr in trajs if tr.task_id == t.id for c in tr.calls()))
+        for t in tasks
+    }
 
 
 @pytest.mark.parametrize("n,mode", [(0, "parallel"), (2, "parallel"), (2, "sequential")])
@@ -164,7 +191,9 @@ def test_each_task_s_calls_run_exactly_once_in_the_real_environment(tokenizer, c
         assert ran == expected  # ... and it was executed once, not again for scoring
         assert rec.success is not None and rec.final.reward_info["scored_in"] == "rollout"
     CALLS.clear()
-    res = evaluate_at_budget(ScriptedBackend(tokenizer, scripted(counted)), counted, samples=2, rollout=tcfg().rollout, n=n, mode=mode)
+    res = evaluate_at_budget(
+        ScriptedBackend(tokenizer, scripted(counted)), counted, samples=2, rollout=tcfg().rollout, n=n, mode=mode
+    )
     for task_id, (ran, expected) in _executions_per_task(counted, res.trajectories).items():
         assert len(expected) == 2 and ran == expected, task_id  # K=2 trials, each run once
 
@@ -199,8 +228,14 @@ def test_zero_budget_equals_plain_acting(tiny, tasks):
     for r, p, e in zip(rec, plain, ev.trajectories):
         assert r.attempts == [] and r.memory == "" and r.memory_source == "none" and r.memory_row is None
         assert "Notes from private rehearsal" not in r.final.messages[0].content
-        assert [m.to_dict() for m in r.final.messages] == [m.to_dict() for m in p.messages] == [m.to_dict() for m in e.messages]
-        assert [(x.prompt_ids, x.completion_ids) for x in r.final.rows] == [(x.prompt_ids, x.completion_ids) for x in p.rows]
+        assert (
+            [m.to_dict() for m in r.final.messages]
+            == [m.to_dict() for m in p.messages]
+            == [m.to_dict() for m in e.messages]
+        )
+        assert [(x.prompt_ids, x.completion_ids) for x in r.final.rows] == [
+            (x.prompt_ids, x.completion_ids) for x in p.rows
+        ]
         assert r.success == bool(e.reward)
 
 
@@ -227,7 +262,13 @@ def test_sequential_attempt_sees_earlier_attempts_and_reflections(tokenizer, tas
 def test_memory_length_bound_is_respected_and_cuts_are_recorded(tokenizer, tasks, memory):
     long = " ".join(f"note{i}" for i in range(600))
     be = ScriptedBackend(tokenizer, scripted(tasks, memory_text=long, reflection=long))
-    cfg = tcfg(n=2, memory=memory, memory_max_tokens=64, reflect_sampling=SamplingParams(max_new_tokens=4000), memory_sampling=SamplingParams(max_new_tokens=4000))
+    cfg = tcfg(
+        n=2,
+        memory=memory,
+        memory_max_tokens=64,
+        reflect_sampling=SamplingParams(max_new_tokens=4000),
+        memory_sampling=SamplingParams(max_new_tokens=4000),
+    )
     recs = run_tts(be, tasks, cfg)
     for rec in recs:
         n_tok = len(tokenizer.encode(rec.memory, add_special_tokens=False))
@@ -235,7 +276,12 @@ def test_memory_length_bound_is_respected_and_cuts_are_recorded(tokenizer, tasks
         assert rec.counters["memory/raw_tokens"] > 64
         cut = [c for c in rec.cuts if c.where == "memory"]
         if memory == "model":
-            assert len(cut) == 1 and cut[0].tokens_before > 64 and cut[0].tokens_after <= 64 and "note599" in cut[0].cut_text
+            assert (
+                len(cut) == 1
+                and cut[0].tokens_before > 64
+                and cut[0].tokens_after <= 64
+                and "note599" in cut[0].cut_text
+            )
         else:  # each reflection got an equal share, then the whole was capped
             assert [c.attempt for c in rec.cuts if c.where == "reflection"] == [0, 1]
         assert rec.memory in rec.final.messages[0].content  # Act saw exactly m_x
@@ -274,7 +320,16 @@ def test_every_record_is_complete_and_round_trips_through_json(tokenizer, tasks,
         assert len(rec.attempts) == len(rec.reflections) == len(rec.reflect_rows) == 2 and rec.memory_row is not None
         assert {r.role for r in rec.reflect_rows} == {"reflect"} and rec.memory_row.role == "memory"
         assert rec.config["n"] == 2 and rec.config["mode"] == "sequential"
-        for key in ("rehearsal/attempts", "memory/tokens", "tokens/act", "tokens/rehearse", "tokens/reflect", "tokens/memory", "cuts", "final/act/steps"):
+        for key in (
+            "rehearsal/attempts",
+            "memory/tokens",
+            "tokens/act",
+            "tokens/rehearse",
+            "tokens/reflect",
+            "tokens/memory",
+            "cuts",
+            "final/act/steps",
+        ):
             assert key in rec.counters, key
         assert {"rehearsal_s", "real_s"} <= set(rec.timing)
 
@@ -310,7 +365,9 @@ def test_tasks_in_flight_rehearses_that_many_tasks_at_a_time_and_keeps_every_rec
 
     (all_at_once, widest_all), (two, widest_two) = run(None), run(2)
     assert [r.task_id for r in two.records] == [r.task_id for r in all_at_once.records] == ["copy0", "copy1", "copy2"]
-    assert [r.memory for r in two.records] == [r.memory for r in all_at_once.records] and two.per_task == all_at_once.per_task
+    assert [r.memory for r in two.records] == [
+        r.memory for r in all_at_once.records
+    ] and two.per_task == all_at_once.per_task
     assert widest_all == 3 * 2 and widest_two == 2 * 2  # N=2 attempts of 3 tasks, then of at most 2
     with pytest.raises(ValueError, match="tasks_in_flight"):
         tcfg(n=2, tasks_in_flight=0)
@@ -333,7 +390,17 @@ def test_tiny_model_runs_the_whole_pipeline(tiny, tasks):
     model, tok = tiny
     small = SamplingParams(temperature=1.0, max_new_tokens=8)
     rc = RolloutConfig(group_size=1, max_steps=2, seed=5, act=small, rehearse=small.with_(stop=["</observation>"]))
-    cfg = TTSConfig(n=2, mode="sequential", memory="model", transcript_max_tokens=96, notes_max_tokens=192, prompt_max_tokens=384, reflect_sampling=small, memory_sampling=small.with_(temperature=0.0), rollout=rc)
+    cfg = TTSConfig(
+        n=2,
+        mode="sequential",
+        memory="model",
+        transcript_max_tokens=96,
+        notes_max_tokens=192,
+        prompt_max_tokens=384,
+        reflect_sampling=small,
+        memory_sampling=small.with_(temperature=0.0),
+        rollout=rc,
+    )
     be = HFBackend(model, tok)
     recs = run_tts(be, tasks[:1], cfg)
     for rec in recs:
@@ -342,7 +409,15 @@ def test_tiny_model_runs_the_whole_pipeline(tiny, tasks):
         json.dumps(rec.to_dict())
     res = evaluate_with_tts(be, tasks[:2], dataclasses.replace(cfg, n=1, mode="parallel", memory="concat"), samples=2)
     assert isinstance(res, EvalResult) and len(res.trajectories) == 4 and len(res.records) == 2
-    for key in ("success_rate", "pass^1", "pass^2", "call_f1", "tts/n", "tts/memory_tokens", "tts/rehearsal_tokens_per_task"):
+    for key in (
+        "success_rate",
+        "pass^1",
+        "pass^2",
+        "call_f1",
+        "tts/n",
+        "tts/memory_tokens",
+        "tts/rehearsal_tokens_per_task",
+    ):
         assert key in res.metrics, key
     assert all(t.mode == "real" for t in res.trajectories)
 
@@ -350,7 +425,28 @@ def test_tiny_model_runs_the_whole_pipeline(tiny, tasks):
 def test_cli_rehearse_prints_attempts_reflections_memory_and_the_real_run(tmp_path):
     out = tmp_path / "rec.json"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "envace.cli", "rehearse", "--model", "tiny-random", "--suite", "bank", "-N", "1", "--mode", "sequential", "--memory", "concat", "--max-steps", "2", "--max-new-tokens", "8", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "envace.cli",
+        "rehearse",
+        "--model",
+        "tiny-random",
+        "--suite",
+        "bank",
+        "-N",
+        "1",
+        "--mode",
+        "sequential",
+        "--memory",
+        "concat",
+        "--max-steps",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--out",
+        str(out),
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0, p.stderr
     for text in ("attempt 1", "reflection 1", "--- memory", "real execution", "success:"):
@@ -375,13 +471,21 @@ def test_plan_baseline_calls_no_tool_and_imagines_no_result_before_the_single_re
     # before the real run: only plans, their reflections and (model memory) one distillation per task; no Act, no Rehearse
     kinds = [e[1] for e in before]
     assert kinds.count("plan") == kinds.count("plan_reflect") == n * len(tasks)
-    assert kinds.count("plan_memory") == (len(tasks) if memory == "model" else 0) and len(kinds) == (2 * n + (memory == "model")) * len(tasks)
+    assert kinds.count("plan_memory") == (len(tasks) if memory == "model" else 0) and len(kinds) == (
+        2 * n + (memory == "model")
+    ) * len(tasks)
     assert {e[1] for e in after if e[0] == "gen"} == {"act"}
     for task, rec in zip(tasks, recs):
-        assert rec.attempts == [] and rec.plans == [PLAN_TEXT] * n and len(rec.reflections) == len(rec.reflect_rows) == n
+        assert (
+            rec.attempts == [] and rec.plans == [PLAN_TEXT] * n and len(rec.reflections) == len(rec.reflect_rows) == n
+        )
         assert {r.role for r in rec.plan_rows} == {"plan"}
         plan_prompt = tokenizer.decode(rec.plan_rows[0].prompt_ids)
-        assert task.user_turns[0] in plan_prompt and task.tools[0].name in plan_prompt and "<|im_start|>tool" not in plan_prompt
+        assert (
+            task.user_turns[0] in plan_prompt
+            and task.tools[0].name in plan_prompt
+            and "<|im_start|>tool" not in plan_prompt
+        )
         assert "## Plan 1 (nothing executed, no tool results)" in tokenizer.decode(rec.reflect_rows[0].prompt_ids)
         assert rec.memory and rec.memory in rec.final.messages[0].content and rec.final.mode == "real"
         assert "plan 1 (private; no tool called)" in format_record(rec)
@@ -396,22 +500,42 @@ def test_generated_tokens_are_counted_per_task_for_rehearsal_and_for_plans(token
     budget = 12
     assert enc(PLAN_TEXT) > budget  # so the budget binds
     for mode in ("parallel", "plan"):
-        res = evaluate_with_tts(ScriptedBackend(tokenizer, scripted(tasks)), tasks, tcfg(n=2, mode=mode, memory="concat", plan_max_new_tokens=budget), samples=1)
+        res = evaluate_with_tts(
+            ScriptedBackend(tokenizer, scripted(tasks)),
+            tasks,
+            tcfg(n=2, mode=mode, memory="concat", plan_max_new_tokens=budget),
+            samples=1,
+        )
         for row, rec, task in zip(res.per_task, res.records, tasks):
             c = rec.counters
             if mode == "plan":
-                assert c["tokens/plan"] == 2 * budget and c["plan/truncated"] == 2 and c["tokens/act"] == c["tokens/rehearse"] == 0
+                assert (
+                    c["tokens/plan"] == 2 * budget
+                    and c["plan/truncated"] == 2
+                    and c["tokens/act"] == c["tokens/rehearse"] == 0
+                )
                 assert row["attempt_tokens"] == 2 * budget
             else:  # every rehearsed observation is the same scripted text
                 rows = [r for t in rec.attempts for r in t.rows]
                 n_obs = sum(r.role == "rehearse" for r in rows)
-                assert n_obs >= 2 and c["tokens/rehearse"] == n_obs * enc('<observation>{"rehearsed": true}</observation>') and c["tokens/plan"] == 0
+                assert (
+                    n_obs >= 2
+                    and c["tokens/rehearse"] == n_obs * enc('<observation>{"rehearsed": true}</observation>')
+                    and c["tokens/plan"] == 0
+                )
                 assert c["tokens/act"] == sum(len(r.completion_ids) for r in rows if r.role == "act") > 0
                 assert row["attempt_tokens"] == c["tokens/act"] + c["tokens/rehearse"]
-            assert row["private_tokens"] == row["attempt_tokens"] + c["tokens/reflect"] + c["tokens/memory"] and c["tokens/reflect"] > 0
+            assert (
+                row["private_tokens"] == row["attempt_tokens"] + c["tokens/reflect"] + c["tokens/memory"]
+                and c["tokens/reflect"] > 0
+            )
             assert row["real_tokens"] == sum(len(r.completion_ids) for r in rec.final.rows if r.role == "act") > 0
             assert row["gen_tokens"] == row["private_tokens"] + row["real_tokens"]
         m = res.metrics
-        assert m["tts/attempt_tokens_per_task"] == pytest.approx(sum(r["attempt_tokens"] for r in res.per_task) / len(tasks))
+        assert m["tts/attempt_tokens_per_task"] == pytest.approx(
+            sum(r["attempt_tokens"] for r in res.per_task) / len(tasks)
+        )
         assert m["tts/attempt_tokens_per_attempt"] == pytest.approx(m["tts/attempt_tokens_per_task"] / 2)
-        assert m["tts/rehearsal_tokens_per_task"] == pytest.approx(sum(r["private_tokens"] for r in res.per_task) / len(tasks))
+        assert m["tts/rehearsal_tokens_per_task"] == pytest.approx(
+            sum(r["private_tokens"] for r in res.per_task) / len(tasks)
+        )

@@ -1,5 +1,6 @@
 """The data model's JSON: one key per field in field order, nested dataclasses by their own methods, the same
 bytes as the hand-written methods wrote before (a golden line), and a missing required key named."""
+
 import json
 
 import pytest
@@ -10,9 +11,25 @@ from envace.types import Message, Row, Step, Task, ToolCall, ToolSpec, Trajector
 def _traj() -> Trajectory:
     call = ToolCall("get", {"id": 1})
     return Trajectory(
-        id="g0:t/0", task_id="t", group_id="g0:t", mode="rehearsal", reward=0.5, reward_info={"f1": 0.5}, counters={"act/steps": 1},
+        id="g0:t/0",
+        task_id="t",
+        group_id="g0:t",
+        mode="rehearsal",
+        reward=0.5,
+        reward_info={"f1": 0.5},
+        counters={"act/steps": 1},
         messages=[Message("user", "hi"), Message("assistant", "", tool_calls=[call])],
-        steps=[Step(user_turn=0, action_text="x", calls=[call], observations=[{"ok": True}], sources=["rehearsed"], shadow=[None], shadow_changed=[None])],
+        steps=[
+            Step(
+                user_turn=0,
+                action_text="x",
+                calls=[call],
+                observations=[{"ok": True}],
+                sources=["rehearsed"],
+                shadow=[None],
+                shadow_changed=[None],
+            )
+        ],
         user_steps=[UserStep(turn=0, text=None, calls=[call], observations=[1], sources=["unexecuted"])],
         rows=[Row("act", [1, 2], [3], [-0.5], "t", "g0:t/0", "g0:t", 0, False)],
     )
@@ -57,4 +74,7 @@ def test_a_missing_required_key_is_a_key_error_naming_it_and_defaults_fill_the_r
 def test_the_methods_that_write_another_shape_keep_it():
     assert Message("user", "hi").to_dict() == {"role": "user", "content": "hi"}  # no empty tool_calls
     wrapped = {"type": "function", "function": {"name": "f", "description": "d"}}
-    assert ToolSpec.from_dict(wrapped) == ToolSpec("f", "d") and ToolCall.from_dict({"name": "f", "arguments": None}).arguments == {}
+    assert (
+        ToolSpec.from_dict(wrapped) == ToolSpec("f", "d")
+        and ToolCall.from_dict({"name": "f", "arguments": None}).arguments == {}
+    )

@@ -3,6 +3,7 @@ installed here (GPU only): the second test runs the backend against a stand-in m
 documented API (``LLM.generate`` on token prompts, per-prompt ``SamplingParams``, outputs with token ids,
 log-prob dicts, ``finish_reason`` / ``stop_reason``; ``LLM.apply_model`` + ``reset_prefix_cache``), which checks
 envace's side of the contract, not vLLM."""
+
 import sys
 import types
 
@@ -47,7 +48,13 @@ class _FakeLLM:
         for p, sp in zip(prompts, sampling_params):
             ids = [100 + (sp["seed"] or 0) % 7, 5]
             stop = "</observation>" if sp["stop"] else None
-            c = types.SimpleNamespace(token_ids=ids, logprobs=[{t: _Logprob(-0.5)} for t in ids], text="x" + (stop or ""), finish_reason="stop", stop_reason=stop)
+            c = types.SimpleNamespace(
+                token_ids=ids,
+                logprobs=[{t: _Logprob(-0.5)} for t in ids],
+                text="x" + (stop or ""),
+                finish_reason="stop",
+                stop_reason=stop,
+            )
             outs.append(types.SimpleNamespace(outputs=[c], num_cached_tokens=3))
         return outs
 
@@ -67,14 +74,29 @@ def test_backend_speaks_vllms_documented_api(monkeypatch, tiny):
     from envace.backends.vllm import VLLMBackend
 
     be = VLLMBackend("/models/qwen", tok, gpu_memory_utilization=0.4, enforce_eager=True)
-    assert be.llm.kw["gpu_memory_utilization"] == 0.4 and be.llm.kw["enforce_eager"] and be.llm.kw["model"] == "/models/qwen"
-    gens = be.generate([[1, 2], [1, 2], [3]], SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=4, stop=["</observation>"], seed=10))
+    assert (
+        be.llm.kw["gpu_memory_utilization"] == 0.4
+        and be.llm.kw["enforce_eager"]
+        and be.llm.kw["model"] == "/models/qwen"
+    )
+    gens = be.generate(
+        [[1, 2], [1, 2], [3]],
+        SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=4, stop=["</observation>"], seed=10),
+    )
     prompts, sps = be.llm.generated[-1]
     assert prompts == [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3]}]
     assert [sp["seed"] for sp in sps] == [10, 11, 12]  # equal prompts of a group must not get equal samples
-    assert all(sp["include_stop_str_in_output"] and sp["logprobs"] == 0 and sp["top_k"] == -1 and sp["max_tokens"] == 4 for sp in sps)
+    assert all(
+        sp["include_stop_str_in_output"] and sp["logprobs"] == 0 and sp["top_k"] == -1 and sp["max_tokens"] == 4
+        for sp in sps
+    )
     assert sps[0]["stop_token_ids"] == [tok.convert_tokens_to_ids("<|im_end|>")]
-    assert gens[0].token_ids == [103, 5] and gens[0].logprobs == [-0.5, -0.5] and gens[0].finish_reason == "stop" and gens[0].cached_tokens == 3
+    assert (
+        gens[0].token_ids == [103, 5]
+        and gens[0].logprobs == [-0.5, -0.5]
+        and gens[0].finish_reason == "stop"
+        and gens[0].cached_tokens == 3
+    )
     assert be.generate([[1]], SamplingParams(max_new_tokens=2))[0].finish_reason == "eos"  # no stop string: end of turn
     be.sync_weights(model)
     names = set(be.llm.loaded)

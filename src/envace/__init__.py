@@ -18,6 +18,7 @@ on first use (a module-level ``__getattr__``, PEP 562), so ``envace --version`` 
 the submodule on the package once it is imported); calling it runs :func:`envace.sft.sft`, so
 ``envace.sft(cfg)`` and ``from envace import sft; sft(cfg)`` work whatever was imported before.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """``python -m envace``: the ``envace`` command line."""
+
 import sys
 
 from .cli import main

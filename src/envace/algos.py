@@ -30,6 +30,7 @@ Departures from the paper / reference code, all documented where they happen:
 - The log-ratio ``logp - old_logp`` is clamped to [-20, 20] before ``exp`` (as verl does) so a stale or
   corrupt old log-prob cannot overflow; at such ratios the clip bound is active anyway for A > 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -89,10 +90,19 @@ def cell_advantages(
         ``n_invalid_rows``, ``n_cells`` (cells with at least one valid row).
     """
     if cells.dim() not in (1, 2) or cells.shape[0] != rewards.shape[0]:
-        raise ValueError(f"cells must have shape (rows,) or (rows, k) with rows={rewards.shape[0]}, got {tuple(cells.shape)}")
+        raise ValueError(
+            f"cells must have shape (rows,) or (rows, k) with rows={rewards.shape[0]}, got {tuple(cells.shape)}"
+        )
     r, v = _check_rows(rewards, cells[:, 0] if cells.dim() == 2 else cells, None, valid)
     if r.numel() == 0:
-        return r.clone(), {"adv_mean": 0.0, "adv_abs_mean": 0.0, "adv_zero_frac": 0.0, "n_valid_rows": 0.0, "n_invalid_rows": 0.0, "n_cells": 0.0}
+        return r.clone(), {
+            "adv_mean": 0.0,
+            "adv_abs_mean": 0.0,
+            "adv_zero_frac": 0.0,
+            "n_valid_rows": 0.0,
+            "n_invalid_rows": 0.0,
+            "n_cells": 0.0,
+        }
     _, cell = torch.unique(cells, dim=0, return_inverse=True)  # cell (rows,): compact cell index of each row
     n_cells = int(cell.max()) + 1
     w = v.to(r.dtype)  # (rows,) 1 for valid rows, 0 otherwise
@@ -140,7 +150,9 @@ def rolewise_advantages(
         adv (rows,), metrics (see :func:`cell_advantages`).
     """
     _check_rows(rewards, groups, roles, valid)
-    return cell_advantages(rewards, torch.stack([groups.long(), roles.long()], dim=1), valid, scale_by_std=False, eps=eps)
+    return cell_advantages(
+        rewards, torch.stack([groups.long(), roles.long()], dim=1), valid, scale_by_std=False, eps=eps
+    )
 
 
 @ADVANTAGES.register("rolewise_std")
@@ -149,7 +161,9 @@ def rolewise_std_advantages(
 ) -> tuple[Tensor, dict[str, float]]:
     """``A = (R - mu[group, role]) / (std[group, role] + eps)``; std is the row-weighted population std."""
     _check_rows(rewards, groups, roles, valid)
-    return cell_advantages(rewards, torch.stack([groups.long(), roles.long()], dim=1), valid, scale_by_std=True, eps=eps)
+    return cell_advantages(
+        rewards, torch.stack([groups.long(), roles.long()], dim=1), valid, scale_by_std=True, eps=eps
+    )
 
 
 @ADVANTAGES.register("pooled")
@@ -285,7 +299,9 @@ def policy_loss(
         ``approx_kl`` (k3 estimate of KL(pi_old || pi_theta) = E_old[(rho - 1) - log rho]), ``n_tokens``.
     """
     if logp.shape != old_logp.shape or logp.dim() != 2:
-        raise ValueError(f"logp and old_logp must both be (rows, T), got {tuple(logp.shape)} and {tuple(old_logp.shape)}")
+        raise ValueError(
+            f"logp and old_logp must both be (rows, T), got {tuple(logp.shape)} and {tuple(old_logp.shape)}"
+        )
     if tuple(adv.shape) != (logp.shape[0],):
         raise ValueError(f"adv must be ({logp.shape[0]},), got {tuple(adv.shape)}")
     if tuple(mask.shape) != tuple(logp.shape):
@@ -361,7 +377,9 @@ def token_logprobs(logits: Tensor, targets: Tensor, chunk_rows: int = 1) -> Tens
         (rows, T) float32 log-probs.
     """
     if logits.dim() != 3 or tuple(targets.shape) != tuple(logits.shape[:2]):
-        raise ValueError(f"need logits (rows, T, V) and targets (rows, T); got {tuple(logits.shape)} and {tuple(targets.shape)}")
+        raise ValueError(
+            f"need logits (rows, T, V) and targets (rows, T); got {tuple(logits.shape)} and {tuple(targets.shape)}"
+        )
     out = []
     for lg, tg in zip(logits.split(chunk_rows), targets.split(chunk_rows)):
         lg = lg.float()  # (c, T, V) upcast (no copy when already float32)

@@ -8,6 +8,7 @@ This module sits above both :mod:`envace.evaluation` (real-environment trials an
 - :func:`evaluate_model`: opens a backend for a model (``envace.backends.loaders.open_backend``), loads the tasks
   of a suite and split, evaluates at budget ``tts_n`` and adds the suite's own report (``envace eval``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,7 +21,15 @@ from .tts import TTSConfig, evaluate_with_tts
 from .types import Task
 
 
-def evaluate_at_budget(policy: Backend, tasks: list[Task], samples: int = 1, rollout: RolloutConfig | None = None, n: int = 0, mode: str = "parallel", tts_options: dict[str, Any] | None = None) -> EvalResult:
+def evaluate_at_budget(
+    policy: Backend,
+    tasks: list[Task],
+    samples: int = 1,
+    rollout: RolloutConfig | None = None,
+    n: int = 0,
+    mode: str = "parallel",
+    tts_options: dict[str, Any] | None = None,
+) -> EvalResult:
     """:func:`envace.evaluation.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section 3).
 
     ``n == 0`` is plain ``evaluate``. ``n > 0`` hands over to :func:`envace.tts.evaluate_with_tts` with a
@@ -35,13 +44,33 @@ def evaluate_at_budget(policy: Backend, tasks: list[Task], samples: int = 1, rol
         res.metrics["tts/n"] = 0.0
         res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples
         return res
-    tcfg = TTSConfig(n=n, mode=mode, rollout=dataclasses.replace(rollout, mode="rehearsal", shadow=False), **(tts_options or {}))
+    tcfg = TTSConfig(
+        n=n, mode=mode, rollout=dataclasses.replace(rollout, mode="rehearsal", shadow=False), **(tts_options or {})
+    )
     res = evaluate_with_tts(policy, tasks, tcfg, samples=samples)
-    res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples + res.metrics.get("tts/rehearsal_tokens_per_task", 0.0)
+    res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples + res.metrics.get(
+        "tts/rehearsal_tokens_per_task", 0.0
+    )
     return res
 
 
-def evaluate_model(model: str, suite: str, split: str = "test", n: int | None = 20, samples: int = 1, seed: int = 0, tts_n: int = 0, tts_mode: str = "parallel", rollout: RolloutConfig | None = None, temperature: float | None = None, progress: bool = True, tts_options: dict[str, Any] | None = None, bf16: bool | str = False, backend: str = "hf", backend_options: dict[str, Any] | None = None) -> EvalResult:
+def evaluate_model(
+    model: str,
+    suite: str,
+    split: str = "test",
+    n: int | None = 20,
+    samples: int = 1,
+    seed: int = 0,
+    tts_n: int = 0,
+    tts_mode: str = "parallel",
+    rollout: RolloutConfig | None = None,
+    temperature: float | None = None,
+    progress: bool = True,
+    tts_options: dict[str, Any] | None = None,
+    bf16: bool | str = False,
+    backend: str = "hf",
+    backend_options: dict[str, Any] | None = None,
+) -> EvalResult:
     """Evaluate ``model`` on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n``. ``backend`` says what
     generates (:func:`envace.backends.loaders.open_backend`, with ``backend_options``): ``hf`` loads ``model`` here
     (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.models.load`;

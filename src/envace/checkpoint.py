@@ -5,6 +5,7 @@ scheduler states, the RNG states, the step, the data position and the config. It
 folder and renamed into place, then ``latest`` (a small text file, itself replaced atomically) points to it:
 a kill at any moment leaves either the previous checkpoint or the new one, never half of one.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,15 @@ def set_rng_state(s: dict[str, Any]) -> None:
     torch.set_rng_state(s["torch"])
 
 
-def save_checkpoint(root: str, step: int, models: dict[str, Any], optimizers: dict[str, Any], state: dict[str, Any], tokenizer: Any = None, keep: int = 2) -> str:
+def save_checkpoint(
+    root: str,
+    step: int,
+    models: dict[str, Any],
+    optimizers: dict[str, Any],
+    state: dict[str, Any],
+    tokenizer: Any = None,
+    keep: int = 2,
+) -> str:
     """Write checkpoint ``step`` under ``root`` atomically and point ``latest`` at it."""
     os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"step-{step:06d}")

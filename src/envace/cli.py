@@ -22,6 +22,7 @@ ServeConfig, ExportConfig) and take ``--config F.yaml``, ``--set key=value`` (re
 lists every field with its default and docstring. ``--backend http`` evaluates a served model: ``--model`` is then
 the server's http(s)://host:port/v1 URL.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,9 @@ def cmd_sft(cfg: Any) -> int:
 
     res = sft(cfg)
     last = res.metrics[-1] if res.metrics else {}
-    print(f"SFT done: {len(res.metrics)} steps, final nll {last.get('sft/nll', float('nan')):.3f}; checkpoint: {res.checkpoint}")
+    print(
+        f"SFT done: {len(res.metrics)} steps, final nll {last.get('sft/nll', float('nan')):.3f}; checkpoint: {res.checkpoint}"
+    )
     return 0
 
 
@@ -50,7 +53,9 @@ def cmd_train(cfg: Any) -> int:
     from .trainer import train
 
     res = train(cfg)
-    print(f"training done at step {res.step}; checkpoint: {res.checkpoint}; metrics: {os.path.join(res.out_dir, 'metrics.jsonl')}")
+    print(
+        f"training done at step {res.step}; checkpoint: {res.checkpoint}; metrics: {os.path.join(res.out_dir, 'metrics.jsonl')}"
+    )
     return 0
 
 
@@ -61,24 +66,67 @@ def _demo_rollout(**kw: Any) -> Any:
     from .parsing import CALL_CLOSE
     from .rollout import RolloutConfig, rehearse_sampling
 
-    return RolloutConfig(max_steps=8, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96, stop=[CALL_CLOSE]), rehearse=rehearse_sampling(96), **kw)
+    return RolloutConfig(
+        max_steps=8,
+        max_steps_per_turn=4,
+        act=SamplingParams(temperature=1.0, max_new_tokens=96, stop=[CALL_CLOSE]),
+        rehearse=rehearse_sampling(96),
+        **kw,
+    )
 
 
-def demo_sft_config(model: str, suite: str, out_dir: str, seed: int = 0, steps: int = 30, batch: int = 4, quick: bool = False) -> Any:
+def demo_sft_config(
+    model: str, suite: str, out_dir: str, seed: int = 0, steps: int = 30, batch: int = 4, quick: bool = False
+) -> Any:
     """The demo's SFT warm-up (also the start of bench/rl_settings.py): 256 gold trajectories of ``suite``'s train
     split, lr 1e-4 for the embedded default (1e-3 for other, e.g. tiny, models), bf16 where it is fast."""
     from .config import SFTConfig
     from .models import DEFAULT_MODEL
 
-    return SFTConfig(model=model, suite=suite, n_tasks=64 if quick else 256, steps=2 if quick else steps, batch_tasks=batch, lr=1e-4 if model == DEFAULT_MODEL else 1e-3, bf16="auto", micro_batch_tokens=4096, seed=seed, out_dir=out_dir, tensorboard=False)
+    return SFTConfig(
+        model=model,
+        suite=suite,
+        n_tasks=64 if quick else 256,
+        steps=2 if quick else steps,
+        batch_tasks=batch,
+        lr=1e-4 if model == DEFAULT_MODEL else 1e-3,
+        bf16="auto",
+        micro_batch_tokens=4096,
+        seed=seed,
+        out_dir=out_dir,
+        tensorboard=False,
+    )
 
 
-def demo_train_config(model: str, suite: str, out_dir: str, seed: int = 0, iterations: int = 4, batch: int = 2, lr: float = 1e-5, quick: bool = False) -> Any:
+def demo_train_config(
+    model: str,
+    suite: str,
+    out_dir: str,
+    seed: int = 0,
+    iterations: int = 4,
+    batch: int = 2,
+    lr: float = 1e-5,
+    quick: bool = False,
+) -> Any:
     """The demo's EnvACE step from the warm-up ``model``: ``iterations`` x ``batch`` tasks x 4 rehearsed
     trajectories, the default reward ``gold_f1*reply_facts``, the demo's rollout settings."""
     from .config import TrainConfig
 
-    return TrainConfig(model=model, suite=suite, variant="envace", reward="gold_f1*reply_facts", iterations=1 if quick else iterations, batch_tasks=2 if quick else batch, lr=lr, rollout=_demo_rollout(group_size=4), micro_batch_tokens=4096, seed=seed, out_dir=out_dir, save_every=1000, tensorboard=False)
+    return TrainConfig(
+        model=model,
+        suite=suite,
+        variant="envace",
+        reward="gold_f1*reply_facts",
+        iterations=1 if quick else iterations,
+        batch_tasks=2 if quick else batch,
+        lr=lr,
+        rollout=_demo_rollout(group_size=4),
+        micro_batch_tokens=4096,
+        seed=seed,
+        out_dir=out_dir,
+        save_every=1000,
+        tensorboard=False,
+    )
 
 
 def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
@@ -94,9 +142,31 @@ def cmd_eval(cfg: Any) -> int:
     from .evaluation import save_result
     from .rollout import RolloutConfig, rehearse_sampling
 
-    rc = RolloutConfig(max_steps=cfg.max_steps, act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=rehearse_sampling(cfg.max_new_tokens))
-    res = evaluate_model(cfg.model, cfg.suite, cfg.split, cfg.n, cfg.samples, cfg.seed, tts_n=cfg.tts_n, tts_mode=cfg.tts_mode, rollout=rc, temperature=cfg.temperature, tts_options={"memory": cfg.tts_memory}, bf16=cfg.bf16, backend=cfg.backend, backend_options=cfg.backend_options)
-    print(f"{cfg.model} on {cfg.suite}/{cfg.split}: {len(res.per_task)} tasks x {cfg.samples} real trials, rehearsal budget N={cfg.tts_n}" + (f" ({cfg.tts_mode})" if cfg.tts_n else ""))
+    rc = RolloutConfig(
+        max_steps=cfg.max_steps,
+        act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens),
+        rehearse=rehearse_sampling(cfg.max_new_tokens),
+    )
+    res = evaluate_model(
+        cfg.model,
+        cfg.suite,
+        cfg.split,
+        cfg.n,
+        cfg.samples,
+        cfg.seed,
+        tts_n=cfg.tts_n,
+        tts_mode=cfg.tts_mode,
+        rollout=rc,
+        temperature=cfg.temperature,
+        tts_options={"memory": cfg.tts_memory},
+        bf16=cfg.bf16,
+        backend=cfg.backend,
+        backend_options=cfg.backend_options,
+    )
+    print(
+        f"{cfg.model} on {cfg.suite}/{cfg.split}: {len(res.per_task)} tasks x {cfg.samples} real trials, rehearsal budget N={cfg.tts_n}"
+        + (f" ({cfg.tts_mode})" if cfg.tts_n else "")
+    )
     print(res.table())
     if cfg.out:
         save_result(res, cfg.out, config=to_dict(cfg), with_trajectories=cfg.trajectories)
@@ -108,7 +178,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Paired comparison of two saved ``envace eval --out`` results: refused unless suite, split and tasks match."""
     from .evaluation import compare_results, format_comparison, load_result
 
-    c = compare_results(load_result(args.a), load_result(args.b), names=(args.a, args.b), resamples=args.resamples, seed=args.seed)
+    c = compare_results(
+        load_result(args.a), load_result(args.b), names=(args.a, args.b), resamples=args.resamples, seed=args.seed
+    )
     print(json.dumps(c, indent=1) if args.json else format_comparison(c))
     return 0
 
@@ -120,7 +192,9 @@ def _helpers(cfg: Any) -> dict[str, Any]:
     from .backends.loaders import frozen_backend
     from .variants import REHEARSERS
 
-    return REHEARSERS.get(cfg.mode).helpers(lambda helper, role: frozen_backend(getattr(cfg, helper) or cfg.model, role))
+    return REHEARSERS.get(cfg.mode).helpers(
+        lambda helper, role: frozen_backend(getattr(cfg, helper) or cfg.model, role)
+    )
 
 
 def cmd_fidelity(cfg: Any) -> int:
@@ -133,7 +207,17 @@ def cmd_fidelity(cfg: Any) -> int:
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
     extra = _helpers(cfg)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
-    rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, validate_in_code=cfg.validate_in_code, reference_cache=cfg.reference_cache, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=rehearse_sampling(cfg.max_new_tokens))
+    rc = RolloutConfig(
+        mode=cfg.mode,
+        group_size=cfg.k,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        validate_in_code=cfg.validate_in_code,
+        reference_cache=cfg.reference_cache,
+        progress=True,
+        act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens),
+        rehearse=rehearse_sampling(cfg.max_new_tokens),
+    )
     res = measure_fidelity(policy, tasks, rc, **extra)
     for t in res.trajectories[: cfg.show]:
         print(format_trajectory(t) + "\n")
@@ -165,7 +249,16 @@ def cmd_rollout(cfg: Any) -> int:
 
     m, tok = load(cfg.model)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
-    rc = RolloutConfig(mode=cfg.mode, group_size=cfg.k, max_steps=cfg.max_steps, seed=cfg.seed, shadow=cfg.shadow, progress=True, act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens), rehearse=rehearse_sampling(cfg.max_new_tokens))
+    rc = RolloutConfig(
+        mode=cfg.mode,
+        group_size=cfg.k,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        shadow=cfg.shadow,
+        progress=True,
+        act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens),
+        rehearse=rehearse_sampling(cfg.max_new_tokens),
+    )
     t0 = time.perf_counter()
     trajs = RolloutEngine(HFBackend(m, tok), rc, **_helpers(cfg)).run(tasks)
     dt = time.perf_counter() - t0
@@ -196,7 +289,9 @@ def cmd_export(cfg: Any) -> int:
         from .sft import gold_trajectories
 
         gold = gold_trajectories(load_tokenizer(cfg.model), load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed))
-        more, gold_errors, _ = export_records([(t, {}) for t in gold], world="real", content=cfg.content, system=cfg.system)
+        more, gold_errors, _ = export_records(
+            [(t, {}) for t in gold], world="real", content=cfg.content, system=cfg.system
+        )
         records, errors = records + more, errors + gold_errors
     for line in errors[:20]:
         print(f"envace export: skipped {line}", file=sys.stderr)
@@ -204,7 +299,10 @@ def cmd_export(cfg: Any) -> int:
         print(f"envace export: ... and {len(errors) - 20} more skipped", file=sys.stderr)
     write_records(cfg.out, records)
     skipped = f"; skipped {len(errors)} malformed" + (f", {imagined} imagined (real_only)" if cfg.real_only else "")
-    print(f"wrote {len(records)} records to {cfg.out}" + (f" ({len(read.items)} trajectories read{skipped})" if cfg.inputs else ""))
+    print(
+        f"wrote {len(records)} records to {cfg.out}"
+        + (f" ({len(read.items)} trajectories read{skipped})" if cfg.inputs else "")
+    )
     return 0
 
 
@@ -222,8 +320,24 @@ def cmd_rehearse(cfg: Any) -> int:
     if cfg.index >= len(tasks):
         raise ValueError(f"suite {cfg.suite!r} split {cfg.split!r} has only {len(tasks)} tasks")
     gen = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
-    rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=cfg.max_steps, seed=cfg.seed, act=gen, rehearse=rehearse_sampling(cfg.max_new_tokens))
-    tts = TTSConfig(n=cfg.n, mode=cfg.mode, memory=cfg.memory, memory_max_tokens=cfg.memory_max_tokens, reflect_sampling=gen.with_(temperature=0.7), memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.memory_max_tokens), rollout=rc, final_act=gen.with_(temperature=0.0))
+    rc = RolloutConfig(
+        mode="rehearsal",
+        group_size=1,
+        max_steps=cfg.max_steps,
+        seed=cfg.seed,
+        act=gen,
+        rehearse=rehearse_sampling(cfg.max_new_tokens),
+    )
+    tts = TTSConfig(
+        n=cfg.n,
+        mode=cfg.mode,
+        memory=cfg.memory,
+        memory_max_tokens=cfg.memory_max_tokens,
+        reflect_sampling=gen.with_(temperature=0.7),
+        memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.memory_max_tokens),
+        rollout=rc,
+        final_act=gen.with_(temperature=0.0),
+    )
     rec = run_tts(HFBackend(m, tok), [tasks[cfg.index]], tts)[0]
     print(format_record(rec))
     if cfg.out:
@@ -274,16 +388,42 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("[demo] 1/4 evaluating the untrained model on held-out tasks", flush=True)
     before = stage("eval_untrained_s", lambda: _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1))
     print("[demo] 2/4 SFT warm-up on gold trajectories", flush=True)
-    s = stage("sft_s", lambda: sft(demo_sft_config(args.model, args.suite, os.path.join(out, "sft"), args.seed, args.sft_steps, args.sft_batch, quick)))
+    s = stage(
+        "sft_s",
+        lambda: sft(
+            demo_sft_config(
+                args.model, args.suite, os.path.join(out, "sft"), args.seed, args.sft_steps, args.sft_batch, quick
+            )
+        ),
+    )
     print("[demo] 3/4 evaluating after SFT", flush=True)
     mid = stage("eval_sft_s", lambda: _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1))
     print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
-    tr = stage("envace_s", lambda: train(demo_train_config(s.checkpoint, args.suite, os.path.join(out, "train"), args.seed, args.rl_iterations, args.rl_batch, args.rl_lr, quick)))
-    after = stage("eval_envace_s", lambda: _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1))
+    tr = stage(
+        "envace_s",
+        lambda: train(
+            demo_train_config(
+                s.checkpoint,
+                args.suite,
+                os.path.join(out, "train"),
+                args.seed,
+                args.rl_iterations,
+                args.rl_batch,
+                args.rl_lr,
+                quick,
+            )
+        ),
+    )
+    after = stage(
+        "eval_envace_s",
+        lambda: _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1),
+    )
     results = {"untrained": before, "sft": mid, "envace": after}
     for name, res in results.items():  # per-task outcomes, for envace compare
         save_result(res, os.path.join(out, f"{name}.json"))
-    comparison = compare_results(*(load_result(os.path.join(out, f"{n}.json")) for n in ("sft", "envace")), names=("SFT", "SFT + EnvACE"))  # as `envace compare` reads them
+    comparison = compare_results(
+        *(load_result(os.path.join(out, f"{n}.json")) for n in ("sft", "envace")), names=("SFT", "SFT + EnvACE")
+    )  # as `envace compare` reads them
     times["total_s"] = round(time.perf_counter() - t_start, 1)
     hardware = hardware_summary()
     rows = [("untrained", before.metrics), ("after SFT", mid.metrics), ("after SFT + EnvACE", after.metrics)]
@@ -306,7 +446,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("\n".join(lines))
     print(f"\n[demo] total time {times['total_s']:.0f}s")
     with open(os.path.join(out, "demo_results.json"), "w", encoding="utf-8") as f:
-        json.dump({**{name: m for name, m in rows}, "comparison": comparison, "times": times, "hardware": hardware, "seed": args.seed, "args": {k: v for k, v in vars(args).items() if k != "fn"}}, f, indent=1, default=str)
+        json.dump(
+            {
+                **{name: m for name, m in rows},
+                "comparison": comparison,
+                "times": times,
+                "hardware": hardware,
+                "seed": args.seed,
+                "args": {k: v for k, v in vars(args).items() if k != "fn"},
+            },
+            f,
+            indent=1,
+            default=str,
+        )
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     return 0
@@ -324,7 +476,14 @@ def _bf16_arg(value: str) -> bool | str:
 # --bf16 (on), --bf16 auto|on|off; absent: the config's value (float32 by default). "on" where bf16 is slow is honoured with a warning
 _BF16_ARG: dict[str, Any] = dict(nargs="?", const=True, type=_bf16_arg, metavar="auto|on|off")
 
-_CONTROL = {"cmd", "fn", "config", "overrides", "print_config", "config_class"}  # parsed arguments that are no config field
+_CONTROL = {
+    "cmd",
+    "fn",
+    "config",
+    "overrides",
+    "print_config",
+    "config_class",
+}  # parsed arguments that are no config field
 
 
 def config_class(path: str) -> type:
@@ -357,7 +516,14 @@ def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> arg
     """A command configured by the dataclass ``config``: ``--config``, ``--set``, ``--print-config``."""
     p = sub.add_parser(name, help=help, config=config)
     p.add_argument("--config", metavar="F.yaml", help="YAML file of config fields (listed below)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted for nested: rollout.group_size=4; repeatable); wins over the file and the flags")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field (dotted for nested: rollout.group_size=4; repeatable); wins over the file and the flags",
+    )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.set_defaults(fn=fn, config_class=config)
     return p
@@ -384,10 +550,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="SFT warm-up, EnvACE training and before/after evaluation on the embedded defaults")
     d.add_argument("--model", default="SmolLM2-135M-Instruct")
-    d.add_argument("--suite", default="bank", help="built-in suite to train and evaluate on (bank, shop, files or builtin = all three)")
+    d.add_argument(
+        "--suite",
+        default="bank",
+        help="built-in suite to train and evaluate on (bank, shop, files or builtin = all three)",
+    )
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--eval-tasks", type=int, default=100, help="held-out test tasks each model is evaluated on")
-    d.add_argument("--seed", type=int, default=0, help="seed of SFT and EnvACE training (the evaluation tasks stay the same)")
+    d.add_argument(
+        "--seed", type=int, default=0, help="seed of SFT and EnvACE training (the evaluation tasks stay the same)"
+    )
     d.add_argument("--sft-steps", type=int, default=30)
     d.add_argument("--sft-batch", type=int, default=4, help="gold trajectories per SFT step")
     d.add_argument("--rl-iterations", type=int, default=4)
@@ -399,7 +571,13 @@ def build_parser() -> argparse.ArgumentParser:
     _config_command(sub, "sft", "envace.config:SFTConfig", cmd_sft, "supervised warm-up on gold trajectories")
     _config_command(sub, "train", "envace.config:TrainConfig", cmd_train, "role-wise GRPO training (any variant)")
 
-    e = _config_command(sub, "eval", "envace.config:EvalConfig", cmd_eval, "evaluate a model in the real environment (optionally after private test-time rehearsal)")
+    e = _config_command(
+        sub,
+        "eval",
+        "envace.config:EvalConfig",
+        cmd_eval,
+        "evaluate a model in the real environment (optionally after private test-time rehearsal)",
+    )
     _flag(e, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
     _flag(e, "backend", "--backend", metavar="hf|http|vllm")
     _flag(e, "suite", "--suite")
@@ -417,7 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(e, "out", "--out")
     _flag(e, "trajectories", "--trajectories", action="store_true")
 
-    c = sub.add_parser("compare", help="paired comparison of two saved eval results (envace eval --out) on the same tasks")
+    c = sub.add_parser(
+        "compare", help="paired comparison of two saved eval results (envace eval --out) on the same tasks"
+    )
     c.add_argument("a", help="result A (the baseline)")
     c.add_argument("b", help="result B (difference is B - A)")
     c.add_argument("--resamples", type=int, default=10_000, help="paired bootstrap (and permutation) resamples")
@@ -425,7 +605,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     c.set_defaults(fn=cmd_compare)
 
-    f = _config_command(sub, "fidelity", "envace.config:FidelityConfig", cmd_fidelity, "rehearsal fidelity: rehearsed vs real observations on shadow rollouts")
+    f = _config_command(
+        sub,
+        "fidelity",
+        "envace.config:FidelityConfig",
+        cmd_fidelity,
+        "rehearsal fidelity: rehearsed vs real observations on shadow rollouts",
+    )
     _flag(f, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
     _flag(f, "backend", "--backend", metavar="hf|http|vllm")
     _flag(f, "suite", "--suite")
@@ -443,9 +629,21 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(f, "show", "--show", type=int)
     _flag(f, "out", "--out")
 
-    _config_command(sub, "experiment", "envace.experiment:ExperimentConfig", cmd_experiment, "the paper's comparison in miniature: all arms x seeds x rehearsal budgets, report folder")
+    _config_command(
+        sub,
+        "experiment",
+        "envace.experiment:ExperimentConfig",
+        cmd_experiment,
+        "the paper's comparison in miniature: all arms x seeds x rehearsal budgets, report folder",
+    )
 
-    r = _config_command(sub, "rollout", "envace.config:RolloutBatchConfig", cmd_rollout, "roll out one batch and write the trajectories as JSON lines")
+    r = _config_command(
+        sub,
+        "rollout",
+        "envace.config:RolloutBatchConfig",
+        cmd_rollout,
+        "roll out one batch and write the trajectories as JSON lines",
+    )
     _flag(r, "model", "--model", help=MODEL_HELP)
     _flag(r, "suite", "--suite")
     _flag(r, "split", "--split")
@@ -461,8 +659,20 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(r, "show", "--show", type=int)
     _flag(r, "out", "--out")
 
-    x = _config_command(sub, "export", "envace.config:ExportConfig", cmd_export, "write trajectories (or a suite's gold SFT trajectories) as OpenAI / HF chat records (tool_calls, tool_call_id) in JSON lines")
-    x.add_argument("inputs", nargs="*", default=argparse.SUPPRESS, metavar="FILE", help="same as --set inputs=FILE,...: trajectories.jsonl (or a run folder), rollout --out, eval --trajectories --out, fidelity --out")
+    x = _config_command(
+        sub,
+        "export",
+        "envace.config:ExportConfig",
+        cmd_export,
+        "write trajectories (or a suite's gold SFT trajectories) as OpenAI / HF chat records (tool_calls, tool_call_id) in JSON lines",
+    )
+    x.add_argument(
+        "inputs",
+        nargs="*",
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help="same as --set inputs=FILE,...: trajectories.jsonl (or a run folder), rollout --out, eval --trajectories --out, fidelity --out",
+    )
     _flag(x, "gold", "--gold", action="store_true")
     _flag(x, "suite", "--suite")
     _flag(x, "split", "--split")
@@ -474,7 +684,13 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(x, "system", "--system", metavar="seen|task")
     _flag(x, "out", "--out")
 
-    h = _config_command(sub, "rehearse", "envace.config:RehearseConfig", cmd_rehearse, "test-time scaling on one task: private rehearsal, memory, one real run")
+    h = _config_command(
+        sub,
+        "rehearse",
+        "envace.config:RehearseConfig",
+        cmd_rehearse,
+        "test-time scaling on one task: private rehearsal, memory, one real run",
+    )
     _flag(h, "model", "--model", help=MODEL_HELP)
     _flag(h, "suite", "--suite")
     _flag(h, "split", "--split")
@@ -489,7 +705,13 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(h, "seed", "--seed", type=int)
     _flag(h, "out", "--out")
 
-    v = _config_command(sub, "serve", "envace.config:ServeConfig", cmd_serve, "serve a model over an OpenAI-compatible HTTP API (for simulators, judges, evaluation)")
+    v = _config_command(
+        sub,
+        "serve",
+        "envace.config:ServeConfig",
+        cmd_serve,
+        "serve a model over an OpenAI-compatible HTTP API (for simulators, judges, evaluation)",
+    )
     _flag(v, "model", "--model", help=MODEL_HELP)
     _flag(v, "served_model_name", "--served-model-name")
     _flag(v, "host", "--host")

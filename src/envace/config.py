@@ -4,6 +4,7 @@ Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (s
 importable from here too);
 the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewise_std`` | ``pooled`` | ...).
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,7 +31,20 @@ from .variants import VARIANTS
 
 RESUME_POLICIES = ("auto", "force", "never")
 
-RESUMABLE_FIELDS = frozenset({"iterations", "save_every", "keep_checkpoints", "tensorboard", "report_to", "progress", "rollout.progress", "out_dir", "device", "resume"})
+RESUMABLE_FIELDS = frozenset(
+    {
+        "iterations",
+        "save_every",
+        "keep_checkpoints",
+        "tensorboard",
+        "report_to",
+        "progress",
+        "rollout.progress",
+        "out_dir",
+        "device",
+        "resume",
+    }
+)
 """TrainConfig fields that may differ between a checkpoint's run and the run that resumes it: ``iterations`` (to
 extend a run, or end it earlier), how often and how many checkpoints are kept, logging and progress display,
 where ``out_dir`` is spelled, and the device (a run resumes on any device and process count). Every other field
@@ -158,9 +172,13 @@ class TrainConfig:
         if self.iterations < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("iterations >= 0, batch_tasks >= 1 and lr > 0 are required")
         if self.update_epochs < 1 or self.mini_batches < 1:
-            raise ValueError(f"TrainConfig: update_epochs >= 1 and mini_batches >= 1 are required (got {self.update_epochs}, {self.mini_batches})")
+            raise ValueError(
+                f"TrainConfig: update_epochs >= 1 and mini_batches >= 1 are required (got {self.update_epochs}, {self.mini_batches})"
+            )
         if self.resume not in RESUME_POLICIES:
-            raise ValueError(f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}")
+            raise ValueError(
+                f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}"
+            )
 
     @property
     def train_roles(self) -> tuple[str, ...]:
@@ -217,7 +235,9 @@ class SFTConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        RolloutConfig(chat_format=self.chat_format, tool_format=self.tool_format)  # an unknown name lists the valid ones
+        RolloutConfig(
+            chat_format=self.chat_format, tool_format=self.tool_format
+        )  # an unknown name lists the valid ones
         self.roles = tuple(self.roles)
         self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
         self.report_to = report_to_setting(self.report_to, "SFTConfig.report_to")
@@ -433,7 +453,9 @@ class ServeConfig:
     def __post_init__(self) -> None:
         self.bf16 = bf16_setting(self.bf16, "ServeConfig.bf16")
         if self.max_batch < 1 or self.batch_wait_ms < 0 or self.stream_segment_tokens < 0:
-            raise ValueError("ServeConfig: max_batch >= 1, batch_wait_ms >= 0 and stream_segment_tokens >= 0 are required")
+            raise ValueError(
+                "ServeConfig: max_batch >= 1, batch_wait_ms >= 0 and stream_segment_tokens >= 0 are required"
+            )
 
 
 @dataclass
@@ -570,7 +592,9 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def config_diff(old: dict[str, Any], new: dict[str, Any], ignore: typing.Collection[str] = ()) -> list[tuple[str, Any, Any]]:
+def config_diff(
+    old: dict[str, Any], new: dict[str, Any], ignore: typing.Collection[str] = ()
+) -> list[tuple[str, Any, Any]]:
     """The fields in which two config dicts (:func:`to_dict`, or its JSON as saved) differ: ``(dotted name, old,
     new)``, nested configs compared field by field, values compared as JSON (a tuple equals the list it was saved
     as). A field absent on one side is ``"<absent>"`` there. ``ignore`` holds dotted names to leave out."""
@@ -594,7 +618,7 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], ignore: typing.Collect
 
 def describe_diff(diff: list[tuple[str, Any, Any]], limit: int = 60) -> str:
     """``name: old -> new`` for each difference, on one line (long values cut to ``limit`` characters)."""
-    cut = lambda v: (r if len(r := repr(v)) <= limit else r[: limit - 3] + "...")  # noqa: E731
+    cut = lambda v: r if len(r := repr(v)) <= limit else r[: limit - 3] + "..."  # noqa: E731
     return "; ".join(f"{name}: {cut(a)} -> {cut(b)}" for name, a, b in diff)
 
 
@@ -622,7 +646,9 @@ def _yaml(text: str, where: str) -> Any:
         raise ValueError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
 
 
-def load_config(cls: type, path: str | None = None, overrides: list[str] | None = None, values: dict[str, Any] | None = None) -> Any:
+def load_config(
+    cls: type, path: str | None = None, overrides: list[str] | None = None, values: dict[str, Any] | None = None
+) -> Any:
     """A config from an optional YAML file, then ``values`` (field -> value: the CLI's shorthand flags such as
     ``-n 20``), then ``key=value`` overrides; each later one wins over the earlier ones, the dataclass defaults
     fill the rest. An unknown field anywhere is an error that lists the valid ones."""
@@ -654,7 +680,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs = {}
     for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
             docs[node.target.id] = inspect.cleandoc(nxt.value.value)
     return docs
 
@@ -688,8 +720,17 @@ def config_fields(cls: type, prefix: str = "", values: Any = None) -> list[tuple
 def config_help(cls: type, width: int = 110) -> str:
     """The ``--help`` epilog of a command configured by ``cls``: every field with its default and the first
     sentence of its docstring."""
-    lines = [f"{cls.__name__} fields (defaults < --config F.yaml < shorthand flags < --set key=value; --print-config shows the result):"]
+    lines = [
+        f"{cls.__name__} fields (defaults < --config F.yaml < shorthand flags < --set key=value; --print-config shows the result):"
+    ]
     for name, default, doc in config_fields(cls):
         lines.append(f"  {name} = {default!r}")
-        lines += textwrap.wrap(doc, width, initial_indent=" " * 6, subsequent_indent=" " * 6, break_long_words=False, break_on_hyphens=False)
+        lines += textwrap.wrap(
+            doc,
+            width,
+            initial_indent=" " * 6,
+            subsequent_indent=" " * 6,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
     return "\n".join(lines)

@@ -35,6 +35,7 @@ accumulation over packed micro-batches; use DDP or FSDP), and the HF rollout bac
 would need every process to run the same forwards; use ``rollout_backend: vllm``, whose weights are gathered and
 synced after each update).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -140,12 +141,29 @@ class Dist:
         return self.unwrap(model)
 
     # -- checkpoints -----------------------------------------------------------------------------------------
-    def save_checkpoint(self, root: str, step: int, models: dict[str, Any], optimizers: dict[str, Any], state: dict[str, Any], tokenizer: Any = None, keep: int = 2) -> str:
+    def save_checkpoint(
+        self,
+        root: str,
+        step: int,
+        models: dict[str, Any],
+        optimizers: dict[str, Any],
+        state: dict[str, Any],
+        tokenizer: Any = None,
+        keep: int = 2,
+    ) -> str:
         """Write checkpoint ``step`` (rank 0 only, full states); every process gets its path."""
         views = {name: self._full_state(models[name], optimizers[name]) for name in models}  # a collective under FSDP
         path = None
         if self.is_main:
-            path = save_checkpoint(root, step, {n: v[0] for n, v in views.items()}, {n: v[1] for n, v in views.items()}, state, tokenizer=tokenizer, keep=keep)
+            path = save_checkpoint(
+                root,
+                step,
+                {n: v[0] for n, v in views.items()},
+                {n: v[1] for n, v in views.items()},
+                state,
+                tokenizer=tokenizer,
+                keep=keep,
+            )
         return self.broadcast(path)  # also a barrier: nobody goes on before the checkpoint exists
 
     def load_optimizers(self, path: str, models: dict[str, Any], optimizers: dict[str, Any]) -> None:
@@ -230,9 +248,13 @@ class AccelerateDist(Dist):
         if not self.shards_parameters:
             return self.unwrap(model)
         if _is_peft(self.unwrap(model)):
-            raise ValueError("syncing LoRA weights into a rollout engine under FSDP is not supported; train LoRA with DDP (it fits one GPU per process)")
+            raise ValueError(
+                "syncing LoRA weights into a rollout engine under FSDP is not supported; train LoRA with DDP (it fits one GPU per process)"
+            )
         if getattr(self.acc, "is_fsdp2", False):
-            return ((name, t.full_tensor() if hasattr(t, "full_tensor") else t) for name, t in model.state_dict().items())
+            return (
+                (name, t.full_tensor() if hasattr(t, "full_tensor") else t) for name, t in model.state_dict().items()
+            )
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=False)).items()
@@ -246,12 +268,21 @@ class AccelerateDist(Dist):
         states = torch.load(os.path.join(path, "optimizer.pt"), weights_only=False)
         for name, opt in optimizers.items():
             names = trainable_names(self.unwrap(models[name]))
-            set_optimizer_state_dict(models[name], _inner(opt), optim_state_dict=by_name(states[name], names), options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                models[name],
+                _inner(opt),
+                optim_state_dict=by_name(states[name], names),
+                options=StateDictOptions(full_state_dict=True),
+            )
 
     def _full_state(self, model: Any, optimizer: Any) -> tuple[Any, Any]:
         if not self.shards_parameters:
             return self.unwrap(model), _inner(optimizer)
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
 
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets the full state, in CPU memory
         sd = get_model_state_dict(model, options=opts)
@@ -263,7 +294,11 @@ class AccelerateDist(Dist):
 def init_distributed(device: str = "cpu") -> Dist:
     """:class:`AccelerateDist` under torchrun / accelerate launch (WORLD_SIZE > 1, or an accelerate FSDP setup),
     else :class:`Dist` on ``device``."""
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    launched = (
+        int(os.environ.get("WORLD_SIZE", "1")) > 1
+        or os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+        or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    )
     return AccelerateDist() if launched else Dist(device)
 
 

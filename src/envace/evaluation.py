@@ -33,6 +33,7 @@ compare two saved results on the same tasks later, paired (envace.stats), withou
 
 :func:`task_scores` and :func:`summarize` are pure (trajectories in, numbers out) and tested by hand.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,9 +55,21 @@ from .types import Task, Trajectory
 
 # Metrics shown by :meth:`EvalResult.table` first, in this order (others follow alphabetically).
 HEADLINE = (
-    "success_rate", "pass^1", "tool_f1", "tool_precision", "tool_recall", "call_f1", "call_precision", "call_recall",
-    "format_valid_rate", "steps_per_traj", "tool_calls_per_traj", "act_tokens_per_traj", "context_tokens_per_traj",
-    "truncated_rate", "wall_s",
+    "success_rate",
+    "pass^1",
+    "tool_f1",
+    "tool_precision",
+    "tool_recall",
+    "call_f1",
+    "call_precision",
+    "call_recall",
+    "format_valid_rate",
+    "steps_per_traj",
+    "tool_calls_per_traj",
+    "act_tokens_per_traj",
+    "context_tokens_per_traj",
+    "truncated_rate",
+    "wall_s",
 )
 CI_LO, CI_HI = "/ci_lo", "/ci_hi"
 """Suffixes of the 95% interval keys of a rate metric (``success_rate/ci_lo``)."""
@@ -92,7 +105,13 @@ class EvalResult:
         return text + "\n\n" + self.summary["text"] if self.summary else text
 
     def to_dict(self, with_trajectories: bool = False) -> dict[str, Any]:
-        d: dict[str, Any] = {"suite": self.suite, "split": self.split, "task_ids": [p["task_id"] for p in self.per_task], "metrics": self.metrics, "per_task": self.per_task}
+        d: dict[str, Any] = {
+            "suite": self.suite,
+            "split": self.split,
+            "task_ids": [p["task_id"] for p in self.per_task],
+            "metrics": self.metrics,
+            "per_task": self.per_task,
+        }
         if self.summary is not None:
             d["summary"] = self.summary
         if with_trajectories:
@@ -152,7 +171,9 @@ def task_scores(task: Task, trajs: Sequence[Trajectory]) -> dict[str, Any]:
     return out
 
 
-def summarize(per_task: Sequence[dict[str, Any]], trajs: Sequence[Trajectory], samples: int, wall_s: float = 0.0) -> dict[str, float]:
+def summarize(
+    per_task: Sequence[dict[str, Any]], trajs: Sequence[Trajectory], samples: int, wall_s: float = 0.0
+) -> dict[str, float]:
     """Aggregate :func:`task_scores` rows and the trajectories' counters into the metrics of the module docstring."""
     n = max(1, len(trajs))
     acts = sum(t.counters.get("act/steps", 0) for t in trajs)
@@ -172,7 +193,8 @@ def summarize(per_task: Sequence[dict[str, Any]], trajs: Sequence[Trajectory], s
         "tool_calls_per_traj": sum(t.counters.get("act/tool_calls", 0) for t in trajs) / n,
         "steps_per_traj": _mean([len(t.steps) for t in trajs]),
         "act_tokens_per_traj": sum(len(r.completion_ids) for r in act_rows) / n,
-        "context_tokens_per_traj": sum(len(r.prompt_ids) + len(r.completion_ids) for r in last_act if r is not None) / n,
+        "context_tokens_per_traj": sum(len(r.prompt_ids) + len(r.completion_ids) for r in last_act if r is not None)
+        / n,
         "truncated_rate": _mean([t.truncated is not None for t in trajs]),
         "wall_s": float(wall_s),
     }
@@ -184,7 +206,13 @@ def summarize(per_task: Sequence[dict[str, Any]], trajs: Sequence[Trajectory], s
     return m
 
 
-def evaluate(policy: Backend, tasks: list[Task], samples: int = 1, rollout: RolloutConfig | None = None, memory: dict[str, str] | None = None) -> EvalResult:
+def evaluate(
+    policy: Backend,
+    tasks: list[Task],
+    samples: int = 1,
+    rollout: RolloutConfig | None = None,
+    memory: dict[str, str] | None = None,
+) -> EvalResult:
     """Run every task ``samples`` times against its real environment and compute the metrics.
 
     ``memory`` (task id -> text) is shown to Act as its rehearsal memory (test-time scaling, envace.tts).
@@ -208,7 +236,9 @@ def split_of(tasks: Sequence[Task]) -> str:
     return "+".join(sorted({t.split for t in tasks}))
 
 
-def save_result(res: EvalResult, path: str, config: dict[str, Any] | None = None, with_trajectories: bool = False) -> None:
+def save_result(
+    res: EvalResult, path: str, config: dict[str, Any] | None = None, with_trajectories: bool = False
+) -> None:
     """Write the metrics and per-task rows (and optionally the trajectories, without rows) as JSON."""
     d = res.to_dict(with_trajectories)
     if config is not None:
@@ -231,9 +261,16 @@ def load_result(path: str) -> dict[str, Any]:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not JSON: {e}") from e
     if not isinstance(d, dict) or not isinstance(d.get("per_task"), list):
-        raise ValueError(f"{path} is not a saved evaluation result (no per_task list; write one with envace eval --out)")
+        raise ValueError(
+            f"{path} is not a saved evaluation result (no per_task list; write one with envace eval --out)"
+        )
     for i, row in enumerate(d["per_task"]):
-        if not isinstance(row, dict) or "task_id" not in row or not isinstance(row.get("successes"), list) or not row["successes"]:
+        if (
+            not isinstance(row, dict)
+            or "task_id" not in row
+            or not isinstance(row.get("successes"), list)
+            or not row["successes"]
+        ):
             raise ValueError(f"{path}: per_task[{i}] has no task_id or no per-sample successes")
     return d
 
@@ -246,7 +283,9 @@ def result_identity(d: dict[str, Any]) -> tuple[str, str, list[str]]:
     return str(suite), str(split), [str(r["task_id"]) for r in d["per_task"]]
 
 
-def comparison_mismatch(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B"), examples: int = 3) -> str | None:
+def comparison_mismatch(
+    a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B"), examples: int = 3
+) -> str | None:
     """Why two saved results cannot be compared paired (other suite, split or task set), or None."""
     (sa, pa, ta), (sb, pb, tb) = result_identity(a), result_identity(b)
     na, nb = names
@@ -260,12 +299,19 @@ def comparison_mismatch(a: dict[str, Any], b: dict[str, Any], names: tuple[str, 
     only_a, only_b = sorted(set(ta) - set(tb)), sorted(set(tb) - set(ta))
     if only_a or only_b:
         ex = lambda xs: ", ".join(xs[:examples]) + (", ..." if len(xs) > examples else "")  # noqa: E731
-        parts = ([f"{len(only_a)} only in {na} ({ex(only_a)})"] if only_a else []) + ([f"{len(only_b)} only in {nb} ({ex(only_b)})"] if only_b else [])
-        return f"different task sets: {len(only_a) + len(only_b)} task ids differ ({len(ta)} in {na}, {len(tb)} in {nb}): " + "; ".join(parts)
+        parts = ([f"{len(only_a)} only in {na} ({ex(only_a)})"] if only_a else []) + (
+            [f"{len(only_b)} only in {nb} ({ex(only_b)})"] if only_b else []
+        )
+        return (
+            f"different task sets: {len(only_a) + len(only_b)} task ids differ ({len(ta)} in {na}, {len(tb)} in {nb}): "
+            + "; ".join(parts)
+        )
     return None
 
 
-def compare_per_task(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str, Any]], resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+def compare_per_task(
+    rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str, Any]], resamples: int = 10_000, seed: int = 0
+) -> dict[str, Any]:
     """Paired comparison (:func:`envace.stats.paired_comparison`) of two per-task lists over the tasks they share,
     aligned by task id: ``overall``, ``by_kind`` (tasks with ``kind``) and ``by_domain`` (with several domains),
     each ``{"n_tasks", "a": {"rate", "ci95"}, "b": {...}, "diff", "diff_ci95", "p", "p_method"}``."""
@@ -275,7 +321,15 @@ def compare_per_task(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str
     def cmp(ps: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
         c = paired_comparison([x["successes"] for x, _ in ps], [y["successes"] for _, y in ps], resamples, seed)
         rate = lambda r: {"rate": r[0], "ci95": [r[1], r[2]]}  # noqa: E731
-        return {"n_tasks": c["n_tasks"], "a": rate(c["a"]), "b": rate(c["b"]), "diff": c["diff"], "diff_ci95": list(c["diff_ci"]), "p": c["p"], "p_method": c["p_method"]}
+        return {
+            "n_tasks": c["n_tasks"],
+            "a": rate(c["a"]),
+            "b": rate(c["b"]),
+            "diff": c["diff"],
+            "diff_ci95": list(c["diff_ci"]),
+            "p": c["p"],
+            "p_method": c["p_method"],
+        }
 
     out: dict[str, Any] = {"overall": cmp(pairs)}
     for group in ("kind", "domain"):
@@ -286,7 +340,9 @@ def compare_per_task(rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str
     return out
 
 
-def compare_results(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B"), resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+def compare_results(
+    a: dict[str, Any], b: dict[str, Any], names: tuple[str, str] = ("A", "B"), resamples: int = 10_000, seed: int = 0
+) -> dict[str, Any]:
     """Compare saved result ``b`` with ``a`` on the same tasks (``envace compare``); refuses (ValueError naming
     the mismatch) results of other suites, splits or task sets."""
     why = comparison_mismatch(a, b, names)
@@ -294,8 +350,17 @@ def compare_results(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]
         raise ValueError(f"cannot compare {names[0]} and {names[1]}: {why}")
     suite, split, ids = result_identity(a)
     samples = sorted({len(r["successes"]) for d in (a, b) for r in d["per_task"]})
-    return {"a": names[0], "b": names[1], "suite": suite or result_identity(b)[0], "split": split or result_identity(b)[1], "n_tasks": len(ids),
-            "samples": samples, "resamples": resamples, "seed": seed, **compare_per_task(a["per_task"], b["per_task"], resamples, seed)}
+    return {
+        "a": names[0],
+        "b": names[1],
+        "suite": suite or result_identity(b)[0],
+        "split": split or result_identity(b)[1],
+        "n_tasks": len(ids),
+        "samples": samples,
+        "resamples": resamples,
+        "seed": seed,
+        **compare_per_task(a["per_task"], b["per_task"], resamples, seed),
+    }
 
 
 P_METHODS = {"mcnemar_exact": "exact McNemar", "sign_flip": "paired sign-flip permutation"}
@@ -309,16 +374,33 @@ def format_comparison(c: dict[str, Any]) -> str:
 
     def row(name: str, x: dict[str, Any]) -> list[str]:
         lo, hi = x["diff_ci95"]
-        return [name, str(x["n_tasks"]), fmt_rate(x["a"]["rate"], *x["a"]["ci95"]), fmt_rate(x["b"]["rate"], *x["b"]["ci95"]), f"{x['diff']:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]", fmt_p(x["p"])]
+        return [
+            name,
+            str(x["n_tasks"]),
+            fmt_rate(x["a"]["rate"], *x["a"]["ci95"]),
+            fmt_rate(x["b"]["rate"], *x["b"]["ci95"]),
+            f"{x['diff']:+.3f}",
+            f"[{lo:+.3f}, {hi:+.3f}]",
+            fmt_p(x["p"]),
+        ]
 
     rows.append(row("overall", c["overall"]))
     for group in ("by_kind", "by_domain"):
         for name, x in c.get(group, {}).items():
             rows.append(row(f"{group[3:]}/{name}", x))
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
-    lines = [f"A = {c['a']}, B = {c['b']}: {c['suite'] or '?'}/{c['split'] or '?'}, {c['n_tasks']} tasks, samples per task {'/'.join(map(str, c['samples']))}"]
-    lines += ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths))) for r in [head] + rows]
-    methods = sorted({c["overall"]["p_method"], *(x["p_method"] for g in ("by_kind", "by_domain") for x in c.get(g, {}).values())})
-    lines.append(f"intervals: Wilson over tasks (per-task mean success); B - A: paired bootstrap over tasks ({c['resamples']} resamples, seed {c['seed']}); "
-                 f"p: {', '.join(P_METHODS.get(m, m) for m in methods)}")
+    lines = [
+        f"A = {c['a']}, B = {c['b']}: {c['suite'] or '?'}/{c['split'] or '?'}, {c['n_tasks']} tasks, samples per task {'/'.join(map(str, c['samples']))}"
+    ]
+    lines += [
+        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+        for r in [head] + rows
+    ]
+    methods = sorted(
+        {c["overall"]["p_method"], *(x["p_method"] for g in ("by_kind", "by_domain") for x in c.get(g, {}).values())}
+    )
+    lines.append(
+        f"intervals: Wilson over tasks (per-task mean success); B - A: paired bootstrap over tasks ({c['resamples']} resamples, seed {c['seed']}); "
+        f"p: {', '.join(P_METHODS.get(m, m) for m in methods)}"
+    )
     return "\n".join(lines)

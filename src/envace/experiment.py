@@ -36,6 +36,7 @@ Departures, all at CPU scale: tiny budgets; the per-role and simulator arms rehe
 time (envace.tts has one model); fidelity is measured on the policy's own rollouts, so arms differ in the calls
 they make as well as in the observations they imagine.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,10 +60,36 @@ two)."""
 
 
 def _small_rollout() -> RolloutConfig:
-    return RolloutConfig(group_size=4, max_steps=6, max_steps_per_turn=4, act=SamplingParams(temperature=1.0, max_new_tokens=96), rehearse=rehearse_sampling(96))
+    return RolloutConfig(
+        group_size=4,
+        max_steps=6,
+        max_steps_per_turn=4,
+        act=SamplingParams(temperature=1.0, max_new_tokens=96),
+        rehearse=rehearse_sampling(96),
+    )
 
 
-EXPERIMENT_SETS = frozenset({"model", "suite", "n_train_tasks", "variant", "reward", "iterations", "batch_tasks", "lr", "rollout", "out_dir", "save_every", "rollout_bf16", "keep_checkpoints", "seed", "tensorboard", "progress", "resume"})
+EXPERIMENT_SETS = frozenset(
+    {
+        "model",
+        "suite",
+        "n_train_tasks",
+        "variant",
+        "reward",
+        "iterations",
+        "batch_tasks",
+        "lr",
+        "rollout",
+        "out_dir",
+        "save_every",
+        "rollout_bf16",
+        "keep_checkpoints",
+        "seed",
+        "tensorboard",
+        "progress",
+        "resume",
+    }
+)
 """TrainConfig fields the experiment sets for each RL arm itself (not allowed in ``train_options``)."""
 
 
@@ -170,14 +197,22 @@ class ExperimentConfig:
             REHEARSAL_MODES.get(m)
         MEMORY_BUILDERS.get(self.tts_memory)
         if any(not REHEARSAL_MODES.get(m).imagined for m in self.tts_modes) and PLAN_MATCHES not in self.tts_modes:
-            raise ValueError(f"tts_modes {list(self.tts_modes)}: a compute-matched baseline needs {PLAN_MATCHES!r} too (its token budget is measured there)")
-        unknown = set(self.train_options) - (TRAIN_OPTIONS := {f.name for f in dataclasses.fields(TrainConfig)} - EXPERIMENT_SETS)
+            raise ValueError(
+                f"tts_modes {list(self.tts_modes)}: a compute-matched baseline needs {PLAN_MATCHES!r} too (its token budget is measured there)"
+            )
+        unknown = set(self.train_options) - (
+            TRAIN_OPTIONS := {f.name for f in dataclasses.fields(TrainConfig)} - EXPERIMENT_SETS
+        )
         if unknown:
-            raise ValueError(f"train_options: {', '.join(sorted(unknown))} cannot be set there (allowed: {', '.join(sorted(TRAIN_OPTIONS))})")
+            raise ValueError(
+                f"train_options: {', '.join(sorted(unknown))} cannot be set there (allowed: {', '.join(sorted(TRAIN_OPTIONS))})"
+            )
         if len(set(self.arms)) != len(self.arms) or not self.arms:
             raise ValueError(f"arms must be a non-empty list without repeats, got {self.arms}")
         if not self.seeds or not self.tts_budgets or min(self.tts_budgets) < 0 or 0 not in self.tts_budgets:
-            raise ValueError(f"seeds must be non-empty and tts_budgets must hold 0 (every arm's main evaluation) and no negative budget, got {list(self.tts_budgets)}")
+            raise ValueError(
+                f"seeds must be non-empty and tts_budgets must hold 0 (every arm's main evaluation) and no negative budget, got {list(self.tts_budgets)}"
+            )
         if self.eval_tasks < 1 or self.eval_samples < 1 or self.fidelity_tasks < 0 or self.fidelity_samples < 1:
             raise ValueError("eval_tasks, eval_samples, fidelity_samples >= 1 and fidelity_tasks >= 0 are required")
         if self.fidelity_every < 0 or (self.tts_tasks is not None and self.tts_tasks < 1) or self.claim_n < 1:
@@ -251,15 +286,37 @@ class SeedRun:
             return d["checkpoint"], d["metrics"]
         _say(f"seed {self.seed}: {what}")
         res = sft(scfg)
-        _write_json(done, {"checkpoint": res.checkpoint, "metrics": res.metrics, "steps": scfg.steps, "batch_tasks": scfg.batch_tasks, "n_tasks": scfg.n_tasks})
+        _write_json(
+            done,
+            {
+                "checkpoint": res.checkpoint,
+                "metrics": res.metrics,
+                "steps": scfg.steps,
+                "batch_tasks": scfg.batch_tasks,
+                "n_tasks": scfg.n_tasks,
+            },
+        )
         return res.checkpoint, res.metrics
 
     def sft(self) -> tuple[str, list[dict[str, Any]]]:
         """(SFT checkpoint folder, SFT metrics)."""
         if self._sft is None:
             c = self.cfg
-            scfg = SFTConfig(model=c.model, suite=c.suite, n_tasks=c.sft_tasks, steps=c.sft_steps, batch_tasks=c.sft_batch_tasks, lr=c.sft_lr, out_dir=os.path.join(self.dir, "sft"), seed=self.seed, tensorboard=False, progress=c.progress)
-            self._sft = self.run_sft("sft", scfg, f"SFT warm-up ({c.sft_steps} steps on {c.sft_tasks} gold trajectories)")
+            scfg = SFTConfig(
+                model=c.model,
+                suite=c.suite,
+                n_tasks=c.sft_tasks,
+                steps=c.sft_steps,
+                batch_tasks=c.sft_batch_tasks,
+                lr=c.sft_lr,
+                out_dir=os.path.join(self.dir, "sft"),
+                seed=self.seed,
+                tensorboard=False,
+                progress=c.progress,
+            )
+            self._sft = self.run_sft(
+                "sft", scfg, f"SFT warm-up ({c.sft_steps} steps on {c.sft_tasks} gold trajectories)"
+            )
         return self._sft
 
     def fidelity_start(self) -> dict[str, Any]:
@@ -287,13 +344,32 @@ def _sft_more(run: SeedRun) -> ArmModels:
     c = run.cfg
     start, _ = run.sft()
     n = sft_more_steps(c)
-    scfg = SFTConfig(model=start, suite=c.suite, n_tasks=rl_train_tasks(c), steps=n, batch_tasks=c.batch_tasks, lr=c.sft_lr, out_dir=os.path.join(run.dir, "sft_more"), seed=run.seed, tensorboard=False, progress=c.progress)
-    ckpt, metrics = run.run_sft("sft_more", scfg, f"SFT continued for {n} steps (as many as an RL arm) on gold trajectories of the RL task pool")
+    scfg = SFTConfig(
+        model=start,
+        suite=c.suite,
+        n_tasks=rl_train_tasks(c),
+        steps=n,
+        batch_tasks=c.batch_tasks,
+        lr=c.sft_lr,
+        out_dir=os.path.join(run.dir, "sft_more"),
+        seed=run.seed,
+        tensorboard=False,
+        progress=c.progress,
+    )
+    ckpt, metrics = run.run_sft(
+        "sft_more", scfg, f"SFT continued for {n} steps (as many as an RL arm) on gold trajectories of the RL task pool"
+    )
     return ArmModels(policy=ckpt, curve=metrics)
 
 
-ARMS.add("sft_more", Arm("SFT continued from the warm-up for as many optimizer steps as each RL arm takes (one per iteration), on gold "
-                         "trajectories of the RL tasks: the compute-matched control that uses gold", _sft_more))
+ARMS.add(
+    "sft_more",
+    Arm(
+        "SFT continued from the warm-up for as many optimizer steps as each RL arm takes (one per iteration), on gold "
+        "trajectories of the RL tasks: the compute-matched control that uses gold",
+        _sft_more,
+    ),
+)
 
 
 def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
@@ -307,9 +383,23 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
         rc = dataclasses.replace(c.rollout, group_size=c.group_size, progress=False)
         out = os.path.join(run.dir, variant)
         tcfg = TrainConfig(
-            model=start, suite=c.suite, n_train_tasks=rl_train_tasks(c), variant=variant, reward=c.reward, iterations=c.iterations,
-            batch_tasks=c.batch_tasks, lr=c.lr, rollout=rc, out_dir=out, save_every=max(1, c.iterations), rollout_bf16=c.generate_bf16,
-            keep_checkpoints=1, seed=run.seed, tensorboard=False, progress=c.progress, **c.train_options,
+            model=start,
+            suite=c.suite,
+            n_train_tasks=rl_train_tasks(c),
+            variant=variant,
+            reward=c.reward,
+            iterations=c.iterations,
+            batch_tasks=c.batch_tasks,
+            lr=c.lr,
+            rollout=rc,
+            out_dir=out,
+            save_every=max(1, c.iterations),
+            rollout_bf16=c.generate_bf16,
+            keep_checkpoints=1,
+            seed=run.seed,
+            tensorboard=False,
+            progress=c.progress,
+            **c.train_options,
         )
         steps = fidelity_steps(c)
         cache = os.path.join(out, "fidelity_curve.json")
@@ -329,7 +419,9 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
         models = _arm_models(variant, res.checkpoint, start)
         models.curve = read_metrics(out)  # every step, also those of earlier runs of a resumed arm
         if c.fidelity_every > 0 and c.fidelity_tasks > 0:
-            models.fidelity_curve = [run.fidelity_start()] + [{"step": int(k), "summary": v} for k, v in sorted(points.items(), key=lambda kv: int(kv[0]))]
+            models.fidelity_curve = [run.fidelity_start()] + [
+                {"step": int(k), "summary": v} for k, v in sorted(points.items(), key=lambda kv: int(kv[0]))
+            ]
         return models
 
     return build
@@ -395,11 +487,15 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
     backend = lambda name: HFBackend(*load(name), bf16=cfg.generate_bf16)  # noqa: E731
     ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
     extra = REHEARSERS.get(models.mode).helpers(lambda helper, role: backend(getattr(models, helper)))
-    fcfg = dataclasses.replace(cfg.rollout, mode=models.mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress)
+    fcfg = dataclasses.replace(
+        cfg.rollout, mode=models.mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress
+    )
     return measure_fidelity(policy or backend(models.policy), ftasks, fcfg, **extra)
 
 
-def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "", arm: str | None = None) -> dict[str, Any]:
+def evaluate_arm(
+    cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "", arm: str | None = None
+) -> dict[str, Any]:
     """Real-environment evaluation at every (N, mode) of :func:`budgets`, then rehearsal fidelity; JSON-able."""
     from .backends.hf import HFBackend
     from .models import load
@@ -412,7 +508,9 @@ def evaluate_arm(cfg: ExperimentConfig, models: ArmModels, seed: int, label: str
         _say(f"{label}: rehearsal fidelity on {cfg.fidelity_tasks} tasks x {cfg.fidelity_samples} (shadow mode)")
         fid = arm_fidelity(cfg, models, seed, policy)
         out["fidelity"] = fid.summary
-        keep = [t for t in fid.trajectories if any(s in ("rehearsed", "simulator") for st in t.steps for s in st.sources)]
+        keep = [
+            t for t in fid.trajectories if any(s in ("rehearsed", "simulator") for st in t.steps for s in st.sources)
+        ]
         out["examples"] = [t.to_dict(with_rows=False) for t in (keep or fid.trajectories)[: cfg.viewer_trajectories]]
     return out
 
@@ -424,7 +522,9 @@ def missing_budgets(cfg: ExperimentConfig, arm: str, seed: int, rec: dict[str, A
     return [b for b in budgets(cfg, arm, seed) if b not in have]
 
 
-def add_budgets(cfg: ExperimentConfig, rec: dict[str, Any], seed: int, todo: list[tuple[int, str]], label: str = "") -> None:
+def add_budgets(
+    cfg: ExperimentConfig, rec: dict[str, Any], seed: int, todo: list[tuple[int, str]], label: str = ""
+) -> None:
     """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place, the same way evaluate_arm does)."""
     from .backends.hf import HFBackend
     from .models import load
@@ -433,7 +533,14 @@ def add_budgets(cfg: ExperimentConfig, rec: dict[str, Any], seed: int, todo: lis
     rec["evals"] = evaluate_budgets(cfg, HFBackend(m, tok, bf16=cfg.generate_bf16), seed, todo, rec["evals"], label)
 
 
-def evaluate_budgets(cfg: ExperimentConfig, policy: Any, seed: int, todo: list[tuple[int, str]], evals: list[dict[str, Any]], label: str = "") -> list[dict[str, Any]]:
+def evaluate_budgets(
+    cfg: ExperimentConfig,
+    policy: Any,
+    seed: int,
+    todo: list[tuple[int, str]],
+    evals: list[dict[str, Any]],
+    label: str = "",
+) -> list[dict[str, Any]]:
     """``evals`` extended by the real-environment evaluation of ``policy`` at each (N, mode) of ``todo``, in order
     (the compute-matched plan budget is read from the rehearsal evaluation of the same N, in ``evals`` or done
     before it in ``todo``)."""
@@ -444,7 +551,13 @@ def evaluate_budgets(cfg: ExperimentConfig, policy: Any, seed: int, todo: list[t
     evals = list(evals)
     tasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.eval_tasks, seed=0)  # the same held-out tasks for every seed
     tts_tasks = tasks[: cfg.tts_tasks] if cfg.tts_tasks else tasks
-    rc = dataclasses.replace(cfg.rollout, mode="real", act=cfg.rollout.act.with_(temperature=cfg.eval_temperature), seed=seed, progress=cfg.progress)
+    rc = dataclasses.replace(
+        cfg.rollout,
+        mode="real",
+        act=cfg.rollout.act.with_(temperature=cfg.eval_temperature),
+        seed=seed,
+        progress=cfg.progress,
+    )
     tts_options = {
         "memory": cfg.tts_memory,
         "reflect_sampling": SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=cfg.tts_max_new_tokens),
@@ -456,15 +569,32 @@ def evaluate_budgets(cfg: ExperimentConfig, policy: Any, seed: int, todo: list[t
     for n, mode in todo:
         ts = tasks if n == 0 else tts_tasks
         extra: dict[str, Any] = {}
-        if n > 0 and not REHEARSAL_MODES.get(mode).imagined:  # the compute-matched baseline: as many tokens per plan as per attempt
+        if (
+            n > 0 and not REHEARSAL_MODES.get(mode).imagined
+        ):  # the compute-matched baseline: as many tokens per plan as per attempt
             extra["plan_max_new_tokens"], extra["plan_budget_from"] = plan_budget(evals, n, cfg.tts_max_new_tokens)
-        _say(f"{label}: evaluating at N={n}" + (f" ({mode})" if n else "") + f" on {len(ts)} tasks x {cfg.eval_samples}" + (f", {extra['plan_max_new_tokens']} tokens per plan" if extra else ""))
+        _say(
+            f"{label}: evaluating at N={n}"
+            + (f" ({mode})" if n else "")
+            + f" on {len(ts)} tasks x {cfg.eval_samples}"
+            + (f", {extra['plan_max_new_tokens']} tokens per plan" if extra else "")
+        )
         opts = tts_options | ({"plan_max_new_tokens": extra["plan_max_new_tokens"]} if extra else {})
-        res = evaluate_at_budget(policy, ts, samples=cfg.eval_samples, rollout=rc if n == 0 else attempts_rc, n=n, mode=mode, tts_options=opts)
+        res = evaluate_at_budget(
+            policy,
+            ts,
+            samples=cfg.eval_samples,
+            rollout=rc if n == 0 else attempts_rc,
+            n=n,
+            mode=mode,
+            tts_options=opts,
+        )
         policy.release_all()
         if n == 0:
             add_token_counts(res.per_task, res.trajectories)  # (N > 0: envace.tts counts them, rehearsal included)
-        evals.append({"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task, **extra})  # per-task outcomes: paired comparisons
+        evals.append(
+            {"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task, **extra}
+        )  # per-task outcomes: paired comparisons
     return evals
 
 
@@ -507,7 +637,12 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
     os.makedirs(cfg.out_dir, exist_ok=True)
     path = os.path.join(cfg.out_dir, "results.json")
     conf = to_dict(cfg)
-    results: dict[str, Any] = {"config": conf, "arms": list(cfg.arms), "docs": {a: ARMS.get(a).doc for a in cfg.arms}, "runs": {}}
+    results: dict[str, Any] = {
+        "config": conf,
+        "arms": list(cfg.arms),
+        "docs": {a: ARMS.get(a).doc for a in cfg.arms},
+        "runs": {},
+    }
     if not cfg.resume:
         _say(f"resume=false: starting over in {cfg.out_dir}")
         for seed in cfg.seeds:
@@ -516,7 +651,9 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
         with open(path, encoding="utf-8") as f:
             old = json.load(f)
         if diff := config_diff(old.get("config", {}), conf, ignore=RESUMABLE):
-            raise ValueError(f"{cfg.out_dir} holds an experiment with another config ({describe_diff(diff)}); choose another out_dir, or set resume=false to start over there")
+            raise ValueError(
+                f"{cfg.out_dir} holds an experiment with another config ({describe_diff(diff)}); choose another out_dir, or set resume=false to start over there"
+            )
         results["runs"] = old.get("runs", {})
     t0 = time.perf_counter()
     total = len(cfg.seeds) * len(cfg.arms)
@@ -543,16 +680,28 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             models = ARMS.get(arm).build(run)
             t_train = time.perf_counter() - t_arm
             rec = evaluate_arm(cfg, models, seed, label, arm=arm)
-            rec |= {"models": {"policy": models.policy, "rehearser": models.rehearser, "simulator": models.simulator}, "curve": models.curve, "train_s": t_train, "eval_s": time.perf_counter() - t_arm - t_train}
+            rec |= {
+                "models": {"policy": models.policy, "rehearser": models.rehearser, "simulator": models.simulator},
+                "curve": models.curve,
+                "train_s": t_train,
+                "eval_s": time.perf_counter() - t_arm - t_train,
+            }
             if models.fidelity_curve is not None:  # the start, every fidelity_every iterations, and the final fidelity
-                rec["fidelity_curve"] = models.fidelity_curve + ([{"step": cfg.iterations, "summary": rec["fidelity"]}] if rec["fidelity"] else [])
+                rec["fidelity_curve"] = models.fidelity_curve + (
+                    [{"step": cfg.iterations, "summary": rec["fidelity"]}] if rec["fidelity"] else []
+                )
             results["runs"].setdefault(arm, {})[str(seed)] = rec
             results["elapsed_s"] = time.perf_counter() - t0
             _write_json(path, results)
             head = next(e for e in rec["evals"] if e["n"] == 0)["metrics"]
-            _say(f"{label}: success {rate_with_ci(head)}, tool F1 {head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)")
+            _say(
+                f"{label}: success {rate_with_ci(head)}, tool F1 {head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)"
+            )
     _write_json(path, results)  # every seed ever run here; the report shows the config's seeds
-    shown = {**results, "runs": {arm: {s: r for s, r in runs.items() if int(s) in cfg.seeds} for arm, runs in results["runs"].items()}}
+    shown = {
+        **results,
+        "runs": {arm: {s: r for s, r in runs.items() if int(s) in cfg.seeds} for arm, runs in results["runs"].items()},
+    }
     _say(f"writing the report (seeds {', '.join(map(str, cfg.seeds))})")
     files = write_report(shown, cfg.out_dir)
     _say(f"done in {time.perf_counter() - t0:.0f}s; report: {files['html']}")
@@ -564,6 +713,24 @@ def load_experiment_config(path: str | None = None, overrides: list[str] | None 
 
 
 __all__ = [
-    "ExperimentConfig", "ArmModels", "Arm", "ARMS", "SeedRun", "budgets", "sweeps", "plan_budget", "rl_train_tasks", "sft_more_steps", "fidelity_steps",
-    "arm_fidelity", "evaluate_arm", "evaluate_budgets", "missing_budgets", "add_budgets", "ExperimentResult", "run_experiment", "load_experiment_config", "PLAN_MATCHES",
+    "ExperimentConfig",
+    "ArmModels",
+    "Arm",
+    "ARMS",
+    "SeedRun",
+    "budgets",
+    "sweeps",
+    "plan_budget",
+    "rl_train_tasks",
+    "sft_more_steps",
+    "fidelity_steps",
+    "arm_fidelity",
+    "evaluate_arm",
+    "evaluate_budgets",
+    "missing_budgets",
+    "add_budgets",
+    "ExperimentResult",
+    "run_experiment",
+    "load_experiment_config",
+    "PLAN_MATCHES",
 ]

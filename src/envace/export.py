@@ -36,6 +36,7 @@ as generated (``<tool_call>`` blocks in the assistant text, ``tool_calls`` kept 
 ``tool_calls`` (SmolLM2's) then renders the very context envace trained on. ``system="task"`` drops envace's tool
 list and calling instructions from the system message, for a template that renders ``tools`` itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,11 +80,13 @@ def tools_from_system(text: str) -> list[dict[str, Any]]:
     if block is None:
         return []
     tools = []
-    for line in block[len(TOOLS_HEADER):].splitlines():
+    for line in block[len(TOOLS_HEADER) :].splitlines():
         try:
             tools.append(ToolSpec.from_dict(json.loads(line)).to_openai())
         except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"the system message's tools block holds a line that is not a tool ({e}): {line[:80]!r}") from None
+            raise ValueError(
+                f"the system message's tools block holds a line that is not a tool ({e}): {line[:80]!r}"
+            ) from None
     return tools
 
 
@@ -97,7 +100,9 @@ def world_of(traj: Trajectory) -> str:
     return "real" if traj.mode in REAL_MODES else "imagined"
 
 
-def chat_messages(traj: Trajectory, content: str = "text", system: str = "seen") -> tuple[list[dict[str, Any]], list[str], int]:
+def chat_messages(
+    traj: Trajectory, content: str = "text", system: str = "seen"
+) -> tuple[list[dict[str, Any]], list[str], int]:
     """``(messages, observation sources, parse errors)`` of a trajectory: its Act chat in the OpenAI format
     (module docstring); the sources are those of the tool messages, in order. A trajectory whose messages do not
     match its steps (an assistant message per step, a tool message per answered call) is an error."""
@@ -106,7 +111,9 @@ def chat_messages(traj: Trajectory, content: str = "text", system: str = "seen")
     sources: list[str] = []
     parse_errors = 0
     steps = iter(enumerate(traj.steps))
-    pending: list[tuple[str | None, str]] = []  # (call id or None for a parse error's feedback, source) awaiting a tool message
+    pending: list[
+        tuple[str | None, str]
+    ] = []  # (call id or None for a parse error's feedback, source) awaiting a tool message
     for m in traj.messages:
         if m.role == "system":
             out.append({"role": "system", "content": write_system(m.content)})
@@ -118,13 +125,22 @@ def chat_messages(traj: Trajectory, content: str = "text", system: str = "seen")
                 raise ValueError(f"trajectory {traj.id}: more assistant messages than its {len(traj.steps)} steps")
             msg: dict[str, Any] = {"role": "assistant", "content": write_content(m, step)}
             if step.calls:
-                msg["tool_calls"] = [{"id": call_id(s, j), "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}} for j, c in enumerate(step.calls)]
+                msg["tool_calls"] = [
+                    {
+                        "id": call_id(s, j),
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+                    }
+                    for j, c in enumerate(step.calls)
+                ]
             out.append(msg)
             if step.parse_error is not None:
                 parse_errors += 1
                 pending = [(None, "validation")]
             else:
-                pending = [(call_id(s, j), step.sources[j] if j < len(step.sources) else "") for j in range(len(step.calls))]
+                pending = [
+                    (call_id(s, j), step.sources[j] if j < len(step.sources) else "") for j in range(len(step.calls))
+                ]
         elif m.role == "tool":
             if not pending:
                 raise ValueError(f"trajectory {traj.id}: a tool message that answers no call")
@@ -142,7 +158,13 @@ def chat_messages(traj: Trajectory, content: str = "text", system: str = "seen")
     return out, sources, parse_errors
 
 
-def trajectory_record(traj: Trajectory, world: str | None = None, content: str = "text", system: str = "seen", extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def trajectory_record(
+    traj: Trajectory,
+    world: str | None = None,
+    content: str = "text",
+    system: str = "seen",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One JSON record of a trajectory (module docstring). ``world`` overrides :func:`world_of` (gold trajectories
     are ``real``); ``extra`` fields (e.g. ``iteration``) are added."""
     if not traj.messages:
@@ -240,7 +262,13 @@ def read_trajectories(paths: list[str] | tuple[str, ...]) -> ReadResult:
     return res
 
 
-def export_records(items: list[tuple[Trajectory, dict[str, Any]]], real_only: bool = False, world: str | None = None, content: str = "text", system: str = "seen") -> tuple[list[dict[str, Any]], list[str], int]:
+def export_records(
+    items: list[tuple[Trajectory, dict[str, Any]]],
+    real_only: bool = False,
+    world: str | None = None,
+    content: str = "text",
+    system: str = "seen",
+) -> tuple[list[dict[str, Any]], list[str], int]:
     """``(records, errors, skipped imagined)``: a record per trajectory; with ``real_only`` an imagined trajectory
     is left out (counted); a trajectory that cannot be converted is an error line, the others are kept."""
     records, errors, imagined = [], [], 0
@@ -267,4 +295,16 @@ def write_records(path: str, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["CONTENT", "SYSTEM", "ReadResult", "call_id", "chat_messages", "export_records", "read_trajectories", "tools_from_system", "trajectory_record", "world_of", "write_records"]
+__all__ = [
+    "CONTENT",
+    "SYSTEM",
+    "ReadResult",
+    "call_id",
+    "chat_messages",
+    "export_records",
+    "read_trajectories",
+    "tools_from_system",
+    "trajectory_record",
+    "world_of",
+    "write_records",
+]

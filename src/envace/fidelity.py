@@ -35,6 +35,7 @@ change and fail when several state fields change at once), by :data:`BREAKDOWNS`
 Every pair falls in exactly one bucket of each breakdown, so each breakdown's counts add up to the total.
 :func:`measure_fidelity` runs the shadow rollouts and aggregates.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -174,9 +175,21 @@ def _capped(n: int, cap: int) -> str:
 
 
 BREAKDOWNS: dict[str, Breakdown] = {
-    "by_state": Breakdown("read (no state change) vs write", lambda p: "unknown" if p.changed is None else ("write" if p.changed else "read"), ("read", "write", "unknown")),
-    "by_changed_fields": Breakdown("top-level state fields changed", lambda p: "unknown" if p.changed is None else _capped(len(p.changed), 3), ("0", "1", "2", "3+", "unknown")),
-    "by_outcome": Breakdown("real observation: success vs error", lambda p: "error" if is_error_obs(p.real) else "success", ("success", "error")),
+    "by_state": Breakdown(
+        "read (no state change) vs write",
+        lambda p: "unknown" if p.changed is None else ("write" if p.changed else "read"),
+        ("read", "write", "unknown"),
+    ),
+    "by_changed_fields": Breakdown(
+        "top-level state fields changed",
+        lambda p: "unknown" if p.changed is None else _capped(len(p.changed), 3),
+        ("0", "1", "2", "3+", "unknown"),
+    ),
+    "by_outcome": Breakdown(
+        "real observation: success vs error",
+        lambda p: "error" if is_error_obs(p.real) else "success",
+        ("success", "error"),
+    ),
     "by_position": Breakdown("Act step of the trajectory", lambda p: _capped(p.step + 1, 3), ("1", "2", "3+")),
 }
 """The breakdowns of :func:`aggregate` (module docstring), by summary key."""
@@ -204,7 +217,11 @@ def collect_pairs(trajs: Sequence[Trajectory], tasks: Sequence[Task]) -> tuple[l
                     continue
                 tool = step.calls[i].name if i < len(step.calls) else "?"
                 changed = step.shadow_changed[i] if i < len(step.shadow_changed) else None
-                pairs.append(FidelityPair(tr.task_id, tr.id, domain, tool, si, i, src, obs, real, observation_fidelity(obs, real), changed))
+                pairs.append(
+                    FidelityPair(
+                        tr.task_id, tr.id, domain, tool, si, i, src, obs, real, observation_fidelity(obs, real), changed
+                    )
+                )
     return pairs, skipped
 
 
@@ -274,7 +291,13 @@ def format_fidelity(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure_fidelity(policy: Backend, tasks: list[Task], rollout_cfg: RolloutConfig | None = None, rehearser: Backend | None = None, simulator: Backend | None = None) -> FidelityResult:
+def measure_fidelity(
+    policy: Backend,
+    tasks: list[Task],
+    rollout_cfg: RolloutConfig | None = None,
+    rehearser: Backend | None = None,
+    simulator: Backend | None = None,
+) -> FidelityResult:
     """Roll out ``tasks`` in shadow mode (``rollout_cfg.mode``: rehearsal, per_role with ``rehearser`` or
     simulator with ``simulator``; ``group_size`` trajectories each) and score every rehearsed observation
     against the real one. Nothing real is shown to the policy."""
@@ -289,6 +312,21 @@ def measure_fidelity(policy: Backend, tasks: list[Task], rollout_cfg: RolloutCon
 
 
 __all__ = [
-    "METRICS", "leaf_paths", "path_str", "is_valid_rehearsal", "mismatched_leaves", "leaf_accuracy", "keys_match", "observation_fidelity",
-    "FidelityPair", "Breakdown", "BREAKDOWNS", "collect_pairs", "mean_scores", "aggregate", "FidelityResult", "format_fidelity", "measure_fidelity",
+    "METRICS",
+    "leaf_paths",
+    "path_str",
+    "is_valid_rehearsal",
+    "mismatched_leaves",
+    "leaf_accuracy",
+    "keys_match",
+    "observation_fidelity",
+    "FidelityPair",
+    "Breakdown",
+    "BREAKDOWNS",
+    "collect_pairs",
+    "mean_scores",
+    "aggregate",
+    "FidelityResult",
+    "format_fidelity",
+    "measure_fidelity",
 ]

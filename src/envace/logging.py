@@ -8,6 +8,7 @@ A sink that was asked for and cannot start (package missing, init error), or fai
 in one line naming it and why, and is off from then on: training goes on, and the JSON lines are always written.
 Keys are grouped: ``reward/...``, ``act/...``, ``rehearse/...``, ``loss/...``, ``perf/...``.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,10 @@ class JsonlSink:
             os.remove(self.path)
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        rec = {"step": step, **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in sorted(metrics.items())}}
+        rec = {
+            "step": step,
+            **{k: (float(v) if isinstance(v, (int, float)) else v) for k, v in sorted(metrics.items())},
+        }
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
             f.flush()
@@ -86,7 +90,12 @@ class WandbSink:
     def __init__(self, ctx: SinkContext):
         import wandb
 
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "envace"), name=os.path.basename(os.path.abspath(ctx.out_dir)), dir=ctx.out_dir, config=ctx.config)
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "envace"),
+            name=os.path.basename(os.path.abspath(ctx.out_dir)),
+            dir=ctx.out_dir,
+            config=ctx.config,
+        )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self.run.log(_scalars(metrics), step=step)
@@ -101,7 +110,11 @@ class TrackioSink:
         import trackio
 
         self.trackio = trackio
-        trackio.init(project=os.environ.get("TRACKIO_PROJECT", "envace"), name=os.path.basename(os.path.abspath(ctx.out_dir)), config=ctx.config)
+        trackio.init(
+            project=os.environ.get("TRACKIO_PROJECT", "envace"),
+            name=os.path.basename(os.path.abspath(ctx.out_dir)),
+            config=ctx.config,
+        )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         self.trackio.log(_scalars(metrics), step=step)
@@ -141,7 +154,13 @@ def _reason(e: BaseException) -> str:
 class MetricsLogger:
     """Writes each step's metrics to every sink of ``report_to`` (:func:`report_sinks`; ``jsonl`` always)."""
 
-    def __init__(self, out_dir: str, report_to: Iterable[str] | str | None = ("tensorboard",), resume_step: int | None = None, config: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        out_dir: str,
+        report_to: Iterable[str] | str | None = ("tensorboard",),
+        resume_step: int | None = None,
+        config: dict[str, Any] | None = None,
+    ):
         ctx = SinkContext(out_dir, resume_step, config)
         self.jsonl = JsonlSink(ctx)
         self.path = self.jsonl.path

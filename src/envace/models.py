@@ -33,6 +33,7 @@ Where built-in models go (``<cache>`` is ``$ENVACE_CACHE``, else ``~/.cache/enva
 A folder counts as built only when it holds ``envace-build.json``, written last, inside the temp folder; a
 build that is interrupted leaves at most a temp folder, which the next build (under the lock) deletes.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -131,7 +132,9 @@ def resolve_model(name_or_path: str | os.PathLike, role: str = "policy") -> str:
         return folder
     roles = sorted(d for d in os.listdir(ckpt) if _is_model_folder(os.path.join(ckpt, d)))
     if roles:
-        raise ModelNotFoundError(f"checkpoint {ckpt!r} (from {path!r}) has no {role!r} model; it holds: {', '.join(roles)}")
+        raise ModelNotFoundError(
+            f"checkpoint {ckpt!r} (from {path!r}) has no {role!r} model; it holds: {', '.join(roles)}"
+        )
     return path  # not a checkpoint: model_path says what the folder lacks
 
 
@@ -220,7 +223,9 @@ def load(
     return model.to(device).eval(), tokenizer
 
 
-def load_trainable(name: str | os.PathLike, lora_r: int = 0, lora_alpha: int = 32, adapter: str | None = None) -> tuple[Any, Any]:
+def load_trainable(
+    name: str | os.PathLike, lora_r: int = 0, lora_alpha: int = 32, adapter: str | None = None
+) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a policy to train: :func:`load`, then full fine-tuning, or LoRA when ``lora_r > 0``
     (a fresh adapter on every linear layer), or ``adapter``: a saved LoRA adapter resumed trainable on ``name``."""
     model, tok = load(name)
@@ -230,7 +235,16 @@ def load_trainable(name: str | os.PathLike, lora_r: int = 0, lora_alpha: int = 3
         if adapter:
             model = PeftModel.from_pretrained(model, adapter, is_trainable=True, local_files_only=True)
         else:
-            model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=lora_alpha, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora_r,
+                    lora_alpha=lora_alpha,
+                    target_modules="all-linear",
+                    lora_dropout=0.0,
+                    task_type="CAUSAL_LM",
+                ),
+            )
     model.eval()
     return model, tok
 

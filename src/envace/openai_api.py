@@ -21,6 +21,7 @@ instructions allow none.
 
 Every problem with a request is a :class:`RequestError` naming the offending field (``messages[2].tool_call_id``).
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,8 @@ decodes without special tokens); streamed text is held back from the first of th
 
 def call_openers(fmt: ToolFormat) -> tuple[str, ...]:
     return OPENERS.get(fmt.name, fmt.hints)
+
+
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id"}
 EMPTY_ONLY_KEYS = {"name", "refusal", "annotations", "audio", "function_call", "reasoning_content"}
@@ -59,7 +62,7 @@ def text_content(content: Any, where: str, nullable: bool = False) -> str:
         return ""
     if isinstance(content, list):
         if not all(isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str) for c in content):
-            raise RequestError(f"{where} parts must be text parts ({{\"type\": \"text\", \"text\": ...}})", where)
+            raise RequestError(f'{where} parts must be text parts ({{"type": "text", "text": ...}})', where)
         return "".join(c["text"] for c in content)
     if not isinstance(content, str):
         raise RequestError(f"{where} must be a string or a list of text parts", where)
@@ -76,9 +79,13 @@ def tool_specs(tools: Any) -> list[ToolSpec]:
     for j, t in enumerate(tools):
         where = f"tools[{j}]"
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
-            raise RequestError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\", \"description\", \"parameters\"}}}}", where)
+            raise RequestError(
+                f'{where} must be {{"type": "function", "function": {{"name", "description", "parameters"}}}}', where
+            )
         f = t["function"]
-        extra = [f"{where}.{k}" for k in sorted(set(t) - {"type", "function"})] + [f"{where}.function.{k}" for k in sorted(set(f) - {"name", "description", "parameters", "strict"})]
+        extra = [f"{where}.{k}" for k in sorted(set(t) - {"type", "function"})] + [
+            f"{where}.function.{k}" for k in sorted(set(f) - {"name", "description", "parameters", "strict"})
+        ]
         if extra:
             raise RequestError(f"{extra[0]} is not supported", extra[0])
         name, desc, params = f.get("name"), f.get("description"), f.get("parameters")
@@ -89,9 +96,14 @@ def tool_specs(tools: Any) -> list[ToolSpec]:
         if desc is not None and not isinstance(desc, str):
             raise RequestError(f"{where}.function.description must be a string", f"{where}.function.description")
         if params is not None and not isinstance(params, dict):
-            raise RequestError(f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters")
+            raise RequestError(
+                f"{where}.function.parameters must be a JSON schema object", f"{where}.function.parameters"
+            )
         if f.get("strict"):
-            raise RequestError(f"{where}.function.strict: strict function calling is not supported (the model's calls are not constrained to the schema)", f"{where}.function.strict")
+            raise RequestError(
+                f"{where}.function.strict: strict function calling is not supported (the model's calls are not constrained to the schema)",
+                f"{where}.function.strict",
+            )
         specs.append(ToolSpec.from_dict({"name": name, "description": desc or "", "parameters": params}))
     return specs
 
@@ -105,8 +117,11 @@ def parses_calls(tool_choice: Any, tools: list[ToolSpec]) -> bool:
     if tool_choice == "none":
         return False
     if tool_choice == "required" or isinstance(tool_choice, dict):
-        raise RequestError(f"tool_choice {json.dumps(tool_choice)} cannot be honoured: this server does not constrain the model to call a tool; use \"auto\" or \"none\"", "tool_choice")
-    raise RequestError(f"tool_choice must be \"auto\" or \"none\", got {tool_choice!r}", "tool_choice")
+        raise RequestError(
+            f'tool_choice {json.dumps(tool_choice)} cannot be honoured: this server does not constrain the model to call a tool; use "auto" or "none"',
+            "tool_choice",
+        )
+    raise RequestError(f'tool_choice must be "auto" or "none", got {tool_choice!r}', "tool_choice")
 
 
 def _calls(value: Any, where: str) -> list[tuple[str, ToolCall]]:
@@ -120,7 +135,7 @@ def _calls(value: Any, where: str) -> list[tuple[str, ToolCall]]:
         w = f"{where}.tool_calls[{j}]"
         f = c.get("function") if isinstance(c, dict) else None
         if not isinstance(f, dict) or c.get("type", "function") != "function" or not isinstance(c.get("id"), str):
-            raise RequestError(f"{w} must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", w)
+            raise RequestError(f'{w} must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', w)
         if not isinstance(f.get("name"), str) or not f["name"]:
             raise RequestError(f"{w}.function.name must be a non-empty string", f"{w}.function.name")
         try:
@@ -146,18 +161,31 @@ def act_messages(messages: Any, tools: list[ToolSpec], fmt: ToolFormat = HERMES)
             raise RequestError(f"{where} must be an object with role {', '.join(ROLES)}", f"{where}.role")
         role = ROLES[m["role"]]
         for k, v in m.items():
-            allowed = k in MESSAGE_KEYS and (k != "tool_calls" or role == "assistant") and (k != "tool_call_id" or role == "tool")
+            allowed = (
+                k in MESSAGE_KEYS
+                and (k != "tool_calls" or role == "assistant")
+                and (k != "tool_call_id" or role == "tool")
+            )
             if not allowed and not (k in EMPTY_ONLY_KEYS and v in (None, "", [])):
                 raise RequestError(f"{where}.{k} is not supported on a {m['role']} message", f"{where}.{k}")
         calls = _calls(m.get("tool_calls"), where) if role == "assistant" else []
         content = text_content(m.get("content"), f"{where}.content", nullable=role == "assistant")
         if role == "assistant":
-            out.append(Message("assistant", "\n".join(([content] if content else []) + ([fmt.render([c for _, c in calls])] if calls else [])), tool_calls=[c for _, c in calls]))
+            out.append(
+                Message(
+                    "assistant",
+                    "\n".join(([content] if content else []) + ([fmt.render([c for _, c in calls])] if calls else [])),
+                    tool_calls=[c for _, c in calls],
+                )
+            )
             pending = [cid for cid, _ in calls]
         elif role == "tool":
             cid = m.get("tool_call_id")
             if not isinstance(cid, str) or cid not in pending:
-                raise RequestError(f"{where}.tool_call_id {cid!r} answers no unanswered tool call of the assistant message before it", f"{where}.tool_call_id")
+                raise RequestError(
+                    f"{where}.tool_call_id {cid!r} answers no unanswered tool call of the assistant message before it",
+                    f"{where}.tool_call_id",
+                )
             pending.remove(cid)
             out.append(Message("tool", content))
         else:
@@ -165,7 +193,12 @@ def act_messages(messages: Any, tools: list[ToolSpec], fmt: ToolFormat = HERMES)
             pending = []
     if tools:
         system, rest = (out[0].content, out[1:]) if out[0].role == "system" else ("", out)
-        out = [Message("system", act_system(Task(id="serve", env="", system_prompt=system, user_turns=[], tools=tools), tools=fmt))] + rest
+        out = [
+            Message(
+                "system",
+                act_system(Task(id="serve", env="", system_prompt=system, user_turns=[], tools=tools), tools=fmt),
+            )
+        ] + rest
     return out
 
 
@@ -184,4 +217,11 @@ def reply(text: str, tool_names: Collection[str] | None, fmt: ToolFormat = HERME
 
 def openai_tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
     """Calls as an OpenAI message's ``tool_calls`` (fresh ids, arguments as JSON text)."""
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}} for c in calls]
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for c in calls
+    ]

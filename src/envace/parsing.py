@@ -9,6 +9,7 @@ result or a structured error object (see :func:`envace.types.error_obs`).
 
 Model text is data: it is parsed with ``json.loads`` only and never evaluated.
 """
+
 from __future__ import annotations
 
 import json
@@ -214,13 +215,16 @@ def _hermes_parse(text: str, thinking: str | None) -> ActParse:
 
 
 def _hermes_render(calls: list[ToolCall]) -> str:
-    return "".join(CALL_OPEN + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) + CALL_CLOSE for c in calls)
+    return "".join(
+        CALL_OPEN + json.dumps({"name": c.name, "arguments": c.arguments}, ensure_ascii=False) + CALL_CLOSE
+        for c in calls
+    )
 
 
 def _llama3_parse(text: str, thinking: str | None) -> ActParse:
     s = text.strip()
     tagged = s.startswith(PYTHON_TAG)  # (a backend that decodes without special tokens has dropped it)
-    body = s[len(PYTHON_TAG):].strip() if tagged else s
+    body = s[len(PYTHON_TAG) :].strip() if tagged else s
     if not tagged and not body.startswith("{"):
         return ActParse(reply=s, thinking=thinking)
     vals, rest, err = _json_values(body, sep=";")
@@ -257,12 +261,18 @@ def _mistral_parse(text: str, thinking: str | None) -> ActParse:
 
 
 def _mistral_render(calls: list[ToolCall]) -> str:
-    return TOOL_CALLS_TAG + " " + json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
+    return (
+        TOOL_CALLS_TAG
+        + " "
+        + json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
+    )
 
 
 def _instructions(how: str) -> str:
-    return (f"You can call tools. To call one, answer with {how} and nothing else. Tool results come back as tool "
-            "messages. When you have what the user asked for, answer the user in plain text.")
+    return (
+        f"You can call tools. To call one, answer with {how} and nothing else. Tool results come back as tool "
+        "messages. When you have what the user asked for, answer the user in plain text."
+    )
 
 
 @dataclass(frozen=True)
@@ -298,18 +308,40 @@ class ToolFormat:
 
 
 TOOL_FORMATS: Registry[ToolFormat] = Registry("tool format")
-TOOL_FORMATS.add("hermes", ToolFormat(
+TOOL_FORMATS.add(
     "hermes",
-    _instructions(CALL_OPEN + "{\"name\": NAME, \"arguments\": {...}}" + CALL_CLOSE + " (several blocks for several calls)"),
-    _hermes_parse, _hermes_render, (CALL_OPEN,)))
-TOOL_FORMATS.add("llama3_json", ToolFormat(
+    ToolFormat(
+        "hermes",
+        _instructions(
+            CALL_OPEN + '{"name": NAME, "arguments": {...}}' + CALL_CLOSE + " (several blocks for several calls)"
+        ),
+        _hermes_parse,
+        _hermes_render,
+        (CALL_OPEN,),
+    ),
+)
+TOOL_FORMATS.add(
     "llama3_json",
-    _instructions("only a JSON object {\"name\": NAME, \"parameters\": {...}} (several calls: objects separated by \"; \")"),
-    _llama3_parse, _llama3_render, (PYTHON_TAG, "ipython")))
-TOOL_FORMATS.add("mistral", ToolFormat(
+    ToolFormat(
+        "llama3_json",
+        _instructions(
+            'only a JSON object {"name": NAME, "parameters": {...}} (several calls: objects separated by "; ")'
+        ),
+        _llama3_parse,
+        _llama3_render,
+        (PYTHON_TAG, "ipython"),
+    ),
+)
+TOOL_FORMATS.add(
     "mistral",
-    _instructions(TOOL_CALLS_TAG + " [{\"name\": NAME, \"arguments\": {...}}] (one list holding every call)"),
-    _mistral_parse, _mistral_render, (TOOL_CALLS_TAG,)))
+    ToolFormat(
+        "mistral",
+        _instructions(TOOL_CALLS_TAG + ' [{"name": NAME, "arguments": {...}}] (one list holding every call)'),
+        _mistral_parse,
+        _mistral_render,
+        (TOOL_CALLS_TAG,),
+    ),
+)
 DETECTION_ORDER = ("mistral", "llama3_json", "hermes")
 """Tool formats tried in this order by :func:`tool_format_for`; the first whose hint the tokenizer shows wins."""
 DEFAULT_TOOL_FORMAT = "hermes"
@@ -322,7 +354,11 @@ def tool_format_for(tokenizer: Any, name: str | None = None) -> ToolFormat:
     if name is not None:
         return TOOL_FORMATS.get(name)
     template = getattr(tokenizer, "chat_template", None)
-    seen = (template if isinstance(template, str) else "") + "\n" + "\n".join(getattr(tokenizer, "added_tokens_encoder", None) or {})
+    seen = (
+        (template if isinstance(template, str) else "")
+        + "\n"
+        + "\n".join(getattr(tokenizer, "added_tokens_encoder", None) or {})
+    )
     for candidate in DETECTION_ORDER:
         if any(h in seen for h in TOOL_FORMATS.get(candidate).hints):
             return TOOL_FORMATS.get(candidate)

@@ -14,6 +14,7 @@ bf16 default there turns minutes into hours. Every bf16 setting of envace (``SFT
 
 :func:`use_bf16` applies the decision and prints its note (fallback or warning) once per process.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,7 +42,9 @@ def bf16_setting(value: Any, where: str = "bf16") -> bool | str:
             return AUTO
         if v in _TRUE or v in _FALSE:
             return v in _TRUE
-    raise ValueError(f"{where}: bad value {value!r}: expected true, false or 'auto' (bf16 where it is faster than float32)")
+    raise ValueError(
+        f"{where}: bad value {value!r}: expected true, false or 'auto' (bf16 where it is faster than float32)"
+    )
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,9 @@ def probe_cpu_bf16(rows: int = 64, inner: int = 576, cols: int = 1536, repeats: 
                 best[dt] = min(best[dt], (time.perf_counter() - t0) * 1e3)
             if best[torch.bfloat16] > 4 * best[torch.float32]:
                 break
-    return Bf16Probe(bf16_ms=best[torch.bfloat16], float32_ms=best[torch.float32], capability=torch.backends.cpu.get_cpu_capability())
+    return Bf16Probe(
+        bf16_ms=best[torch.bfloat16], float32_ms=best[torch.float32], capability=torch.backends.cpu.get_cpu_capability()
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,7 +102,12 @@ def cuda_bf16_supported() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
-def resolve_bf16(requested: bool | str | None, device: str | torch.device = "cpu", probe: Callable[[], Bf16Probe] | None = None, cuda_bf16: Callable[[], bool] | None = None) -> tuple[bool, str | None]:
+def resolve_bf16(
+    requested: bool | str | None,
+    device: str | torch.device = "cpu",
+    probe: Callable[[], Bf16Probe] | None = None,
+    cuda_bf16: Callable[[], bool] | None = None,
+) -> tuple[bool, str | None]:
     """(use bf16?, a one-line note or None) for a bf16 setting on ``device``; pure given ``probe`` / ``cuda_bf16``
     (injectable, so the rule can be checked without this machine's CPU; None: :func:`cpu_bf16_probe`,
     :func:`cuda_bf16_supported`). The probe runs only for ``True`` or ``"auto"`` on CPU."""
@@ -117,7 +127,10 @@ def resolve_bf16(requested: bool | str | None, device: str | torch.device = "cpu
         if cuda_bf16():
             return True, None
         if want is True:
-            return True, "this GPU does not support bf16 (torch.cuda.is_bf16_supported() is False); using bf16 as requested"
+            return (
+                True,
+                "this GPU does not support bf16 (torch.cuda.is_bf16_supported() is False); using bf16 as requested",
+            )
         return False, "this GPU does not support bf16; using float32"
     if want is True:
         return True, None
@@ -127,7 +140,9 @@ def resolve_bf16(requested: bool | str | None, device: str | torch.device = "cpu
 _said: set[str] = set()
 
 
-def use_bf16(requested: bool | str | None, device: str | torch.device = "cpu", probe: Callable[[], Bf16Probe] | None = None) -> bool:
+def use_bf16(
+    requested: bool | str | None, device: str | torch.device = "cpu", probe: Callable[[], Bf16Probe] | None = None
+) -> bool:
     """:func:`resolve_bf16`'s decision; its note goes to stderr once per process (the same note is not repeated)."""
     use, note = resolve_bf16(requested, device, probe)
     if note and note not in _said:

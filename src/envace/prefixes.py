@@ -7,6 +7,7 @@ length of the prefix shared by sorted sequences i and i+1. A run is cut where th
 system prompt, tool schemas and first turn (~600 tokens) and are not merged with another task's prompts that
 share only a 150-token preamble. A run's common prefix is the smallest link inside it.
 """
+
 from __future__ import annotations
 
 

@@ -19,6 +19,7 @@ Departure from the reference code, for prefix reuse: the Rehearse context of a t
 (earlier calls and the observations it produced stay as earlier turns) instead of a fresh prompt per call.
 The information is the same: the whole conversation so far and the current call.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,15 +37,18 @@ ACT_INSTRUCTIONS = TOOL_FORMATS.get("hermes").instructions
 REHEARSE_SYSTEM = (
     "You are a precise tool simulator. You are given tool schemas, reference examples of real calls, the "
     "conversation so far and one tool call. First validate the call: the tool must exist and the arguments "
-    "must fit its schema; if not, return {\"error\": {\"kind\": \"unknown_tool\" or \"bad_arguments\", "
-    "\"message\": ...}}. Otherwise return exactly what the real tool would return, consistent with the "
-    "conversation and the examples (a failure the tool would report is {\"error\": {\"kind\": \"tool_error\", "
-    f"\"message\": ...}}}}). Answer with {OBS_OPEN}{{json}}{OBS_CLOSE} and nothing else."
+    'must fit its schema; if not, return {"error": {"kind": "unknown_tool" or "bad_arguments", '
+    '"message": ...}}. Otherwise return exactly what the real tool would return, consistent with the '
+    'conversation and the examples (a failure the tool would report is {"error": {"kind": "tool_error", '
+    f'"message": ...}}}}). Answer with {OBS_OPEN}{{json}}{OBS_CLOSE} and nothing else.'
 )
 
 
 def render_tools(tools: list[ToolSpec]) -> str:
-    return "\n".join(json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters}, ensure_ascii=False) for t in tools)
+    return "\n".join(
+        json.dumps({"name": t.name, "description": t.description, "parameters": t.parameters}, ensure_ascii=False)
+        for t in tools
+    )
 
 
 def act_system(task: Task, memory: str | None = None, tools: ToolFormat | None = None) -> str:
@@ -176,7 +180,7 @@ class ChatFormat:
         newline), without the end token when the completion generated it."""
         suffix = self.suffixes["assistant"]
         if completion_ids and completion_ids[-1] == self.end_id:
-            return self.encode(suffix[suffix.index(self.end) + len(self.end):])
+            return self.encode(suffix[suffix.index(self.end) + len(self.end) :])
         return self.encode(suffix)
 
     def render(self, messages: list[dict[str, str]] | list[Message], add_generation_prompt: bool = True) -> list[int]:
@@ -242,7 +246,9 @@ def chatml_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
     generation = f"{start}assistant\n"
     if thinking is not None:
         generation = _chatml_generation(tokenizer, generation, thinking)
-    return ChatFormat(tokenizer, {r: f"{start}{r}\n" for r in ROLES}, {r: f"{end}\n" for r in ROLES}, generation, end, name="chatml")
+    return ChatFormat(
+        tokenizer, {r: f"{start}{r}\n" for r in ROLES}, {r: f"{end}\n" for r in ROLES}, generation, end, name="chatml"
+    )
 
 
 def _chatml_generation(tokenizer: Any, plain: str, thinking: bool) -> str:
@@ -250,11 +256,15 @@ def _chatml_generation(tokenizer: Any, plain: str, thinking: bool) -> str:
     try:
         before, after = (_template_text(tokenizer, chat, g, thinking) for g in (False, True))
     except Exception as e:  # noqa: BLE001 - a template's own error (jinja, missing template) is the reason
-        notice(f"{_model_name(tokenizer)}: thinking={thinking} is ignored: its chat template fails ({type(e).__name__}: {str(e)[:120]})")
+        notice(
+            f"{_model_name(tokenizer)}: thinking={thinking} is ignored: its chat template fails ({type(e).__name__}: {str(e)[:120]})"
+        )
         return plain
-    generation = after[len(before):]
+    generation = after[len(before) :]
     if not after.startswith(before) or not generation.startswith(plain):
-        notice(f"{_model_name(tokenizer)}: thinking={thinking} is ignored: the template's generation prompt is not ChatML's")
+        notice(
+            f"{_model_name(tokenizer)}: thinking={thinking} is ignored: the template's generation prompt is not ChatML's"
+        )
         return plain
     return generation
 
@@ -287,12 +297,12 @@ def _segment(render: Callable[..., str], before: list[dict[str, str]], role: str
     where = f"a {role} message " + (f"after {', '.join(m['role'] for m in before)}" if before else "opening a chat")
     if not full.startswith(head):
         raise TemplateMismatch(f"{where} changes the text before it")
-    delta = full[len(head):]
+    delta = full[len(head) :]
     for codec, written in CODECS.items():
         text = written(content)
         if delta.count(text) == 1:
             i = delta.index(text)
-            return delta[:i], delta[i + len(text):], codec
+            return delta[:i], delta[i + len(text) :], codec
     raise TemplateMismatch(f"{where} is not rendered as a segment of its own (its content is missing or merged)")
 
 
@@ -301,6 +311,7 @@ def derive_template_format(tokenizer: Any, thinking: bool | None = None) -> Chat
     chats with placeholder contents), then verified: :data:`PROBE_CHAT` appended segment by segment must be the
     template's own tokenization of it, and the generation prompt the same after a user turn and a tool result.
     Raises :class:`TemplateMismatch` (or the template's own error) when it cannot be used."""
+
     def render(msgs: list[dict[str, str]], generation: bool = False) -> str:
         return _template_text(tokenizer, msgs, generation, thinking)
 
@@ -314,8 +325,12 @@ def derive_template_format(tokenizer: Any, thinking: bool | None = None) -> Chat
         firsts["user"], _, _ = _segment(render, [], "user")
     except Exception:  # noqa: BLE001 - a template that needs a system message first: chats here open with one
         pass
-    prefixes["assistant"], suffixes["assistant"], codecs["assistant"] = _segment(render, [msg("system"), msg("user")], "assistant")
-    prefixes["tool"], suffixes["tool"], codecs["tool"] = _segment(render, [msg("system"), msg("user"), msg("assistant")], "tool")
+    prefixes["assistant"], suffixes["assistant"], codecs["assistant"] = _segment(
+        render, [msg("system"), msg("user")], "assistant"
+    )
+    prefixes["tool"], suffixes["tool"], codecs["tool"] = _segment(
+        render, [msg("system"), msg("user"), msg("assistant")], "tool"
+    )
     try:
         prefixes["system"], _, _ = _segment(render, [msg("system"), msg("user"), msg("assistant")], "system")
     except Exception:  # noqa: BLE001 - many templates take a system message only first
@@ -324,12 +339,25 @@ def derive_template_format(tokenizer: Any, thinking: bool | None = None) -> Chat
     head, full = render(chat), render(chat, True)
     if not full.startswith(head):
         raise TemplateMismatch("the generation prompt changes the text before it")
-    fmt = ChatFormat(tokenizer, prefixes, suffixes, full[len(head):], _end_token(tokenizer, suffixes["assistant"]), firsts, codecs, name="template")
+    fmt = ChatFormat(
+        tokenizer,
+        prefixes,
+        suffixes,
+        full[len(head) :],
+        _end_token(tokenizer, suffixes["assistant"]),
+        firsts,
+        codecs,
+        name="template",
+    )
     _verify(fmt, render)
     reply = PROBE_CHAT[2]["content"]
-    if fmt.generation == prefixes["assistant"] and fmt.encode(fmt.generation) + fmt.encode(reply) != fmt.encode(fmt.generation + reply):
-        notice(f"{_model_name(tokenizer)}: its tokenizer merges the end of the generation prompt {fmt.generation[-8:]!r} with the text after it, "
-               "so a sampled reply kept in a context is tokenized unlike the template's re-rendering of it (contexts stay as sampled)")
+    if fmt.generation == prefixes["assistant"] and fmt.encode(fmt.generation) + fmt.encode(reply) != fmt.encode(
+        fmt.generation + reply
+    ):
+        notice(
+            f"{_model_name(tokenizer)}: its tokenizer merges the end of the generation prompt {fmt.generation[-8:]!r} with the text after it, "
+            "so a sampled reply kept in a context is tokenized unlike the template's re-rendering of it (contexts stay as sampled)"
+        )
     return fmt
 
 
@@ -349,7 +377,9 @@ def _verify(fmt: ChatFormat, render: Callable[..., str]) -> None:
     if got != want:
         at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
         seen = fmt.tokenizer.decode(want[max(0, at - 8) : at + 8])
-        raise TemplateMismatch(f"the probe chat's segments differ from the template's rendering at token {at} (near {seen!r})")
+        raise TemplateMismatch(
+            f"the probe chat's segments differ from the template's rendering at token {at} (near {seen!r})"
+        )
     upto_tool = PROBE_CHAT[:-1]
     if render(upto_tool, True) != render(upto_tool) + fmt.generation:
         raise TemplateMismatch("the generation prompt after a tool result differs from the one after a user turn")
@@ -363,11 +393,17 @@ def template_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
     try:
         return derive_template_format(tokenizer, thinking)
     except Exception as e:  # noqa: BLE001 - TemplateMismatch, or the template's own error (jinja, alternation rules)
-        reason = str(e) if isinstance(e, TemplateMismatch) else f"its chat template fails ({type(e).__name__}: {str(e)[:160]})"
+        reason = (
+            str(e)
+            if isinstance(e, TemplateMismatch)
+            else f"its chat template fails ({type(e).__name__}: {str(e)[:160]})"
+        )
     reason = " ".join(reason.split())  # one line
     fmt = chatml_format(tokenizer, thinking)
     fmt.fallback = reason
-    notice(f"{_model_name(tokenizer)}: chat template not used, rendering ChatML (end of turn {fmt.end}) instead: {reason}")
+    notice(
+        f"{_model_name(tokenizer)}: chat template not used, rendering ChatML (end of turn {fmt.end}) instead: {reason}"
+    )
     return fmt
 
 

@@ -3,6 +3,7 @@
 Registering a name twice is an error; looking up an unknown name raises an error that lists the valid ones.
 A new variant of anything (advantage estimator, environment, backend, reward) is a new entry, not a flag.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Generic, Iterator, TypeVar

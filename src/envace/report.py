@@ -21,6 +21,7 @@
 
 Pages set ``document.title`` from a script when they load (tests use it to detect script errors).
 """
+
 from __future__ import annotations
 
 import base64
@@ -103,7 +104,9 @@ def _eval_entry(rec: dict[str, Any], n: int, mode: str) -> dict[str, Any] | None
     return next((e for e in rec["evals"] if e["n"] == n and (n == 0 or e["mode"] == mode)), None)
 
 
-def per_task_outcomes(results: dict[str, Any], arm: str, n: int, mode: str, seeds: Sequence[str] | None = None) -> list[dict[str, Any]]:
+def per_task_outcomes(
+    results: dict[str, Any], arm: str, n: int, mode: str, seeds: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
     """The arm's per-task rows at budget (n, mode), each task's ``successes`` pooled over the seeds (every seed
     evaluates the same held-out tasks), in task order; ``seeds`` restricts the pool. Empty when some seed's
     evaluation kept no per-task outcomes (results written before they were recorded)."""
@@ -117,7 +120,9 @@ def per_task_outcomes(results: dict[str, Any], arm: str, n: int, mode: str, seed
         if "per_task" not in e:
             return []
         for r in e["per_task"]:
-            row = rows.setdefault(r["task_id"], {k: v for k, v in r.items() if k in ("task_id", "domain", "kind")} | {"successes": []})
+            row = rows.setdefault(
+                r["task_id"], {k: v for k, v in r.items() if k in ("task_id", "domain", "kind")} | {"successes": []}
+            )
             row["successes"] = row["successes"] + list(r["successes"])
     return list(rows.values())
 
@@ -156,7 +161,9 @@ def budget_keys(results: dict[str, Any]) -> list[tuple[int, str]]:
     return sorted(keys)
 
 
-def fidelity_values(results: dict[str, Any], arm: str, group: str = "overall", name: str | None = None) -> dict[str, list[float]]:
+def fidelity_values(
+    results: dict[str, Any], arm: str, group: str = "overall", name: str | None = None
+) -> dict[str, list[float]]:
     """Per-seed fidelity metrics of an arm: overall, or one entry of by_domain / by_tool."""
     out: dict[str, list[float]] = {k: [] for k in ("n", *FID_METRICS)}
     for rec in _seeds(results, arm):
@@ -173,7 +180,9 @@ def fidelity_values(results: dict[str, Any], arm: str, group: str = "overall", n
 
 def curve(results: dict[str, Any], arm: str, key: str) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean, std) of a training metric over seeds, at the steps every seed logged."""
-    per_seed = [{int(m["step"]): float(m[key]) for m in rec.get("curve") or [] if key in m} for rec in _seeds(results, arm)]
+    per_seed = [
+        {int(m["step"]): float(m[key]) for m in rec.get("curve") or [] if key in m} for rec in _seeds(results, arm)
+    ]
     per_seed = [d for d in per_seed if d]
     if not per_seed:
         return [], [], []
@@ -199,11 +208,28 @@ def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     metrics = list(MAIN_METRICS)
     if k > 1:
         metrics.insert(1, (f"pass^{k}", f"pass^{k}"))
-    head = ["arm", "success [95% CI]", "success over seeds", *[lbl for _, lbl in metrics[1:]], "fidelity leaf acc", "train s"]
+    head = [
+        "arm",
+        "success [95% CI]",
+        "success over seeds",
+        *[lbl for _, lbl in metrics[1:]],
+        "fidelity leaf acc",
+        "train s",
+    ]
     rows = []
     for arm in results["arms"]:
-        row = [arm, success_cell(results, arm, 0, "none"), seed_cell(eval_values(results, arm, 0, "none", "success_rate"))]
-        row += [fmt_ms(mean_std(eval_values(results, arm, 0, "none", m)), 3 if m in RATE_METRICS or m.startswith("pass^") else 1) for m, _ in metrics[1:]]
+        row = [
+            arm,
+            success_cell(results, arm, 0, "none"),
+            seed_cell(eval_values(results, arm, 0, "none", "success_rate")),
+        ]
+        row += [
+            fmt_ms(
+                mean_std(eval_values(results, arm, 0, "none", m)),
+                3 if m in RATE_METRICS or m.startswith("pass^") else 1,
+            )
+            for m, _ in metrics[1:]
+        ]
         row.append(fmt_ms(mean_std(fidelity_values(results, arm)["leaf_acc"])))
         row.append(fmt_ms(mean_std([r.get("train_s", 0.0) for r in _seeds(results, arm)]), 0))
         rows.append(row)
@@ -226,7 +252,9 @@ def sweep_scope(results: dict[str, Any], arm: str) -> tuple[list[str], set[str]]
     return (seeds, ids) if seeds else None
 
 
-def sweep_rate(results: dict[str, Any], arm: str, n: int, mode: str) -> tuple[tuple[float, float, float], list[float]] | None:
+def sweep_rate(
+    results: dict[str, Any], arm: str, n: int, mode: str
+) -> tuple[tuple[float, float, float], list[float]] | None:
     """((rate, low, high) pooled over the sweep's seeds and tasks, [rate of each seed]) at (n, mode), N=0
     included, so every budget of the N curve is measured on the same tasks and seeds; None without a scope."""
     scope = sweep_scope(results, arm)
@@ -282,7 +310,12 @@ def tts_tokens_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
         for n, m in keys:
             att = eval_values(results, arm, n, m, "tts/attempt_tokens_per_task")
             allt = eval_values(results, arm, n, m, "tts/rehearsal_tokens_per_task")
-            budgets = [e["plan_max_new_tokens"] for rec in _seeds(results, arm) for e in rec["evals"] if e["n"] == n and e["mode"] == m and "plan_max_new_tokens" in e]
+            budgets = [
+                e["plan_max_new_tokens"]
+                for rec in _seeds(results, arm)
+                for e in rec["evals"]
+                if e["n"] == n and e["mode"] == m and "plan_max_new_tokens" in e
+            ]
             cell = f"{np.mean(att):.0f} · {np.mean(allt):.0f}" if att and allt else "–"
             cells.append(cell + (f" (plan ≤ {np.mean(budgets):.0f})" if budgets else ""))
         rows.append([arm, *cells])
@@ -312,7 +345,17 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
     sign-flip permutation); see envace.stats."""
     from .evaluation import compare_per_task
 
-    head = ["arm", f"{baseline} [95% CI]", "arm [95% CI]", f"arm - {baseline}", "paired 95% CI", "p", "test", "tasks", "seeds"]
+    head = [
+        "arm",
+        f"{baseline} [95% CI]",
+        "arm [95% CI]",
+        f"arm - {baseline}",
+        "paired 95% CI",
+        "p",
+        "test",
+        "tasks",
+        "seeds",
+    ]
     rows: list[list[str]] = []
     if baseline not in results["arms"]:
         return head, rows
@@ -325,8 +368,19 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
             rows.append([arm] + ["–"] * (len(head) - 1))
             continue
         c = compare_per_task(a, b)["overall"]
-        rows.append([arm, fmt_rate(c["a"]["rate"], *c["a"]["ci95"]), fmt_rate(c["b"]["rate"], *c["b"]["ci95"]), f"{c['diff']:+.3f}",
-                     "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]), fmt_p(c["p"]), c["p_method"].replace("_", " "), str(c["n_tasks"]), str(len(seeds))])
+        rows.append(
+            [
+                arm,
+                fmt_rate(c["a"]["rate"], *c["a"]["ci95"]),
+                fmt_rate(c["b"]["rate"], *c["b"]["ci95"]),
+                f"{c['diff']:+.3f}",
+                "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]),
+                fmt_p(c["p"]),
+                c["p_method"].replace("_", " "),
+                str(c["n_tasks"]),
+                str(len(seeds)),
+            ]
+        )
     return head, rows
 
 
@@ -362,12 +416,42 @@ def paper_claims(n: int) -> list[Claim]:
         Claim("EnvACE ≥ real-env GRPO", "tau2: 36.7 vs 31.2", ">=", (e0, vs("real_env"))),
         Claim("shared weights ≥ per-role", "tau2: 36.7 vs 35.5", ">=", (e0, vs("per_role"))),
         Claim("EnvACE > external simulator", "overall: 32.91 vs 20.03 (Simulator-8B)", ">", (e0, vs("simulator"))),
-        Claim("EnvACE > SFT continued (compute-matched)", "not reported (METHOD.md section 6 asks for it)", ">", (e0, vs("sft_more"))),
-        Claim("training Rehearse helps: EnvACE > caller-only", "ablation: Rehearse not trained", ">", (e0, vs("caller_only"))),
-        Claim(f"test-time rehearsal helps EnvACE (N={n} parallel > N=0)", "+4.2 (N=2 parallel)", ">", gain("envace", "parallel")),
-        Claim(f"TTS gain EnvACE > base (N={n} parallel)", "+4.2 vs ~0", ">", gain("envace", "parallel") + gain("base", "parallel", -1)),
-        Claim(f"TTS gain EnvACE > base (N={n} sequential)", "+2.4 vs −1.8", ">", gain("envace", "sequential") + gain("base", "sequential", -1)),
-        Claim(f"rehearsal > compute-matched plans (EnvACE, N={n} parallel vs plan)", "not reported (METHOD.md section 6 asks for it)", ">", ((1, "envace", n, "parallel"), (-1, "envace", n, "plan"))),
+        Claim(
+            "EnvACE > SFT continued (compute-matched)",
+            "not reported (METHOD.md section 6 asks for it)",
+            ">",
+            (e0, vs("sft_more")),
+        ),
+        Claim(
+            "training Rehearse helps: EnvACE > caller-only",
+            "ablation: Rehearse not trained",
+            ">",
+            (e0, vs("caller_only")),
+        ),
+        Claim(
+            f"test-time rehearsal helps EnvACE (N={n} parallel > N=0)",
+            "+4.2 (N=2 parallel)",
+            ">",
+            gain("envace", "parallel"),
+        ),
+        Claim(
+            f"TTS gain EnvACE > base (N={n} parallel)",
+            "+4.2 vs ~0",
+            ">",
+            gain("envace", "parallel") + gain("base", "parallel", -1),
+        ),
+        Claim(
+            f"TTS gain EnvACE > base (N={n} sequential)",
+            "+2.4 vs −1.8",
+            ">",
+            gain("envace", "sequential") + gain("base", "sequential", -1),
+        ),
+        Claim(
+            f"rehearsal > compute-matched plans (EnvACE, N={n} parallel vs plan)",
+            "not reported (METHOD.md section 6 asks for it)",
+            ">",
+            ((1, "envace", n, "parallel"), (-1, "envace", n, "plan")),
+        ),
     ]
 
 
@@ -388,7 +472,9 @@ def claim_verdict(lo: float, hi: float, direction: str = ">") -> str:
     return "cannot tell at this scale"
 
 
-def measure_claim(results: dict[str, Any], claim: Claim, resamples: int = 10_000, seed: int = 0) -> dict[str, Any] | None:
+def measure_claim(
+    results: dict[str, Any], claim: Claim, resamples: int = 10_000, seed: int = 0
+) -> dict[str, Any] | None:
     """The claim's contrast over the tasks every term was evaluated on (per-task outcomes pooled over the seeds
     in which every term was evaluated: a test-time sweep of fewer seeds pairs its N=0 term with those seeds only): ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and
     ``p_method``, ``n_tasks``, ``seeds``; None when some evaluation is missing. Two terms (B - A) are exactly
@@ -398,7 +484,9 @@ def measure_claim(results: dict[str, Any], claim: Claim, resamples: int = 10_000
     if not arms <= set(results["arms"]):
         return None
     common = sorted(set.intersection(*(set(results["runs"].get(a, {})) for a in arms)), key=int)
-    seeds = [s for s in common if all(_eval_entry(results["runs"][a][s], n, m) is not None for _, a, n, m in claim.terms)]  # paired seed by seed
+    seeds = [
+        s for s in common if all(_eval_entry(results["runs"][a][s], n, m) is not None for _, a, n, m in claim.terms)
+    ]  # paired seed by seed
     rows = [per_task_outcomes(results, a, n, m, seeds) for _, a, n, m in claim.terms]
     if not seeds or not all(rows):
         return None
@@ -413,8 +501,20 @@ def measure_claim(results: dict[str, Any], claim: Claim, resamples: int = 10_000
     else:
         v = np.array([sum(k * float(np.mean(d[t])) for k, d in zip(coefs, by_id)) for t in ids])  # (tasks,)
         zero = np.zeros_like(v)
-        diff, ci, p, method = float(v.mean()), paired_bootstrap(zero, v, resamples, seed), sign_flip_p(zero, v, resamples, seed), "sign_flip"
-    return {"diff": diff, "ci95": [float(ci[0]), float(ci[1])], "p": p, "p_method": method, "n_tasks": len(ids), "seeds": seeds}
+        diff, ci, p, method = (
+            float(v.mean()),
+            paired_bootstrap(zero, v, resamples, seed),
+            sign_flip_p(zero, v, resamples, seed),
+            "sign_flip",
+        )
+    return {
+        "diff": diff,
+        "ci95": [float(ci[0]), float(ci[1])],
+        "p": p,
+        "p_method": method,
+        "n_tasks": len(ids),
+        "seeds": seeds,
+    }
 
 
 def claim_n(results: dict[str, Any]) -> int:
@@ -430,13 +530,27 @@ def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
     rows = []
     for claim in paper_claims(claim_n(results)):
-        contrast = " ".join(("+ " if c > 0 else "− ") + f"{a}@{_budget_label(n, m)}" for c, a, n, m in claim.terms).lstrip("+ ")
+        contrast = " ".join(
+            ("+ " if c > 0 else "− ") + f"{a}@{_budget_label(n, m)}" for c, a, n, m in claim.terms
+        ).lstrip("+ ")
         m = measure_claim(results, claim)
         if m is None:
             rows.append([claim.text, claim.paper, contrast, "–", "–", "–", "0", "0", "not measured"])
             continue
         lo, hi = m["ci95"]
-        rows.append([claim.text, claim.paper, contrast, f"{m['diff']:+.3f}", f"[{lo:+.3f}, {hi:+.3f}]", fmt_p(m["p"]), str(m["n_tasks"]), str(len(m["seeds"])), claim_verdict(lo, hi, claim.direction)])
+        rows.append(
+            [
+                claim.text,
+                claim.paper,
+                contrast,
+                f"{m['diff']:+.3f}",
+                f"[{lo:+.3f}, {hi:+.3f}]",
+                fmt_p(m["p"]),
+                str(m["n_tasks"]),
+                str(len(m["seeds"])),
+                claim_verdict(lo, hi, claim.direction),
+            ]
+        )
     return head, rows
 
 
@@ -445,12 +559,18 @@ def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 # --------------------------------------------------------------------------------------------------------
 
 
-def fidelity_curve(results: dict[str, Any], arm: str, metric: str = "leaf_acc") -> tuple[list[int], list[float], list[float]]:
+def fidelity_curve(
+    results: dict[str, Any], arm: str, metric: str = "leaf_acc"
+) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean, std over seeds) of an arm's fidelity on the fixed shadow set (``fidelity_curve`` of each
     seed's record), at the steps every seed measured with at least one scored pair."""
     per_seed = []
     for rec in _seeds(results, arm):
-        pts = {int(p["step"]): float(p["summary"]["overall"][metric]) for p in rec.get("fidelity_curve") or [] if p.get("summary") and p["summary"]["overall"].get("n")}
+        pts = {
+            int(p["step"]): float(p["summary"]["overall"][metric])
+            for p in rec.get("fidelity_curve") or []
+            if p.get("summary") and p["summary"]["overall"].get("n")
+        }
         if pts:
             per_seed.append(pts)
     if not per_seed:
@@ -479,14 +599,21 @@ def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[lis
     for arm in results["arms"]:
         names: list[str | None] = [None]
         if group != "overall":
-            names = sorted({n for rec in _seeds(results, arm) if rec.get("fidelity") for n in rec["fidelity"].get(group, {})})
+            names = sorted(
+                {n for rec in _seeds(results, arm) if rec.get("fidelity") for n in rec["fidelity"].get(group, {})}
+            )
         for name in names:
             v = fidelity_values(results, arm, group, name)
             if not v["n"]:
                 if group == "overall":  # keep the arm visible: its Rehearse role was never asked
                     rows.append([arm, "0"] + ["–"] * len(FID_METRICS))
                 continue
-            rows.append([arm] + ([] if name is None else [name]) + [f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS])
+            rows.append(
+                [arm]
+                + ([] if name is None else [name])
+                + [f"{np.mean(v['n']):.0f}"]
+                + [fmt_ms(mean_std(v[k])) for k in FID_METRICS]
+            )
     return head, rows
 
 
@@ -500,7 +627,9 @@ def fidelity_breakdown_table(results: dict[str, Any]) -> tuple[list[str], list[l
             for name in bd.order:
                 v = fidelity_values(results, arm, key, name)
                 if v["n"]:
-                    rows.append([arm, key[3:], name, f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS])
+                    rows.append(
+                        [arm, key[3:], name, f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS]
+                    )
     return head, rows
 
 
@@ -530,7 +659,9 @@ def _plt():
     return plt
 
 
-def curve_lines(results: dict[str, Any], keys: str | dict[str, str], arms: Sequence[str] | None = None) -> list[tuple[str, str, str]]:
+def curve_lines(
+    results: dict[str, Any], keys: str | dict[str, str], arms: Sequence[str] | None = None
+) -> list[tuple[str, str, str]]:
     """The lines a figure of training metrics draws, as ``(legend label, arm, metric key)``: for one metric
     (``keys`` a str) one line per arm that logged it, labelled with the arm; for several named ones
     (``{key: name}``) one line per (arm, key) the arm logged, labelled ``"<arm> (<name>)"``."""
@@ -543,7 +674,14 @@ def curve_lines(results: dict[str, Any], keys: str | dict[str, str], arms: Seque
     return out
 
 
-def plot_curves(results: dict[str, Any], key: str | dict[str, str], path: str, title: str, arms: Sequence[str] | None = None, ylabel: str | None = None) -> str:
+def plot_curves(
+    results: dict[str, Any],
+    key: str | dict[str, str],
+    path: str,
+    title: str,
+    arms: Sequence[str] | None = None,
+    ylabel: str | None = None,
+) -> str:
     """Training metric(s) vs step, mean +- std band over seeds; ``key`` as in :func:`curve_lines`."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
@@ -575,7 +713,10 @@ def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -
     keys = budget_keys(results)
     modes = sorted({m for n, m in keys if n > 0}) or ["none"]
     styles = {"parallel": "-", "sequential": "--", "plan": ":"}
-    def point(arm: str, n: int, mode: str) -> tuple[float, float, float]:  # (y, below, above): Wilson on the sweep, else ± std over seeds
+
+    def point(
+        arm: str, n: int, mode: str
+    ) -> tuple[float, float, float]:  # (y, below, above): Wilson on the sweep, else ± std over seeds
         sr = sweep_rate(results, arm, n, mode) if metric == "success_rate" else None
         if sr is not None:
             (rate, lo, hi), _ = sr
@@ -590,7 +731,17 @@ def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -
             pts = [(n, v) for n, v in pts if v[0] == v[0]]  # drop budgets without values (nan)
             if pts:
                 label = arm if mode == "none" else f"{arm} ({mode})"
-                ax.errorbar([n for n, _ in pts], [v[0] for _, v in pts], yerr=[[v[1] for _, v in pts], [v[2] for _, v in pts]], color=color, linestyle=styles.get(mode, ":"), marker="o", ms=3, capsize=2, label=label)
+                ax.errorbar(
+                    [n for n, _ in pts],
+                    [v[0] for _, v in pts],
+                    yerr=[[v[1] for _, v in pts], [v[2] for _, v in pts]],
+                    color=color,
+                    linestyle=styles.get(mode, ":"),
+                    marker="o",
+                    ms=3,
+                    capsize=2,
+                    label=label,
+                )
     ax.set_xlabel("rehearsal budget N")
     ax.set_ylabel(metric)
     ax.set_title("Test-time rehearsal budget")
@@ -640,7 +791,10 @@ def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_
 def json_html(obj: Any, bad: set[Path], cls: str = "mm", path: Path = ()) -> str:
     """Compact JSON as HTML; leaves whose path is in ``bad`` are wrapped in ``<span class=cls>``."""
     if isinstance(obj, dict) and obj:
-        inner = ", ".join(f'<span class="k">{html.escape(json.dumps(k, ensure_ascii=False))}</span>: {json_html(v, bad, cls, path + (k,))}' for k, v in obj.items())
+        inner = ", ".join(
+            f'<span class="k">{html.escape(json.dumps(k, ensure_ascii=False))}</span>: {json_html(v, bad, cls, path + (k,))}'
+            for k, v in obj.items()
+        )
         return "{" + inner + "}"
     if isinstance(obj, list) and obj:
         return "[" + ", ".join(json_html(v, bad, cls, path + (i,)) for i, v in enumerate(obj)) + "]"
@@ -652,7 +806,9 @@ def trajectory_html(traj: Trajectory, anchor: str) -> str:
     """One shadow trajectory: user turns, Act outputs and, per call, the rehearsed vs the real observation."""
     users = [m.content for m in traj.messages if m.role == "user"]
     out = [f'<section class="traj" id="{anchor}" data-anchor="{anchor}">']
-    out.append(f"<h3>{html.escape(traj.id)}</h3><p class='meta'>task {html.escape(traj.task_id)} · mode {html.escape(traj.mode)} · truncated {html.escape(str(traj.truncated))}</p>")
+    out.append(
+        f"<h3>{html.escape(traj.id)}</h3><p class='meta'>task {html.escape(traj.task_id)} · mode {html.escape(traj.mode)} · truncated {html.escape(str(traj.truncated))}</p>"
+    )
     turn = -1
     for si, step in enumerate(traj.steps):
         if step.user_turn != turn and step.user_turn < len(users):
@@ -661,13 +817,17 @@ def trajectory_html(traj: Trajectory, anchor: str) -> str:
         out.append(f'<div class="act"><b>act · step {si}</b><pre>{html.escape(step.action_text.strip())}</pre></div>')
         if not step.observations:
             continue
-        out.append('<table class="obs"><thead><tr><th>call</th><th>rehearsed</th><th>real (shadow)</th><th>scores</th></tr></thead><tbody>')
+        out.append(
+            '<table class="obs"><thead><tr><th>call</th><th>rehearsed</th><th>real (shadow)</th><th>scores</th></tr></thead><tbody>'
+        )
         for i, obs in enumerate(step.observations):
             src = step.sources[i] if i < len(step.sources) else "?"
             real = step.shadow[i] if i < len(step.shadow) else None
             call = step.calls[i].key() if i < len(step.calls) else "(unparsed)"
             if real is None:
-                out.append(f"<tr><td><code>{html.escape(call)}</code></td><td><span class='src'>{html.escape(src)}</span> <code>{json_html(obs, set())}</code></td><td class='na'>not recorded</td><td></td></tr>")
+                out.append(
+                    f"<tr><td><code>{html.escape(call)}</code></td><td><span class='src'>{html.escape(src)}</span> <code>{json_html(obs, set())}</code></td><td class='na'>not recorded</td><td></td></tr>"
+                )
                 continue
             bad_r, bad_t = mismatched_leaves(obs, real)
             sc = observation_fidelity(obs, real)
@@ -716,8 +876,13 @@ def viewer_html(results: dict[str, Any]) -> str:
                 traj = Trajectory.from_dict(d)
                 anchor = f"t-{arm}-{seed}-{j}"
                 n_pairs = sum(1 for s in traj.steps for x in s.shadow if x is not None)
-                options.append(f"<option value='{anchor}'>{html.escape(arm)} · seed {seed} · {html.escape(traj.task_id)} · {n_pairs} compared</option>")
-                sections.append(f"<div class='arm-label meta'>arm <b>{html.escape(arm)}</b>, seed {seed}</div>" + trajectory_html(traj, anchor))
+                options.append(
+                    f"<option value='{anchor}'>{html.escape(arm)} · seed {seed} · {html.escape(traj.task_id)} · {n_pairs} compared</option>"
+                )
+                sections.append(
+                    f"<div class='arm-label meta'>arm <b>{html.escape(arm)}</b>, seed {seed}</div>"
+                    + trajectory_html(traj, anchor)
+                )
     if not sections:
         sections = ["<p>No shadow trajectories were kept (fidelity_tasks = 0?).</p>"]
     body = (
@@ -772,9 +937,20 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     p = lambda name: os.path.join(out_dir, name)  # noqa: E731
     rl_arms = [a for a in results["arms"] if a not in ("base", "sft")]
     figs = {
-        "curve_reward": plot_curves(results, "reward/mean", p("curve_reward.png"), "Training reward (mean ± std over seeds)", rl_arms),
-        "curve_train_success": plot_curves(results, TRAIN_SUCCESS_CURVES, p("curve_train_success.png"), "Training success on rollouts: imagined (rehearsed) vs real env", rl_arms, ylabel="success rate"),
-        "curve_sft_nll": plot_curves(results, "sft/nll", p("curve_sft_nll.png"), "SFT warm-up NLL", [a for a in results["arms"] if a == "sft"]),
+        "curve_reward": plot_curves(
+            results, "reward/mean", p("curve_reward.png"), "Training reward (mean ± std over seeds)", rl_arms
+        ),
+        "curve_train_success": plot_curves(
+            results,
+            TRAIN_SUCCESS_CURVES,
+            p("curve_train_success.png"),
+            "Training success on rollouts: imagined (rehearsed) vs real env",
+            rl_arms,
+            ylabel="success rate",
+        ),
+        "curve_sft_nll": plot_curves(
+            results, "sft/nll", p("curve_sft_nll.png"), "SFT warm-up NLL", [a for a in results["arms"] if a == "sft"]
+        ),
         "tts_budget": plot_tts(results, p("tts_budget.png")),
         "fidelity_curve": plot_fidelity_curve(results, p("fidelity_curve.png")),
     }
@@ -795,35 +971,52 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     }
     captions = {
         "claims": "Each claim as a per-task contrast of evaluations on the same held-out tasks (outcomes pooled over the seeds every arm of the claim ran): "
-                  "the measured difference, its paired bootstrap 95% interval over tasks and p-value (two evaluations: envace.stats.paired_comparison, "
-                  "exact McNemar for one binary outcome per task; a difference of gains: sign-flip permutation of the per-task contrast). "
-                  "Verdict: holds = the interval excludes 0 in the claimed direction; does not hold = it excludes 0 in the other direction; "
-                  "cannot tell at this scale = it contains 0 (a ≥ claim has no margin here: it needs the same evidence as >). "
-                  "The paper's numbers are Qwen3-8B on tau2-Bench / BFCL; this is a small model on CPU.",
+        "the measured difference, its paired bootstrap 95% interval over tasks and p-value (two evaluations: envace.stats.paired_comparison, "
+        "exact McNemar for one binary outcome per task; a difference of gains: sign-flip permutation of the per-task contrast). "
+        "Verdict: holds = the interval excludes 0 in the claimed direction; does not hold = it excludes 0 in the other direction; "
+        "cannot tell at this scale = it contains 0 (a ≥ claim has no margin here: it needs the same evidence as >). "
+        "The paper's numbers are Qwen3-8B on tau2-Bench / BFCL; this is a small model on CPU.",
         "main": f"Held-out tasks in the real environment, no test-time rehearsal (N=0). Success: the per-task outcomes of all {n_seeds} seed(s) pooled, "
-                "with the 95% Wilson interval over tasks (conservative with several outcomes per task, envace.stats); over seeds: mean ± std (min–max) "
-                "of each seed's rate. Other columns: mean ± std over seeds.",
+        "with the 95% Wilson interval over tasks (conservative with several outcomes per task, envace.stats); over seeds: mean ± std (min–max) "
+        "of each seed's rate. Other columns: mean ± std over seeds.",
         "paired": "Each RL arm against SFT on the same held-out tasks (N=0, outcomes pooled over the seeds both ran): the difference with its paired "
-                  "bootstrap 95% interval over tasks (10,000 resamples, seeded) and its p-value (exact McNemar for one binary outcome per task, "
-                  "else a paired sign-flip permutation test of per-task mean success).",
+        "bootstrap 95% interval over tasks (10,000 resamples, seeded) and its p-value (exact McNemar for one binary outcome per task, "
+        "else a paired sign-flip permutation test of per-task mean success).",
         "kinds": "Success at N=0 by task kind (rate [95% Wilson interval] (tasks), pooled over seeds).",
         "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential, "
-               "plan = the compute-matched baseline: N plans without tool results): rate [95% Wilson interval over tasks] pooled over the sweep's "
-               "seeds and tasks (tts_seeds, tts_tasks; N=0 on the same ones), · sd = std of the per-seed rates.",
+        "plan = the compute-matched baseline: N plans without tool results): rate [95% Wilson interval over tasks] pooled over the sweep's "
+        "seeds and tasks (tts_seeds, tts_tasks; N=0 on the same ones), · sd = std of the per-seed rates.",
         "tts_tokens": "Generated tokens per task before the real run, at each budget: attempts · all (attempts = Act + Rehearse tokens of the rehearsed "
-                      "attempts, or the plans' tokens of the compute-matched baseline; all = + reflections and memory), mean over seeds; "
-                      "(plan ≤ T): the plan budget, the mean tokens of one parallel attempt of the same arm at that N. Per-task counts are in results.json.",
+        "attempts, or the plans' tokens of the compute-matched baseline; all = + reflections and memory), mean over seeds; "
+        "(plan ≤ T): the plan budget, the mean tokens of one parallel attempt of the same arm at that N. Per-task counts are in results.json.",
         "fidelity_curve": "Leaf-value accuracy of rehearsed observations on the same held-out shadow tasks (same rollout seed) at step 0 (the SFT model) "
-                          "and every fidelity_every RL iterations, mean ± std over seeds.",
+        "and every fidelity_every RL iterations, mean ± std over seeds.",
         "fidelity": "Rehearsal fidelity of each arm's Rehearse model on shadow rollouts (valid JSON, exact match, key-set match, leaf-value accuracy, error-vs-success agreement).",
         "fidelity_domain": "Fidelity per domain.",
         "fidelity_tool": "Fidelity per tool.",
         "fidelity_breakdown": "Fidelity split where rehearsal fails: read (the real call changed no top-level state field) vs write, the number of "
-                              "state fields the real call changed, real success vs error observation, and the Act step the call came from (1, 2, 3+).",
+        "state fields the real call changed, real success vs error observation, and the Act step the call came from (1, 2, 3+).",
     }
-    titles = {"claims": "The paper's claims", "tts_tokens": "Test-time compute: generated tokens", "fidelity_curve": "Rehearsal fidelity over training", "main": "Main results", "paired": "Paired comparison with SFT", "kinds": "Success by task kind", "tts": "Test-time rehearsal", "fidelity": "Rehearsal fidelity", "fidelity_domain": "Fidelity by domain", "fidelity_tool": "Fidelity by tool", "fidelity_breakdown": "Fidelity by state change, outcome and position"}
-    fig_titles = {"curve_reward": "Training reward", "curve_train_success": "Training success: imagined vs real env", "curve_sft_nll": "SFT warm-up", "tts_budget": "Rehearsal budget",
-                  "fidelity_curve": "Rehearsal fidelity over training"}
+    titles = {
+        "claims": "The paper's claims",
+        "tts_tokens": "Test-time compute: generated tokens",
+        "fidelity_curve": "Rehearsal fidelity over training",
+        "main": "Main results",
+        "paired": "Paired comparison with SFT",
+        "kinds": "Success by task kind",
+        "tts": "Test-time rehearsal",
+        "fidelity": "Rehearsal fidelity",
+        "fidelity_domain": "Fidelity by domain",
+        "fidelity_tool": "Fidelity by tool",
+        "fidelity_breakdown": "Fidelity by state change, outcome and position",
+    }
+    fig_titles = {
+        "curve_reward": "Training reward",
+        "curve_train_success": "Training success: imagined vs real env",
+        "curve_sft_nll": "SFT warm-up",
+        "tts_budget": "Rehearsal budget",
+        "fidelity_curve": "Rehearsal fidelity over training",
+    }
     docs = results.get("docs", {})
     arms_md = "\n".join(f"- **{a}**: {docs.get(a, '')}" for a in results["arms"])
 
@@ -831,10 +1024,23 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
     for key in [k for k in ("claims", "main", "paired", "kinds", "tts", "tts_tokens") if tables[k][1]]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
-    md.append("## Figures\n\n" + TRAIN_SUCCESS_NOTE + "\n\n" + "\n\n".join(f"![{fig_titles[k]}]({os.path.basename(v)})" for k, v in figs.items()) + "\n")
-    for key in [k for k in ("fidelity_curve",) if tables[k][1]] + ["fidelity", "fidelity_breakdown", "fidelity_domain", "fidelity_tool"]:
+    md.append(
+        "## Figures\n\n"
+        + TRAIN_SUCCESS_NOTE
+        + "\n\n"
+        + "\n\n".join(f"![{fig_titles[k]}]({os.path.basename(v)})" for k, v in figs.items())
+        + "\n"
+    )
+    for key in [k for k in ("fidelity_curve",) if tables[k][1]] + [
+        "fidelity",
+        "fidelity_breakdown",
+        "fidelity_domain",
+        "fidelity_tool",
+    ]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
-    md.append("## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: [trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n")
+    md.append(
+        "## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: [trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n"
+    )
     if "elapsed_s" in results:
         md.append(f"Total time: {results['elapsed_s']:.0f} s.\n")
     with open(p("report.md"), "w", encoding="utf-8") as f:
@@ -842,29 +1048,85 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 
     # HTML
     arms_html = "".join(f"<li><b>{html.escape(a)}</b>: {html.escape(docs.get(a, ''))}</li>" for a in results["arms"])
-    body = [f"<h1>EnvACE experiment in miniature</h1><p>{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"]
+    body = [
+        f"<h1>EnvACE experiment in miniature</h1><p>{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"
+    ]
     for key in [k for k in ("claims", "main", "paired", "kinds", "tts", "tts_tokens") if tables[k][1]]:
-        body.append(f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>{html.escape(captions[key])}</p>{html_table(*tables[key])}")
-    body.append(f"<h2 id='figures'>Figures</h2><p class='meta'>{html.escape(TRAIN_SUCCESS_NOTE)}</p>" + "".join(f"<img alt='{html.escape(fig_titles[k])}' src='{_img_data(v)}'>" for k, v in figs.items()))
+        body.append(
+            f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>{html.escape(captions[key])}</p>{html_table(*tables[key])}"
+        )
+    body.append(
+        f"<h2 id='figures'>Figures</h2><p class='meta'>{html.escape(TRAIN_SUCCESS_NOTE)}</p>"
+        + "".join(f"<img alt='{html.escape(fig_titles[k])}' src='{_img_data(v)}'>" for k, v in figs.items())
+    )
     if tables["fidelity_curve"][1]:
-        body.append(f"<h3>{titles['fidelity_curve']}</h3><p class='meta'>{html.escape(captions['fidelity_curve'])}</p>{html_table(*tables['fidelity_curve'])}")
-    body.append(f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}")
-    body.append(f"<h3>{titles['fidelity_breakdown']}</h3><p class='meta'>{html.escape(captions['fidelity_breakdown'])}</p>{html_table(*tables['fidelity_breakdown'])}")
+        body.append(
+            f"<h3>{titles['fidelity_curve']}</h3><p class='meta'>{html.escape(captions['fidelity_curve'])}</p>{html_table(*tables['fidelity_curve'])}"
+        )
+    body.append(
+        f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}"
+    )
+    body.append(
+        f"<h3>{titles['fidelity_breakdown']}</h3><p class='meta'>{html.escape(captions['fidelity_breakdown'])}</p>{html_table(*tables['fidelity_breakdown'])}"
+    )
     for key in ("fidelity_domain", "fidelity_tool"):
         body.append(f"<details><summary>{titles[key]}</summary>{html_table(*tables[key])}</details>")
-    body.append("<h2 id='trajectories'>Trajectories</h2><p>Rehearsed vs real observations with mismatches highlighted: "
-                "<a href='trajectories.html'>trajectory viewer</a>. Raw numbers: <a href='results.json'>results.json</a>.</p>")
+    body.append(
+        "<h2 id='trajectories'>Trajectories</h2><p>Rehearsed vs real observations with mismatches highlighted: "
+        "<a href='trajectories.html'>trajectory viewer</a>. Raw numbers: <a href='results.json'>results.json</a>.</p>"
+    )
     if "elapsed_s" in results:
         body.append(f"<p class='meta'>Total time: {results['elapsed_s']:.0f} s.</p>")
     with open(p("report.html"), "w", encoding="utf-8") as f:
         f.write(_page("envace experiment report", "\n".join(body)))
     with open(p("trajectories.html"), "w", encoding="utf-8") as f:
         f.write(viewer_html(results))
-    return {"md": p("report.md"), "html": p("report.html"), "viewer": p("trajectories.html"), "results": p("results.json"), **figs}
+    return {
+        "md": p("report.md"),
+        "html": p("report.html"),
+        "viewer": p("trajectories.html"),
+        "results": p("results.json"),
+        **figs,
+    }
 
 
 __all__ = [
-    "Claim", "VERDICTS", "paper_claims", "claim_verdict", "measure_claim", "claim_n", "claims_table", "fidelity_curve", "fidelity_curve_table", "plot_fidelity_curve",
-    "tts_tokens_table", "tts_arms_run", "sweep_scope", "sweep_rate", "write_report", "main_table", "paired_table", "kind_table", "per_task_outcomes", "success_cell", "seed_cell", "tts_table", "fidelity_table", "md_table", "html_table", "plot_curves", "plot_tts", "viewer_html",
-    "trajectory_html", "json_html", "fidelity_breakdown_table", "mean_std", "fmt_ms", "eval_values", "curve", "curve_lines", "TRAIN_SUCCESS_CURVES", "LOADED_SUFFIX",
+    "Claim",
+    "VERDICTS",
+    "paper_claims",
+    "claim_verdict",
+    "measure_claim",
+    "claim_n",
+    "claims_table",
+    "fidelity_curve",
+    "fidelity_curve_table",
+    "plot_fidelity_curve",
+    "tts_tokens_table",
+    "tts_arms_run",
+    "sweep_scope",
+    "sweep_rate",
+    "write_report",
+    "main_table",
+    "paired_table",
+    "kind_table",
+    "per_task_outcomes",
+    "success_cell",
+    "seed_cell",
+    "tts_table",
+    "fidelity_table",
+    "md_table",
+    "html_table",
+    "plot_curves",
+    "plot_tts",
+    "viewer_html",
+    "trajectory_html",
+    "json_html",
+    "fidelity_breakdown_table",
+    "mean_std",
+    "fmt_ms",
+    "eval_values",
+    "curve",
+    "curve_lines",
+    "TRAIN_SUCCESS_CURVES",
+    "LOADED_SUFFIX",
 ]

@@ -31,6 +31,7 @@ trajectory whose real check failed to run is left out of every reward and counte
 :func:`measure_reward_agreement` runs the shadow rollouts and scores them; ``bench/reward_agreement.py`` is its
 command line.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,7 +47,20 @@ from .types import Task, Trajectory
 
 FULL_EPS = 1e-9
 DEFAULT_BASELINE = "gold_f1"
-METRIC_KEYS: tuple[str, ...] = ("n", "n_unscored", "mean", "success_rate", "auc", "group_auc", "n_group_pairs", "point_biserial", "full_rate", "rewarded_failure_rate", "fail_given_full", "zero_success_rate")
+METRIC_KEYS: tuple[str, ...] = (
+    "n",
+    "n_unscored",
+    "mean",
+    "success_rate",
+    "auc",
+    "group_auc",
+    "n_group_pairs",
+    "point_biserial",
+    "full_rate",
+    "rewarded_failure_rate",
+    "fail_given_full",
+    "zero_success_rate",
+)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -100,7 +114,9 @@ def point_biserial(scores: Sequence[float], labels: Sequence[bool]) -> float | N
     return float(np.corrcoef(s, y)[0, 1])
 
 
-def agreement(scores: Sequence[float | None], labels: Sequence[bool], groups: Sequence[Any], full: float = 1.0) -> dict[str, Any]:
+def agreement(
+    scores: Sequence[float | None], labels: Sequence[bool], groups: Sequence[Any], full: float = 1.0
+) -> dict[str, Any]:
     """The metrics of the module docstring for one reward. ``scores[i]`` None = unscored (counted, left out)."""
     keep = [i for i, s in enumerate(scores) if s is not None]
     s = [float(scores[i]) for i in keep]  # type: ignore[arg-type]
@@ -158,7 +174,12 @@ class Record:
     """Reward label (:func:`spec_label`) -> value on the imagined trajectory (None: unscored)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task_id": self.task_id, "kind": self.kind, "real_success": self.real_success, "rewards": dict(self.rewards)}
+        return {
+            "task_id": self.task_id,
+            "kind": self.kind,
+            "real_success": self.real_success,
+            "rewards": dict(self.rewards),
+        }
 
 
 def real_success(traj: Trajectory) -> bool | None:
@@ -169,7 +190,9 @@ def real_success(traj: Trajectory) -> bool | None:
     return bool(out["success"])
 
 
-def score_records(tasks: Sequence[Task], trajs: Sequence[Trajectory], specs: Sequence[RewardSpec], ctx: RewardContext | None = None) -> list[Record]:
+def score_records(
+    tasks: Sequence[Task], trajs: Sequence[Trajectory], specs: Sequence[RewardSpec], ctx: RewardContext | None = None
+) -> list[Record]:
     """Score every trajectory with every spec (on the imagined trajectory; ``traj.reward`` is left alone)."""
     ctx = ctx or RewardContext()
     by_id = {t.id: t for t in tasks}
@@ -183,10 +206,20 @@ def score_records(tasks: Sequence[Task], trajs: Sequence[Trajectory], specs: Seq
 
 
 def _metrics(records: Sequence[Record], name: str, full: float) -> dict[str, Any]:
-    return agreement([r.rewards[name] for r in records], [bool(r.real_success) for r in records], [r.task_id for r in records], full)
+    return agreement(
+        [r.rewards[name] for r in records], [bool(r.real_success) for r in records], [r.task_id for r in records], full
+    )
 
 
-def bootstrap_difference(records: Sequence[Record], name: str, baseline: str, metric: str = "auc", resamples: int = 1000, seed: int = 0, full: float = 1.0) -> dict[str, Any]:
+def bootstrap_difference(
+    records: Sequence[Record],
+    name: str,
+    baseline: str,
+    metric: str = "auc",
+    resamples: int = 1000,
+    seed: int = 0,
+    full: float = 1.0,
+) -> dict[str, Any]:
     """``metric`` of reward ``name`` minus the baseline's, on the same records, with a 95% percentile interval from
     resampling *tasks* with replacement (each task's trajectories together; the same resample for both rewards).
     Trajectories either reward left unscored are dropped for both. Resamples where either metric is undefined
@@ -202,17 +235,34 @@ def bootstrap_difference(records: Sequence[Record], name: str, baseline: str, me
     diffs, undefined = [], 0
     for _ in range(resamples if ids else 0):
         # a resampled task appears under a fresh group id, so group_auc never pairs two copies of one task
-        sample = [Record(f"{k}:{r.task_id}", r.kind, r.real_success, r.rewards) for k, i in enumerate(rng.integers(0, len(ids), len(ids))) for r in by_task[ids[i]]]
+        sample = [
+            Record(f"{k}:{r.task_id}", r.kind, r.real_success, r.rewards)
+            for k, i in enumerate(rng.integers(0, len(ids), len(ids)))
+            for r in by_task[ids[i]]
+        ]
         a, b = _metrics(sample, name, full)[metric], _metrics(sample, baseline, 1.0)[metric]
         if a is None or b is None:
             undefined += 1
         else:
             diffs.append(a - b)
     lo, hi = (float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))) if diffs else (None, None)
-    return {"metric": metric, "baseline": baseline, "diff": diff, "ci95": [lo, hi], "resamples": resamples, "n_undefined": undefined}
+    return {
+        "metric": metric,
+        "baseline": baseline,
+        "diff": diff,
+        "ci95": [lo, hi],
+        "resamples": resamples,
+        "n_undefined": undefined,
+    }
 
 
-def agreement_report(records: Sequence[Record], specs: Sequence[RewardSpec], baseline: str | None = DEFAULT_BASELINE, resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+def agreement_report(
+    records: Sequence[Record],
+    specs: Sequence[RewardSpec],
+    baseline: str | None = DEFAULT_BASELINE,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Per reward: the metrics overall and per task kind, and (when ``baseline`` is one of the rewards) the
     bootstrap difference of ``auc`` and ``group_auc`` to it. Records without a real outcome are counted and left out."""
     usable = [r for r in records if r.real_success is not None]
@@ -229,9 +279,15 @@ def agreement_report(records: Sequence[Record], specs: Sequence[RewardSpec], bas
         "rewards": {},
     }
     for name in labels:
-        entry: dict[str, Any] = {"overall": _metrics(usable, name, fulls[name]), "by_kind": {k: _metrics([r for r in usable if r.kind == k], name, fulls[name]) for k in kinds}}
+        entry: dict[str, Any] = {
+            "overall": _metrics(usable, name, fulls[name]),
+            "by_kind": {k: _metrics([r for r in usable if r.kind == k], name, fulls[name]) for k in kinds},
+        }
         if out["baseline"] is not None and name != baseline:
-            entry["vs_baseline"] = {m: bootstrap_difference(usable, name, baseline, m, resamples, seed, fulls[name]) for m in ("auc", "group_auc")}
+            entry["vs_baseline"] = {
+                m: bootstrap_difference(usable, name, baseline, m, resamples, seed, fulls[name])
+                for m in ("auc", "group_auc")
+            }
         out["rewards"][name] = entry
     return out
 
@@ -267,13 +323,19 @@ def format_report(report: Mapping[str, Any]) -> str:
         lines.append(row)
     kinds = list(report.get("kinds", {}))
     if kinds:
-        lines += ["", "By task kind (" + ", ".join(f"{k}: {n} trajectories" for k, n in report["kinds"].items()) + "):", ""]
+        lines += [
+            "",
+            "By task kind (" + ", ".join(f"{k}: {n} trajectories" for k, n in report["kinds"].items()) + "):",
+            "",
+        ]
         lines.append("| reward | kind | real success | mean | AUC | group AUC (pairs) | rewarded failures |")
         lines.append("|---|---|---|---|---|---|---|")
         for name, e in report["rewards"].items():
             for k in kinds:
                 m = e["by_kind"][k]
-                lines.append(f"| `{name}` | {k} | {_fmt(m['success_rate'])} | {_fmt(m['mean'])} | {_fmt(m['auc'])} | {_fmt(m['group_auc'])} ({m['n_group_pairs'] or 0}) | {_fmt(m['rewarded_failure_rate'])} |")
+                lines.append(
+                    f"| `{name}` | {k} | {_fmt(m['success_rate'])} | {_fmt(m['mean'])} | {_fmt(m['auc'])} | {_fmt(m['group_auc'])} ({m['n_group_pairs'] or 0}) | {_fmt(m['rewarded_failure_rate'])} |"
+                )
     return "\n".join(lines)
 
 
@@ -282,11 +344,15 @@ def format_report(report: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------------
 
 
-def shadow_rollouts(policy: Backend, tasks: list[Task], rollout_cfg: RolloutConfig, batch_tasks: int = 8) -> list[Trajectory]:
+def shadow_rollouts(
+    policy: Backend, tasks: list[Task], rollout_cfg: RolloutConfig, batch_tasks: int = 8
+) -> list[Trajectory]:
     """Rehearsal rollouts with the shadow environment on (the policy's own Rehearse), ``batch_tasks`` tasks per
     engine run (bounds the KV caches held at once)."""
     if rollout_cfg.mode != "rehearsal" or not rollout_cfg.shadow:
-        raise ValueError("reward agreement needs rehearsal rollouts with shadow=True (the real outcome of imagined trajectories)")
+        raise ValueError(
+            "reward agreement needs rehearsal rollouts with shadow=True (the real outcome of imagined trajectories)"
+        )
     engine = RolloutEngine(policy, rollout_cfg)
     out: list[Trajectory] = []
     for i in range(0, len(tasks), batch_tasks):
@@ -294,7 +360,17 @@ def shadow_rollouts(policy: Backend, tasks: list[Task], rollout_cfg: RolloutConf
     return out
 
 
-def measure_reward_agreement(policy: Backend, tasks: list[Task], specs: Sequence[RewardSpec], rollout_cfg: RolloutConfig, ctx: RewardContext | None = None, batch_tasks: int = 8, baseline: str | None = DEFAULT_BASELINE, resamples: int = 1000, seed: int = 0) -> tuple[dict[str, Any], list[Record], list[Trajectory]]:
+def measure_reward_agreement(
+    policy: Backend,
+    tasks: list[Task],
+    specs: Sequence[RewardSpec],
+    rollout_cfg: RolloutConfig,
+    ctx: RewardContext | None = None,
+    batch_tasks: int = 8,
+    baseline: str | None = DEFAULT_BASELINE,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[dict[str, Any], list[Record], list[Trajectory]]:
     """Shadow rollouts of ``tasks``, every spec scored on each imagined trajectory, and :func:`agreement_report`."""
     trajs = shadow_rollouts(policy, tasks, rollout_cfg, batch_tasks)
     records = score_records(tasks, trajs, specs, ctx)

@@ -39,6 +39,7 @@ are the pure metrics the evaluation harness reuses.
 Argument comparisons are canonical: two values match when their canonical JSON (:func:`envace.types.dumps`,
 sorted keys) is equal, the same rule as :meth:`envace.types.ToolCall.key`. So ``1`` and ``1.0`` differ.
 """
+
 from __future__ import annotations
 
 import json
@@ -130,7 +131,9 @@ def gold_exact(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult
     pred, gold = [c.key() for c in traj.calls()], [c.key() for c in task.flat_gold()]
     first = next((i for i, (a, b) in enumerate(zip(pred, gold)) if a != b), min(len(pred), len(gold)))
     ok = pred == gold
-    return RewardResult(1.0 if ok else 0.0, {"n_calls": len(pred), "n_gold": len(gold), "first_mismatch": None if ok else first})
+    return RewardResult(
+        1.0 if ok else 0.0, {"n_calls": len(pred), "n_gold": len(gold), "first_mismatch": None if ok else first}
+    )
 
 
 @REWARDS.register("gold_f1")
@@ -183,7 +186,9 @@ def _rule_max_calls(rule: dict[str, Any], traj: Trajectory) -> bool:
 def check_rule(rule: dict[str, Any], traj: Trajectory) -> bool:
     """Apply one checklist rule; an unknown type or a missing field raises a ValueError that says which."""
     if not isinstance(rule, dict) or "type" not in rule:
-        raise ValueError(f"a checklist rule must be a dict with a 'type' (one of {', '.join(RULES.names())}); got {rule!r}")
+        raise ValueError(
+            f"a checklist rule must be a dict with a 'type' (one of {', '.join(RULES.names())}); got {rule!r}"
+        )
     check = RULES.get(rule["type"])  # UnknownNameError lists the valid types
     try:
         return bool(check(rule, traj))
@@ -253,7 +258,9 @@ def outcome_checklist(task: Task, traj: Trajectory, ctx: RewardContext) -> Rewar
     if not rules:
         return RewardResult(None, {"unscored": f"task {task.id!r} has no checklist rule, gold call or expected output"})
     held = [check_rule(r, traj) for r in rules]
-    return RewardResult(sum(held) / len(held), {"n_rules": len(rules), "failed": [r for r, ok in zip(rules, held) if not ok]})
+    return RewardResult(
+        sum(held) / len(held), {"n_rules": len(rules), "failed": [r for r, ok in zip(rules, held) if not ok]}
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -322,7 +329,11 @@ _NO_RESULT = object()  # a call that got no observation (a cut trajectory); an o
 
 def _call_results(traj: Trajectory) -> list[tuple[ToolCall, Any]]:
     """Each call of ``traj`` in order with the observation fed back for it (:data:`_NO_RESULT` where none was)."""
-    return [(call, step.observations[i] if i < len(step.observations) else _NO_RESULT) for step in traj.steps for i, call in enumerate(step.calls)]
+    return [
+        (call, step.observations[i] if i < len(step.observations) else _NO_RESULT)
+        for step in traj.steps
+        for i, call in enumerate(step.calls)
+    ]
 
 
 def _calls_with_context(traj: Trajectory) -> list[tuple[ToolCall, str, set[float]]]:
@@ -339,10 +350,14 @@ def _calls_with_context(traj: Trajectory) -> list[tuple[ToolCall, str, set[float
 def stated_arguments(gold: ToolCall, shown: str, shown_numbers: set[float]) -> frozenset[str]:
     """The arguments of ``gold`` whose values the task states (:func:`is_shown`); a structured value counts as
     stated (it is compared whole). The others are the world's: an amount looked up, an id."""
-    return frozenset(k for k, g in gold.arguments.items() if isinstance(g, (dict, list)) or is_shown(g, shown, shown_numbers))
+    return frozenset(
+        k for k, g in gold.arguments.items() if isinstance(g, (dict, list)) or is_shown(g, shown, shown_numbers)
+    )
 
 
-def consistent_match(gold: ToolCall, stated: frozenset[str], call: ToolCall, obs_text: str, obs_numbers: set[float]) -> bool:
+def consistent_match(
+    gold: ToolCall, stated: frozenset[str], call: ToolCall, obs_text: str, obs_numbers: set[float]
+) -> bool:
     """``call`` does what ``gold`` does in the call's own world: same name and argument names; each argument in
     ``stated`` (:func:`stated_arguments`) equal to gold's (canonical JSON); each other one a value that an earlier
     observation of the trajectory holds."""
@@ -407,7 +422,9 @@ def consistent_facts(task: Task, traj: Trajectory, ctx: RewardContext) -> Reward
     reply = "\n".join(traj.replies()).lower()
     obs_numbers, reply_numbers = grounded_numbers(traj, shown_numbers), numbers_in(reply)
     made_up = sorted(reply_numbers - obs_numbers)
-    words = set(re.findall(r"[a-z][a-z_-]{2,}", " ".join(_values_text(o) for s in traj.steps for o in s.observations))) - set(re.findall(r"[a-z][a-z_-]{2,}", shown))
+    words = set(
+        re.findall(r"[a-z][a-z_-]{2,}", " ".join(_values_text(o) for s in traj.steps for o in s.observations))
+    ) - set(re.findall(r"[a-z][a-z_-]{2,}", shown))
     held = []
     for f in facts:
         fs = str(f).lower()
@@ -417,7 +434,10 @@ def consistent_facts(task: Task, traj: Trajectory, ctx: RewardContext) -> Reward
             held.append(not made_up and bool(reply_numbers & obs_numbers))
         else:
             held.append(any(re.search(rf"(?<![a-z]){re.escape(w)}(?![a-z])", reply) for w in words))
-    return RewardResult(sum(held) / len(held), {"n_facts": len(facts), "missing": [f for f, ok in zip(facts, held) if not ok], "made_up_numbers": made_up[:5]})
+    return RewardResult(
+        sum(held) / len(held),
+        {"n_facts": len(facts), "missing": [f for f, ok in zip(facts, held) if not ok], "made_up_numbers": made_up[:5]},
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -616,7 +636,9 @@ def term_factors(term: str) -> list[str]:
     factors = [f.strip() for f in term.split(PRODUCT)]
     for f in factors:
         if not f:
-            raise ValueError(f"reward term {term!r} has an empty factor (write names joined by '*', e.g. 'gold_f1*reply_facts')")
+            raise ValueError(
+                f"reward term {term!r} has an empty factor (write names joined by '*', e.g. 'gold_f1*reply_facts')"
+            )
         REWARDS.get(f)  # raises, listing the valid names
     if len(set(factors)) != len(factors):
         raise ValueError(f"reward term {term!r} names a reward twice")

@@ -36,6 +36,7 @@ simulator's chat) the engine checks prompt + ``max_new_tokens`` against ``max_co
 does not fit is never generated from: the trajectory ends there, ``truncated`` says whose context it was
 (``context:act`` / ``context:rehearse``) and the counters ``context/act`` / ``context/rehearse`` count it.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,15 @@ from tqdm.auto import tqdm
 from .backends.base import Backend, Request, SamplingParams
 from .envs import USERS, Environment, UserSimulator, final_outcome, make_env
 from .envs.references import cache_lookup
-from .parsing import OBS_CLOSE, TOOL_FORMATS, format_observation, parse_observation, strip_thinking, tool_format_for, validate_call
+from .parsing import (
+    OBS_CLOSE,
+    TOOL_FORMATS,
+    format_observation,
+    parse_observation,
+    strip_thinking,
+    tool_format_for,
+    validate_call,
+)
 from .prompts import CHAT_FORMATS, ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
 from .registry import Registry
 from .seeding import derive_seed
@@ -179,7 +188,9 @@ class RehearseObserver(Observer):
 
     def request(self, engine: "RolloutEngine", lv: _Live, prompt: list[int]) -> Request:
         """The Rehearse generation from ``prompt`` (the call's Rehearse context, see ``RolloutEngine.rehearse_prompt``)."""
-        return Request(prompt=prompt, params=engine.cfg.rehearse, session=lv.traj.id + "/rehearse", tag=(lv, "rehearse"))
+        return Request(
+            prompt=prompt, params=engine.cfg.rehearse, session=lv.traj.id + "/rehearse", tag=(lv, "rehearse")
+        )
 
     def receive(self, engine: "RolloutEngine", lv: _Live, prompt: list[int], g: Any) -> tuple[Any, str]:
         """Record a Rehearse generation (a row, the Rehearse context) and parse it into the observation."""
@@ -214,7 +225,9 @@ class SimulatorObserver(Observer):
             if err:
                 lv.traj.count("simulator/parse_errors")
             lv.reh_messages.append({"role": "assistant", "content": text})
-            lv.reh_ids = prompt[: len(prompt) - n_gen] + engine.fmt.message("assistant", text)  # the chat, as the bound counts it
+            lv.reh_ids = prompt[: len(prompt) - n_gen] + engine.fmt.message(
+                "assistant", text
+            )  # the chat, as the bound counts it
             lv.traj.steps[-1].rehearse_texts.append(text)
             out.append((obs, "simulator"))
         return out
@@ -248,7 +261,15 @@ SCHEDULES.add("continuous", lambda engine, lives, bar: engine._run_continuous(li
 class RolloutEngine:
     """Unrolls trajectories for a batch of tasks. ``policy`` plays Act (and Rehearse in rehearsal mode)."""
 
-    def __init__(self, policy: Backend, cfg: RolloutConfig, rehearser: Backend | None = None, simulator: Backend | None = None, memory: dict[str, str] | None = None, user_backend: Backend | None = None):
+    def __init__(
+        self,
+        policy: Backend,
+        cfg: RolloutConfig,
+        rehearser: Backend | None = None,
+        simulator: Backend | None = None,
+        memory: dict[str, str] | None = None,
+        user_backend: Backend | None = None,
+    ):
         self.policy = policy
         self.user_backend = user_backend  # a frozen model playing the user (cfg.user "llm"); never trained
         self.cfg = cfg
@@ -266,7 +287,9 @@ class RolloutEngine:
 
     def row(self, role: str, lv: _Live, prompt: list[int], g: Any) -> Row:
         """The row of a generation of ``role`` for trajectory ``lv`` at its current step."""
-        return Row.from_generation(role, prompt, g, lv.task.id, lv.traj.id, lv.traj.group_id, step=len(lv.traj.steps) - 1)
+        return Row.from_generation(
+            role, prompt, g, lv.task.id, lv.traj.id, lv.traj.group_id, step=len(lv.traj.steps) - 1
+        )
 
     # -- contexts ---------------------------------------------------------------------------------------------
     def _start(self, task: Task, k: int, group_id: str) -> _Live:
@@ -277,8 +300,18 @@ class RolloutEngine:
         env = make_env(task) if self.observer.needs_env or self.cfg.shadow else None
         # the user acts in the real environment only where Act's calls do (never in a shadow copy); its side is
         # recorded in the trajectory (Trajectory.user_steps), never as rows
-        user = USERS.get(self.cfg.user)(task, env=env if self.observer.needs_env else None, traj=traj, backend=self.user_backend)
-        lv = _Live(task=task, traj=traj, act_ids=self.fmt.message("system", system, first=True), reh_ids=self.fmt.message("system", rsys, first=True), reh_messages=[{"role": "system", "content": rsys}], user=user, env=env)
+        user = USERS.get(self.cfg.user)(
+            task, env=env if self.observer.needs_env else None, traj=traj, backend=self.user_backend
+        )
+        lv = _Live(
+            task=task,
+            traj=traj,
+            act_ids=self.fmt.message("system", system, first=True),
+            reh_ids=self.fmt.message("system", rsys, first=True),
+            reh_messages=[{"role": "system", "content": rsys}],
+            user=user,
+            env=env,
+        )
         self._next_user_turn(lv)
         return lv
 
@@ -309,7 +342,11 @@ class RolloutEngine:
     # -- the loop ---------------------------------------------------------------------------------------------
     def run(self, tasks: list[Task], group_prefix: str = "g") -> list[Trajectory]:
         """Roll out ``group_size`` trajectories for each task; returns them grouped task by task."""
-        lives = [self._start(t, k, f"{group_prefix}{i}:{t.id}") for i, t in enumerate(tasks) for k in range(self.cfg.group_size)]
+        lives = [
+            self._start(t, k, f"{group_prefix}{i}:{t.id}")
+            for i, t in enumerate(tasks)
+            for k in range(self.cfg.group_size)
+        ]
         bar = tqdm(total=len(lives), desc=f"rollout[{self.cfg.mode}]", disable=not self.cfg.progress, leave=False)
         schedule = self.cfg.schedule if self.cfg.schedule != "continuous" or self.can_stream() else "lockstep"
         SCHEDULES.get(schedule)(self, lives, bar)
@@ -336,7 +373,9 @@ class RolloutEngine:
     def can_stream(self) -> bool:
         """Continuous batching needs a streaming policy backend that also plays Rehearse, or the real environment."""
         own_rehearse = isinstance(self.observer, RehearseObserver) and self.observer.backend is self.policy
-        return bool(getattr(self.policy, "streams", False)) and (own_rehearse or isinstance(self.observer, RealObserver))
+        return bool(getattr(self.policy, "streams", False)) and (
+            own_rehearse or isinstance(self.observer, RealObserver)
+        )
 
     def _fits(self, n_prompt: int, params: SamplingParams) -> bool:
         """Whether a prompt of ``n_prompt`` tokens and its completion (+ the closing tokens) fit the context."""
@@ -437,7 +476,12 @@ class RolloutEngine:
             self._guard(lv)
         if lv.done:
             return None
-        return Request(prompt=lv.act_ids + self.fmt.generation_prompt(), params=self.cfg.act, session=lv.traj.id + "/act", tag=(lv, "act"))
+        return Request(
+            prompt=lv.act_ids + self.fmt.generation_prompt(),
+            params=self.cfg.act,
+            session=lv.traj.id + "/act",
+            tag=(lv, "act"),
+        )
 
     def _act(self, live: list[_Live]) -> None:
         prompts = [lv.act_ids + self.fmt.generation_prompt() for lv in live]
@@ -456,7 +500,9 @@ class RolloutEngine:
         if g.finish_reason == "length":
             tr.count("act/truncated")
         parsed = self.tools.parse(g.text)
-        step = Step(user_turn=lv.turn, action_text=g.text, calls=parsed.calls, reply=parsed.reply, parse_error=parsed.error)
+        step = Step(
+            user_turn=lv.turn, action_text=g.text, calls=parsed.calls, reply=parsed.reply, parse_error=parsed.error
+        )
         tr.steps.append(step)
         lv.calls = []
         shown = strip_thinking(g.text)[0] if isinstance(g.text, str) else ""  # the chat never holds thinking
@@ -554,7 +600,9 @@ def rollout(policy: Backend, tasks: list[Task], cfg: RolloutConfig, **kw: Any) -
 
 def format_trajectory(traj: Trajectory) -> str:
     """A readable transcript of a trajectory (Act chat with observation sources and shadow observations)."""
-    lines = [f"# trajectory {traj.id}  task={traj.task_id}  mode={traj.mode}  reward={traj.reward}  truncated={traj.truncated}"]
+    lines = [
+        f"# trajectory {traj.id}  task={traj.task_id}  mode={traj.mode}  reward={traj.reward}  truncated={traj.truncated}"
+    ]
     for s in traj.steps:
         lines.append(f"[act] {s.action_text.strip()}")
         for i, obs in enumerate(s.observations):
@@ -567,4 +615,15 @@ def format_trajectory(traj: Trajectory) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["RolloutConfig", "RolloutEngine", "rehearse_sampling", "Observer", "OBSERVERS", "SCHEDULES", "rollout", "format_trajectory", "format_observation", "error_obs"]
+__all__ = [
+    "RolloutConfig",
+    "RolloutEngine",
+    "rehearse_sampling",
+    "Observer",
+    "OBSERVERS",
+    "SCHEDULES",
+    "rollout",
+    "format_trajectory",
+    "format_observation",
+    "error_obs",
+]

@@ -21,6 +21,7 @@ The modulo changes none of them for non-negative seeds below 2**63 / prime (ever
 a negative base reaches it the result is congruent modulo 2**63 to the old one, which is all that the rollout's
 own ``% 2**63`` afterwards sees.
 """
+
 from __future__ import annotations
 
 SEED_MODULUS = 2**63

@@ -38,6 +38,7 @@ one chunk at the end. Text that may yet turn out to be part of a stop string (or
 ``<tool_call>`` block, and trailing whitespace before one) is held back until it is known not to be, so the
 chunks always concatenate to the non-streamed content; a reply's tool calls come in one chunk at the end.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -67,12 +68,37 @@ from .types import ToolCall
 MAX_BODY_BYTES = 16 << 20
 ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
 
-COMMON_FIELDS = frozenset({
-    "model", "stream", "stream_options", "n", "stop", "seed", "max_tokens", "temperature", "top_p", "user",
-    "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
-    "top_k", "include_stop_str_in_output", "return_token_ids", "return_tokens_as_token_ids",  # vLLM's extensions
-})
-CHAT_FIELDS = COMMON_FIELDS | {"messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs", "max_completion_tokens", "response_format"}
+COMMON_FIELDS = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "n",
+        "stop",
+        "seed",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "user",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_k",
+        "include_stop_str_in_output",
+        "return_token_ids",
+        "return_tokens_as_token_ids",  # vLLM's extensions
+    }
+)
+CHAT_FIELDS = COMMON_FIELDS | {
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "top_logprobs",
+    "max_completion_tokens",
+    "response_format",
+}
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
 
 
@@ -132,10 +158,15 @@ def check_fields(body: dict[str, Any], known: frozenset[str], endpoint: str) -> 
     """Refuse a field this endpoint does not know (400 naming it) and a no-op-only field set to something else."""
     unknown = sorted(set(body) - known)
     if unknown:
-        raise RequestError(f"unsupported field(s) {', '.join(map(repr, unknown))} for {endpoint}; supported: {', '.join(sorted(known))}", unknown[0])
+        raise RequestError(
+            f"unsupported field(s) {', '.join(map(repr, unknown))} for {endpoint}; supported: {', '.join(sorted(known))}",
+            unknown[0],
+        )
     for key, (ok, accepted) in NO_OP_ONLY.items():
         if key in body and not ok(body[key]):
-            raise RequestError(f"'{key}' = {json.dumps(body[key])[:80]} is not supported by this server (accepted: {accepted})", key)
+            raise RequestError(
+                f"'{key}' = {json.dumps(body[key])[:80]} is not supported by this server (accepted: {accepted})", key
+            )
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise RequestError("'user' must be a string", "user")
@@ -207,7 +238,9 @@ def cut_stop(g: Generation, stop: list[str], include: bool) -> tuple[str, str | 
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+    )
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -259,7 +292,11 @@ class EnvaceServer:
                 Route("/v1/chat/completions", self.chat, methods=["POST"]),
                 Route("/v1/completions", self.completions, methods=["POST"]),
             ],
-            exception_handlers={RequestError: self._request_error, GenerationFailed: self._generation_failed, HTTPException: self._http_error},
+            exception_handlers={
+                RequestError: self._request_error,
+                GenerationFailed: self._generation_failed,
+                HTTPException: self._http_error,
+            },
         )
 
     # -- endpoints -----------------------------------------------------------------------------------------
@@ -269,7 +306,20 @@ class EnvaceServer:
         return JSONResponse({"status": "ok"})
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "envace", "max_model_len": self.cfg.context_length}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.cfg.model_name,
+                        "object": "model",
+                        "created": 0,
+                        "owned_by": "envace",
+                        "max_model_len": self.cfg.context_length,
+                    }
+                ],
+            }
+        )
 
     async def chat(self, request: Request) -> Response:
         return await self._answer(self.parse_chat(await self._body(request)), chat=True)
@@ -281,7 +331,12 @@ class EnvaceServer:
         body = await _json_body(request)
         name = body.get("model")
         if name is not None and name != self.cfg.model_name:
-            raise RequestError(f"model {name!r} is not served here; this server serves {self.cfg.model_name!r}", "model", 404, "not_found_error")
+            raise RequestError(
+                f"model {name!r} is not served here; this server serves {self.cfg.model_name!r}",
+                "model",
+                404,
+                "not_found_error",
+            )
         return body
 
     # -- validation ----------------------------------------------------------------------------------------
@@ -301,21 +356,37 @@ class EnvaceServer:
             seed=_integer(body, "seed", None, -(1 << 63), (1 << 63) - 1),
         )
 
-    def _request(self, body: dict[str, Any], prompts: list[list[int]], param: str, logprobs: bool, tools: list[str] | None = None) -> GenRequest:
+    def _request(
+        self, body: dict[str, Any], prompts: list[list[int]], param: str, logprobs: bool, tools: list[str] | None = None
+    ) -> GenRequest:
         params = self.sampling(body)
         n = self.cfg.context_length
         for p in prompts:
             if not p:
                 raise RequestError(f"'{param}': the prompt is empty", param)
             if n is not None and len(p) + params.max_new_tokens > n:
-                raise RequestError(f"'{param}': the prompt ({len(p)} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})", param)
+                raise RequestError(
+                    f"'{param}': the prompt ({len(p)} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})",
+                    param,
+                )
         opts = body.get("stream_options")
         stream = _flag(body, "stream")
         if opts is not None and (not stream or not isinstance(opts, dict) or set(opts) - {"include_usage"}):
-            raise RequestError("'stream_options' must be {\"include_usage\": true|false}, with stream: true", "stream_options")
-        return GenRequest(prompts=prompts, params=params, n=_integer(body, "n", 1, 1, self.cfg.max_n) or 1, stream=stream, usage_chunk=_flag(opts or {}, "include_usage"),
-                          logprobs=logprobs, as_ids=_flag(body, "return_tokens_as_token_ids"), include_stop=_flag(body, "include_stop_str_in_output"),
-                          with_ids=_flag(body, "return_token_ids"), tools=tools)
+            raise RequestError(
+                "'stream_options' must be {\"include_usage\": true|false}, with stream: true", "stream_options"
+            )
+        return GenRequest(
+            prompts=prompts,
+            params=params,
+            n=_integer(body, "n", 1, 1, self.cfg.max_n) or 1,
+            stream=stream,
+            usage_chunk=_flag(opts or {}, "include_usage"),
+            logprobs=logprobs,
+            as_ids=_flag(body, "return_tokens_as_token_ids"),
+            include_stop=_flag(body, "include_stop_str_in_output"),
+            with_ids=_flag(body, "return_token_ids"),
+            tools=tools,
+        )
 
     def parse_chat(self, body: dict[str, Any]) -> GenRequest:
         check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
@@ -324,22 +395,31 @@ class EnvaceServer:
         specs = tool_specs(body.get("tools"))
         parse = parses_calls(body.get("tool_choice"), specs)
         prompt = self.fmt.render(act_messages(body.get("messages"), specs, self.tools), add_generation_prompt=True)
-        return self._request(body, [prompt], "messages", _flag(body, "logprobs"), [s.name for s in specs] if parse else None)
+        return self._request(
+            body, [prompt], "messages", _flag(body, "logprobs"), [s.name for s in specs] if parse else None
+        )
 
     def parse_completion(self, body: dict[str, Any]) -> GenRequest:
         check_fields(body, COMPLETION_FIELDS, "/v1/completions")
         lp = body.get("logprobs")
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or lp != 0):
-            raise RequestError(f"'logprobs' must be 0 (the sampled tokens' log-probs; the backend gives no alternatives) or null, got {lp!r}", "logprobs")
+            raise RequestError(
+                f"'logprobs' must be 0 (the sampled tokens' log-probs; the backend gives no alternatives) or null, got {lp!r}",
+                "logprobs",
+            )
         return self._request(body, self._prompts(body.get("prompt")), "prompt", lp is not None)
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
             prompt = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif (
+            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+        ):
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt:
-            raise RequestError("'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt")
+            raise RequestError(
+                "'prompt' must be a string, a list of token ids, or a non-empty list of either", "prompt"
+            )
         out = []
         for i, p in enumerate(prompt):
             if isinstance(p, str):
@@ -357,8 +437,12 @@ class EnvaceServer:
         """Every update of the request's sequences (prompt i's choice j is sequence i * n + j), until all are done."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
-        job = Job([p for p in req.prompts for _ in range(req.n)], req.params, lambda u: loop.call_soon_threadsafe(queue.put_nowait, u),
-                  segment=self.cfg.stream_segment_tokens if req.stream else 0)
+        job = Job(
+            [p for p in req.prompts for _ in range(req.n)],
+            req.params,
+            lambda u: loop.call_soon_threadsafe(queue.put_nowait, u),
+            segment=self.cfg.stream_segment_tokens if req.stream else 0,
+        )
         try:
             self.worker.submit(job)
         except RuntimeError as e:
@@ -377,14 +461,23 @@ class EnvaceServer:
 
     async def _answer(self, req: GenRequest, chat: bool) -> Response:
         if req.stream:
-            return StreamingResponse(self._sse(req, chat), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return StreamingResponse(
+                self._sse(req, chat),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
         gens: dict[int, Generation] = {}
         async for u in self._updates(req):
             if u.done and u.generation is not None:
                 gens[u.index] = u.generation
         out = [gens[k] for k in range(len(gens))]
-        choices = [self._chat_choice(k, g, req) if chat else self._completion_choice(k, g, req) for k, g in enumerate(out)]
-        return JSONResponse(self._envelope("chat.completion" if chat else "text_completion", "chatcmpl" if chat else "cmpl", choices) | {"usage": self._usage(req, out)})
+        choices = [
+            self._chat_choice(k, g, req) if chat else self._completion_choice(k, g, req) for k, g in enumerate(out)
+        ]
+        return JSONResponse(
+            self._envelope("chat.completion" if chat else "text_completion", "chatcmpl" if chat else "cmpl", choices)
+            | {"usage": self._usage(req, out)}
+        )
 
     def _final(self, g: Generation, req: GenRequest) -> tuple[str | None, list[ToolCall], str, str | None]:
         """(content, tool calls, finish_reason, stop_reason) of a finished choice (completions: no tools, so the
@@ -399,15 +492,26 @@ class EnvaceServer:
         msg: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             msg["tool_calls"] = openai_tool_calls(calls)
-        c: dict[str, Any] = {"index": k, "message": msg, "finish_reason": finish, "stop_reason": stop_reason, "logprobs": self._chat_logprobs(g.token_ids, g.logprobs, req)}
+        c: dict[str, Any] = {
+            "index": k,
+            "message": msg,
+            "finish_reason": finish,
+            "stop_reason": stop_reason,
+            "logprobs": self._chat_logprobs(g.token_ids, g.logprobs, req),
+        }
         if req.with_ids:
             c["token_ids"], c["prompt_token_ids"] = list(g.token_ids), list(req.prompts[k // req.n])
         return c
 
     def _completion_choice(self, k: int, g: Generation, req: GenRequest) -> dict[str, Any]:
         text, _, finish, stop_reason = self._final(g, req)
-        c: dict[str, Any] = {"index": k, "text": text, "finish_reason": finish, "stop_reason": stop_reason,
-                             "logprobs": self._completion_logprobs(g.token_ids, g.logprobs, req, 0)}
+        c: dict[str, Any] = {
+            "index": k,
+            "text": text,
+            "finish_reason": finish,
+            "stop_reason": stop_reason,
+            "logprobs": self._completion_logprobs(g.token_ids, g.logprobs, req, 0),
+        }
         if req.with_ids:
             c["token_ids"], c["prompt_token_ids"] = list(g.token_ids), list(req.prompts[k // req.n])
         return c
@@ -419,9 +523,16 @@ class EnvaceServer:
         if not req.logprobs:
             return None
         toks = [self._token(t, req.as_ids) for t in ids]
-        return {"content": [{"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")), "top_logprobs": []} for s, lp in zip(toks, lps)]}
+        return {
+            "content": [
+                {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")), "top_logprobs": []}
+                for s, lp in zip(toks, lps)
+            ]
+        }
 
-    def _completion_logprobs(self, ids: list[int], lps: list[float], req: GenRequest, offset: int) -> dict[str, Any] | None:
+    def _completion_logprobs(
+        self, ids: list[int], lps: list[float], req: GenRequest, offset: int
+    ) -> dict[str, Any] | None:
         if not req.logprobs:
             return None
         toks = [self._token(t, req.as_ids) for t in ids]
@@ -431,8 +542,16 @@ class EnvaceServer:
             offset += len(t)
         return {"tokens": toks, "token_logprobs": list(lps), "top_logprobs": None, "text_offset": offsets}
 
-    def _envelope(self, obj: str, prefix: str, choices: list[dict[str, Any]], rid: str | None = None, created: int | None = None) -> dict[str, Any]:
-        return {"id": rid or f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": created or int(time.time()), "model": self.cfg.model_name, "choices": choices}
+    def _envelope(
+        self, obj: str, prefix: str, choices: list[dict[str, Any]], rid: str | None = None, created: int | None = None
+    ) -> dict[str, Any]:
+        return {
+            "id": rid or f"{prefix}-{uuid.uuid4().hex}",
+            "object": obj,
+            "created": created or int(time.time()),
+            "model": self.cfg.model_name,
+            "choices": choices,
+        }
 
     def _usage(self, req: GenRequest, gens: list[Generation]) -> dict[str, int]:
         p, c = sum(len(x) for x in req.prompts), sum(len(g.token_ids) for g in gens)
@@ -452,7 +571,12 @@ class EnvaceServer:
         sent_text, sent_toks, offsets = [0] * k_all, [0] * k_all, [0] * k_all
         done: dict[int, Generation] = {}
         if chat:
-            yield event([{"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None} for k in range(k_all)])
+            yield event(
+                [
+                    {"index": k, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                    for k in range(k_all)
+                ]
+            )
         try:
             async for u in self._updates(req):
                 k, g = u.index, u.generation
@@ -462,7 +586,7 @@ class EnvaceServer:
                     text = content or ""
                 else:
                     text, calls = streamable(g.text, holds, hold_space=bool(req.tools)), []
-                new_text, ids, lps = text[sent_text[k]:], g.token_ids[sent_toks[k]:], g.logprobs[sent_toks[k]:]
+                new_text, ids, lps = text[sent_text[k] :], g.token_ids[sent_toks[k] :], g.logprobs[sent_toks[k] :]
                 if new_text or ids:
                     c: dict[str, Any] = {"index": k, "finish_reason": None}
                     if chat:
@@ -478,8 +602,15 @@ class EnvaceServer:
                     done[k] = g
                     if calls:
                         tc = [dict(c, index=j) for j, c in enumerate(openai_tool_calls(calls))]
-                        yield event([{"index": k, "delta": {"tool_calls": tc}, "logprobs": None, "finish_reason": None}])
-                    end: dict[str, Any] = {"index": k, "finish_reason": finish, "stop_reason": stop_reason, "logprobs": None}
+                        yield event(
+                            [{"index": k, "delta": {"tool_calls": tc}, "logprobs": None, "finish_reason": None}]
+                        )
+                    end: dict[str, Any] = {
+                        "index": k,
+                        "finish_reason": finish,
+                        "stop_reason": stop_reason,
+                        "logprobs": None,
+                    }
                     end |= {"delta": {}} if chat else {"text": ""}
                     yield event([end])
             if req.usage_chunk:
@@ -500,7 +631,11 @@ class EnvaceServer:
     async def _http_error(self, request: Request, e: Exception) -> Response:
         assert isinstance(e, HTTPException)
         what = {404: "no route", 405: "method not allowed:"}.get(e.status_code, str(e.detail))
-        return _error(e.status_code, f"{what} {request.method} {request.url.path}; routes: {ROUTES}", kind="not_found_error" if e.status_code == 404 else "invalid_request_error")
+        return _error(
+            e.status_code,
+            f"{what} {request.method} {request.url.path}; routes: {ROUTES}",
+            kind="not_found_error" if e.status_code == 404 else "invalid_request_error",
+        )
 
     # -- running -------------------------------------------------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 8000) -> str:
@@ -529,7 +664,14 @@ class EnvaceServer:
             raise RuntimeError("bind() the server first")
         log = copy.deepcopy(LOGGING_CONFIG)
         log["handlers"]["access"]["stream"] = "ext://sys.stderr"  # stdout is the server's own (its URL)
-        config = uvicorn.Config(self.app, log_config=log, log_level="info" if self.cfg.verbose else "warning", access_log=self.cfg.verbose, timeout_graceful_shutdown=5, lifespan="off")
+        config = uvicorn.Config(
+            self.app,
+            log_config=log,
+            log_level="info" if self.cfg.verbose else "warning",
+            access_log=self.cfg.verbose,
+            timeout_graceful_shutdown=5,
+            lifespan="off",
+        )
         self._uvicorn = uvicorn.Server(config)
         self._uvicorn.run(sockets=[self._socket])
 
@@ -585,12 +727,28 @@ def serve(cfg: Any) -> None:
     port) first."""
     from .backends.loaders import open_backend
 
-    backend = open_backend(cfg.model, cfg.backend, {"max_batch": cfg.max_batch} if cfg.backend == "hf" else None, device=cfg.device, bf16=cfg.bf16)
-    scfg = ServerConfig(model_name=cfg.served_model_name or cfg.model, default_max_tokens=cfg.default_max_tokens, max_tokens_limit=cfg.max_tokens_limit, context_length=context_of(backend),
-                        batch_wait_s=cfg.batch_wait_ms / 1000, stream_segment_tokens=cfg.stream_segment_tokens, verbose=cfg.verbose)
+    backend = open_backend(
+        cfg.model,
+        cfg.backend,
+        {"max_batch": cfg.max_batch} if cfg.backend == "hf" else None,
+        device=cfg.device,
+        bf16=cfg.bf16,
+    )
+    scfg = ServerConfig(
+        model_name=cfg.served_model_name or cfg.model,
+        default_max_tokens=cfg.default_max_tokens,
+        max_tokens_limit=cfg.max_tokens_limit,
+        context_length=context_of(backend),
+        batch_wait_s=cfg.batch_wait_ms / 1000,
+        stream_segment_tokens=cfg.stream_segment_tokens,
+        verbose=cfg.verbose,
+    )
     server = EnvaceServer(backend, scfg)
     url = server.bind(cfg.host, cfg.port)
-    print(f"envace serve: {scfg.model_name!r} at {url} (POST /chat/completions, /completions; GET /models, /health)", flush=True)
+    print(
+        f"envace serve: {scfg.model_name!r} at {url} (POST /chat/completions, /completions; GET /models, /health)",
+        flush=True,
+    )
     try:
         server.run()
     except KeyboardInterrupt:

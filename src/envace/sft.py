@@ -6,6 +6,7 @@ Rehearse answers with what the *real* environment returned for that call. The ro
 contexts that training and inference use: Act rows are trained on gold actions and final replies, Rehearse rows
 on real observations.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,14 @@ class GoldTeacher(Backend):
     model's tool format) and every generation ends with ``end_id`` (its chat format's end of turn); both default
     to what the tokenizer's own formats are."""
 
-    def __init__(self, tokenizer: Any, tasks: list[Task], default_reply: str = "Done.", tools: ToolFormat | None = None, end_id: int | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        tasks: list[Task],
+        default_reply: str = "Done.",
+        tools: ToolFormat | None = None,
+        end_id: int | None = None,
+    ):
         self.tokenizer = tokenizer
         self.end_id = ChatFormat.for_tokenizer(tokenizer).end_id if end_id is None else end_id
         self.tools = tools or tool_format_for(tokenizer)
@@ -59,7 +67,9 @@ class GoldTeacher(Backend):
                 for call in task.gold_actions[i] if i < len(task.gold_actions) else []:
                     acts.append(self.tools.render([call]))
                     obs.append(format_observation(env.call(call)))
-                acts.append(task.gold_replies[i] if i < len(task.gold_replies) and task.gold_replies[i] else self.default_reply)
+                acts.append(
+                    task.gold_replies[i] if i < len(task.gold_replies) and task.gold_replies[i] else self.default_reply
+                )
         finally:
             env.close()
         return acts, obs
@@ -72,7 +82,9 @@ class GoldTeacher(Backend):
             self._act[traj_id], self._obs[traj_id] = self._script(self.tasks[task_id])
         return store[traj_id]
 
-    def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None
+    ) -> list[Generation]:
         out = []
         for p, s in zip(prompts, sessions or [None] * len(prompts)):
             if s is None:
@@ -80,17 +92,42 @@ class GoldTeacher(Backend):
             q = self._queue(s, "act" if s.endswith("/act") else "rehearse")
             text = q.pop(0) if q else self.default_reply
             ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_id]
-            out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="eos", prompt_tokens=len(p)))
+            out.append(
+                Generation(
+                    token_ids=ids, logprobs=[0.0] * len(ids), text=text, finish_reason="eos", prompt_tokens=len(p)
+                )
+            )
         return out
 
 
-def gold_trajectories(tokenizer: Any, tasks: list[Task], rollout: RolloutConfig | None = None, chat_format: str | None = None, tool_format: str | None = None, thinking: bool | None = None) -> list[Trajectory]:
+def gold_trajectories(
+    tokenizer: Any,
+    tasks: list[Task],
+    rollout: RolloutConfig | None = None,
+    chat_format: str | None = None,
+    tool_format: str | None = None,
+    thinking: bool | None = None,
+) -> list[Trajectory]:
     """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine. The formats
     (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given."""
     n_steps = max((sum(len(g) for g in t.gold_actions) + len(t.user_turns) for t in tasks), default=1)
-    cfg = rollout or RolloutConfig(mode="rehearsal", group_size=1, max_steps=n_steps + 1, max_steps_per_turn=n_steps + 1, max_context_tokens=1 << 20, chat_format=chat_format, tool_format=tool_format, thinking=thinking)
+    cfg = rollout or RolloutConfig(
+        mode="rehearsal",
+        group_size=1,
+        max_steps=n_steps + 1,
+        max_steps_per_turn=n_steps + 1,
+        max_context_tokens=1 << 20,
+        chat_format=chat_format,
+        tool_format=tool_format,
+        thinking=thinking,
+    )
     cfg.group_size = 1
-    teacher = GoldTeacher(tokenizer, tasks, tools=tool_format_for(tokenizer, cfg.tool_format), end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id)
+    teacher = GoldTeacher(
+        tokenizer,
+        tasks,
+        tools=tool_format_for(tokenizer, cfg.tool_format),
+        end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id,
+    )
     return RolloutEngine(teacher, cfg).run(tasks, group_prefix="gold")
 
 
@@ -110,7 +147,9 @@ def sft(cfg: SFTConfig) -> SFTResult:
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
-    trajs = gold_trajectories(tok, tasks, chat_format=cfg.chat_format, tool_format=cfg.tool_format, thinking=cfg.thinking)
+    trajs = gold_trajectories(
+        tok, tasks, chat_format=cfg.chat_format, tool_format=cfg.tool_format, thinking=cfg.thinking
+    )
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
     logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))
     rng = np.random.default_rng(cfg.seed)
@@ -126,14 +165,32 @@ def sft(cfg: SFTConfig) -> SFTResult:
             order += rng.permutation(len(trajs)).tolist()
         pick, order = order[: cfg.batch_tasks], order[cfg.batch_tasks :]
         rows: list[Row] = [r for i in pick for r in rows_by_traj[i]]
-        m = optimizer_step(model, opt, rows, loss_fn, agg="token_mean", micro_batch_tokens=cfg.micro_batch_tokens, temperatures={}, max_grad_norm=cfg.max_grad_norm, bf16=bf16)
+        m = optimizer_step(
+            model,
+            opt,
+            rows,
+            loss_fn,
+            agg="token_mean",
+            micro_batch_tokens=cfg.micro_batch_tokens,
+            temperatures={},
+            max_grad_norm=cfg.max_grad_norm,
+            bf16=bf16,
+        )
         m = {f"sft/{k}": v for k, v in m.items()} | {"perf/step_s": time.perf_counter() - t0}
         logger.log(step, m)
         result.metrics.append({"step": step, **m})
     logger.close()
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()  # the warm-up checkpoint is a plain model, ready for RL or LoRA
-    result.checkpoint = save_checkpoint(os.path.join(cfg.out_dir, "checkpoints"), cfg.steps, {"policy": model}, {}, {"config": to_dict(cfg)}, tokenizer=tok, keep=1)
+    result.checkpoint = save_checkpoint(
+        os.path.join(cfg.out_dir, "checkpoints"),
+        cfg.steps,
+        {"policy": model},
+        {},
+        {"config": to_dict(cfg)},
+        tokenizer=tok,
+        keep=1,
+    )
     result.checkpoint = os.path.join(result.checkpoint, "policy")
     return result
 

@@ -17,6 +17,7 @@ environment), so they are averaged into one per-task value first.
   :data:`EXACT_FLIPS` differences are non-zero). :func:`paired_comparison` picks between them by that rule and
   says which in ``p_method``.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -72,10 +73,18 @@ def seed_spread(values: Sequence[float]) -> dict[str, float]:
     a = np.asarray(values, dtype=float)
     if not len(a):
         return {"n": 0.0, "mean": float("nan"), "std": float("nan"), "min": float("nan"), "max": float("nan")}
-    return {"n": float(len(a)), "mean": float(a.mean()), "std": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "min": float(a.min()), "max": float(a.max())}
+    return {
+        "n": float(len(a)),
+        "mean": float(a.mean()),
+        "std": float(a.std(ddof=1)) if len(a) > 1 else 0.0,
+        "min": float(a.min()),
+        "max": float(a.max()),
+    }
 
 
-def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+def paired_bootstrap(
+    a: Sequence[float], b: Sequence[float], resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile interval of ``mean(b - a)`` under resampling tasks with replacement (paired: one index draw
     serves both). ``a`` and ``b`` are per-task values in the same task order."""
     if len(a) != len(b):
@@ -133,7 +142,9 @@ def sign_flip_p(a: Sequence[float], b: Sequence[float], resamples: int = RESAMPL
     return (1 + hits) / (1 + resamples)
 
 
-def paired_comparison(a: Sequence[Sequence[bool]], b: Sequence[Sequence[bool]], resamples: int = RESAMPLES, seed: int = 0) -> dict[str, Any]:
+def paired_comparison(
+    a: Sequence[Sequence[bool]], b: Sequence[Sequence[bool]], resamples: int = RESAMPLES, seed: int = 0
+) -> dict[str, Any]:
     """Compare model B with model A on the same tasks (``a[i]`` and ``b[i]``: the samples' successes on task i).
 
     Returns ``n_tasks``, ``a`` / ``b`` (rate, low, high as :func:`rate_interval`), ``diff`` (rate B - rate A, as
@@ -169,6 +180,17 @@ def fmt_p(p: float) -> str:
 
 
 __all__ = [
-    "Z95", "RESAMPLES", "EXACT_FLIPS", "wilson_interval", "task_means", "rate_interval", "seed_spread", "paired_bootstrap",
-    "mcnemar_exact", "sign_flip_p", "paired_comparison", "fmt_rate", "fmt_p",
+    "Z95",
+    "RESAMPLES",
+    "EXACT_FLIPS",
+    "wilson_interval",
+    "task_means",
+    "rate_interval",
+    "seed_spread",
+    "paired_bootstrap",
+    "mcnemar_exact",
+    "sign_flip_p",
+    "paired_comparison",
+    "fmt_rate",
+    "fmt_p",
 ]

@@ -14,6 +14,7 @@ whole GRPO groups (its share of the B tasks), so the baselines are exact locally
 global and gradients are synchronised, so one step equals the single-process step. Rank 0 logs and checkpoints.
 With ``rollout_backend: vllm`` a separate engine generates and gets the weights after each update.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,7 +52,9 @@ ITERATION_PRIME = 100_003
 """Iteration ``i`` of a run seeded ``s`` rolls out and shuffles its update with ``derive_seed(s, i, prime=ITERATION_PRIME)``."""
 
 
-def rows_with_advantages(trajs: list[Trajectory], estimator: str, roles: tuple[str, ...]) -> tuple[list[Row], torch.Tensor, dict[str, float]]:
+def rows_with_advantages(
+    trajs: list[Trajectory], estimator: str, roles: tuple[str, ...]
+) -> tuple[list[Row], torch.Tensor, dict[str, float]]:
     """All rows of the trained roles, and their advantages from the group baselines (per role by default).
 
     Statistics use every row of every scored trajectory (so a role that is not trained still sees the same
@@ -62,7 +65,9 @@ def rows_with_advantages(trajs: list[Trajectory], estimator: str, roles: tuple[s
     reward_of = {t.id: t.reward for t in trajs}
     group_of = {t.id: t.group_id for t in trajs}  # the trajectory decides its group
     groups = {g: i for i, g in enumerate(sorted(set(group_of.values())))}
-    rewards = torch.tensor([reward_of[r.traj_id] if reward_of[r.traj_id] is not None else float("nan") for r in rows], dtype=torch.float32)
+    rewards = torch.tensor(
+        [reward_of[r.traj_id] if reward_of[r.traj_id] is not None else float("nan") for r in rows], dtype=torch.float32
+    )
     valid = ~torch.isnan(rewards)
     g = torch.tensor([groups[group_of[r.traj_id]] for r in rows])
     ro = torch.tensor([ROLE_INDEX[r.role] for r in rows])
@@ -121,7 +126,13 @@ def train(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) role-wise GRPO training as configured (on this process's share under a launcher)."""
     run = setup(cfg)  # models, rollout engines, tasks, reward, logger; the latest checkpoint's state if there is one
     result = TrainResult(cfg.out_dir, run.start)
-    bar = tqdm(range(run.start, cfg.iterations), desc=f"train[{cfg.variant}]", disable=not (cfg.progress and run.dist.is_main), initial=run.start, total=cfg.iterations)
+    bar = tqdm(
+        range(run.start, cfg.iterations),
+        desc=f"train[{cfg.variant}]",
+        disable=not (cfg.progress and run.dist.is_main),
+        initial=run.start,
+        total=cfg.iterations,
+    )
     for it in bar:
         t0 = time.perf_counter()
         # 1. K trajectories for each of this process's tasks of batch ``it``, in the variant's rollout mode
@@ -135,13 +146,20 @@ def train(cfg: TrainConfig) -> TrainResult:
         # 3. advantages per (group, role) from this process's whole groups
         rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
         _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
-        metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {f"adv/{k}": v for k, v in adv_m.items()}
+        metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {
+            f"adv/{k}": v for k, v in adv_m.items()
+        }
         # 4. one update per trained model on the rows of its roles; the rollout engines get the new weights
         t1 = time.perf_counter()
         metrics |= update(run, rows, adv, it)
         # 5. log and checkpoint
         step = it + 1
-        metrics |= {"perf/rollout_s": t_roll, "perf/update_s": time.perf_counter() - t1, "perf/iteration_s": time.perf_counter() - t0, "perf/gen_tokens": run.dist.sum(run.engines["policy"].stats["generated_tokens"])}
+        metrics |= {
+            "perf/rollout_s": t_roll,
+            "perf/update_s": time.perf_counter() - t1,
+            "perf/iteration_s": time.perf_counter() - t0,
+            "perf/gen_tokens": run.dist.sum(run.engines["policy"].stats["generated_tokens"]),
+        }
         run.logger.log(step, metrics)
         result.metrics.append({"step": step, **metrics})
         bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
@@ -194,7 +212,15 @@ class Run:
 
     def save(self, step: int) -> str | None:
         c = self.cfg
-        return self.dist.save_checkpoint(self.ckpt_root, step, self.models, self.optimizers, {"data_position": step * c.batch_tasks, "config": to_dict(c)}, tokenizer=self.tok, keep=c.keep_checkpoints)
+        return self.dist.save_checkpoint(
+            self.ckpt_root,
+            step,
+            self.models,
+            self.optimizers,
+            {"data_position": step * c.batch_tasks, "config": to_dict(c)},
+            tokenizer=self.tok,
+            keep=c.keep_checkpoints,
+        )
 
 
 def setup(cfg: TrainConfig) -> Run:
@@ -212,7 +238,9 @@ def setup(cfg: TrainConfig) -> Run:
     variant = VARIANTS.get(cfg.variant)
     policy, tok = trained_model(cfg, ckpt, "policy")
     _check_model_context(policy, tok, cfg)
-    models = {"policy": policy} | {name: trained_model(cfg, ckpt, name)[0] for name in variant.trained_models if name != "policy"}
+    models = {"policy": policy} | {
+        name: trained_model(cfg, ckpt, name)[0] for name in variant.trained_models if name != "policy"
+    }
     optimizers = {name: make_optimizer(m, cfg.lr, cfg.weight_decay) for name, m in models.items()}
     for name in models:  # placed on this process's device; wrapped (DDP/FSDP) under a launcher
         models[name], optimizers[name] = dist.prepare(models[name], optimizers[name])
@@ -221,7 +249,9 @@ def setup(cfg: TrainConfig) -> Run:
     for name, engine in engines.items():  # a separate engine (vllm) starts from the trainer's weights (resume, LoRA)
         engine.sync_weights(dist.weights(models[name]))
     frozen = {variant.frozen_helper: simulator} if simulator is not None else {}
-    helpers = variant.rehearser.helpers(lambda helper, role: (engines | frozen)[helper])  # a trained helper's engine, or the frozen one
+    helpers = variant.rehearser.helpers(
+        lambda helper, role: (engines | frozen)[helper]
+    )  # a trained helper's engine, or the frozen one
     n_tasks = cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks)  # what the run will visit, at least
     tasks = load_tasks_of_kinds(cfg.suite, "train", n_tasks, cfg.seed, cfg.task_kinds, "TrainConfig.task_kinds")
     order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
@@ -238,7 +268,25 @@ def setup(cfg: TrainConfig) -> Run:
     else:
         logger = SilentLogger()
     temps = {"act": cfg.rollout.act.temperature or 1.0, "rehearse": cfg.rollout.rehearse.temperature or 1.0}
-    return Run(cfg, dist, variant, tok, models, optimizers, engines, helpers, ref, tasks, order, reward_fn, ctx, start, logger, ckpt_root, temps)
+    return Run(
+        cfg,
+        dist,
+        variant,
+        tok,
+        models,
+        optimizers,
+        engines,
+        helpers,
+        ref,
+        tasks,
+        order,
+        reward_fn,
+        ctx,
+        start,
+        logger,
+        ckpt_root,
+        temps,
+    )
 
 
 def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, Any]:
@@ -246,7 +294,9 @@ def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, A
     checkpoint ``ckpt`` (full fine-tuning: the saved ``<ckpt>/<name>``; LoRA: ``cfg.model`` with that saved adapter)."""
     saved = os.path.join(ckpt, name) if ckpt else None
     lora = cfg.lora_r > 0
-    return load_trainable(saved if saved and not lora else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=saved if lora else None)
+    return load_trainable(
+        saved if saved and not lora else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=saved if lora else None
+    )
 
 
 def rollout_batch(run: Run, it: int) -> list[Trajectory]:
@@ -271,11 +321,31 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
         mine = [i for i, r in enumerate(rows) if run.variant.model_of(r.role) == name]
         sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
         if recomputes_old_logprobs(cfg, dist.device):  # the rollout engine's log-probs are not the trainer's
-            recompute_old_logprobs(model, sub_rows, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, bf16=update_bf16(cfg, dist.device), dist=dist)
+            recompute_old_logprobs(
+                model,
+                sub_rows,
+                micro_batch_tokens=cfg.micro_batch_tokens,
+                temperatures=temps,
+                bf16=update_bf16(cfg, dist.device),
+                dist=dist,
+            )
         ref = run.ref if name == "policy" else None
-        for epoch, part in update_parts(len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=derive_seed(cfg.seed, it, prime=ITERATION_PRIME)):
+        for epoch, part in update_parts(
+            len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
+        ):
             p_rows, p_adv = [sub_rows[i] for i in part], sub_adv[part]
-            um = optimizer_step(model, run.optimizers[name], p_rows, _grpo_loss(model, p_rows, p_adv, cfg, ref, temps), agg=cfg.loss_agg, micro_batch_tokens=cfg.micro_batch_tokens, temperatures=temps, max_grad_norm=cfg.max_grad_norm, bf16=update_bf16(cfg, dist.device), dist=dist)
+            um = optimizer_step(
+                model,
+                run.optimizers[name],
+                p_rows,
+                _grpo_loss(model, p_rows, p_adv, cfg, ref, temps),
+                agg=cfg.loss_agg,
+                micro_batch_tokens=cfg.micro_batch_tokens,
+                temperatures=temps,
+                max_grad_norm=cfg.max_grad_norm,
+                bf16=update_bf16(cfg, dist.device),
+                dist=dist,
+            )
             if epoch == 0 and um:  # the first pass: the sampled policy's view (ratio 1 on its first part)
                 metrics |= {f"loss/{name}/first_pass/{k}": v for k, v in um.items() if k in ("clip_frac", "loss")}
         metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}  # the last optimizer step's
@@ -323,14 +393,18 @@ def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backe
     the weights through ``sync_weights``."""
     if cfg.rollout_backend == "hf":
         if dist.shards_parameters:
-            raise ValueError("rollout_backend 'hf' cannot generate with FSDP-sharded weights; set rollout_backend: vllm (or use DDP)")
+            raise ValueError(
+                "rollout_backend 'hf' cannot generate with FSDP-sharded weights; set rollout_backend: vllm (or use DDP)"
+            )
         return HFBackend(model, tok, bf16=rollout_bf16(cfg, dist.device))
     if cfg.rollout_backend not in BACKENDS:
         try:
             importlib.import_module(f"envace.backends.{cfg.rollout_backend}")  # registers it
         except ModuleNotFoundError:
             pass  # BACKENDS.get below lists the valid names
-    return BACKENDS.get(cfg.rollout_backend)(model=str(model_path(cfg.model)), tokenizer=tok, **cfg.rollout_backend_options)
+    return BACKENDS.get(cfg.rollout_backend)(
+        model=str(model_path(cfg.model)), tokenizer=tok, **cfg.rollout_backend_options
+    )
 
 
 def check_resume(cfg: TrainConfig, ckpt: str) -> None:
@@ -339,13 +413,18 @@ def check_resume(cfg: TrainConfig, ckpt: str) -> None:
     differences. A field the saved config lacks (a run of an older version) counts as its default."""
     state = load_state(ckpt)
     if cfg.resume == "never":
-        raise ValueError(f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh")
+        raise ValueError(
+            f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh"
+        )
     saved = _with_defaults(state.get("config") or {}, to_dict(TrainConfig()))
     diff = config_diff(saved, to_dict(cfg), ignore=RESUMABLE_FIELDS)
     if not diff:
         return
     if cfg.resume == "force":
-        print(f"[train] resume=force: resuming step {state['step']} of {cfg.out_dir} despite: {describe_diff(diff)}", flush=True)
+        print(
+            f"[train] resume=force: resuming step {state['step']} of {cfg.out_dir} despite: {describe_diff(diff)}",
+            flush=True,
+        )
         return
     raise ValueError(
         f"{cfg.out_dir} holds a checkpoint (step {state['step']}) of a run with another config ({describe_diff(diff)}); "
@@ -438,9 +517,16 @@ def reward_context(cfg: TrainConfig, policy: Backend, dist: Dist) -> RewardConte
     """What the rewards get besides task and trajectory: the judge, where ``cfg.judge`` names one. A reward spec
     with ``checklist_judge`` and no judge is a configuration error, raised before any rollout."""
     if cfg.judge is None and "checklist_judge" in reward_names(cfg.reward):
-        raise ValueError("reward 'checklist_judge' needs a judge: set judge to policy, a local model or an http(s)://.../v1 URL (e.g. --set judge=policy)")
+        raise ValueError(
+            "reward 'checklist_judge' needs a judge: set judge to policy, a local model or an http(s)://.../v1 URL (e.g. --set judge=policy)"
+        )
     judge = judge_backend(cfg, policy, dist)
-    return RewardContext(judge=judge, judge_params=SamplingParams(temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens) if judge else None)
+    return RewardContext(
+        judge=judge,
+        judge_params=SamplingParams(temperature=cfg.judge_temperature, max_new_tokens=cfg.judge_max_new_tokens)
+        if judge
+        else None,
+    )
 
 
 def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:
@@ -450,7 +536,9 @@ def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:
     except (ValueError, AttributeError):  # the config names no limit: nothing to check against
         return
     if cfg.rollout.max_context_tokens > n:
-        raise ValueError(f"rollout.max_context_tokens={cfg.rollout.max_context_tokens} exceeds the context length of model {cfg.model!r} ({n} tokens)")
+        raise ValueError(
+            f"rollout.max_context_tokens={cfg.rollout.max_context_tokens} exceeds the context length of model {cfg.model!r} ({n} tokens)"
+        )
 
 
 def _check_context(trajs: list[Trajectory], cfg: TrainConfig) -> None:
@@ -465,12 +553,21 @@ def _check_context(trajs: list[Trajectory], cfg: TrainConfig) -> None:
         )
 
 
-def _grpo_loss(model: Any, rows: list[Row], adv: torch.Tensor, cfg: TrainConfig, ref_model: Reference | None, temps: dict[str, float]):
+def _grpo_loss(
+    model: Any,
+    rows: list[Row],
+    adv: torch.Tensor,
+    cfg: TrainConfig,
+    ref_model: Reference | None,
+    temps: dict[str, float],
+):
     """The loss of one micro-batch: clipped surrogate (+ optional k3 KL to the reference)."""
     from .update import pack_rows, pad_rows
 
     def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
-        old, _ = pad_rows([torch.tensor(rows[i].old_logprobs, dtype=torch.float32, device=logp.device) for i in idxs])  # (n, T)
+        old, _ = pad_rows(
+            [torch.tensor(rows[i].old_logprobs, dtype=torch.float32, device=logp.device) for i in idxs]
+        )  # (n, T)
         a = adv[idxs].to(logp.device)  # (n,)
         loss, m = algos.policy_loss(logp, old, a, mask, clip_eps=cfg.clip_eps, agg=cfg.loss_agg, normalizer=normalizer)
         if ref_model is not None and cfg.kl_coef > 0:

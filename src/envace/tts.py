@@ -46,6 +46,7 @@ runs the K real trials with the same m_x (so pass^k measures the memory's reliab
 Attempts use seeds derived from ``rollout.seed`` but distinct from the final run's, which uses ``rollout.seed``
 itself (so the final run of N=0 is token for token the plain run with that seed).
 """
+
 from __future__ import annotations
 
 import json
@@ -136,7 +137,9 @@ class TTSConfig:
     part is cut first."""
     prompt_max_tokens: int = 3072
     """Token cap of the user message of a Reflect or Memory prompt (middle cut)."""
-    reflect_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=160))
+    reflect_sampling: SamplingParams = field(
+        default_factory=lambda: SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=160)
+    )
     """Sampling of each reflection (role reflect)."""
     memory_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_new_tokens=256))
     """Sampling of the distillation (role memory; memory="model" only). Greedy by default: no exploration."""
@@ -170,11 +173,19 @@ class TTSConfig:
         if self.plan_max_new_tokens < 1:
             raise ValueError(f"plan_max_new_tokens must be >= 1, got {self.plan_max_new_tokens}")
         if self.rollout.mode != "rehearsal" or self.rollout.shadow:
-            raise ValueError("TTSConfig.rollout must have mode='rehearsal' and shadow=False: attempts are self-rehearsed and never touch the real environment (the final run is always real)")
+            raise ValueError(
+                "TTSConfig.rollout must have mode='rehearsal' and shadow=False: attempts are self-rehearsed and never touch the real environment (the final run is always real)"
+            )
 
     def attempt_rollout(self, group_size: int, attempt: int) -> RolloutConfig:
         """The rollout config of one batch of attempts (``attempt`` numbers sequential batches; 0 for parallel)."""
-        return replace(self.rollout, mode="rehearsal", shadow=False, group_size=group_size, seed=derive_seed(self.rollout.seed + 1, attempt, prime=ATTEMPT_PRIME))
+        return replace(
+            self.rollout,
+            mode="rehearsal",
+            shadow=False,
+            group_size=group_size,
+            seed=derive_seed(self.rollout.seed + 1, attempt, prime=ATTEMPT_PRIME),
+        )
 
     def final_rollout(self) -> RolloutConfig:
         """The rollout config of the single real execution (mode and group size are set by evaluate)."""
@@ -279,8 +290,9 @@ def cap_tokens(text: str, max_tokens: int, fmt: ChatFormat, keep: str = "head") 
 # --------------------------------------------------------------------------------------------------------
 
 
-
-def _record_generation(rec: RehearsalRecord, rows: list[Row], role: str, prompt: list[int], g: Any, traj_id: str, group_id: str, step: int) -> None:
+def _record_generation(
+    rec: RehearsalRecord, rows: list[Row], role: str, prompt: list[int], g: Any, traj_id: str, group_id: str, step: int
+) -> None:
     """Keep one private generation (a plan or a reflection) as a row of ``role`` and count it: ``<role>/rows``,
     ``<role>/truncated`` (cut at its token budget) and ``<role>/empty``."""
     rows.append(Row.from_generation(role, prompt, g, rec.task_id, traj_id, group_id, step))
@@ -289,6 +301,7 @@ def _record_generation(rec: RehearsalRecord, rows: list[Row], role: str, prompt:
         rec.count(f"{role}/truncated")
     if not g.text.strip():
         rec.count(f"{role}/empty")
+
 
 class _Rehearsal:
     """State of one rehearsal phase: the policy, the config and a seed counter. Holds no environment."""
@@ -311,7 +324,9 @@ class _Rehearsal:
             rec.cuts.append(Cut(where=where, attempt=attempt, **cut))
         return kept
 
-    def run_attempts(self, tasks: list[Task], group_size: int, attempt: int, memory: dict[str, str]) -> list[Trajectory]:
+    def run_attempts(
+        self, tasks: list[Task], group_size: int, attempt: int, memory: dict[str, str]
+    ) -> list[Trajectory]:
         """One rollout batch of self-rehearsed attempts for all tasks (grouped task by task)."""
         engine = RolloutEngine(self.policy, self.cfg.attempt_rollout(group_size, attempt), memory=memory)
         if engine.observer.needs_env or engine.cfg.shadow:  # the firewall, checked at run time too
@@ -322,16 +337,34 @@ class _Rehearsal:
         """``n`` plans per task, all in one generation batch (no engine, no environment: text only)."""
         prompts = []
         for task, rec in zip(tasks, recs):
-            user = self.cap(rec, "plan_prompt", None, task_header(task) + "\n\n# Tools\n" + render_tools(task.tools), self.cfg.prompt_max_tokens, "middle")
-            prompt = self.fmt.render([{"role": "system", "content": PLAN_SYSTEM}, {"role": "user", "content": user + "\n\nWrite your plan."}])
+            user = self.cap(
+                rec,
+                "plan_prompt",
+                None,
+                task_header(task) + "\n\n# Tools\n" + render_tools(task.tools),
+                self.cfg.prompt_max_tokens,
+                "middle",
+            )
+            prompt = self.fmt.render(
+                [{"role": "system", "content": PLAN_SYSTEM}, {"role": "user", "content": user + "\n\nWrite your plan."}]
+            )
             prompts += [prompt] * n
         if not prompts:
             return
         act = self.cfg.rollout.act
-        gens = self.policy.generate(prompts, self.params(SamplingParams(temperature=act.temperature, top_p=act.top_p, max_new_tokens=self.cfg.plan_max_new_tokens)))
+        gens = self.policy.generate(
+            prompts,
+            self.params(
+                SamplingParams(
+                    temperature=act.temperature, top_p=act.top_p, max_new_tokens=self.cfg.plan_max_new_tokens
+                )
+            ),
+        )
         for i, (prompt, g) in enumerate(zip(prompts, gens)):
             rec, k = recs[i // n], i % n
-            _record_generation(rec, rec.plan_rows, "plan", prompt, g, self.attempt_id(rec, k), f"tts-plan:{rec.task_id}", k)
+            _record_generation(
+                rec, rec.plan_rows, "plan", prompt, g, self.attempt_id(rec, k), f"tts-plan:{rec.task_id}", k
+            )
             rec.plans.append(g.text.strip())
 
     def attempt_id(self, rec: RehearsalRecord, k: int) -> str:
@@ -343,10 +376,16 @@ class _Rehearsal:
         if (rec.task_id, k) not in self._transcripts:
             if k < len(rec.attempts):
                 traj = rec.attempts[k]
-                text = serialize_messages(traj.messages) + "\n" + (f"(cut off: {traj.truncated})" if traj.truncated else "(the attempt ended)")
+                text = (
+                    serialize_messages(traj.messages)
+                    + "\n"
+                    + (f"(cut off: {traj.truncated})" if traj.truncated else "(the attempt ended)")
+                )
             else:
                 text = rec.plans[k] or "(empty plan)"
-            self._transcripts[rec.task_id, k] = self.cap(rec, "transcript", k, text, self.cfg.transcript_max_tokens, "middle")
+            self._transcripts[rec.task_id, k] = self.cap(
+                rec, "transcript", k, text, self.cfg.transcript_max_tokens, "middle"
+            )
         return self._transcripts[rec.task_id, k]
 
     def attempt_block(self, rec: RehearsalRecord, k: int, with_reflection: bool = True) -> str:
@@ -360,14 +399,31 @@ class _Rehearsal:
         body = "\n\n".join(self.attempt_block(rec, k) for k in range(rec.n_done))
         return NOTES_HEADER + "\n\n" + self.cap(rec, "notes", rec.n_done, body, self.cfg.notes_max_tokens, "tail")
 
-    def prompt(self, rec: RehearsalRecord, where: str, attempt: int | None, system: str, task: Task, body: str, ask: str) -> list[int]:
-        user = self.cap(rec, where, attempt, task_header(task) + "\n\n" + body, self.cfg.prompt_max_tokens, "middle") + "\n\n" + ask
+    def prompt(
+        self, rec: RehearsalRecord, where: str, attempt: int | None, system: str, task: Task, body: str, ask: str
+    ) -> list[int]:
+        user = (
+            self.cap(rec, where, attempt, task_header(task) + "\n\n" + body, self.cfg.prompt_max_tokens, "middle")
+            + "\n\n"
+            + ask
+        )
         return self.fmt.render([{"role": "system", "content": system}, {"role": "user", "content": user}])
 
     # -- generations ------------------------------------------------------------------------------------------
     def reflect(self, tasks: list[Task], recs: list[RehearsalRecord], ks: list[int]) -> None:
         """Reflect on attempt ``ks[i]`` of ``recs[i]``: one batch over all tasks."""
-        prompts = [self.prompt(rec, "reflect_prompt", k, self.mode.reflect_system, task, self.attempt_block(rec, k, with_reflection=False), self.mode.reflect_ask) for task, rec, k in zip(tasks, recs, ks)]
+        prompts = [
+            self.prompt(
+                rec,
+                "reflect_prompt",
+                k,
+                self.mode.reflect_system,
+                task,
+                self.attempt_block(rec, k, with_reflection=False),
+                self.mode.reflect_ask,
+            )
+            for task, rec, k in zip(tasks, recs, ks)
+        ]
         if not prompts:
             return
         gens = self.policy.generate(prompts, self.params(self.cfg.reflect_sampling))
@@ -425,18 +481,29 @@ def _plan(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> No
 
 REHEARSAL_MODES.add("parallel", RehearsalMode(_parallel, True, "N independent self-rehearsed attempts"))
 REHEARSAL_MODES.add("sequential", RehearsalMode(_sequential, True, "attempt n sees attempts < n and their reflections"))
-REHEARSAL_MODES.add("plan", RehearsalMode(
-    _plan, False, "compute-matched baseline: N independent plans without tool results, each reflected on, the same memory",
-    title="Plan", note="nothing executed, no tool results", reflect_system=PLAN_REFLECT_SYSTEM, reflect_ask="Check the plan: what is right, what is missing, what to change.",
-    memory_system=PLAN_MEMORY_SYSTEM, concat_header=PLAN_CONCAT_HEADER,
-))
+REHEARSAL_MODES.add(
+    "plan",
+    RehearsalMode(
+        _plan,
+        False,
+        "compute-matched baseline: N independent plans without tool results, each reflected on, the same memory",
+        title="Plan",
+        note="nothing executed, no tool results",
+        reflect_system=PLAN_REFLECT_SYSTEM,
+        reflect_ask="Check the plan: what is right, what is missing, what to change.",
+        memory_system=PLAN_MEMORY_SYSTEM,
+        concat_header=PLAN_CONCAT_HEADER,
+    ),
+)
 
 
 def _concat(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
     share = max(16, ctx.cfg.memory_max_tokens // max(1, len(rec.reflections)))
     lines = [ctx.mode.concat_header]
     for k, r in enumerate(rec.reflections):
-        lines.append(f"- {ctx.mode.title} {k + 1}: " + ctx.cap(rec, "reflection", k, r.strip() or "(empty)", share, "head"))
+        lines.append(
+            f"- {ctx.mode.title} {k + 1}: " + ctx.cap(rec, "reflection", k, r.strip() or "(empty)", share, "head")
+        )
     return "\n".join(lines)
 
 
@@ -455,10 +522,22 @@ def _memory_model(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord
     prompts = []
     for task, rec in zip(tasks, recs):
         body = "\n\n".join(ctx.attempt_block(rec, k) for k in range(rec.n_done))
-        prompts.append(ctx.prompt(rec, "memory_prompt", None, ctx.mode.memory_system, task, body, f"Write the memory now (at most about {int(ctx.cfg.memory_max_tokens * 0.7)} words)."))
+        prompts.append(
+            ctx.prompt(
+                rec,
+                "memory_prompt",
+                None,
+                ctx.mode.memory_system,
+                task,
+                body,
+                f"Write the memory now (at most about {int(ctx.cfg.memory_max_tokens * 0.7)} words).",
+            )
+        )
     gens = ctx.policy.generate(prompts, ctx.params(ctx.cfg.memory_sampling))
     for task, rec, prompt, g in zip(tasks, recs, prompts, gens):
-        rec.memory_row = Row.from_generation("memory", prompt, g, rec.task_id, f"tts-memory:{task.id}", f"tts-memory:{task.id}")
+        rec.memory_row = Row.from_generation(
+            "memory", prompt, g, rec.task_id, f"tts-memory:{task.id}", f"tts-memory:{task.id}"
+        )
         if g.finish_reason == "length":
             rec.count("memory/truncated")
         if g.text.strip():
@@ -485,12 +564,17 @@ def rehearse(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[Rehears
         raise ValueError("task ids must be unique (the memory is keyed by task id)")
     t0 = time.perf_counter()
     ctx = _Rehearsal(policy, cfg)
-    recs = [RehearsalRecord(task_id=t.id, n=cfg.n, mode=cfg.mode, memory_mode=cfg.memory, config=cfg.to_dict()) for t in tasks]
+    recs = [
+        RehearsalRecord(task_id=t.id, n=cfg.n, mode=cfg.mode, memory_mode=cfg.memory, config=cfg.to_dict())
+        for t in tasks
+    ]
     if cfg.n > 0 and tasks:
         ctx.mode.run(ctx, tasks, recs)
         MEMORY_BUILDERS.get(cfg.memory)(ctx, tasks, recs)
     for rec in recs:
-        rec.memory = ctx.cap(rec, "memory", None, rec.memory_raw, cfg.memory_max_tokens, "head") if rec.memory_raw else ""
+        rec.memory = (
+            ctx.cap(rec, "memory", None, rec.memory_raw, cfg.memory_max_tokens, "head") if rec.memory_raw else ""
+        )
         _count_rehearsal(rec, ctx.fmt)
         rec.timing["rehearsal_s"] = time.perf_counter() - t0  # the phase is batched: shared wall time
     return recs
@@ -504,11 +588,19 @@ PRIVATE_ROLES = ATTEMPT_ROLES + ("reflect", "memory")
 
 def _count_rehearsal(rec: RehearsalRecord, fmt: ChatFormat) -> None:
     rec.count("rehearsal/attempts", rec.n_done)
-    rec.count("rehearsal/truncated_attempts", sum(t.truncated is not None for t in rec.attempts) + sum(r.truncated for r in rec.plan_rows))
+    rec.count(
+        "rehearsal/truncated_attempts",
+        sum(t.truncated is not None for t in rec.attempts) + sum(r.truncated for r in rec.plan_rows),
+    )
     for t in rec.attempts:
         for key, v in t.counters.items():
             rec.count(f"rehearsal/{key}", v)
-    rows = [r for t in rec.attempts for r in t.rows] + rec.plan_rows + rec.reflect_rows + ([rec.memory_row] if rec.memory_row else [])
+    rows = (
+        [r for t in rec.attempts for r in t.rows]
+        + rec.plan_rows
+        + rec.reflect_rows
+        + ([rec.memory_row] if rec.memory_row else [])
+    )
     for role in PRIVATE_ROLES:
         rec.count(f"tokens/{role}", sum(len(r.completion_ids) for r in rows if r.role == role))
     rec.count("memory/raw_tokens", len(fmt.encode(rec.memory_raw)) if rec.memory_raw else 0)
@@ -532,7 +624,9 @@ def real_tokens(trajs: list[Trajectory]) -> int:
     return sum(len(r.completion_ids) for t in trajs for r in t.rows if r.role == "act")
 
 
-def add_token_counts(per_task: list[dict[str, Any]], trajectories: list[Trajectory], records: list[RehearsalRecord] | None = None) -> None:
+def add_token_counts(
+    per_task: list[dict[str, Any]], trajectories: list[Trajectory], records: list[RehearsalRecord] | None = None
+) -> None:
     """Write each task's generated tokens into its per-task row (in place): ``attempt_tokens`` and
     ``private_tokens`` of the rehearsal phase (0 without one), ``real_tokens`` (Act tokens of its real trials,
     all samples) and ``gen_tokens``, their sum. The per-task record of what a budget cost, so a compute-matched
@@ -605,7 +699,8 @@ def tts_metrics(records: list[RehearsalRecord]) -> dict[str, float]:
         "tts/memory_cut_rate": sum(any(c.where == "memory" for c in r.cuts) for r in records) / n,
         "tts/memory_fallback_rate": mean("memory/fallback"),
         "tts/cuts_per_task": mean("cuts"),
-        "tts/attempt_truncated_rate": sum(r.counters.get("rehearsal/truncated_attempts", 0) for r in records) / attempts,
+        "tts/attempt_truncated_rate": sum(r.counters.get("rehearsal/truncated_attempts", 0) for r in records)
+        / attempts,
         "tts/attempt_tool_calls": sum(r.counters.get("rehearsal/act/tool_calls", 0) for r in records) / attempts,
         "tts/attempt_tokens_per_task": sum(attempt_tokens(r) for r in records) / n,
         "tts/attempt_tokens_per_attempt": sum(attempt_tokens(r) for r in records) / attempts,
@@ -630,7 +725,10 @@ def format_record(rec: RehearsalRecord) -> str:
         out += [f"--- plan {k + 1} (private; no tool called) ---", plan or "(empty)"]
         if k < len(rec.reflections):
             out += [f"--- reflection {k + 1} ---", rec.reflections[k] or "(empty)"]
-    out += [f"--- memory ({rec.memory_source}, {rec.counters.get('memory/tokens', 0)} tokens) ---", rec.memory or "(none)"]
+    out += [
+        f"--- memory ({rec.memory_source}, {rec.counters.get('memory/tokens', 0)} tokens) ---",
+        rec.memory or "(none)",
+    ]
     for c in rec.cuts:
         where = c.where + (f" of attempt {c.attempt + 1}" if c.attempt is not None else "")
         out.append(f"[cut] {where}: {c.tokens_before} -> {c.tokens_after} tokens")
@@ -652,7 +750,31 @@ def load_records(path: str) -> list[RehearsalRecord]:
 
 
 __all__ = [
-    "TTSConfig", "RehearsalRecord", "RehearsalMode", "Cut", "TTSEvalResult", "REHEARSAL_MODES", "MEMORY_BUILDERS", "REFLECT_SYSTEM", "MEMORY_SYSTEM",
-    "PLAN_SYSTEM", "PLAN_REFLECT_SYSTEM", "PLAN_MEMORY_SYSTEM", "ATTEMPT_ROLES", "PRIVATE_ROLES", "attempt_tokens", "private_tokens", "real_tokens", "add_token_counts",
-    "cap_tokens", "rehearse", "run_tts", "evaluate_with_tts", "tts_metrics", "format_record", "save_records", "load_records", "task_header",
+    "TTSConfig",
+    "RehearsalRecord",
+    "RehearsalMode",
+    "Cut",
+    "TTSEvalResult",
+    "REHEARSAL_MODES",
+    "MEMORY_BUILDERS",
+    "REFLECT_SYSTEM",
+    "MEMORY_SYSTEM",
+    "PLAN_SYSTEM",
+    "PLAN_REFLECT_SYSTEM",
+    "PLAN_MEMORY_SYSTEM",
+    "ATTEMPT_ROLES",
+    "PRIVATE_ROLES",
+    "attempt_tokens",
+    "private_tokens",
+    "real_tokens",
+    "add_token_counts",
+    "cap_tokens",
+    "rehearse",
+    "run_tts",
+    "evaluate_with_tts",
+    "tts_metrics",
+    "format_record",
+    "save_records",
+    "load_records",
+    "task_header",
 ]

@@ -10,6 +10,7 @@ Observations are JSON values. An error observation is ``{"error": {"kind": KIND,
 KIND one of :data:`ERROR_KINDS`; the same shape is used by real environments, by the Rehearse role and by
 the parsers, so a rehearsed error can be compared with a real one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -99,7 +100,9 @@ def _decoders(cls: type) -> dict[str, tuple[Callable[[Any], Any] | None, bool]]:
     """Per field of ``cls``: its decoder (:func:`_decoder`) and whether it has no default."""
     hints = typing.get_type_hints(cls)
     no_default = (dataclasses.MISSING, dataclasses.MISSING)
-    return {f.name: (_decoder(hints[f.name]), (f.default, f.default_factory) == no_default) for f in dataclasses.fields(cls)}
+    return {
+        f.name: (_decoder(hints[f.name]), (f.default, f.default_factory) == no_default) for f in dataclasses.fields(cls)
+    }
 
 
 def _decoder(tp: Any) -> Callable[[Any], Any] | None:
@@ -126,14 +129,21 @@ class ToolSpec(JSONable):
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
 
     def to_openai(self) -> dict[str, Any]:
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ToolSpec":
         """Also the OpenAI wrapper ``{"type": "function", "function": {...}}``; no parameters: an empty object."""
         if "function" in d:  # OpenAI wrapper
             d = d["function"]
-        return cls(name=d["name"], description=d.get("description", ""), parameters=d.get("parameters") or {"type": "object", "properties": {}})
+        return cls(
+            name=d["name"],
+            description=d.get("description", ""),
+            parameters=d.get("parameters") or {"type": "object", "properties": {}},
+        )
 
 
 @dataclass
@@ -174,7 +184,11 @@ class Message:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Message":
-        return cls(role=d["role"], content=d.get("content", ""), tool_calls=[ToolCall.from_dict(c) for c in d.get("tool_calls", [])])
+        return cls(
+            role=d["role"],
+            content=d.get("content", ""),
+            tool_calls=[ToolCall.from_dict(c) for c in d.get("tool_calls", [])],
+        )
 
 
 @dataclass
@@ -269,10 +283,22 @@ class Row(JSONable):
     truncated: bool = False  # generation hit max_new_tokens without a stop
 
     @classmethod
-    def from_generation(cls, role: str, prompt: list[int], g: "Generation", task_id: str, traj_id: str, group_id: str, step: int = 0) -> "Row":
+    def from_generation(
+        cls, role: str, prompt: list[int], g: "Generation", task_id: str, traj_id: str, group_id: str, step: int = 0
+    ) -> "Row":
         """The row of generation ``g`` (token ids, sampling log-probs, finish reason) from ``prompt``, as ``role``;
         truncated when it stopped at its token budget."""
-        return cls(role=role, prompt_ids=list(prompt), completion_ids=list(g.token_ids), old_logprobs=list(g.logprobs), task_id=task_id, traj_id=traj_id, group_id=group_id, step=step, truncated=g.finish_reason == "length")
+        return cls(
+            role=role,
+            prompt_ids=list(prompt),
+            completion_ids=list(g.token_ids),
+            old_logprobs=list(g.logprobs),
+            task_id=task_id,
+            traj_id=traj_id,
+            group_id=group_id,
+            step=step,
+            truncated=g.finish_reason == "length",
+        )
 
 
 ObsSource = Literal["rehearsed", "real", "simulator", "cache", "validation"]
@@ -337,7 +363,9 @@ class Trajectory(JSONable):
     mode: str
     reward: float | None = None  # None = unscored (e.g. a judge failure): masked out of the update
     reward_info: dict[str, Any] = field(default_factory=dict)
-    truncated: str | None = None  # None, or why the episode was cut ("max_steps", "max_steps_per_turn", "context:act", "context:rehearse")
+    truncated: str | None = (
+        None  # None, or why the episode was cut ("max_steps", "max_steps_per_turn", "context:act", "context:rehearse")
+    )
     counters: dict[str, int] = field(default_factory=dict)
     env_outcome: dict[str, Any] | None = None
     """The real environment's own success check, applied by the rollout when it ended to the environment this

@@ -15,6 +15,7 @@ Over several processes (:mod:`envace.distributed`) :func:`optimizer_step` divide
 batch (all-reduced), runs as many micro-batches on every process (padding with idle ones) and synchronises
 gradients once; with ``dist`` left out it is the single-process step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -101,7 +102,9 @@ def _fill(packs: list[Pack], max_tokens: int, shared: bool) -> list[list[Pack]]:
     return out
 
 
-def micro_batches(packs: list[Pack], max_tokens: int, share_prefixes: bool = True, min_prefix: int = MIN_SHARED_PREFIX) -> list[list[Pack]]:
+def micro_batches(
+    packs: list[Pack], max_tokens: int, share_prefixes: bool = True, min_prefix: int = MIN_SHARED_PREFIX
+) -> list[list[Pack]]:
     """Group packs so each micro-batch runs at most ``max_tokens`` tokens (padded ``n * max_len``, less the
     shared prefix counted once when ``share_prefixes``). With ``share_prefixes`` packs with a common prefix of at
     least ``min_prefix`` tokens go together (longest first within a group); the others are grouped longest first."""
@@ -126,7 +129,15 @@ def _trunk_and_head(model: Any) -> tuple[Any, Any] | None:
     return trunk, head
 
 
-def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperatures: dict[str, float], bf16: bool = False, direct_head: bool = True, share_prefix: bool = True) -> dict[int, torch.Tensor]:
+def completion_logprobs(
+    model: Any,
+    packs: list[Pack],
+    rows: list[Row],
+    temperatures: dict[str, float],
+    bf16: bool = False,
+    direct_head: bool = True,
+    share_prefix: bool = True,
+) -> dict[int, torch.Tensor]:
     """Log-probs (with grad) of each row's completion tokens under ``model``: row index -> (n_completion,).
 
     ``temperatures[role]`` divides the logits, matching how the rows were sampled. ``direct_head=False`` (a
@@ -143,7 +154,7 @@ def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperat
     # positions whose logits predict a completion token: for tokens [start, end) read logits at [start-1, end-1)
     sel_b, sel_t, tgt, owner = [], [], [], []
     for b, p in enumerate(packs):
-        for (i, s, e) in p.segments:
+        for i, s, e in p.segments:
             sel_b += [b] * (e - s)
             sel_t += list(range(s - 1, e - 1))
             tgt += p.ids[s:e]
@@ -151,7 +162,11 @@ def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperat
     sb = torch.tensor(sel_b, device=dev)
     st = torch.tensor(sel_t, device=dev)
     tg = torch.tensor(tgt, device=dev)
-    ctx = torch.autocast(device_type=dev.type, dtype=torch.bfloat16) if bf16 else torch.autocast(device_type=dev.type, enabled=False)
+    ctx = (
+        torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+        if bf16
+        else torch.autocast(device_type=dev.type, enabled=False)
+    )
     with ctx:
         th = _trunk_and_head(model) if direct_head else None
         if th is not None:
@@ -171,14 +186,16 @@ def completion_logprobs(model: Any, packs: list[Pack], rows: list[Row], temperat
             keep = torch.zeros_like(ids, dtype=torch.bool)  # (P, S) positions whose logits are needed
             keep[sb, st] = True
             flat = sb * S + st  # (N,) the model returns the kept positions in row-major order
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[torch.searchsorted(flat.sort().values, flat)]
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[
+                torch.searchsorted(flat.sort().values, flat)
+            ]
     logits = logits.float()
     temps = torch.cat([torch.full((n,), t, device=dev) for (_, n, t) in owner]) if owner else torch.ones(0, device=dev)
     logits = logits / temps[:, None]
     lp = logits.gather(-1, tg[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)  # (N,)
     out: dict[int, torch.Tensor] = {}
     off = 0
-    for (i, n, _) in owner:
+    for i, n, _ in owner:
         out[i] = lp[off : off + n]
         off += n
     return out
@@ -196,7 +213,9 @@ def _shared_prefix_hidden(trunk: Any, ids: torch.Tensor, lp: int) -> torch.Tenso
     pre = trunk(input_ids=ids[:1, :lp], use_cache=True).past_key_values
     kv = [(layer.keys.expand(P, -1, -1, -1), layer.values.expand(P, -1, -1, -1)) for layer in pre.layers]
     pos = torch.arange(lp, S, device=ids.device)[None].expand(P, -1)
-    return trunk(input_ids=ids[:, lp:], position_ids=pos, past_key_values=DynamicCache(kv), use_cache=True).last_hidden_state
+    return trunk(
+        input_ids=ids[:, lp:], position_ids=pos, past_key_values=DynamicCache(kv), use_cache=True
+    ).last_hidden_state
 
 
 def pad_rows(values: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +230,20 @@ def pad_rows(values: Iterable[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor
 LossFn = Any  # (logp (rows,T), mask (rows,T), row_indices list[int], normalizer float) -> (loss, metrics)
 
 
-def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn, *, agg: str, micro_batch_tokens: int, temperatures: dict[str, float], max_grad_norm: float, bf16: bool = False, dist: Dist = ONE_PROCESS, share_prefixes: bool = True) -> dict[str, float]:
+def optimizer_step(
+    model: Any,
+    optimizer: Any,
+    rows: list[Row],
+    loss_fn: LossFn,
+    *,
+    agg: str,
+    micro_batch_tokens: int,
+    temperatures: dict[str, float],
+    max_grad_norm: float,
+    bf16: bool = False,
+    dist: Dist = ONE_PROCESS,
+    share_prefixes: bool = True,
+) -> dict[str, float]:
     """One optimizer step over ``rows``: packed micro-batches, gradient accumulation, clipping, step.
 
     The loss of every micro-batch is divided by the whole batch's normalizer (:func:`envace.algos.rows_normalizer`:
@@ -229,12 +261,16 @@ def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn,
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
-    for mb, sync in each_micro_batch(micro_batches(pack_rows(rows), micro_batch_tokens, share_prefixes=share_prefixes), dist):
+    for mb, sync in each_micro_batch(
+        micro_batches(pack_rows(rows), micro_batch_tokens, share_prefixes=share_prefixes), dist
+    ):
         with contextlib.nullcontext() if sync else dist.no_sync(model):  # gradients are synchronised once, at the end
             if mb is None:  # this process has no rows left: an idle forward keeps the collectives in step
                 loss, m = _idle_loss(model), {}
             else:
-                lp = completion_logprobs(model, mb, rows, temperatures, bf16=bf16, direct_head=dist.direct_head, share_prefix=share_prefixes)
+                lp = completion_logprobs(
+                    model, mb, rows, temperatures, bf16=bf16, direct_head=dist.direct_head, share_prefix=share_prefixes
+                )
                 idxs = sorted(lp)
                 logp, mask = pad_rows([lp[i] for i in idxs])
                 loss, m = loss_fn(logp, mask, idxs, normalizer)
@@ -247,7 +283,10 @@ def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn,
                 sums[k] = sums.get(k, 0.0) + float(v) * (float(m.get("n_tokens", 1.0)) if k != "n_tokens" else 1.0)
     sums = dist.merge_metrics(sums)
     n_tok = sums.get("n_tokens", 0.0) or 1.0
-    metrics = {k: (v / n_tok if (k not in ("n_tokens", "micro_batches") and not k.endswith("_max")) else v) for k, v in sums.items()}
+    metrics = {
+        k: (v / n_tok if (k not in ("n_tokens", "micro_batches") and not k.endswith("_max")) else v)
+        for k, v in sums.items()
+    }
     gn = dist.clip_grad_norm_(model, max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -258,17 +297,29 @@ def optimizer_step(model: Any, optimizer: Any, rows: list[Row], loss_fn: LossFn,
 
 
 @torch.no_grad()
-def recompute_old_logprobs(model: Any, rows: list[Row], *, micro_batch_tokens: int, temperatures: dict[str, float], bf16: bool = False, dist: Dist = ONE_PROCESS) -> None:
+def recompute_old_logprobs(
+    model: Any,
+    rows: list[Row],
+    *,
+    micro_batch_tokens: int,
+    temperatures: dict[str, float],
+    bf16: bool = False,
+    dist: Dist = ONE_PROCESS,
+) -> None:
     """Replace each row's ``old_logprobs`` (the sampler's) by the trainer model's own, before the update.
 
     For rollout engines whose log-probs are not the trainer's quantity (vLLM returns raw, untempered log-probs by
     default, from other kernels): the PPO ratio then starts at 1 up to kernel noise. Every process must call it.
     """
-    for mb, _ in each_micro_batch(micro_batches(pack_rows(rows), micro_batch_tokens, share_prefixes=dist.direct_head), dist):
+    for mb, _ in each_micro_batch(
+        micro_batches(pack_rows(rows), micro_batch_tokens, share_prefixes=dist.direct_head), dist
+    ):
         if mb is None:
             _idle_loss(model)
             continue
-        for i, lp in completion_logprobs(model, mb, rows, temperatures, bf16=bf16, direct_head=dist.direct_head).items():
+        for i, lp in completion_logprobs(
+            model, mb, rows, temperatures, bf16=bf16, direct_head=dist.direct_head
+        ).items():
             rows[i].old_logprobs = lp.float().tolist()
 
 

@@ -13,6 +13,7 @@ keeps them and which engine keywords a rollout needs, instead of branching on va
 - :meth:`Variant.models_at`: the model folder of each player after training (a checkpoint's ``<name>/``);
 - :meth:`Rehearser.helpers`: the engine keywords of a rollout in the mode, each model opened by the caller.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,7 +49,9 @@ class Rehearser:
 REHEARSERS: Registry[Rehearser] = Registry("rollout mode")
 REHEARSERS.add("rehearsal", Rehearser("the policy's own weights, in a Rehearse context of their own"))
 REHEARSERS.add("real", Rehearser("the task's real environment"))
-REHEARSERS.add("per_role", Rehearser("a second model of its own, trained on the Rehearse rows", helper="rehearser", trained=True))
+REHEARSERS.add(
+    "per_role", Rehearser("a second model of its own, trained on the Rehearse rows", helper="rehearser", trained=True)
+)
 REHEARSERS.add("simulator", Rehearser("a frozen external model, never trained", helper="simulator"))
 
 
@@ -98,10 +101,14 @@ class Variant:
 
 
 VARIANTS: Registry[Variant] = Registry("variant")
-VARIANTS.add("envace", Variant("rehearsal", ("act", "rehearse"), "EnvACE: shared weights play Act and Rehearse; both trained"))
+VARIANTS.add(
+    "envace", Variant("rehearsal", ("act", "rehearse"), "EnvACE: shared weights play Act and Rehearse; both trained")
+)
 VARIANTS.add("real_env", Variant("real", ("act",), "standard GRPO: real environment in the loop, Act only"))
 VARIANTS.add("simulator", Variant("simulator", ("act",), "external frozen simulator model answers; Act trained"))
-VARIANTS.add("per_role", Variant("per_role", ("act", "rehearse"), "two models, one per role, each trained on its own rows"))
+VARIANTS.add(
+    "per_role", Variant("per_role", ("act", "rehearse"), "two models, one per role, each trained on its own rows")
+)
 VARIANTS.add("caller_frozen", Variant("rehearsal", ("rehearse",), "rehearsal rollouts, only Rehearse trained"))
 VARIANTS.add("caller_only", Variant("rehearsal", ("act",), "rehearsal rollouts, Rehearse not trained"))
 

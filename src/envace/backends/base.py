@@ -8,6 +8,7 @@ with :meth:`Backend.chat`.
 ``sessions`` lets a caller say that a prompt continues an earlier one (one Act or Rehearse context of one
 trajectory): a backend may keep that context's KV cache and only encode the new tokens.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

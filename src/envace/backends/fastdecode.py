@@ -21,6 +21,7 @@ Only plain Llama blocks are taken (RMSNorm, RoPE from the model's own rotary mod
 covered, SiLU-gated MLP, grouped-query attention, optional projection biases); :func:`decoder_for` returns None
 for anything else and the backend keeps using ``model(...)``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,10 +70,17 @@ class _Layer:
 
 def _supported(model: Any) -> bool:
     cfg = getattr(model, "config", None)
-    if type(model).__name__ != "LlamaForCausalLM" or cfg is None or getattr(cfg, "model_type", None) != "llama" or getattr(cfg, "hidden_act", "silu") != "silu":
+    if (
+        type(model).__name__ != "LlamaForCausalLM"
+        or cfg is None
+        or getattr(cfg, "model_type", None) != "llama"
+        or getattr(cfg, "hidden_act", "silu") != "silu"
+    ):
         return False
     inner = getattr(model, "model", None)
-    return all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(model, "lm_head")
+    return all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")) and hasattr(
+        model, "lm_head"
+    )
 
 
 def decoder_for(model: Any, dtype: torch.dtype) -> "LlamaDecoder | None":
@@ -83,7 +91,12 @@ def decoder_for(model: Any, dtype: torch.dtype) -> "LlamaDecoder | None":
 def _cat_bias(*mods: Any) -> torch.Tensor | None:
     if all(m.bias is None for m in mods):
         return None
-    return torch.cat([m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=m.weight.dtype, device=m.weight.device) for m in mods]).float()
+    return torch.cat(
+        [
+            m.bias if m.bias is not None else torch.zeros(m.out_features, dtype=m.weight.dtype, device=m.weight.device)
+            for m in mods
+        ]
+    ).float()
 
 
 def _bias(m: Any) -> torch.Tensor | None:
@@ -120,18 +133,20 @@ class LlamaDecoder:
         layers = []
         for blk in inner.layers:
             a, m = blk.self_attn, blk.mlp
-            layers.append(_Layer(
-                ln1=blk.input_layernorm.weight.detach().float(),
-                qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).to(dt).contiguous(),
-                qkv_bias=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
-                o=a.o_proj.weight.detach().to(dt).contiguous(),
-                o_bias=_bias(a.o_proj),
-                ln2=blk.post_attention_layernorm.weight.detach().float(),
-                gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]).to(dt).contiguous(),
-                gate_up_bias=_cat_bias(m.gate_proj, m.up_proj),
-                down=m.down_proj.weight.detach().to(dt).contiguous(),
-                down_bias=_bias(m.down_proj),
-            ))
+            layers.append(
+                _Layer(
+                    ln1=blk.input_layernorm.weight.detach().float(),
+                    qkv=torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).to(dt).contiguous(),
+                    qkv_bias=_cat_bias(a.q_proj, a.k_proj, a.v_proj),
+                    o=a.o_proj.weight.detach().to(dt).contiguous(),
+                    o_bias=_bias(a.o_proj),
+                    ln2=blk.post_attention_layernorm.weight.detach().float(),
+                    gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]).to(dt).contiguous(),
+                    gate_up_bias=_cat_bias(m.gate_proj, m.up_proj),
+                    down=m.down_proj.weight.detach().to(dt).contiguous(),
+                    down_bias=_bias(m.down_proj),
+                )
+            )
         self.layers = layers
         self.embed = inner.embed_tokens.weight.detach()
         self.norm = inner.norm.weight.detach().float()
@@ -154,7 +169,16 @@ class LlamaDecoder:
         return torch.empty(rows, self.n_kv, 0, self.head_dim, dtype=torch.float32, device=self.embed.device)
 
     @torch.no_grad()
-    def forward(self, ids: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, lo: int, col: int, attn: torch.Tensor, shared: SharedPrefixes | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        kv: torch.Tensor,
+        lo: int,
+        col: int,
+        attn: torch.Tensor,
+        shared: SharedPrefixes | None = None,
+    ) -> torch.Tensor:
         """Feed ``ids`` (R, T) at positions ``pos`` (R, T): write their keys/values at columns [col, col + T) of rows
         [0, R) of ``kv`` (layers, 2, rows >= R, kv heads, columns, head_dim; float32), attend causally over columns
         [lo, col + T) where ``attn`` (R, col + T - lo; nonzero = attend) says so, and return the logits of each
@@ -164,11 +188,10 @@ class LlamaDecoder:
         if shared is not None and T != 1:
             raise ValueError("shared prefixes are for decode steps (one token per row)")
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
-        W = col + T - lo
         x = self.embed[ids].float()  # (R, T, hidden): the residual stream stays float32
         cos, sin = self.model.model.rotary_emb(x, pos)  # (R, T, D) float32
         cos, sin = cos[:, :, None], sin[:, :, None]
-        mask = (attn != 0)[:, None, None, :]  # (R, 1, 1, W) True = attend
+        mask = (attn != 0)[:, None, None, :]  # (R, 1, 1, W = col + T - lo) True = attend
         if T > 1:
             kcol = torch.arange(lo, col + T, device=ids.device)
             qcol = torch.arange(col, col + T, device=ids.device)
@@ -186,7 +209,9 @@ class LlamaDecoder:
             if shared is None:
                 keys, vals = slab[0, :R, :, lo : col + T], slab[1, :R, :, lo : col + T]  # (R, KV, W, D)
                 q = qk[:, :, :H].transpose(1, 2)  # (R, H, T, D)
-                ctx = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=H != KV)
+                ctx = F.scaled_dot_product_attention(
+                    q, keys, vals, attn_mask=mask, scale=self.scale, enable_gqa=H != KV
+                )
                 ctx = ctx.transpose(1, 2).reshape(R, T, H * D)
             else:
                 own = slab[0, :R, :, shared.lo : col + 1], slab[1, :R, :, shared.lo : col + 1]
@@ -196,13 +221,17 @@ class LlamaDecoder:
             x = x + self._linear((F.silu(g) * u).to(self.dtype), L.down, L.down_bias)
         return self._linear(self._norm(x[:, -1], self.norm), self.head, self.head_bias)
 
-    def _cascade(self, q: torch.Tensor, own: tuple[torch.Tensor, torch.Tensor], sp: SharedPrefixes, layer: int) -> torch.Tensor:
+    def _cascade(
+        self, q: torch.Tensor, own: tuple[torch.Tensor, torch.Tensor], sp: SharedPrefixes, layer: int
+    ) -> torch.Tensor:
         """Attention of one query per row (q: (R, H, D)) over its shared prefix and its own columns -> (R, H D)."""
         R, H, D = q.shape
         KV, G = self.n_kv, H // self.n_kv
         S, n = sp.kv.shape[2], sp.n
         qf = q.reshape(R, KV, G, D)  # a kv head's G query heads as G query positions (grouped-query attention)
-        o_own, lse_own = _FLASH(qf, own[0], own[1], 0.0, False, attn_mask=sp.own, scale=self.scale)  # (R, KV, G, D), (R, KV, G)
+        o_own, lse_own = _FLASH(
+            qf, own[0], own[1], 0.0, False, attn_mask=sp.own, scale=self.scale
+        )  # (R, KV, G, D), (R, KV, G)
         qp = torch.cat([qf, qf.new_zeros(1, KV, G, D)]).index_select(0, sp.gather)  # (S n, KV, G, D)
         qp = qp.view(S, n, KV, G, D).transpose(1, 2).reshape(S, KV, n * G, D)
         o_p, lse_p = _FLASH(qp, sp.kv[layer, 0], sp.kv[layer, 1], 0.0, False, attn_mask=sp.mask, scale=self.scale)
@@ -214,6 +243,8 @@ class LlamaDecoder:
         w_own, w_p = torch.exp(lse_own - m)[..., None], torch.exp(lse_p - m)[..., None]
         return ((o_own * w_own + o_p * w_p) / (w_own + w_p)).reshape(R, H * D)
 
-    def step(self, tok: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, lo: int, col: int, attn: torch.Tensor) -> torch.Tensor:
+    def step(
+        self, tok: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, lo: int, col: int, attn: torch.Tensor
+    ) -> torch.Tensor:
         """One decode step: :meth:`forward` of one token per row (tok, pos: (R,))."""
         return self.forward(tok[:, None], pos[:, None], kv, lo, col, attn)

@@ -25,6 +25,7 @@ first needs one (it imports transformers; importing this module does not).
 Determinism: a call draws from one ``torch.Generator`` seeded per call (``params.seed`` of :meth:`~HFBackend.generate`,
 ``seed`` of :meth:`~HFBackend.generate_stream`), so the same prompts, seed and weights give the same tokens on CPU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,7 +70,6 @@ class _Kept:
     kv: torch.Tensor  # (layers, 2, H, len(ids), D)
 
 
-
 class HFBackend(Backend):
     """Generation with a transformers causal LM (CPU or GPU), optionally under bf16 autocast.
 
@@ -94,7 +94,19 @@ class HFBackend(Backend):
 
     streams = True
 
-    def __init__(self, model: Any, tokenizer: Any, bf16: bool | str | None = False, keep_sessions: bool = True, max_batch: int = 64, share_prefixes: bool = True, packed: bool | None = None, cascade: bool = True, max_kv_gib: float | None = 2.0, max_prefill_gib: float | None = 1.0):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        bf16: bool | str | None = False,
+        keep_sessions: bool = True,
+        max_batch: int = 64,
+        share_prefixes: bool = True,
+        packed: bool | None = None,
+        cascade: bool = True,
+        max_kv_gib: float | None = 2.0,
+        max_prefill_gib: float | None = 1.0,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -120,10 +132,19 @@ class HFBackend(Backend):
         eos = {tokenizer.eos_token_id, *ChatFormat.for_tokenizer(tokenizer).stop_ids}  # eos and the end of turn
         self.eos_ids = {e for e in eos if e is not None}
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "shared_prefix_tokens": 0, "generated_tokens": 0, "forward_calls": 0, "decode_steps": 0}
+        self.stats = {
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "shared_prefix_tokens": 0,
+            "generated_tokens": 0,
+            "forward_calls": 0,
+            "decode_steps": 0,
+        }
 
     # -- public API ---------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None
+    ) -> list[Generation]:
         """One stream of all ``prompts`` (see the module docstring), seeded by ``params.seed``; results in input order."""
         sessions = list(sessions) if sessions is not None else [None] * len(prompts)
         out: dict[int, Generation] = {}
@@ -132,7 +153,9 @@ class HFBackend(Backend):
             out[req.tag] = g
             return []
 
-        self._stream([Request(p, params, session=s, tag=i) for i, (p, s) in enumerate(zip(prompts, sessions))], done, params.seed)
+        self._stream(
+            [Request(p, params, session=s, tag=i) for i, (p, s) in enumerate(zip(prompts, sessions))], done, params.seed
+        )
         return [out[i] for i in range(len(prompts))]
 
     def generate_stream(self, requests: Sequence[Request], on_done: OnDone, seed: int | None = None) -> None:
@@ -206,10 +229,19 @@ class HFBackend(Backend):
         if self._decoder is not None:  # the packed decoder writes the slab itself
             n = cache.layers[0].n
             with torch.autocast(device_type=self.device.type, enabled=False):
-                logits = self._decoder.forward(input_ids, pos, cache.storage(self._decoder.kv_like(input_ids.shape[0])), 0, n, attn)
+                logits = self._decoder.forward(
+                    input_ids, pos, cache.storage(self._decoder.kv_like(input_ids.shape[0])), 0, n, attn
+                )
             cache.advance(input_ids.shape[1])
             return logits
-        out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attn,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return out.logits[:, -1, :]
 
     def _stream_step(self, st: "_Stream", tok: torch.Tensor) -> torch.Tensor:
@@ -220,9 +252,13 @@ class HFBackend(Backend):
             return self._forward(ids, attn, pos, st.cache)
         self.stats["forward_calls"] += 1
         with torch.autocast(device_type=self.device.type, enabled=False):
-            return self._decoder.forward(ids, pos, st.data, st.lo, st.col, attn, shared=st.shared_inputs() if self.cascade else None)
+            return self._decoder.forward(
+                ids, pos, st.data, st.lo, st.col, attn, shared=st.shared_inputs() if self.cascade else None
+            )
 
-    def _prefill(self, prompts: list[list[int]], sessions: list[str | None]) -> tuple[Any, torch.Tensor, int, list[int], torch.Tensor]:
+    def _prefill(
+        self, prompts: list[list[int]], sessions: list[str | None]
+    ) -> tuple[Any, torch.Tensor, int, list[int], torch.Tensor]:
         """Encode the prompts' new tokens into a fresh batch cache (a :class:`~envace.backends.kvcache.SlabCache`).
 
         Returns (cache, attention mask (B, width), width, kept lengths, last-position logits (B, V))."""
@@ -240,7 +276,7 @@ class HFBackend(Backend):
         if self.share_prefixes:
             self._share_prefixes(prompts, kept)
         L = [len(k.ids) if k else 0 for k in kept]
-        new = [p[l:] for p, l in zip(prompts, L)]
+        new = [p[n:] for p, n in zip(prompts, L)]
         maxL, maxN = max(L), max(len(n) for n in new)
         width = maxL + maxN
         # batch cache: kept contexts left-padded into columns [0, maxL), new tokens left-padded into [maxL, width)
@@ -294,7 +330,14 @@ class HFBackend(Backend):
                 take, pending = pending[:room], pending[room:]
                 cache, attn, width, L, new_logits = self._prefill([r.prompt for r in take], [r.session for r in take])
                 cascade = self._decoder is not None and self.cascade
-                st.admit(take, cache, attn, width, L, [self._prefix_of(r.prompt, self.min_cascade_prefix) for r in take] if cascade else None)
+                st.admit(
+                    take,
+                    cache,
+                    attn,
+                    width,
+                    L,
+                    [self._prefix_of(r.prompt, self.min_cascade_prefix) for r in take] if cascade else None,
+                )
                 logits = new_logits if logits is None else torch.cat([logits, new_logits])
             tok, lp = self._sample_rows(logits, st.rows, gen)
             tok_l, lp_l = tok.tolist(), lp.tolist()
@@ -312,7 +355,14 @@ class HFBackend(Backend):
                     self._kept[row.req.session] = _Kept(ids=row.req.prompt + row.toks[:-1], kv=st.row_kv(i))
                 self.stats["generated_tokens"] += len(row.toks)
                 text = self.tokenizer.decode(row.toks, skip_special_tokens=True)
-                g = Generation(token_ids=row.toks, logprobs=row.lps, text=text, finish_reason=row.finish, prompt_tokens=len(row.req.prompt), cached_tokens=row.cached)
+                g = Generation(
+                    token_ids=row.toks,
+                    logprobs=row.lps,
+                    text=text,
+                    finish_reason=row.finish,
+                    prompt_tokens=len(row.req.prompt),
+                    cached_tokens=row.cached,
+                )
                 follow += on_done(row.req, g)
             pending = follow + pending  # running trajectories first: their kept contexts are then short-lived
             keep = st.remove(done)
@@ -335,14 +385,20 @@ class HFBackend(Backend):
         st.max_rows = allowed
         return min(room, allowed - len(st.rows))
 
-    def _sample_rows(self, logits: torch.Tensor, rows: list["_StreamRow"], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def _sample_rows(
+        self, logits: torch.Tensor, rows: list["_StreamRow"], gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next token and log-prob of every running row (logits (R, V)), each under its own request's settings: the
         one seam through which every sampled token passes (tests and benchmarks override it to script tokens)."""
         return sample_grouped(logits, [r.req.params for r in rows], [r.key for r in rows], gen)
 
     def _prefix_of(self, prompt: list[int], min_len: int = 0) -> "_Kept | None":
         """The longest known shared prefix of at least ``min_len`` tokens that ``prompt`` strictly extends."""
-        return max((pf for pf in self._prefixes if len(pf.ids) >= min_len and _extends(prompt, pf.ids)), key=lambda pf: len(pf.ids), default=None)
+        return max(
+            (pf for pf in self._prefixes if len(pf.ids) >= min_len and _extends(prompt, pf.ids)),
+            key=lambda pf: len(pf.ids),
+            default=None,
+        )
 
     def _share_prefixes(self, prompts: list[list[int]], kept: list["_Kept | None"]) -> None:
         """Give sequences without a kept context the longest known shared prefix; group the rest by common prefix
@@ -354,12 +410,20 @@ class HFBackend(Backend):
         for b in todo:
             kept[b] = self._prefix_of(prompts[b])
         rest = sorted((b for b in todo if kept[b] is None), key=lambda b: prompts[b])
-        adjacent = [common_prefix(prompts[a], prompts[b], min(len(prompts[a]), len(prompts[b])) - 1) for a, b in zip(rest, rest[1:])]  # leave >= 1 token to encode
+        adjacent = [
+            common_prefix(prompts[a], prompts[b], min(len(prompts[a]), len(prompts[b])) - 1)
+            for a, b in zip(rest, rest[1:])
+        ]  # leave >= 1 token to encode
         for first, end, n in prefix_runs(adjacent, self.min_shared_prefix):
             members = rest[first:end]
             ids = prompts[members[0]][:n]
             cache = SlabCache(self._n_layers(), 1, n)
-            self._forward(torch.tensor([ids], device=self.device), torch.ones(1, n, dtype=torch.long, device=self.device), torch.arange(n, device=self.device)[None], cache)
+            self._forward(
+                torch.tensor([ids], device=self.device),
+                torch.ones(1, n, dtype=torch.long, device=self.device),
+                torch.arange(n, device=self.device)[None],
+                cache,
+            )
             pf = _Kept(ids=ids, kv=cache.data[:, :, 0].clone())
             self._prefixes = (self._prefixes + [pf])[-self.max_prefixes :]
             self.stats["shared_prefix_tokens"] += n
@@ -368,7 +432,9 @@ class HFBackend(Backend):
 
 
 @BACKENDS.register("hf")
-def _make_hf(model: Any = None, tokenizer: Any = None, name: str | None = None, bf16: bool | str | None = False, **kw: Any) -> HFBackend:
+def _make_hf(
+    model: Any = None, tokenizer: Any = None, name: str | None = None, bf16: bool | str | None = False, **kw: Any
+) -> HFBackend:
     if model is None:
         from ..models import load
 

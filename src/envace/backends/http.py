@@ -27,6 +27,7 @@ of one backend are in flight, across threads. ``sessions`` are ignored (servers 
 Proxies from the environment are honoured except for loopback addresses. :meth:`HTTPBackend.close` closes the
 connections.
 """
+
 from __future__ import annotations
 
 import json
@@ -114,18 +115,37 @@ class HTTPBackend(Backend):
 
             tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer
-        self.timeout, self.max_retries, self.backoff, self.max_backoff = float(timeout), int(max_retries), float(backoff), float(max_backoff)
+        self.timeout, self.max_retries, self.backoff, self.max_backoff = (
+            float(timeout),
+            int(max_retries),
+            float(backoff),
+            float(max_backoff),
+        )
         self.max_retry_after = float(max_retry_after)
         self.max_concurrency = int(max_concurrency)
         self.vllm_extensions = vllm_extensions
         self._slots = threading.BoundedSemaphore(self.max_concurrency)
         self._lock = threading.Lock()
         key = api_key if api_key is not None else os.environ.get("ENVACE_API_KEY") or os.environ.get("OPENAI_API_KEY")
-        self._headers = {"Content-Type": "application/json", "Accept": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        self._headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            **({"Authorization": f"Bearer {key}"} if key else {}),
+        }
         loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
         limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
-        self._client = httpx.Client(headers=self._headers, timeout=httpx.Timeout(self.timeout), limits=limits, trust_env=not loopback)
-        self.stats = {"requests": 0, "retries": 0, "failures": 0, "prompt_tokens": 0, "generated_tokens": 0, "cached_tokens": 0, "forward_calls": 0}
+        self._client = httpx.Client(
+            headers=self._headers, timeout=httpx.Timeout(self.timeout), limits=limits, trust_env=not loopback
+        )
+        self.stats = {
+            "requests": 0,
+            "retries": 0,
+            "failures": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "cached_tokens": 0,
+            "forward_calls": 0,
+        }
 
     # -- the Backend protocol ------------------------------------------------------------------------------
     @property
@@ -138,7 +158,10 @@ class HTTPBackend(Backend):
         return self._model
 
     def chat(self, conversations: Sequence[list[dict[str, str]]], params: SamplingParams) -> list[str]:
-        bodies = [{"model": self.model, "messages": list(conv), **self._sampling(params, i)} for i, conv in enumerate(conversations)]
+        bodies = [
+            {"model": self.model, "messages": list(conv), **self._sampling(params, i)}
+            for i, conv in enumerate(conversations)
+        ]
         outs = self._map(lambda b: self._call("POST", "/chat/completions", b), bodies)
         texts = []
         for o in outs:
@@ -147,14 +170,21 @@ class HTTPBackend(Backend):
             self._count(o)
         return texts
 
-    def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None
+    ) -> list[Generation]:
         ext = {"return_token_ids": True, "return_tokens_as_token_ids": True} if self.vllm_extensions else {}
-        bodies = [{"model": self.model, "prompt": list(p), "logprobs": 0, **self._sampling(params, i), **ext} for i, p in enumerate(prompts)]
+        bodies = [
+            {"model": self.model, "prompt": list(p), "logprobs": 0, **self._sampling(params, i), **ext}
+            for i, p in enumerate(prompts)
+        ]
         outs = self._map(lambda b: self._call("POST", "/completions", b), bodies)
         return [self._generation(o, list(p), params) for o, p in zip(outs, prompts)]
 
     def sync_weights(self, model: Any) -> None:
-        raise BackendError(f"{self.base_url} serves a frozen model: an HTTP backend cannot receive trainer weights (use rollout_backend hf or vllm for training)")
+        raise BackendError(
+            f"{self.base_url} serves a frozen model: an HTTP backend cannot receive trainer weights (use rollout_backend hf or vllm for training)"
+        )
 
     def release_all(self) -> None:
         """Nothing is kept client-side."""
@@ -176,10 +206,14 @@ class HTTPBackend(Backend):
                 body["top_k"] = p.top_k
         return body
 
-    def _map(self, fn: Callable[[dict[str, Any]], dict[str, Any]], bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _map(
+        self, fn: Callable[[dict[str, Any]], dict[str, Any]], bodies: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         if len(bodies) <= 1:
             return [fn(b) for b in bodies]
-        with ThreadPoolExecutor(max_workers=min(len(bodies), self.max_concurrency), thread_name_prefix="envace-http") as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(len(bodies), self.max_concurrency), thread_name_prefix="envace-http"
+        ) as pool:
             return list(pool.map(fn, bodies))
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
@@ -190,7 +224,11 @@ class HTTPBackend(Backend):
         wait: float | None = None
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(wait if wait is not None else min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random() / 2))
+                time.sleep(
+                    wait
+                    if wait is not None
+                    else min(self.max_backoff, self.backoff * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+                )
                 with self._lock:
                     self.stats["retries"] += 1
             try:
@@ -202,11 +240,16 @@ class HTTPBackend(Backend):
                 failures.append(str(e))
                 wait = e.wait
                 if wait is not None and wait > self.max_retry_after:
-                    failures[-1] += f" (the server asks to retry after {wait:g}s, more than max_retry_after {self.max_retry_after:g}s)"
+                    failures[-1] += (
+                        f" (the server asks to retry after {wait:g}s, more than max_retry_after {self.max_retry_after:g}s)"
+                    )
                     break
         with self._lock:
             self.stats["failures"] += 1
-        raise BackendError(f"{method} {url} failed after {len(failures)} attempt(s) (timeout {self.timeout:g}s each): {failures[-1]}" + (f"; earlier: {'; '.join(sorted(set(failures[:-1])))}" if len(failures) > 1 else ""))
+        raise BackendError(
+            f"{method} {url} failed after {len(failures)} attempt(s) (timeout {self.timeout:g}s each): {failures[-1]}"
+            + (f"; earlier: {'; '.join(sorted(set(failures[:-1])))}" if len(failures) > 1 else "")
+        )
 
     def _once(self, method: str, url: str, data: bytes | None) -> dict[str, Any]:
         try:
@@ -249,13 +292,21 @@ class HTTPBackend(Backend):
         c = self._choice(out, "/completions")
         lp = c.get("logprobs") or {}
         ids = c.get("token_ids")
-        if ids is None and isinstance(lp.get("tokens"), list) and all(isinstance(t, str) and t.startswith("token_id:") for t in lp["tokens"]):
+        if (
+            ids is None
+            and isinstance(lp.get("tokens"), list)
+            and all(isinstance(t, str) and t.startswith("token_id:") for t in lp["tokens"])
+        ):
             ids = [int(t.split(":", 1)[1]) for t in lp["tokens"]]
         if ids is None:
-            raise BackendError(f"{self.base_url}/completions returned no completion token ids: token-level generation needs a server that honours return_token_ids or return_tokens_as_token_ids (envace serve, vLLM with vllm_extensions on)")
+            raise BackendError(
+                f"{self.base_url}/completions returned no completion token ids: token-level generation needs a server that honours return_token_ids or return_tokens_as_token_ids (envace serve, vLLM with vllm_extensions on)"
+            )
         logprobs = lp.get("token_logprobs")
         if not isinstance(logprobs, list) or len(logprobs) != len(ids) or any(x is None for x in logprobs):
-            raise BackendError(f"{self.base_url}/completions returned log-probs {str(logprobs)[:100]} for {len(ids)} tokens (one number per completion token is needed)")
+            raise BackendError(
+                f"{self.base_url}/completions returned log-probs {str(logprobs)[:100]} for {len(ids)} tokens (one number per completion token is needed)"
+            )
         text = c.get("text") or ""
         reason = c.get("finish_reason")
         if reason == "length":
@@ -265,7 +316,13 @@ class HTTPBackend(Backend):
         else:
             finish = "stop" if any(s in text for s in params.stop) else "eos"
         self._count(out)
-        return Generation(token_ids=[int(t) for t in ids], logprobs=[float(x) for x in logprobs], text=text, finish_reason=finish, prompt_tokens=len(prompt))
+        return Generation(
+            token_ids=[int(t) for t in ids],
+            logprobs=[float(x) for x in logprobs],
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=len(prompt),
+        )
 
 
 def _error_message(raw: bytes, reason: str) -> str:

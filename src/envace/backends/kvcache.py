@@ -11,6 +11,7 @@ Keys are stored after RoPE, so each sequence keeps its own positions wherever it
 transformers (its caches subclass ``transformers.cache_utils.Cache``); :mod:`envace.backends.hf` imports it when a
 backend first needs a cache, so importing the backend module does not.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ class SlabLayer(DynamicLayer):
         super().__init__()
         self.slab, self.idx, self.n = slab, idx, n
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         data = self.slab.storage(key_states)[self.idx]  # (2, B, H, cap, D)
         n, t = self.n, key_states.shape[-2]
         data[0, :, :, n : n + t] = key_states
@@ -50,7 +53,14 @@ class SlabCache(Cache):
     shape; ``fills`` (batch row, start column, kv (layers, 2, H, L, D)) are laid in then, columns [0, n0) zeroed
     first."""
 
-    def __init__(self, n_layers: int, batch: int, capacity: int, n0: int = 0, fills: list[tuple[int, int, torch.Tensor]] | None = None):
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        capacity: int,
+        n0: int = 0,
+        fills: list[tuple[int, int, torch.Tensor]] | None = None,
+    ):
         super().__init__(layers=[SlabLayer(self, i, n0) for i in range(n_layers)])
         self.batch, self.capacity, self.n0 = batch, capacity, n0
         self.fills = fills or []
@@ -59,7 +69,9 @@ class SlabCache(Cache):
     def storage(self, like: torch.Tensor) -> torch.Tensor:
         if self.data is None:
             _, H, _, D = like.shape
-            self.data = torch.empty(len(self.layers), 2, self.batch, H, self.capacity, D, dtype=like.dtype, device=like.device)
+            self.data = torch.empty(
+                len(self.layers), 2, self.batch, H, self.capacity, D, dtype=like.dtype, device=like.device
+            )
             self.data[..., : self.n0, :].zero_()  # holes of left-padded rows must be finite (they are masked out)
             for b, start, kv in self.fills:
                 self.data[:, :, b, :, start : start + kv.shape[-2]] = kv
@@ -71,7 +83,10 @@ class SlabCache(Cache):
         forward) and point every layer's keys/values at the used columns of ``data``."""
         for layer in self.layers:
             layer.n += t
-            layer.keys, layer.values = self.data[layer.idx, 0, :, :, : layer.n], self.data[layer.idx, 1, :, :, : layer.n]
+            layer.keys, layer.values = (
+                self.data[layer.idx, 0, :, :, : layer.n],
+                self.data[layer.idx, 1, :, :, : layer.n],
+            )
 
 
 class StreamLayer(DynamicLayer):
@@ -82,7 +97,9 @@ class StreamLayer(DynamicLayer):
         super().__init__()
         self.st, self.idx = st, idx
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         st, R, t = self.st, key_states.shape[0], key_states.shape[-2]
         data = st.data[self.idx]
         data[0, :R, :, st.col : st.col + t] = key_states
@@ -140,7 +157,15 @@ class _Stream:
         self.max_rows: int | None = None  # rows a rebuild may allocate at most (the backend's memory budget)
 
     # -- admission ------------------------------------------------------------------------------------------
-    def admit(self, reqs: list[Request], cache: Any, attn: torch.Tensor, width: int, L: list[int], prefixes: list[Any] | None = None) -> None:
+    def admit(
+        self,
+        reqs: list[Request],
+        cache: Any,
+        attn: torch.Tensor,
+        width: int,
+        L: list[int],
+        prefixes: list[Any] | None = None,
+    ) -> None:
         """Copy freshly prefilled sequences (a prefill cache, its mask, width and kept lengths) into the slab;
         ``prefixes``: the shared prompt prefix (a ``_Kept``) each one starts with, or None, for cascade attention."""
         cols = [attn[b, :width].nonzero().squeeze(-1) for b in range(len(reqs))]
@@ -153,7 +178,9 @@ class _Stream:
             self.data[:, :, i, :, self.col - n : self.col] = cache.data[:, :, b].index_select(3, c)
             self.attn[i].zero_()
             self.attn[i, self.col - n : self.col] = 1
-            self.rows.append(_StreamRow(req=req, key=req.params.sampling_key(), start=self.col - n, pos=len(req.prompt), cached=L[b]))
+            self.rows.append(
+                _StreamRow(req=req, key=req.params.sampling_key(), start=self.col - n, pos=len(req.prompt), cached=L[b])
+            )
             pf = prefixes[b] if prefixes else None
             if pf is not None:
                 self.rows[-1].slot, self.rows[-1].prefix = self._slot(pf), len(pf.ids)
@@ -206,16 +233,24 @@ class _Stream:
         own_start = [r.start + r.prefix for r in rows]
         lo = min(own_start)
         cols = torch.arange(lo, self.col + 1, device=self.device)
-        valid = (self.attn[:R, lo : self.col + 1] != 0) & (cols[None, :] >= torch.tensor(own_start, device=self.device)[:, None])
+        valid = (self.attn[:R, lo : self.col + 1] != 0) & (
+            cols[None, :] >= torch.tensor(own_start, device=self.device)[:, None]
+        )
         own = torch.zeros(R, 1, 1, len(cols), device=self.device).masked_fill_(~valid[:, None, None, :], inf)
         idx = lambda v: torch.tensor(v, dtype=torch.long, device=self.device)  # noqa: E731
-        return SharedPrefixes(kv=self.pre[:, :, :S, :, :P], mask=mask, n=n, gather=idx(gather), scatter=idx(scatter), lo=lo, own=own)
+        return SharedPrefixes(
+            kv=self.pre[:, :, :S, :, :P], mask=mask, n=n, gather=idx(gather), scatter=idx(scatter), lo=lo, own=own
+        )
 
     def _remaining(self) -> int:
         return max((r.req.params.max_new_tokens - len(r.toks) for r in self.rows), default=0)
 
     def _fits(self, n_new: int, longest: int, rem: int) -> bool:
-        return len(self.rows) + n_new <= self.data.shape[2] and longest <= self.col and self.col + max(rem, self._remaining()) <= self.data.shape[4]
+        return (
+            len(self.rows) + n_new <= self.data.shape[2]
+            and longest <= self.col
+            and self.col + max(rem, self._remaining()) <= self.data.shape[4]
+        )
 
     def _rebuild(self, n_new: int, longest: int, rem: int, like: torch.Tensor) -> None:
         """A new slab: every running row moved by the same offset (one copy), room for ``n_new`` more rows."""

@@ -15,6 +15,7 @@ Each entry of :data:`LOADERS` turns a model spec into a :class:`~envace.backends
 ``bf16`` is a setting of the ``hf`` backend; asking another for it is an error (a served model's precision is the
 server's, vLLM's is its ``dtype`` option).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -30,11 +31,19 @@ def is_url(name: str | None) -> bool:
     return bool(name) and str(name).startswith(("http://", "https://"))
 
 
-def open_backend(model: str, backend: str = "hf", options: dict[str, Any] | None = None, device: str = "cpu", bf16: bool | str = False) -> Backend:
+def open_backend(
+    model: str,
+    backend: str = "hf",
+    options: dict[str, Any] | None = None,
+    device: str = "cpu",
+    bf16: bool | str = False,
+) -> Backend:
     """The ``backend`` (a :data:`LOADERS` name) generating with ``model``; ``options`` are its keyword options."""
     load = LOADERS.get(backend)
     if backend != "hf" and bf16 is not False:
-        raise ValueError(f"bf16 is a setting of the hf backend, not of {backend!r} (set it off, or use the backend's own precision option)")
+        raise ValueError(
+            f"bf16 is a setting of the hf backend, not of {backend!r} (set it off, or use the backend's own precision option)"
+        )
     if backend != "http" and is_url(model):
         raise ValueError(f"model {model!r} is a URL: a served model needs backend http (--backend http)")
     return load(model, device=device, bf16=bf16, **(options or {}))
@@ -73,7 +82,9 @@ def _http(model: str, device: str = "cpu", bf16: bool | str = False, **options: 
         try:
             be.tokenizer = load_tokenizer(be.model)
         except ModelNotFoundError as e:
-            raise ValueError(f"backend http: no local tokenizer for the served model {be.model!r} ({e}); set backend_options.tokenizer to its model name or folder") from None
+            raise ValueError(
+                f"backend http: no local tokenizer for the served model {be.model!r} ({e}); set backend_options.tokenizer to its model name or folder"
+            ) from None
     return be
 
 
@@ -85,5 +96,7 @@ def _vllm(model: str, device: str = "cpu", bf16: bool | str = False, **options: 
     require_vllm()  # first: without vLLM nothing else matters
     path = resolve_model(model)
     if is_adapter(path):
-        raise ValueError(f"backend vllm needs a full model folder, and {path!r} is a LoRA adapter; use backend hf (which merges it into its base)")
+        raise ValueError(
+            f"backend vllm needs a full model folder, and {path!r} is a LoRA adapter; use backend hf (which merges it into its base)"
+        )
     return VLLMBackend(path, **options)

@@ -1,5 +1,6 @@
 """Next-token sampling: pure functions of logits (rows, vocabulary), sampling settings and a ``torch.Generator``,
 the only source of randomness (the same logits, settings and generator state give the same tokens)."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -9,7 +10,9 @@ import torch
 from .base import SamplingParams
 
 
-def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the next token of each row and its log-prob under the (temperature-scaled) policy.
 
     logits: (B, V) -> tokens (B,), logprobs (B,). Log-probs are of the temperature-scaled full distribution
@@ -32,7 +35,9 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, gen: torch.Generat
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def sample_grouped(logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[str], gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_grouped(
+    logits: torch.Tensor, params: Sequence[SamplingParams], keys: Sequence[str], gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`sample_next` for rows with settings of their own: row ``i`` under ``params[i]``; rows with equal
     ``keys`` (:meth:`SamplingParams.sampling_key`) are sampled together, groups in order of their first row.
 
@@ -46,8 +51,8 @@ def sample_grouped(logits: torch.Tensor, params: Sequence[SamplingParams], keys:
     lp = torch.empty(len(keys), dtype=torch.float32, device=logits.device)
     for idx in groups.values():
         sel = torch.tensor(idx, dtype=torch.long, device=logits.device)
-        t, l = sample_next(logits.index_select(0, sel), params[idx[0]], gen)
-        tok[sel], lp[sel] = t, l
+        t, logp = sample_next(logits.index_select(0, sel), params[idx[0]], gen)
+        tok[sel], lp[sel] = t, logp
     return tok, lp
 
 

@@ -4,6 +4,7 @@ It returns real token ids of the tokenizer (and log-probs of 0), so everything d
 rows, contexts, training masks — is exercised exactly as with a model. Used by tests and for scripted
 baselines (e.g. a gold-action policy).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -19,7 +20,9 @@ class ScriptedBackend(Backend):
         self.prompts: list[str] = []  # every prompt seen, decoded (for tests)
         self.end_id = ChatFormat.for_tokenizer(tokenizer).end_id  # the tokenizer's own end of turn
 
-    def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None
+    ) -> list[Generation]:
         out = []
         for p in prompts:
             text = self.tokenizer.decode(p, skip_special_tokens=False)
@@ -31,7 +34,15 @@ class ScriptedBackend(Backend):
                 ids, finish = ids[: params.max_new_tokens], "length"
             else:
                 ids = ids + [self.end_id]
-            out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=self.tokenizer.decode(ids, skip_special_tokens=True), finish_reason=finish, prompt_tokens=len(p)))
+            out.append(
+                Generation(
+                    token_ids=ids,
+                    logprobs=[0.0] * len(ids),
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    finish_reason=finish,
+                    prompt_tokens=len(p),
+                )
+            )
         return out
 
 

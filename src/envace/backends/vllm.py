@@ -26,6 +26,7 @@ and ``envace serve --backend vllm --model M`` serves it over the OpenAI API (``v
 
 Sessions are ignored: vLLM's automatic prefix caching reuses shared prompt prefixes by itself.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,9 @@ def require_vllm() -> Any:
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(f"the vllm backend needs vLLM, which runs on NVIDIA/AMD GPUs only: {EXTRA} on a GPU machine ({e})") from e
+        raise ImportError(
+            f"the vllm backend needs vLLM, which runs on NVIDIA/AMD GPUs only: {EXTRA} on a GPU machine ({e})"
+        ) from e
     return vllm
 
 
@@ -76,20 +79,48 @@ class VLLMBackend(Backend):
 
             tokenizer = load_tokenizer(model)
         self.tokenizer = tokenizer
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        if (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        ):
             # one engine per trainer process on its own GPU, inside the launcher's process group
             if int(engine_kwargs.get("tensor_parallel_size", 1)) != 1:
-                raise ValueError("a colocated vLLM engine under a data-parallel trainer must have tensor_parallel_size 1 (each process rolls out its own tasks)")
+                raise ValueError(
+                    "a colocated vLLM engine under a data-parallel trainer must have tensor_parallel_size 1 (each process rolls out its own tasks)"
+                )
             engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
             seed = seed + torch.distributed.get_rank()
-        self.llm = vllm.LLM(model=model, tokenizer=model, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching, seed=seed, **engine_kwargs)
-        self.stop_token_ids = ChatFormat.for_tokenizer(tokenizer).stop_ids  # end of turn (and eos), as the HF backend stops
-        self.stats = {"prompt_tokens": 0, "cached_tokens": 0, "generated_tokens": 0, "forward_calls": 0, "weight_syncs": 0}
+        self.llm = vllm.LLM(
+            model=model,
+            tokenizer=model,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            **engine_kwargs,
+        )
+        self.stop_token_ids = ChatFormat.for_tokenizer(
+            tokenizer
+        ).stop_ids  # end of turn (and eos), as the HF backend stops
+        self.stats = {
+            "prompt_tokens": 0,
+            "cached_tokens": 0,
+            "generated_tokens": 0,
+            "forward_calls": 0,
+            "weight_syncs": 0,
+        }
 
-    def generate(self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None
+    ) -> list[Generation]:
         # one SamplingParams per prompt: with a seed, each prompt gets its own (equal seeds would give the K
         # trajectories of a group, whose first prompts are equal, the same tokens)
-        sps = [self._sampling(params, None if params.seed is None else (params.seed + i) % (2**63)) for i in range(len(prompts))]
+        sps = [
+            self._sampling(params, None if params.seed is None else (params.seed + i) % (2**63))
+            for i in range(len(prompts))
+        ]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling_params=sps, use_tqdm=False)
         gens = []
         for p, o in zip(prompts, outs):
@@ -103,7 +134,16 @@ class VLLMBackend(Backend):
             else:  # stop_reason: the stop string (str), a stop token id (int) or None (the model's EOS)
                 finish = "stop" if isinstance(getattr(c, "stop_reason", None), str) else "eos"
             cached = getattr(o, "num_cached_tokens", None) or 0
-            gens.append(Generation(token_ids=ids, logprobs=lps, text=c.text, finish_reason=finish, prompt_tokens=len(p), cached_tokens=int(cached)))
+            gens.append(
+                Generation(
+                    token_ids=ids,
+                    logprobs=lps,
+                    text=c.text,
+                    finish_reason=finish,
+                    prompt_tokens=len(p),
+                    cached_tokens=int(cached),
+                )
+            )
             self.stats["prompt_tokens"] += len(p)
             self.stats["cached_tokens"] += int(cached)
             self.stats["generated_tokens"] += len(ids)
@@ -186,7 +226,11 @@ def hf_weights(model: Any) -> Iterator[tuple[str, Any]]:
             if "lora_" in name or "original_module" in name:
                 continue
             t = merged.get(name, t)
-            name = name.removeprefix("base_model.model.").replace(".base_layer", "").replace("modules_to_save.default.", "")
+            name = (
+                name.removeprefix("base_model.model.")
+                .replace(".base_layer", "")
+                .replace("modules_to_save.default.", "")
+            )
         yield name, t.detach()
 
 

@@ -26,6 +26,7 @@ How jobs share the backend:
   step). A piece costs a one-token prefill. Backends without ``streams`` ignore ``segment`` (no sessions to
   continue): their jobs are one piece.
 """
+
 from __future__ import annotations
 
 import threading
@@ -84,13 +85,27 @@ class _Seq:
         """The next piece: the prompt and what was generated so far, at most ``segment`` more tokens."""
         left = self.job.params.max_new_tokens - len(self.toks)
         n = min(left, self.segment) if self.segment else left
-        return Request(prompt=self.prompt + self.toks, params=self.job.params.with_(max_new_tokens=n), session=self.session, tag=self)
+        return Request(
+            prompt=self.prompt + self.toks,
+            params=self.job.params.with_(max_new_tokens=n),
+            session=self.session,
+            tag=self,
+        )
 
     def generation(self) -> Generation:
-        return Generation(token_ids=list(self.toks), logprobs=list(self.lps), text=self.text, finish_reason=self.finish, prompt_tokens=len(self.prompt), cached_tokens=self.cached)
+        return Generation(
+            token_ids=list(self.toks),
+            logprobs=list(self.lps),
+            text=self.text,
+            finish_reason=self.finish,
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.cached,
+        )
 
 
-def first_stop(decode: Callable[[list[int]], str], toks: list[int], stop: Sequence[str], start: int, end: int) -> int | None:
+def first_stop(
+    decode: Callable[[list[int]], str], toks: list[int], stop: Sequence[str], start: int, end: int
+) -> int | None:
     """The first index ``i`` in [start, end) whose window ``toks[i + 1 - STOP_WINDOW : i + 1]``, decoded, holds a stop
     string, among the windows that reach back before ``start`` (the ones a piece starting at ``start`` did not see
     whole); None if there is none."""
@@ -180,7 +195,10 @@ class GenerationWorker:
         def start(job: Job) -> list[Request]:
             self.stats["jobs"] += 1
             seg = job.segment if segmented and job.segment > 0 else 0
-            seqs = [_Seq(job, i, list(p), seg, f"serve-{uuid.uuid4().hex}" if seg else None) for i, p in enumerate(job.prompts)]
+            seqs = [
+                _Seq(job, i, list(p), seg, f"serve-{uuid.uuid4().hex}" if seg else None)
+                for i, p in enumerate(job.prompts)
+            ]
             running[id(job)] = (job, seqs)
             return [s.request() for s in seqs]
 

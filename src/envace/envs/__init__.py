@@ -1,10 +1,35 @@
 """Environments: the protocol, the registries, the built-in suites and the benchmark adapters."""
+
 from __future__ import annotations
 
 import importlib
 
 from ..registry import UnknownNameError
-from .base import ENVS, SUITES, SUMMARIES, USERS, UNEXECUTED, ScriptedUser, UserSide, UserSimulator, CheckReport, EnvStartupError, Environment, Score, ToolError, call_with_timeout, check_env, load_tasks, load_tasks_of_kinds, make_env, final_outcome, replay, replay_allowed, ReplayNotAllowedError, suite_summary
+from .base import (
+    ENVS,
+    SUITES,
+    SUMMARIES,
+    USERS,
+    UNEXECUTED,
+    ScriptedUser,
+    UserSide,
+    UserSimulator,
+    CheckReport,
+    EnvStartupError,
+    Environment,
+    Score,
+    ToolError,
+    call_with_timeout,
+    check_env,
+    load_tasks,
+    load_tasks_of_kinds,
+    make_env,
+    final_outcome,
+    replay,
+    replay_allowed,
+    ReplayNotAllowedError,
+    suite_summary,
+)
 
 # Modules that register environments / suites, by name prefix. Optional adapters are imported lazily so that
 # a missing extra only matters when that environment is asked for.
@@ -47,6 +72,29 @@ def ensure_registered(spec: str) -> None:
 
 
 __all__ = [
-    "ENVS", "SUITES", "SUMMARIES", "USERS", "UNEXECUTED", "ScriptedUser", "UserSide", "UserSimulator", "CheckReport", "EnvStartupError", "Environment", "Score", "ToolError", "call_with_timeout", "check_env",
-    "ensure_registered", "load_tasks", "load_tasks_of_kinds", "make_env", "final_outcome", "replay", "replay_allowed", "ReplayNotAllowedError", "MissingExtraError", "suite_summary",
+    "ENVS",
+    "SUITES",
+    "SUMMARIES",
+    "USERS",
+    "UNEXECUTED",
+    "ScriptedUser",
+    "UserSide",
+    "UserSimulator",
+    "CheckReport",
+    "EnvStartupError",
+    "Environment",
+    "Score",
+    "ToolError",
+    "call_with_timeout",
+    "check_env",
+    "ensure_registered",
+    "load_tasks",
+    "load_tasks_of_kinds",
+    "make_env",
+    "final_outcome",
+    "replay",
+    "replay_allowed",
+    "ReplayNotAllowedError",
+    "MissingExtraError",
+    "suite_summary",
 ]

@@ -7,9 +7,9 @@ JSON snapshot of its state, and scores a finished trajectory.
 Environments are created by name through :data:`ENVS` (``task.env``, e.g. ``"bank"`` or ``"tau2:retail"``;
 the part before ``:`` selects the factory) and task sets are loaded through :data:`SUITES`.
 """
+
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import threading
 from abc import ABC, abstractmethod
@@ -218,7 +218,9 @@ def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int 
 KIND_GROWTH = 64  # load_tasks_of_kinds loads at most KIND_GROWTH * n tasks to find n of the asked kinds
 
 
-def load_tasks_of_kinds(spec: str, split: str, n: int | None, seed: int, kinds: tuple[str, ...] | None, where: str = "task_kinds") -> list[Task]:
+def load_tasks_of_kinds(
+    spec: str, split: str, n: int | None, seed: int, kinds: tuple[str, ...] | None, where: str = "task_kinds"
+) -> list[Task]:
     """``n`` tasks of a suite and split whose ``metadata["kind"]`` is one of ``kinds`` (None: :func:`load_tasks`
     itself). They are the first ``n`` such tasks of ``load_tasks(spec, split, m, seed)`` for the smallest
     ``m = n * 2**j`` that has ``n`` of them (so with seed 0, the first ``n`` of the split's tasks of those kinds);
@@ -277,7 +279,12 @@ def final_outcome(env: Environment, traj: Trajectory) -> dict[str, Any]:
     ``{"success", "reward", "details", "n_calls"}``, or ``{"error": ...}`` when the check raised."""
     try:
         s = env.score(traj)
-        return json.loads(json.dumps({"success": bool(s.success), "reward": float(s.reward), "details": s.details, "n_calls": env.n_calls}, default=str))
+        return json.loads(
+            json.dumps(
+                {"success": bool(s.success), "reward": float(s.reward), "details": s.details, "n_calls": env.n_calls},
+                default=str,
+            )
+        )
     except Exception as e:  # noqa: BLE001 - a crashing success check is reported, the trajectory goes unscored
         return {"error": f"{type(e).__name__}: {str(e)[:300]}", "n_calls": env.n_calls}
 
@@ -288,7 +295,9 @@ class CheckReport:
     problems: list[str]
 
 
-def check_env(task: Task, calls: list[ToolCall] | None = None, factory: Callable[[Task], Environment] | None = None) -> CheckReport:
+def check_env(
+    task: Task, calls: list[ToolCall] | None = None, factory: Callable[[Task], Environment] | None = None
+) -> CheckReport:
     """Check an environment the way rehearsal fidelity needs it: two fresh environments given the same calls
     return the same observations and end in the same state; states and observations are JSON; tool errors
     come back as error observations. ``calls`` defaults to the task's gold actions."""
@@ -334,7 +343,10 @@ class UserSimulator(ABC):
         """The user's message for ``turn`` (0-based) given the Act chat so far, or None when done."""
 
 
-UNEXECUTED: dict[str, Any] = {"status": "not executed", "note": "no real environment in this rollout mode: the action is recorded and applied when the conversation is scored"}
+UNEXECUTED: dict[str, Any] = {
+    "status": "not executed",
+    "note": "no real environment in this rollout mode: the action is recorded and applied when the conversation is scored",
+}
 """What a user-side call returns to the user where no real environment runs (rehearsal, simulator, per_role)."""
 
 
@@ -371,7 +383,15 @@ class UserSide:
     def act(self, turn: int, calls: list[ToolCall], text: str | None = None) -> list[Any]:
         """Make ``calls`` (in order) as one move of ``turn``; record it; return the observations."""
         results = [self.call(c) for c in calls]
-        self.record(UserStep(turn=turn, text=text, calls=list(calls), observations=[o for o, _ in results], sources=[s for _, s in results]))
+        self.record(
+            UserStep(
+                turn=turn,
+                text=text,
+                calls=list(calls),
+                observations=[o for o, _ in results],
+                sources=[s for _, s in results],
+            )
+        )
         return [o for o, _ in results]
 
     def record(self, step: UserStep) -> None:

@@ -30,6 +30,7 @@ How this adapter departs from BFCL's own harness, and why:
   spread over it), run in order in a fresh environment of their task, form the category's pool; every task
   draws 1-3 records of its tools from it, never one of its own gold calls (:mod:`envace.envs.references`).
 """
+
 from __future__ import annotations
 
 import ast
@@ -89,13 +90,25 @@ SYSTEM_PROMPT = f"{_STYLE['persona']} {_STYLE['task']}\n\n{_STYLE['multiturn_beh
 
 # BFCL's doc types -> JSON-schema types. None means "any type": the "type" key is dropped.
 _TYPE_MAP: dict[str, str | None] = {
-    "dict": "object", "object": "object",
-    "float": "number", "number": "number", "double": "number",
-    "integer": "integer", "int": "integer", "long": "integer",
-    "string": "string", "str": "string", "char": "string",
-    "boolean": "boolean", "bool": "boolean",
-    "array": "array", "list": "array", "tuple": "array", "arraylist": "array",
-    "null": "null", "none": "null",
+    "dict": "object",
+    "object": "object",
+    "float": "number",
+    "number": "number",
+    "double": "number",
+    "integer": "integer",
+    "int": "integer",
+    "long": "integer",
+    "string": "string",
+    "str": "string",
+    "char": "string",
+    "boolean": "boolean",
+    "bool": "boolean",
+    "array": "array",
+    "list": "array",
+    "tuple": "array",
+    "arraylist": "array",
+    "null": "null",
+    "none": "null",
     "any": None,
 }
 
@@ -212,7 +225,9 @@ def _jsonable(x: Any, path: tuple[int, ...] = (), depth: int = 0) -> Any:
     if isinstance(x, (list, tuple)):
         return [_jsonable(v, path, depth + 1) for v in x]
     if isinstance(x, (set, frozenset)):
-        return sorted((_jsonable(v, path, depth + 1) for v in x), key=lambda v: json.dumps(v, sort_keys=True, default=str))
+        return sorted(
+            (_jsonable(v, path, depth + 1) for v in x), key=lambda v: json.dumps(v, sort_keys=True, default=str)
+        )
     if hasattr(x, "__dict__"):
         attrs = {k: v for k, v in vars(x).items() if not k.startswith("_") and k != "parent"}
         return {"__class__": type(x).__name__, **{k: _jsonable(v, path, depth + 1) for k, v in attrs.items()}}
@@ -234,7 +249,11 @@ def parse_gold_call(text: str, owners: dict[str, str]) -> ToolCall:
     if node.args:
         if name not in owners:
             raise ValueError(f"gold answer calls unknown function {name!r}: {text!r}")
-        params = [p for p in inspect.signature(getattr(_backend_class(owners[name]), name)).parameters.values() if p.name != "self"]
+        params = [
+            p
+            for p in inspect.signature(getattr(_backend_class(owners[name]), name)).parameters.values()
+            if p.name != "self"
+        ]
         positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         if len(node.args) > len(positional):
             raise ValueError(f"too many positional arguments in gold answer {text!r}")
@@ -268,8 +287,16 @@ class _SafeExecutor:
     def __init__(self) -> None:
         self.store: dict[str, dict[str, Any]] = {}
 
-    def __call__(self, func_call_list: list[ToolCall], initial_config: dict, involved_classes: list, model_name: str,
-                 test_entry_id: str, long_context: bool = False, is_evaL_run: bool = False) -> tuple[list[str], dict]:
+    def __call__(
+        self,
+        func_call_list: list[ToolCall],
+        initial_config: dict,
+        involved_classes: list,
+        model_name: str,
+        test_entry_id: str,
+        long_context: bool = False,
+        is_evaL_run: bool = False,
+    ) -> tuple[list[str], dict]:
         key = model_name + ("_eval" if is_evaL_run else "")
         if key not in self.store:
             self.store[key] = make_instances(
@@ -299,15 +326,29 @@ def score_turns(task: Task, turns: list[list[list[ToolCall]]], force_terminated:
     cfg = task.env_config
     gold = task.gold_actions
     if force_terminated or len(turns) != len(gold):
-        return Score(False, 0.0, {"checker": "bfcl.multi_turn_checker", "error_type": "multi_turn:force_terminated",
-                                  "error_message": f"the trajectory covered {len(turns)} of {len(gold)} turns or was cut"})
+        return Score(
+            False,
+            0.0,
+            {
+                "checker": "bfcl.multi_turn_checker",
+                "error_type": "multi_turn:force_terminated",
+                "error_message": f"the trajectory covered {len(turns)} of {len(gold)} turns or was cut",
+            },
+        )
     entry = {"id": cfg["bfcl_id"], "initial_config": cfg["initial_config"], "involved_classes": cfg["involved_classes"]}
     checker = _official_checker(_SafeExecutor())
     try:
         result = checker(turns, gold, entry, cfg["category"], "envace")
     except Exception as e:  # noqa: BLE001 - visible in the details, not a crash of the rollout
-        return Score(False, 0.0, {"checker": "bfcl.multi_turn_checker", "error_type": "checker_exception",
-                                  "error_message": f"{type(e).__name__}: {str(e)[:300]}"})
+        return Score(
+            False,
+            0.0,
+            {
+                "checker": "bfcl.multi_turn_checker",
+                "error_type": "checker_exception",
+                "error_message": f"{type(e).__name__}: {str(e)[:300]}",
+            },
+        )
     valid = bool(result.get("valid"))
     details = {"checker": "bfcl.multi_turn_checker", "valid": valid}
     if not valid:
@@ -344,8 +385,14 @@ class BFCLEnv(Environment):
     def initial_state_key(task: Task) -> str:
         """What the backends are loaded from (see :func:`make_instances`)."""
         cfg = task.env_config
-        return digest({"env": "bfcl", "initial_config": cfg["initial_config"], "involved_classes": cfg["involved_classes"],
-                       "long_context": bool(cfg.get("long_context"))})
+        return digest(
+            {
+                "env": "bfcl",
+                "initial_config": cfg["initial_config"],
+                "involved_classes": cfg["involved_classes"],
+                "long_context": bool(cfg.get("long_context")),
+            }
+        )
 
     def _execute(self, call: ToolCall) -> Any:
         try:
@@ -361,8 +408,10 @@ class BFCLEnv(Environment):
         return result
 
     def state(self) -> dict[str, Any]:
-        return {name: _jsonable({k: v for k, v in vars(inst).items() if not k.startswith("_")})
-                for name, inst in self.instances.items()}
+        return {
+            name: _jsonable({k: v for k, v in vars(inst).items() if not k.startswith("_")})
+            for name, inst in self.instances.items()
+        }
 
     def score(self, traj: Trajectory) -> Score:
         turns, cut = trajectory_turns(self.task, traj)
@@ -479,4 +528,6 @@ def load_bfcl_tasks(spec: str, split: str = "train", n: int | None = None, seed:
     if n is not None and n < len(chosen):
         keep = sorted(random.Random(seed).sample(range(len(chosen)), n))
         chosen = [chosen[i] for i in keep]
-    return assign([convert_entry(e, gt, cat) for e, gt, cat in chosen], lambda t: reference_pool(t.env_config["category"]))
+    return assign(
+        [convert_entry(e, gt, cat) for e, gt, cat in chosen], lambda t: reference_pool(t.env_config["category"])
+    )

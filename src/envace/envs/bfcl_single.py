@@ -44,6 +44,7 @@ How a task is built and scored, and where this departs from BFCL's own harness:
   first Act generation, which the rehearsal memory (in Act's system prompt) can change; an imagined result
   comes only after the scored response.
 """
+
 from __future__ import annotations
 
 import copy
@@ -62,7 +63,12 @@ from bfcl_eval.constants.category_mapping import SINGLE_TURN_CATEGORY  # noqa: E
 from bfcl_eval.constants.default_prompts import PROMPT_STYLE_TEMPLATES  # noqa: E402
 from bfcl_eval.constants.enums import Language  # noqa: E402
 from bfcl_eval.utils import (  # noqa: E402
-    is_empty_output, is_java, is_js, is_relevance_or_irrelevance, load_dataset_entry, load_ground_truth_entry,
+    is_empty_output,
+    is_java,
+    is_js,
+    is_relevance_or_irrelevance,
+    load_dataset_entry,
+    load_ground_truth_entry,
 )
 
 from ..types import Step, Task, ToolCall, Trajectory  # noqa: E402
@@ -145,7 +151,9 @@ def model_output(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 
 def _failed(checker: str, error_type: str, error: Any, **extra: Any) -> Score:
-    return Score(False, 0.0, {"checker": checker, "valid": False, "error_type": error_type, "error": _text(error), **extra})
+    return Score(
+        False, 0.0, {"checker": checker, "valid": False, "error_type": error_type, "error": _text(error), **extra}
+    )
 
 
 def _text(x: Any, limit: int = 500) -> str:
@@ -153,7 +161,13 @@ def _text(x: Any, limit: int = 500) -> str:
     return s[:limit]
 
 
-def score_response(category: str, functions: list[dict], ground_truth: Any, calls: list[ToolCall] | None, parse_error: str | None = None) -> Score:
+def score_response(
+    category: str,
+    functions: list[dict],
+    ground_truth: Any,
+    calls: list[ToolCall] | None,
+    parse_error: str | None = None,
+) -> Score:
     """Score one response of a single-turn task: ``calls`` its parsed calls (None: there was no response at
     all), ``parse_error`` why its text did not parse (then ``calls`` is empty). Relevance categories use BFCL's
     rule, the others BFCL's ``ast_checker`` with ``functions`` (BFCL's docs, no hints) and ``ground_truth``."""
@@ -165,14 +179,24 @@ def score_response(category: str, functions: list[dict], ground_truth: Any, call
     if relevance:
         made_call = parse_error is None and not is_empty_output(output)
         if "irrelevance" in category:
-            ok, error_type, error = not made_call, "irrelevance_error:decoder_success", "Valid syntax. Successfully decode AST when it should not."
+            ok, error_type, error = (
+                not made_call,
+                "irrelevance_error:decoder_success",
+                "Valid syntax. Successfully decode AST when it should not.",
+            )
         else:
-            ok, error_type, error = made_call, "relevance_error:decoder_failed", f"Invalid syntax. Failed to decode AST when it should have. {parse_error or ''}".strip()
+            ok, error_type, error = (
+                made_call,
+                "relevance_error:decoder_failed",
+                f"Invalid syntax. Failed to decode AST when it should have. {parse_error or ''}".strip(),
+            )
         return Score(True, 1.0, {"checker": checker, "valid": True}) if ok else _failed(checker, error_type, error)
     if parse_error is not None:
         return _failed(checker, "ast_decoder:decoder_failed", f"Invalid syntax. Failed to decode AST. {parse_error}")
     try:
-        result = _ast().ast_checker(copy.deepcopy(functions), output, copy.deepcopy(ground_truth), language_of(category), category, MODEL_NAME)
+        result = _ast().ast_checker(
+            copy.deepcopy(functions), output, copy.deepcopy(ground_truth), language_of(category), category, MODEL_NAME
+        )
     except Exception as e:  # noqa: BLE001 - BFCL's converters raise on some model strings: a failed check, not a crash
         return _failed(checker, "checker_exception", f"{type(e).__name__}: {str(e)[:300]}")
     if result.get("valid"):
@@ -219,7 +243,13 @@ def replay_gold(task: Task) -> Score | None:
     env = BFCLSingleEnv(task)
     calls = list(task.gold_actions[0])
     if calls:
-        step = Step(user_turn=0, action_text="".join(c.to_text() for c in calls), calls=calls, observations=[env.call(c) for c in calls], sources=["real"] * len(calls))
+        step = Step(
+            user_turn=0,
+            action_text="".join(c.to_text() for c in calls),
+            calls=calls,
+            observations=[env.call(c) for c in calls],
+            sources=["real"] * len(calls),
+        )
     else:
         step = Step(user_turn=0, action_text=NO_CALL_REPLY, reply=NO_CALL_REPLY)
     return env.score(Trajectory(id=f"{task.id}/gold", task_id=task.id, group_id="gold", mode="real", steps=[step]))
@@ -242,8 +272,17 @@ def _java_element(value: Any, items: str | None, container: str) -> str:
     return java_literal(value, items or "")
 
 
-_JAVA_ELEMENT_TYPES = {"integer": "int", "long": "long", "float": "float", "double": "double", "boolean": "boolean",
-                       "char": "char", "byte": "byte", "short": "short", "String": "String"}
+_JAVA_ELEMENT_TYPES = {
+    "integer": "int",
+    "long": "long",
+    "float": "float",
+    "double": "double",
+    "boolean": "boolean",
+    "char": "char",
+    "byte": "byte",
+    "short": "short",
+    "String": "String",
+}
 
 
 def java_literal(value: Any, type_name: str, items: str | None = None) -> str:
@@ -304,7 +343,9 @@ def _python_literal(value: Any, type_name: str, items: str | None = None) -> Any
 
 # language -> (value, BFCL type, BFCL item type) -> the argument value a model should send
 LITERALS: dict[Language, Callable[[Any, str, str | None], Any]] = {
-    Language.PYTHON: _python_literal, Language.JAVA: java_literal, Language.JAVASCRIPT: js_literal,
+    Language.PYTHON: _python_literal,
+    Language.JAVA: java_literal,
+    Language.JAVASCRIPT: js_literal,
 }
 _DICT_TYPES = ("dict", "HashMap", "Hashtable")
 
@@ -337,7 +378,9 @@ def gold_value(option: Any, schema: dict[str, Any], language: Language) -> Any:
     return LITERALS[language](option, type_name, items)
 
 
-def gold_calls(ground_truth: list[dict[str, dict[str, list]]], functions: list[dict], language: Language) -> list[ToolCall]:
+def gold_calls(
+    ground_truth: list[dict[str, dict[str, list]]], functions: list[dict], language: Language
+) -> list[ToolCall]:
     """BFCL's possible answer of one entry (``[{name: {param: [options]}}]``) as calls, each parameter chosen by
     :func:`choose_option` and written for ``language``."""
     docs = {f["name"]: f for f in functions}
@@ -401,7 +444,10 @@ def convert_entry(shown: dict[str, Any], checked: dict[str, Any], ground_truth: 
     elif "irrelevance" in category:
         gold, note = [[]], "no call"
     else:
-        gold, note = [gold_calls(ground_truth, checked["function"], language)], "the possible answer, one option per parameter (choose_option)"
+        gold, note = (
+            [gold_calls(ground_truth, checked["function"], language)],
+            "the possible answer, one option per parameter (choose_option)",
+        )
     return Task(
         id=shown["id"],
         env=f"bfcl:{category}",
@@ -416,7 +462,14 @@ def convert_entry(shown: dict[str, Any], checked: dict[str, Any], ground_truth: 
         },
         gold_actions=gold,
         split=split_of(shown["id"]),
-        metadata={"source": "bfcl-eval", "category": category, "single_turn": True, "max_steps": 1, "language": language.value, "gold": note},
+        metadata={
+            "source": "bfcl-eval",
+            "category": category,
+            "single_turn": True,
+            "max_steps": 1,
+            "language": language.value,
+            "gold": note,
+        },
     )
 
 
@@ -431,6 +484,8 @@ def load_category(category: str, ids: list[str] | None = None) -> list[Task]:
     """The category's tasks (those of ``ids``, in dataset order; None: all)."""
     shown, checked, answers = _raw(category)
     keep = None if ids is None else set(ids)
-    return [convert_entry(s, c, None if answers is None else answers[i], category)
-            for i, (s, c) in enumerate(zip(shown, checked)) if keep is None or s["id"] in keep]
-
+    return [
+        convert_entry(s, c, None if answers is None else answers[i], category)
+        for i, (s, c) in enumerate(zip(shown, checked))
+        if keep is None or s["id"] in keep
+    ]

@@ -33,6 +33,7 @@ four; agentic = mean of web search (mean of two) and memory (mean of three); ove
 its accuracy is the sample's). A category not evaluated counts 0 in the overall and shows "N/A", as in BFCL; the
 table says why (unavailable, with the reason, or not in this evaluation).
 """
+
 from __future__ import annotations
 
 import functools
@@ -48,7 +49,11 @@ from typing import Any, Callable, Sequence
 from . import bfcl, bfcl_single
 
 from bfcl_eval.constants.category_mapping import (  # noqa: E402
-    ALL_SCORING_CATEGORIES, MEMORY_CATEGORY, MULTI_TURN_CATEGORY, SINGLE_TURN_CATEGORY, TEST_COLLECTION_MAPPING,
+    ALL_SCORING_CATEGORIES,
+    MEMORY_CATEGORY,
+    MULTI_TURN_CATEGORY,
+    SINGLE_TURN_CATEGORY,
+    TEST_COLLECTION_MAPPING,
     WEB_SEARCH_CATEGORY,
 )
 
@@ -104,8 +109,10 @@ def _memory_reason(category: str) -> str:
 
 def _memory_vector_reason() -> str:
     missing = [m for m in ("overrides", "sentence_transformers", "faiss") if importlib.util.find_spec(m) is None]
-    why = ("unavailable offline: BFCL's memory_vector backend loads the sentence-transformers embedding model "
-           "all-MiniLM-L6-v2 from the Hugging Face Hub when it is imported, and needs faiss")
+    why = (
+        "unavailable offline: BFCL's memory_vector backend loads the sentence-transformers embedding model "
+        "all-MiniLM-L6-v2 from the Hugging Face Hub when it is imported, and needs faiss"
+    )
     return why + (f" (not installed here: {', '.join(missing)})" if missing else "")
 
 
@@ -136,7 +143,9 @@ for _name in ALL_SCORING_CATEGORIES:
 assert tuple(MULTI_TURN_CATEGORY) == bfcl.CATEGORIES and tuple(SINGLE_TURN_CATEGORY) == bfcl_single.CATEGORIES
 
 COLLECTIONS: dict[str, list[str]] = {
-    name: [c for c in cats if c in CATEGORIES] for name, cats in TEST_COLLECTION_MAPPING.items() if name not in ("all", "all_scoring")
+    name: [c for c in cats if c in CATEGORIES]
+    for name, cats in TEST_COLLECTION_MAPPING.items()
+    if name not in ("all", "all_scoring")
 }
 COLLECTIONS["all"] = list(ALL_SCORING_CATEGORIES)
 
@@ -159,8 +168,10 @@ def categories_of(spec: str) -> list[str]:
         elif name in CATEGORIES:
             out.append(name)
         else:
-            raise ValueError(f"unknown BFCL category or collection {name!r}; valid collections: {', '.join(sorted(COLLECTIONS))}; "
-                             f"valid categories: {', '.join(CATEGORIES.names())}")
+            raise ValueError(
+                f"unknown BFCL category or collection {name!r}; valid collections: {', '.join(sorted(COLLECTIONS))}; "
+                f"valid categories: {', '.join(CATEGORIES.names())}"
+            )
     return list(dict.fromkeys(out))
 
 
@@ -170,7 +181,9 @@ def load_bfcl_v4_tasks(spec: str, split: str = "train", n: int | None = None, se
     cats = categories_of(spec)
     runnable = [c for c in cats if unavailable(c) is None]
     if not runnable:
-        raise ValueError(f"{spec}: no selected BFCL category can run here: " + "; ".join(f"{c}: {unavailable(c)}" for c in cats))
+        raise ValueError(
+            f"{spec}: no selected BFCL category can run here: " + "; ".join(f"{c}: {unavailable(c)}" for c in cats)
+        )
     chosen = [(c, i) for c in runnable for i in KINDS.get(CATEGORIES.get(c).kind).ids(c, split)]
     if n is not None and n < len(chosen):
         chosen = [chosen[i] for i in sorted(random.Random(seed).sample(range(len(chosen)), n))]
@@ -207,16 +220,36 @@ class BFCLEnvs:
 
 # BFCL's leaf columns (its column_headers) -> the category each shows, per score file
 LEAF_COLUMNS: dict[str, dict[str, str]] = {
-    "data_non_live": {"Python Simple AST": "simple_python", "Java Simple AST": "simple_java", "JavaScript Simple AST": "simple_javascript",
-                      "Multiple AST": "multiple", "Parallel AST": "parallel", "Parallel Multiple AST": "parallel_multiple",
-                      "Irrelevance Detection": "irrelevance"},
-    "data_live": {"Python Simple AST": "live_simple", "Python Multiple AST": "live_multiple", "Python Parallel AST": "live_parallel",
-                  "Python Parallel Multiple AST": "live_parallel_multiple", "Irrelevance Detection": "live_irrelevance",
-                  "Relevance Detection": "live_relevance"},
-    "data_multi_turn": {"Base": "multi_turn_base", "Miss Func": "multi_turn_miss_func", "Miss Param": "multi_turn_miss_param",
-                        "Long Context": "multi_turn_long_context"},
-    "data_agentic": {"Web Search Base": "web_search_base", "Web Search No Snippet": "web_search_no_snippet", "Memory KV": "memory_kv",
-                     "Memory Vector": "memory_vector", "Memory Recursive Summarization": "memory_rec_sum"},
+    "data_non_live": {
+        "Python Simple AST": "simple_python",
+        "Java Simple AST": "simple_java",
+        "JavaScript Simple AST": "simple_javascript",
+        "Multiple AST": "multiple",
+        "Parallel AST": "parallel",
+        "Parallel Multiple AST": "parallel_multiple",
+        "Irrelevance Detection": "irrelevance",
+    },
+    "data_live": {
+        "Python Simple AST": "live_simple",
+        "Python Multiple AST": "live_multiple",
+        "Python Parallel AST": "live_parallel",
+        "Python Parallel Multiple AST": "live_parallel_multiple",
+        "Irrelevance Detection": "live_irrelevance",
+        "Relevance Detection": "live_relevance",
+    },
+    "data_multi_turn": {
+        "Base": "multi_turn_base",
+        "Miss Func": "multi_turn_miss_func",
+        "Miss Param": "multi_turn_miss_param",
+        "Long Context": "multi_turn_long_context",
+    },
+    "data_agentic": {
+        "Web Search Base": "web_search_base",
+        "Web Search No Snippet": "web_search_no_snippet",
+        "Memory KV": "memory_kv",
+        "Memory Vector": "memory_vector",
+        "Memory Recursive Summarization": "memory_rec_sum",
+    },
 }
 SECTIONS = ("data_non_live", "data_live", "data_multi_turn", "data_agentic")
 TOTAL_COLUMNS = ("Irrelevance Detection", "Relevance Detection")  # data_overall's totals over non-live and live
@@ -240,16 +273,30 @@ def leaderboard(accuracy: dict[str, float]) -> dict[str, dict[str, Any]]:
     """BFCL's score files for one model whose category accuracies are ``accuracy`` (the others not evaluated):
     ``{"data_overall": {column: value}, "data_non_live": ..., ...}``, each value a fraction or ``"N/A"``, computed
     by BFCL's ``generate_leaderboard_csv`` (its code unchanged) with each category weighted by its full size."""
-    table = {bfcl_single.MODEL_NAME: {c: {"accuracy": float(a), "total_count": category_size(c)} for c, a in accuracy.items()}}
+    table = {
+        bfcl_single.MODEL_NAME: {
+            c: {"accuracy": float(a), "total_count": category_size(c)} for c, a in accuracy.items()
+        }
+    }
     files: dict[str, dict[str, Any]] = {}
 
-    def collect(data: list[list[Any]], file_path: Path, header: list[str], sort_column_index: int, no_conversion_numeric_column_index: list[int] = []) -> None:  # noqa: B006 - BFCL's signature
+    def collect(
+        data: list[list[Any]],
+        file_path: Path,
+        header: list[str],
+        sort_column_index: int,
+        no_conversion_numeric_column_index: list[int] = [],
+    ) -> None:  # noqa: B006 - BFCL's signature
         (row,) = data
         files[Path(file_path).stem] = dict(zip(header, row))
 
     fn = _helper().generate_leaderboard_csv
     glb = dict(fn.__globals__)
-    glb.update(write_score_csv_file=collect, print=lambda *a, **k: None, os=types.SimpleNamespace(getenv=lambda key, default=None: None))
+    glb.update(
+        write_score_csv_file=collect,
+        print=lambda *a, **k: None,
+        os=types.SimpleNamespace(getenv=lambda key, default=None: None),
+    )
     types.FunctionType(fn.__code__, glb, fn.__name__, fn.__defaults__, fn.__closure__)(table, Path("."))
     return files
 
@@ -265,7 +312,11 @@ def category_results(per_task: Sequence[dict[str, Any]]) -> dict[str, dict[str, 
         r["successes"] += sum(bool(s) for s in row["successes"])
         r["n_tasks"] += 1
         r["n_trials"] += len(row["successes"])
-    return {c: {"accuracy": r["successes"] / r["n_trials"], "n_tasks": r["n_tasks"], "n_trials": r["n_trials"]} for c, r in out.items() if r["n_trials"]}
+    return {
+        c: {"accuracy": r["successes"] / r["n_trials"], "n_tasks": r["n_tasks"], "n_trials": r["n_trials"]}
+        for c, r in out.items()
+        if r["n_trials"]
+    }
 
 
 def _pct(v: Any) -> str:
@@ -283,13 +334,19 @@ def summary(per_task: Sequence[dict[str, Any]]) -> dict[str, Any]:
     reasons = {c: unavailable(c) for c in CATEGORIES.names()}
     categories = {}
     for c in ALL_SCORING_CATEGORIES:
-        info: dict[str, Any] = {"size": category_size(c), "n_tasks": results.get(c, {}).get("n_tasks", 0), "accuracy": results.get(c, {}).get("accuracy")}
+        info: dict[str, Any] = {
+            "size": category_size(c),
+            "n_tasks": results.get(c, {}).get("n_tasks", 0),
+            "accuracy": results.get(c, {}).get("accuracy"),
+        }
         info["status"] = "evaluated" if c in results else "unavailable" if reasons[c] else "not evaluated"
         if reasons[c]:
             info["reason"] = reasons[c]
         categories[c] = info
-    lines = [f"BFCL-v4 summary (bfcl_eval {importlib.metadata.version('bfcl_eval')}, its generate_leaderboard_csv): "
-             "categories weighted by their full size, each scored on the tasks evaluated here; not evaluated = N/A, counted 0"]
+    lines = [
+        f"BFCL-v4 summary (bfcl_eval {importlib.metadata.version('bfcl_eval')}, its generate_leaderboard_csv): "
+        "categories weighted by their full size, each scored on the tasks evaluated here; not evaluated = N/A, counted 0"
+    ]
     overall = files["data_overall"]
     width = 34
     lines.append(f"{'Overall Acc':<{width}}{_pct(overall['Overall Acc']):>9}")
@@ -301,7 +358,9 @@ def summary(per_task: Sequence[dict[str, Any]]) -> dict[str, Any]:
             note = ""
             if c is not None:
                 info = categories[c]
-                note = f"  {c}: " + ("unavailable" if info["status"] == "unavailable" else f"{info['n_tasks']}/{info['size']} tasks")
+                note = f"  {c}: " + (
+                    "unavailable" if info["status"] == "unavailable" else f"{info['n_tasks']}/{info['size']} tasks"
+                )
             lines.append(f"  {col:<{width - 2}}{_pct(files[section][col]):>9}{note}")
     lines += [f"{'Total ' + col:<{width}}{_pct(overall[col]):>9}" for col in TOTAL_COLUMNS]
     not_evaluated = [c for c, i in categories.items() if i["status"] == "not evaluated"]
@@ -311,9 +370,18 @@ def summary(per_task: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if unavail:
         lines.append("unavailable here (N/A, counted 0):")
         lines += [f"  {c}: {why}" for c, why in unavail.items()]
-    scores = {name: {k: v for k, v in row.items() if k not in ("Rank", "Model", "Model Link", "Organization", "License")} for name, row in files.items()}
-    return {"title": "BFCL-v4 summary", "text": "\n".join(lines), "scores": scores, "categories": categories,
-            "not_evaluated": not_evaluated, "unavailable": unavail}
+    scores = {
+        name: {k: v for k, v in row.items() if k not in ("Rank", "Model", "Model Link", "Organization", "License")}
+        for name, row in files.items()
+    }
+    return {
+        "title": "BFCL-v4 summary",
+        "text": "\n".join(lines),
+        "scores": scores,
+        "categories": categories,
+        "not_evaluated": not_evaluated,
+        "unavailable": unavail,
+    }
 
 
 ENVS.add("bfcl", BFCLEnvs())

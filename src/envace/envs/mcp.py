@@ -26,6 +26,7 @@ replay of its calls on a fresh server; that is refused (:class:`envace.envs.Repl
 tasks file opts in with ``"allow_replay": true`` (top level or per task ``env_config``), for servers where
 re-running calls is harmless (read-only, sandboxed).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,8 +52,10 @@ STARTUP_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
 SPLITS: tuple[str, ...] = ("train", "test", "all")
-EXPLORE_PROMPT = ("Explore the tools of this server: call them to learn what they do and what they return, "
-                  "then reply with a short summary of what you found.")
+EXPLORE_PROMPT = (
+    "Explore the tools of this server: call them to learn what they do and what they return, "
+    "then reply with a short summary of what you found."
+)
 
 
 class MCPStartupError(EnvStartupError):
@@ -68,7 +71,12 @@ def _one_line(text: str, limit: int = STDERR_TAIL_CHARS) -> str:
     return joined if len(joined) <= limit else "..." + joined[-limit:]
 
 
-_CLOSED = ("BrokenResourceError", "ClosedResourceError", "EndOfStream", "BrokenPipeError")  # anyio / OS: the pipe is gone
+_CLOSED = (
+    "BrokenResourceError",
+    "ClosedResourceError",
+    "EndOfStream",
+    "BrokenPipeError",
+)  # anyio / OS: the pipe is gone
 
 
 def _startup_reason(e: BaseException) -> str:
@@ -77,7 +85,9 @@ def _startup_reason(e: BaseException) -> str:
     for x in _leaves(e):
         what = f"{type(x).__name__}: {x}" if str(x) else type(x).__name__
         if isinstance(x, FileNotFoundError):
-            reasons.append(f"no such program ({x.strerror}: {x.filename!r})" if x.filename else f"no such program ({x})")
+            reasons.append(
+                f"no such program ({x.strerror}: {x.filename!r})" if x.filename else f"no such program ({x})"
+            )
         elif type(x).__name__ in _CLOSED or "connection closed" in str(x).lower():
             reasons.append(f"the server closed the connection before the MCP handshake (it exited?) ({what})")
         else:
@@ -102,8 +112,13 @@ def _leaves(e: BaseException) -> list[BaseException]:
     return [e]
 
 
-def _shutdown(loop: asyncio.AbstractEventLoop, thread: threading.Thread, closing: asyncio.Event | None,
-              owner: concurrent.futures.Future | None, errfile: Any) -> None:
+def _shutdown(
+    loop: asyncio.AbstractEventLoop,
+    thread: threading.Thread,
+    closing: asyncio.Event | None,
+    owner: concurrent.futures.Future | None,
+    errfile: Any,
+) -> None:
     """Ask the owner task to leave its contexts (which ends the subprocess), then stop the loop thread."""
     if loop.is_closed():
         return
@@ -131,8 +146,14 @@ class MCPClient:
     waits until :meth:`close` (anyio needs the same task to enter and leave them); calls are submitted to
     that loop and waited on with a timeout."""
 
-    def __init__(self, command: str | list[str], env: dict[str, str] | None = None, cwd: str | None = None,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S, call_timeout_s: float = CALL_TIMEOUT_S):
+    def __init__(
+        self,
+        command: str | list[str],
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+        call_timeout_s: float = CALL_TIMEOUT_S,
+    ):
         self.argv = parse_command(command)
         self.call_timeout_s = call_timeout_s
         self.session: ClientSession | None = None
@@ -157,7 +178,9 @@ class MCPClient:
                 f"MCP server `{shlex.join(self.argv)}` did not start: {reason}; its stderr ends: {tail or '(nothing)'}"
             ) from (None if timed_out else e)
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, self._closing, self._owner, self._errfile)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._loop, self._thread, self._closing, self._owner, self._errfile
+        )
 
     async def _own(self, params: StdioServerParameters) -> None:
         self._closing = asyncio.Event()
@@ -192,8 +215,14 @@ class MCPClient:
         return self.session is not None and not self._owner.done()
 
     def tool_specs(self) -> list[ToolSpec]:
-        return [ToolSpec(name=t.name, description=t.description or "",
-                         parameters=dict(t.inputSchema or {"type": "object", "properties": {}})) for t in self.tools_raw]
+        return [
+            ToolSpec(
+                name=t.name,
+                description=t.description or "",
+                parameters=dict(t.inputSchema or {"type": "object", "properties": {}}),
+            )
+            for t in self.tools_raw
+        ]
 
     def call_tool(self, name: str, arguments: dict[str, Any], timeout_s: float | None = None) -> Any:
         """Call a tool and return an observation (JSON value or error observation); never raises."""
@@ -229,7 +258,11 @@ def _content_value(block: Any) -> Any:
         except (ValueError, TypeError):
             return block.text
     if kind in ("image", "audio"):
-        return {"type": kind, "mimeType": getattr(block, "mimeType", None), "data_chars": len(getattr(block, "data", "") or "")}
+        return {
+            "type": kind,
+            "mimeType": getattr(block, "mimeType", None),
+            "data_chars": len(getattr(block, "data", "") or ""),
+        }
     if hasattr(block, "model_dump"):
         return block.model_dump(mode="json", exclude_none=True)
     return str(block)
@@ -255,7 +288,9 @@ def _server_config(task: Task) -> dict[str, Any]:
     cfg = dict(task.env_config)
     if "command" not in cfg:
         if ":" not in task.env or not task.env.split(":", 1)[1].strip():
-            raise ValueError(f"task {task.id!r}: env {task.env!r} names no MCP server command (expected 'mcp:<command line>')")
+            raise ValueError(
+                f"task {task.id!r}: env {task.env!r} names no MCP server command (expected 'mcp:<command line>')"
+            )
         cfg["command"] = task.env.split(":", 1)[1].strip()
     return cfg
 
@@ -268,8 +303,12 @@ class MCPEnv(Environment):
     def __init__(self, task: Task):
         super().__init__(task)
         cfg = _server_config(task)
-        self.client = MCPClient(cfg["command"], env=cfg.get("env"), cwd=cfg.get("cwd"),
-                                call_timeout_s=float(cfg.get("call_timeout_s", CALL_TIMEOUT_S)))
+        self.client = MCPClient(
+            cfg["command"],
+            env=cfg.get("env"),
+            cwd=cfg.get("cwd"),
+            call_timeout_s=float(cfg.get("call_timeout_s", CALL_TIMEOUT_S)),
+        )
         self.history: list[dict[str, Any]] = []
 
     @property
@@ -354,7 +393,10 @@ def tasks_from_file(path: str) -> list[Task]:
         d = dict(d)
         d.setdefault("id", f"{os.path.splitext(os.path.basename(path))[0]}_{i}")
         d.setdefault("env", f"mcp:{command}")
-        d.setdefault("system_prompt", doc.get("system_prompt", "You are a helpful assistant that uses the tools of an MCP server."))
+        d.setdefault(
+            "system_prompt",
+            doc.get("system_prompt", "You are a helpful assistant that uses the tools of an MCP server."),
+        )
         d["env_config"] = {"command": command, **server_cfg, **d.get("env_config", {})}
         if not d.get("tools"):
             if tools is None:

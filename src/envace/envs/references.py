@@ -31,6 +31,7 @@ A hit is then what this task's own world answers to that call as a first call (t
 hits happen there; built-in worlds differ per task, so they rarely do); as before, a hit ignores what earlier
 calls of the trajectory changed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -87,7 +88,9 @@ def cache_lookup(task: Task, call: ToolCall) -> tuple[str, ReferenceExample | No
 def _record(call: ToolCall, obs: Any, source: str, state: str) -> ReferenceExample | None:
     if is_error_obs(obs) and obs["error"]["kind"] == "too_large":
         return None
-    return ReferenceExample(call=ToolCall(call.name, copy.deepcopy(call.arguments)), result=obs, source=source, state=state)
+    return ReferenceExample(
+        call=ToolCall(call.name, copy.deepcopy(call.arguments)), result=obs, source=source, state=state
+    )
 
 
 def record_each(task: Task, calls: Iterable[ToolCall], factory: EnvFactory) -> list[ReferenceExample]:
@@ -242,8 +245,11 @@ def choose_references(task: Task, pool: ReferencePool, k: int | None = None) -> 
     keys: set[str] = set()
     while len(chosen) < k and tools:
         for name in list(tools):
-            recs = [(r, key) for r, key, text in pool.by_tool[name]
-                    if r.source != task.id and key not in gold and key not in keys and not (leak and leak.search(text))]
+            recs = [
+                (r, key)
+                for r, key, text in pool.by_tool[name]
+                if r.source != task.id and key not in gold and key not in keys and not (leak and leak.search(text))
+            ]
             if not recs:
                 tools.remove(name)
                 continue

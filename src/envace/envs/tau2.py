@@ -49,6 +49,7 @@ How this adapter departs from tau2's harness, and why:
   in a fresh environment of their task, form the domain's pool; every task draws 1-3 records from it, never
   one of its own gold calls nor one that mentions its expected outputs (:mod:`envace.envs.references`).
 """
+
 from __future__ import annotations
 
 import ast
@@ -101,8 +102,14 @@ STOP_TOKENS = (STOP, TRANSFER, OUT_OF_SCOPE)
 
 # ------------------------------------------------------------------------------------ safe calculate
 
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Pow: operator.pow,
+}
 _UNOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_POW_EXPONENT = 100
 MAX_EXPRESSION_CHARS = 1000
@@ -208,7 +215,7 @@ def _observation(tool_message: Any) -> Any:
     """A tau2 tool response as an observation: errors become ``tool_error``; JSON content is parsed."""
     content = tool_message.content if tool_message.content is not None else ""
     if tool_message.error:
-        return error_obs("tool_error", content[len("Error: "):] if content.startswith("Error: ") else content)
+        return error_obs("tool_error", content[len("Error: ") :] if content.startswith("Error: ") else content)
     try:
         return json.loads(content)
     except (ValueError, TypeError):
@@ -227,7 +234,13 @@ class Tau2Env(Environment):
     def initial_state_key(task: Task) -> str:
         """The domain's database and the task's initialisation (what :func:`_initialised_env` builds from)."""
         init = tau2_task(task).initial_state
-        return digest({"env": "tau2", "domain": task.env_config["domain"], "initial_state": init.model_dump(mode="json") if init else None})
+        return digest(
+            {
+                "env": "tau2",
+                "domain": task.env_config["domain"],
+                "initial_state": init.model_dump(mode="json") if init else None,
+            }
+        )
 
     def _execute(self, call: ToolCall) -> Any:
         return self._respond(call, "assistant")
@@ -238,7 +251,9 @@ class Tau2Env(Environment):
 
     def _respond(self, call: ToolCall, requestor: str) -> Any:
         self._ids += 1
-        tc = T2ToolCall(id=f"call_{self._ids}", name=call.name, arguments=copy.deepcopy(call.arguments), requestor=requestor)
+        tc = T2ToolCall(
+            id=f"call_{self._ids}", name=call.name, arguments=copy.deepcopy(call.arguments), requestor=requestor
+        )
         return _observation(self.env.get_response(tc))
 
     def state(self) -> dict[str, Any]:
@@ -285,8 +300,15 @@ def tau2_messages(task: Task, traj: Trajectory) -> list[Any]:
     ids = itertools.count(1)
 
     def run(calls: list[ToolCall], requestor: str) -> None:
-        tcs = [T2ToolCall(id=f"call_{next(ids)}", name=c.name, arguments=copy.deepcopy(c.arguments), requestor=requestor) for c in calls]
-        message = AssistantMessage(role="assistant", tool_calls=tcs) if requestor == "assistant" else UserMessage(role="user", tool_calls=tcs)
+        tcs = [
+            T2ToolCall(id=f"call_{next(ids)}", name=c.name, arguments=copy.deepcopy(c.arguments), requestor=requestor)
+            for c in calls
+        ]
+        message = (
+            AssistantMessage(role="assistant", tool_calls=tcs)
+            if requestor == "assistant"
+            else UserMessage(role="user", tool_calls=tcs)
+        )
         messages.append(message)
         messages.extend(env.get_response(tc) for tc in tcs)
 
@@ -321,13 +343,19 @@ def score_trajectory(task: Task, traj: Trajectory) -> Score:
     try:
         messages = tau2_messages(task, traj)
         sim = SimulationRun(
-            id=traj.id, task_id=t2.id, start_time="", end_time="", duration=0.0,
+            id=traj.id,
+            task_id=t2.id,
+            start_time="",
+            end_time="",
+            duration=0.0,
             termination_reason=TerminationReason.MAX_STEPS if traj.truncated else TerminationReason.USER_STOP,
             messages=messages,
         )
         info = evaluate_simulation(sim, t2, EvaluationType.ALL, solo_mode=False, domain=f"envace-{domain}")
     except Exception as e:  # noqa: BLE001 - visible in the details, not a crash of the rollout
-        return Score(False, 0.0, {"evaluator": "tau2.evaluate_simulation", "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        return Score(
+            False, 0.0, {"evaluator": "tau2.evaluate_simulation", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        )
     details: dict[str, Any] = {
         "evaluator": "tau2.evaluate_simulation",
         "reward_basis": [str(getattr(b, "value", b)) for b in (info.reward_basis or [])],
@@ -353,13 +381,15 @@ def score_trajectory(task: Task, traj: Trajectory) -> Score:
 def user_system_prompt(t2: T2Task, use_tools: bool = False) -> str:
     """tau2's user-simulator system prompt for a task (guidelines + persona and instructions); ``use_tools``:
     tau2's guidelines for a user with tools of its own (telecom)."""
-    return USER_SYSTEM_PROMPT.format(global_user_sim_guidelines=get_global_user_sim_guidelines(use_tools=use_tools),
-                                     instructions=str(t2.user_scenario))
+    return USER_SYSTEM_PROMPT.format(
+        global_user_sim_guidelines=get_global_user_sim_guidelines(use_tools=use_tools),
+        instructions=str(t2.user_scenario),
+    )
 
 
 USER_TOOL_INSTRUCTIONS = (
     "These tools act on your own side (your device); only you can use them. To use one, answer with "
-    "<tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call> and nothing else; its result comes back to you "
+    '<tool_call>{"name": NAME, "arguments": {...}}</tool_call> and nothing else; its result comes back to you '
     "in <tool_response> tags and is not shown to the agent. A message without a tool call goes to the agent."
 )
 
@@ -384,8 +414,14 @@ class LLMUser(UserSimulator):
     block is answered by its ``bad_format`` error. Every generation is recorded as a
     :class:`envace.types.UserStep`; the user's context is rebuilt from those records and the Act chat."""
 
-    def __init__(self, backend: Backend, params: SamplingParams | None = None, max_turns: int = 30,
-                 side: UserSide | None = None, max_moves: int = 10):
+    def __init__(
+        self,
+        backend: Backend,
+        params: SamplingParams | None = None,
+        max_turns: int = 30,
+        side: UserSide | None = None,
+        max_moves: int = 10,
+    ):
         self.backend = backend
         self.params = params or SamplingParams(temperature=0.0, max_new_tokens=512)
         self.max_turns = max_turns
@@ -398,8 +434,10 @@ class LLMUser(UserSimulator):
         prompt = task.metadata.get("user_system_prompt")
         if not prompt:
             goals = "\n".join(f"- {t}" for t in task.user_turns)
-            prompt = ("You are a user talking to an assistant. Pursue these goals, one message at a time, in your own "
-                      f"words; say {STOP} when they are done.\n{goals}")
+            prompt = (
+                "You are a user talking to an assistant. Pursue these goals, one message at a time, in your own "
+                f"words; say {STOP} when they are done.\n{goals}"
+            )
         if task.user_tools:
             prompt += "\n\n# Your tools\n" + render_tools(task.user_tools) + "\n\n" + USER_TOOL_INSTRUCTIONS
         return prompt
@@ -419,11 +457,16 @@ class LLMUser(UserSimulator):
             out = []
             for move in moves.pop(turn, []):
                 results = [move.parse_error] if move.parse_error is not None else move.observations
-                out += [{"role": "assistant", "content": move.text or ""}, {"role": "user", "content": tool_responses(results)}]
+                out += [
+                    {"role": "assistant", "content": move.text or ""},
+                    {"role": "user", "content": tool_responses(results)},
+                ]
             return out
 
-        conv = [{"role": "system", "content": self.system_prompt(task)},
-                {"role": "user", "content": FIRST_AGENT_MESSAGE}]
+        conv = [
+            {"role": "system", "content": self.system_prompt(task)},
+            {"role": "user", "content": FIRST_AGENT_MESSAGE},
+        ]
         turn = 0
         for m in messages:
             if m.role == "user":
@@ -461,8 +504,14 @@ class LLMUser(UserSimulator):
         return None
 
 
-def _llm_user(task: Task, backend: Backend | None = None, params: SamplingParams | None = None,
-              env: Environment | None = None, traj: Trajectory | None = None, **kw: Any) -> LLMUser:
+def _llm_user(
+    task: Task,
+    backend: Backend | None = None,
+    params: SamplingParams | None = None,
+    env: Environment | None = None,
+    traj: Trajectory | None = None,
+    **kw: Any,
+) -> LLMUser:
     if backend is None:
         raise ValueError("the 'llm' user simulator needs backend=<an envace Backend> (RolloutEngine(user_backend=...))")
     return LLMUser(backend, params, side=UserSide(task, env, traj), **kw)
@@ -478,7 +527,9 @@ USERS.add("llm", _llm_user)
 def _domain_info(domain: str) -> dict[str, Any]:
     env = new_tau2_env(domain)
     tools = [ToolSpec.from_dict(t.openai_schema) for t in env.get_tools()]
-    user_tools = [ToolSpec.from_dict(t.openai_schema) for t in env.get_user_tools()] if env.user_tools is not None else []
+    user_tools = (
+        [ToolSpec.from_dict(t.openai_schema) for t in env.get_user_tools()] if env.user_tools is not None else []
+    )
     kinds = {name: getattr(kind, "value", str(kind)) for name, kind in get_tool_types(env.tools).items()}
     system = AGENT_SYSTEM_PROMPT.format(domain_policy=env.get_policy(), agent_instruction=AGENT_INSTRUCTION)
     loader = registry.get_tasks_loader(domain)
@@ -488,7 +539,14 @@ def _domain_info(domain: str) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a domain without splits (mock)
         splits = {}
     t2tasks = loader("base") if "base" in splits else loader()
-    return {"tools": tools, "user_tools": user_tools, "kinds": kinds, "system": system, "tasks": t2tasks, "splits": splits}
+    return {
+        "tools": tools,
+        "user_tools": user_tools,
+        "kinds": kinds,
+        "system": system,
+        "tasks": t2tasks,
+        "splits": splits,
+    }
 
 
 def _hash_split(key: str) -> str:
@@ -568,7 +626,13 @@ def convert_task(domain: str, t2: T2Task) -> Task:
     replies.append(" ".join(["Done."] + communicate))
     splits = info["splits"]
     if "train" in splits or "test" in splits:
-        split = "test" if t2.id in set(splits.get("test", [])) else "train" if t2.id in set(splits.get("train", [])) else "other"
+        split = (
+            "test"
+            if t2.id in set(splits.get("test", []))
+            else "train"
+            if t2.id in set(splits.get("train", []))
+            else "other"
+        )
     else:
         split = _hash_split(f"{domain}-{t2.id}")
     user_actions = [t.user for t in turns] if any(t.user for t in turns) else []
@@ -588,7 +652,10 @@ def convert_task(domain: str, t2: T2Task) -> Task:
             "domain": domain,
             "tau2_id": t2.id,
             "user_system_prompt": user_system_prompt(t2, use_tools=bool(info["user_tools"])),
-            "reward_basis": [str(getattr(b, "value", b)) for b in (t2.evaluation_criteria.reward_basis if t2.evaluation_criteria else [])],
+            "reward_basis": [
+                str(getattr(b, "value", b))
+                for b in (t2.evaluation_criteria.reward_basis if t2.evaluation_criteria else [])
+            ],
         },
         user_tools=copy.deepcopy(info["user_tools"]),
         user_actions=user_actions,

@@ -23,6 +23,7 @@ Registered here: environments ``bank``, ``shop``, ``files`` in :data:`~envace.en
 ``bank``, ``shop``, ``files`` and ``builtin`` (the three interleaved) in :data:`~envace.envs.base.SUITES`, all
 with the signature ``loader(spec, split="train", n=None, seed=0) -> list[Task]``.
 """
+
 from __future__ import annotations
 
 from ...types import Task
@@ -51,5 +52,20 @@ for _name, _domain in DOMAINS.items():
     SUITES.add(_name, _domain.load)
 SUITES.add("builtin", load_mix)
 
-__all__ = ["BankEnv", "ShopEnv", "FilesEnv", "ToolEnv", "Domain", "TaskBuilder", "DOMAINS", "SPLITS", "OOD_SPLIT", "KINDS",
-           "DEFAULT_N", "load_mix", "make_task", "task_kind", "tool"]
+__all__ = [
+    "BankEnv",
+    "ShopEnv",
+    "FilesEnv",
+    "ToolEnv",
+    "Domain",
+    "TaskBuilder",
+    "DOMAINS",
+    "SPLITS",
+    "OOD_SPLIT",
+    "KINDS",
+    "DEFAULT_N",
+    "load_mix",
+    "make_task",
+    "task_kind",
+    "tool",
+]

@@ -8,6 +8,7 @@ templates; ``ood`` draws them from :data:`OOD_NAMES` / :data:`OOD_MEMOS` with th
 balance, undo the last payment, top up from the largest account, transfer with a fallback account, two deposits,
 history then freeze).
 """
+
 from __future__ import annotations
 
 import random
@@ -47,7 +48,10 @@ class BankEnv(ToolEnv):
 
     @tool("List all accounts with balances and the total.")
     def list_accounts(self) -> dict[str, Any]:
-        accts = [{"account": n, "balance": money(a["balance_cents"]), "frozen": a["frozen"]} for n, a in sorted(self.s["accounts"].items())]
+        accts = [
+            {"account": n, "balance": money(a["balance_cents"]), "frozen": a["frozen"]}
+            for n, a in sorted(self.s["accounts"].items())
+        ]
         return {"accounts": accts, "total": money(sum(a["balance_cents"] for a in self.s["accounts"].values()))}
 
     @tool("Get the balance of one account.", {"account": ACCOUNT})
@@ -55,11 +59,18 @@ class BankEnv(ToolEnv):
         a = self._acct(account)
         return {"account": account, "balance": money(a["balance_cents"]), "frozen": a["frozen"]}
 
-    @tool("Recent transactions of an account, newest first.", {"account": ACCOUNT, "limit": {"type": "integer", "minimum": 1, "maximum": 20}}, optional=("limit",))
+    @tool(
+        "Recent transactions of an account, newest first.",
+        {"account": ACCOUNT, "limit": {"type": "integer", "minimum": 1, "maximum": 20}},
+        optional=("limit",),
+    )
     def get_transactions(self, account: str, limit: int = 5) -> dict[str, Any]:
         self._acct(account)
         txns = [t for t in self.s["transactions"] if t["account"] == account][::-1][:limit]
-        return {"account": account, "transactions": [{"id": t["id"], "amount": money(t["amount_cents"]), "memo": t["memo"]} for t in txns]}
+        return {
+            "account": account,
+            "transactions": [{"id": t["id"], "amount": money(t["amount_cents"]), "memo": t["memo"]} for t in txns],
+        }
 
     @tool("Deposit money into an account.", {"account": ACCOUNT, "amount": AMOUNT}, mutates=True)
     def deposit(self, account: str, amount: float) -> dict[str, Any]:
@@ -68,7 +79,11 @@ class BankEnv(ToolEnv):
         tid = self._record(account, c, "deposit")
         return {"account": account, "balance": money(a["balance_cents"]), "transaction_id": tid}
 
-    @tool("Move money between two accounts.", {"from_account": ACCOUNT, "to_account": ACCOUNT, "amount": AMOUNT}, mutates=True)
+    @tool(
+        "Move money between two accounts.",
+        {"from_account": ACCOUNT, "to_account": ACCOUNT, "amount": AMOUNT},
+        mutates=True,
+    )
     def transfer(self, from_account: str, to_account: str, amount: float) -> dict[str, Any]:
         src, dst, c = self._acct(from_account), self._acct(to_account), self._amount(amount)
         if from_account == to_account:
@@ -81,7 +96,12 @@ class BankEnv(ToolEnv):
         dst["balance_cents"] += c
         tid = self._record(from_account, -c, f"transfer to {to_account}")
         self._record(to_account, c, f"transfer from {from_account}")
-        return {"amount": money(c), "from_balance": money(src["balance_cents"]), "to_balance": money(dst["balance_cents"]), "transaction_id": tid}
+        return {
+            "amount": money(c),
+            "from_balance": money(src["balance_cents"]),
+            "to_balance": money(dst["balance_cents"]),
+            "transaction_id": tid,
+        }
 
     @tool("Freeze an account: no money can leave it.", {"account": ACCOUNT}, mutates=True)
     def freeze_account(self, account: str) -> dict[str, Any]:
@@ -99,11 +119,67 @@ class BankEnv(ToolEnv):
 
 # ----------------------------------------------------------------------------------------------- world
 
-NAMES = ["checking", "savings", "travel", "rent", "groceries", "emergency", "holiday", "car", "bills", "gifts", "school", "health", "pets", "garden"]
-MEMOS = ["coffee shop", "grocery store", "gym", "bookstore", "gas station", "pharmacy", "cinema", "bakery", "phone bill", "restaurant", "taxi", "hardware store"]
+NAMES = [
+    "checking",
+    "savings",
+    "travel",
+    "rent",
+    "groceries",
+    "emergency",
+    "holiday",
+    "car",
+    "bills",
+    "gifts",
+    "school",
+    "health",
+    "pets",
+    "garden",
+]
+MEMOS = [
+    "coffee shop",
+    "grocery store",
+    "gym",
+    "bookstore",
+    "gas station",
+    "pharmacy",
+    "cinema",
+    "bakery",
+    "phone bill",
+    "restaurant",
+    "taxi",
+    "hardware store",
+]
 # held out: only the ood split's worlds use these
-OOD_NAMES = ["wedding", "tuition", "taxes", "utilities", "hobby", "fitness", "charity", "insurance", "mortgage", "business", "dining", "wardrobe", "repairs", "baby"]
-OOD_MEMOS = ["florist", "bike shop", "laundromat", "toy store", "music store", "parking garage", "dentist", "optician", "butcher", "theatre", "ferry", "newsstand"]
+OOD_NAMES = [
+    "wedding",
+    "tuition",
+    "taxes",
+    "utilities",
+    "hobby",
+    "fitness",
+    "charity",
+    "insurance",
+    "mortgage",
+    "business",
+    "dining",
+    "wardrobe",
+    "repairs",
+    "baby",
+]
+OOD_MEMOS = [
+    "florist",
+    "bike shop",
+    "laundromat",
+    "toy store",
+    "music store",
+    "parking garage",
+    "dentist",
+    "optician",
+    "butcher",
+    "theatre",
+    "ferry",
+    "newsstand",
+]
 
 
 def entities(config: dict[str, Any]) -> set[str]:
@@ -114,16 +190,27 @@ def entities(config: dict[str, Any]) -> set[str]:
 BANK = Domain(BankEnv, pools={"accounts": (NAMES, OOD_NAMES), "memos": (MEMOS, OOD_MEMOS)}, entities=entities)
 
 
-def world(rng: random.Random, n_accounts: int | None = None, frozen: int = 0, names_pool: list[str] = NAMES, memos: list[str] = MEMOS) -> dict[str, Any]:
+def world(
+    rng: random.Random,
+    n_accounts: int | None = None,
+    frozen: int = 0,
+    names_pool: list[str] = NAMES,
+    memos: list[str] = MEMOS,
+) -> dict[str, Any]:
     """A few accounts with balances (one maybe frozen) and a short card history."""
     names = rng.sample(names_pool, n_accounts or rng.randint(3, 4))
-    accounts = {n: {"balance_cents": rng.randrange(40, 900) * 100 + rng.choice([0, 0, 50, rng.randrange(100)]), "frozen": False} for n in names}
+    accounts = {
+        n: {"balance_cents": rng.randrange(40, 900) * 100 + rng.choice([0, 0, 50, rng.randrange(100)]), "frozen": False}
+        for n in names
+    }
     for n in names[:frozen]:
         accounts[n]["frozen"] = True
     txns = []
     for i in range(rng.randint(3, 6)):
         n = rng.choice(names)
-        txns.append({"id": f"T-{i + 1:04d}", "account": n, "amount_cents": -rng.randrange(150, 9000), "memo": rng.choice(memos)})
+        txns.append(
+            {"id": f"T-{i + 1:04d}", "account": n, "amount_cents": -rng.randrange(150, 9000), "memo": rng.choice(memos)}
+        )
     return {"accounts": accounts, "transactions": txns, "next_txn": len(txns) + 1}
 
 
@@ -165,7 +252,11 @@ def plausible(b: TaskBuilder, rng: random.Random, *avoid: str, pool: list[str] =
 def _balance_question(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(BankEnv, world(rng), rng)
     a = rng.choice(sorted(b.env.s["accounts"]))
-    b.user(rng.choice([f"What is the balance of my {a} account?", f"How much money is in {a}?", f"Check my {a} balance, please."]))
+    b.user(
+        rng.choice(
+            [f"What is the balance of my {a} account?", f"How much money is in {a}?", f"Check my {a} balance, please."]
+        )
+    )
     o = b.call("get_balance", account=a)
     b.reply(f"Your {a} account has ${o['balance']}.", expect=[o["balance"]])
     plausible(b, rng, a)
@@ -176,7 +267,14 @@ def _balance_question(rng: random.Random) -> TaskBuilder:
 def _total_question(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(BankEnv, world(rng), rng)
     names = ", ".join(sorted(b.env.s["accounts"]))
-    b.user(rng.choice([f"How much money do I have in total across all my accounts ({names})?", f"What is the total balance of my accounts {names}?"]))
+    b.user(
+        rng.choice(
+            [
+                f"How much money do I have in total across all my accounts ({names})?",
+                f"What is the total balance of my accounts {names}?",
+            ]
+        )
+    )
     o = b.call("list_accounts")
     b.reply(f"You have ${o['total']} in total.", expect=[o["total"]])
     plausible(b, rng)
@@ -188,7 +286,9 @@ def _last_transaction_question(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(BankEnv, world(rng), rng)
     used = sorted({t["account"] for t in b.env.s["transactions"]})
     a = rng.choice(used)
-    b.user(rng.choice([f"What was the last transaction on my {a} account?", f"Show me the most recent payment from {a}."]))
+    b.user(
+        rng.choice([f"What was the last transaction on my {a} account?", f"Show me the most recent payment from {a}."])
+    )
     o = b.call("get_transactions", account=a, limit=1, check_keys=("account",))
     t = o["transactions"][0]
     amount = t["amount"].lstrip("-")
@@ -202,7 +302,15 @@ def _transfer(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(BankEnv, world(rng), rng)
     a, c = rng.sample(sorted(b.env.s["accounts"]), 2)
     amt, text = draw(rng, bal(b, a))
-    b.user(rng.choice([f"Move {text} from {a} to {c}.", f"Please transfer {text} from my {a} account to {c}.", f"Send {text} from {a} to my {c} account."]))
+    b.user(
+        rng.choice(
+            [
+                f"Move {text} from {a} to {c}.",
+                f"Please transfer {text} from my {a} account to {c}.",
+                f"Send {text} from {a} to my {c} account.",
+            ]
+        )
+    )
     o = b.call("transfer", from_account=a, to_account=c, amount=amt)
     b.reply(f"Done: moved {text} from {a} to {c}; {a} now has ${o['from_balance']}.")
     plausible(b, rng, a, c)
@@ -246,7 +354,10 @@ def _conditional_transfer(rng: random.Random) -> TaskBuilder:
         b.reply(f"{a} had ${o['balance']}, more than ${threshold}, so I moved {text} to {c}.", expect=[o["balance"]])
     else:
         b.check(f"Does not transfer money ({a} has ${o['balance']})", {"type": "not_called", "tool": "transfer"})
-        b.reply(f"{a} has only ${o['balance']}, not more than ${threshold}, so I did not move anything.", expect=[o["balance"]])
+        b.reply(
+            f"{a} has only ${o['balance']}, not more than ${threshold}, so I did not move anything.",
+            expect=[o["balance"]],
+        )
     plausible(b, rng, a)
     return b
 
@@ -378,7 +489,9 @@ def _compare_then_move(rng: random.Random) -> TaskBuilder:
 def _ood_combined_balance(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(BankEnv, ood_world(rng), rng)
     a, c = rng.sample(sorted(b.env.s["accounts"]), 2)
-    b.user(rng.choice([f"Together, how much do my {a} and {c} accounts hold?", f"Add up what is in {a} and {c} for me."]))
+    b.user(
+        rng.choice([f"Together, how much do my {a} and {c} accounts hold?", f"Add up what is in {a} and {c} for me."])
+    )
     oa = b.call("get_balance", account=a)
     oc = b.call("get_balance", account=c)
     total = money(bal(b, a) + bal(b, c))
@@ -391,13 +504,22 @@ def _ood_combined_balance(rng: random.Random) -> TaskBuilder:
 def _ood_undo_last_payment(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(BankEnv, ood_world(rng), rng)
     a = rng.choice(sorted({t["account"] for t in b.env.s["transactions"]}))
-    b.user(rng.choice([f"The latest payment on {a} was a mistake. Put that same amount back into {a} as a deposit.",
-                       f"Refund myself the most recent charge on {a}: deposit exactly that amount into {a}."]))
+    b.user(
+        rng.choice(
+            [
+                f"The latest payment on {a} was a mistake. Put that same amount back into {a} as a deposit.",
+                f"Refund myself the most recent charge on {a}: deposit exactly that amount into {a}.",
+            ]
+        )
+    )
     o = b.call("get_transactions", account=a, limit=1, check_keys=("account",))
     t = o["transactions"][0]
     c = -cents(float(t["amount"]))
     o2 = b.call("deposit", account=a, amount=c / 100)
-    b.reply(f"The last payment was {t['memo']} for ${money(c)}; I deposited ${money(c)} into {a}, which now has ${o2['balance']}.", expect=[money(c)])
+    b.reply(
+        f"The last payment was {t['memo']} for ${money(c)}; I deposited ${money(c)} into {a}, which now has ${o2['balance']}.",
+        expect=[money(c)],
+    )
     plausible(b, rng, a, pool=OOD_NAMES)
     return b
 
@@ -414,7 +536,9 @@ def _ood_top_up_from_largest(rng: random.Random) -> TaskBuilder:
     b.user(f"Top up {c} with {text} from whichever of my other accounts has the most money.")
     b.call("list_accounts")
     o = b.call("transfer", from_account=src, to_account=c, amount=amt)
-    b.reply(f"Moved {text} from {src}, your largest other account, to {c}; {c} now has ${o['to_balance']}.", expect=[src])
+    b.reply(
+        f"Moved {text} from {src}, your largest other account, to {c}; {c} now has ${o['to_balance']}.", expect=[src]
+    )
     plausible(b, rng, c, pool=OOD_NAMES)
     return b
 

@@ -36,6 +36,7 @@ from it), ``chained`` (a gold call's argument value first appears in an earlier 
 user turns), ``read_only_report`` (no state-changing gold call and the reply must report expected outputs),
 else ``simple``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -67,7 +68,12 @@ POOL_TASKS = 64  # train tasks of a domain whose recorded calls are the referenc
 # ----------------------------------------------------------------------------------------------- tools
 
 
-def tool(description: str, parameters: dict[str, dict[str, Any]] | None = None, optional: tuple[str, ...] = (), mutates: bool = False):
+def tool(
+    description: str,
+    parameters: dict[str, dict[str, Any]] | None = None,
+    optional: tuple[str, ...] = (),
+    mutates: bool = False,
+):
     """Mark a method as a tool. ``parameters`` maps argument names to JSON schemas; every argument not in
     ``optional`` is required, and no other argument is allowed. ``mutates`` says whether the tool can change
     the state (read-only tasks forbid these tools in their checklists)."""
@@ -75,7 +81,12 @@ def tool(description: str, parameters: dict[str, dict[str, Any]] | None = None, 
     unknown = set(optional) - set(props)
     if unknown:
         raise ValueError(f"optional names unknown parameters: {sorted(unknown)}")
-    schema: dict[str, Any] = {"type": "object", "properties": props, "required": [k for k in props if k not in optional], "additionalProperties": False}
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": props,
+        "required": [k for k in props if k not in optional],
+        "additionalProperties": False,
+    }
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn.__tool__ = (ToolSpec(name=fn.__name__, description=description, parameters=schema), mutates)  # type: ignore[attr-defined]
@@ -145,7 +156,12 @@ class ToolEnv(Environment):
         text = "\n".join(traj.replies()).lower()
         missing = [o for o in self.task.expected_outputs if o.lower() not in text]
         success = not diffs and not missing
-        details = {"state_match": not diffs, "state_diff": diffs[:10], "n_state_diff": len(diffs), "missing_outputs": missing}
+        details = {
+            "state_match": not diffs,
+            "state_diff": diffs[:10],
+            "n_state_diff": len(diffs),
+            "missing_outputs": missing,
+        }
         return Score(success=success, reward=1.0 if success else 0.0, details=details)
 
 
@@ -229,7 +245,15 @@ class TaskBuilder:
         self.extra_refs: list[ToolCall] = []  # plausible calls a template suggests as references
 
     def _task(self, task_id: str, split: str) -> Task:
-        return Task(id=task_id, env=self.env_cls.domain, system_prompt=self.env_cls.system_prompt, user_turns=[], tools=self.tools, env_config=copy.deepcopy(self.config), split=split)
+        return Task(
+            id=task_id,
+            env=self.env_cls.domain,
+            system_prompt=self.env_cls.system_prompt,
+            user_turns=[],
+            tools=self.tools,
+            env_config=copy.deepcopy(self.config),
+            split=split,
+        )
 
     def user(self, text: str) -> None:
         if len(self.replies) != len(self.user_turns):
@@ -284,7 +308,12 @@ class TaskBuilder:
         task.checklist = self._checklist()
         flat = task.flat_gold()
         read_only = not any(c.name in self.env_cls._mutating for c in flat)
-        task.metadata = {"template": template, "n_turns": len(self.user_turns), "n_gold_calls": len(flat), "read_only": read_only}
+        task.metadata = {
+            "template": template,
+            "n_turns": len(self.user_turns),
+            "n_gold_calls": len(flat),
+            "read_only": read_only,
+        }
         task.metadata["kind"] = task_kind(task, self.env_cls)
         return task
 
@@ -309,10 +338,16 @@ class TaskBuilder:
                 continue
             seen.add(key)
             args = ", ".join(f"{k}={dumps(v)}" for k, v in want.items())
-            items.append(ChecklistItem(f"Calls {c.name}({args})", {"type": "called", "tool": c.name, "arguments": want}))
+            items.append(
+                ChecklistItem(f"Calls {c.name}({args})", {"type": "called", "tool": c.name, "arguments": want})
+            )
         if not any(c.name in self.env_cls._mutating for t in self.gold for c in t):
             for name in self.env_cls.mutating_tools():
-                items.append(ChecklistItem(f"Does not call {name} (the user only asked a question)", {"type": "not_called", "tool": name}))
+                items.append(
+                    ChecklistItem(
+                        f"Does not call {name} (the user only asked a question)", {"type": "not_called", "tool": name}
+                    )
+                )
         for e in self.expected:
             items.append(ChecklistItem(f"Tells the user {e!r}", {"type": "reply_contains", "text": e}))
         items.extend(self.checks)

@@ -9,6 +9,7 @@ worlds draw them from the ``OOD_*`` pools with the ``ood_*`` templates (read two
 mentions a word, append one file to another, save into a missing folder, list a missing folder, delete two,
 rename then read).
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -56,7 +57,11 @@ class FilesEnv(ToolEnv):
             raise ToolError(f"not a directory: {p}")
         if not self._is_dir(p):
             raise self._missing(p)
-        names = sorted(posixpath.basename(c) + ("/" if self._is_dir(c) else "") for c in self._children(p) if posixpath.dirname(c) == p)
+        names = sorted(
+            posixpath.basename(c) + ("/" if self._is_dir(c) else "")
+            for c in self._children(p)
+            if posixpath.dirname(c) == p
+        )
         return {"path": p, "entries": names}
 
     @tool("Read a file.", {"path": PATH})
@@ -86,7 +91,11 @@ class FilesEnv(ToolEnv):
         self.s["dirs"] = sorted([*self.s["dirs"], p])
         return {"path": p, "created": True}
 
-    @tool("Move or rename a file or directory. If dst is a directory, move into it.", {"src": PATH, "dst": PATH}, mutates=True)
+    @tool(
+        "Move or rename a file or directory. If dst is a directory, move into it.",
+        {"src": PATH, "dst": PATH},
+        mutates=True,
+    )
     def mv(self, src: str, dst: str) -> dict[str, Any]:
         s, d = norm_path(src), norm_path(dst)
         if not self._exists(s):
@@ -101,7 +110,7 @@ class FilesEnv(ToolEnv):
         if self._is_dir(s):
             if d.startswith(s + "/"):
                 raise ToolError(f"cannot move {s} into itself")
-            moved = {p: d + p[len(s):] for p in [s, *self._children(s)]}
+            moved = {p: d + p[len(s) :] for p in [s, *self._children(s)]}
             self.s["dirs"] = sorted(moved.get(p, p) for p in self.s["dirs"])
             self.s["files"] = {moved.get(p, p): t for p, t in self.s["files"].items()}
         else:
@@ -132,35 +141,148 @@ class FilesEnv(ToolEnv):
         if not text:
             raise ToolError("text must not be empty")
         files = [p] if p in self.s["files"] else sorted(c for c in self._children(p) if c in self.s["files"])
-        hits = [{"path": f, "line": line} for f in files for line in self.s["files"][f].split("\n") if text.lower() in line.lower()]
+        hits = [
+            {"path": f, "line": line}
+            for f in files
+            for line in self.s["files"][f].split("\n")
+            if text.lower() in line.lower()
+        ]
         return {"matches": hits[:MAX_MATCHES], "truncated": len(hits) > MAX_MATCHES}
 
 
 # ----------------------------------------------------------------------------------------------- world
 
-DIRS = ["docs", "notes", "work", "music", "recipes", "travel", "school", "code", "archive", "photos", "games", "letters"]
-FILE_NAMES = ["todo.txt", "ideas.md", "plan.txt", "shopping.txt", "budget.txt", "readme.md", "log.txt", "draft.txt",
-              "contacts.txt", "recipe.txt", "poem.txt", "schedule.txt", "goals.md", "list.txt"]
-LINES = ["meeting at 10am", "buy milk and eggs", "call the dentist", "pay rent on friday", "flight at 7pm",
-         "water the plants", "budget is 300 dollars", "pick up the kids", "book a hotel in rome", "return library books",
-         "fix the bike", "send the report to maria", "bake bread on sunday", "renew the passport", "learn ten new words",
-         "clean the garage", "buy a gift for leo", "train leaves at noon", "backup the laptop", "plan the picnic"]
-NEW_TEXT = ["hello world", "remember the keys", "lunch with sam", "gym at six", "order new shoes", "read chapter three",
-            "visit grandma", "walk the dog", "check the mail", "paint the fence"]
+DIRS = [
+    "docs",
+    "notes",
+    "work",
+    "music",
+    "recipes",
+    "travel",
+    "school",
+    "code",
+    "archive",
+    "photos",
+    "games",
+    "letters",
+]
+FILE_NAMES = [
+    "todo.txt",
+    "ideas.md",
+    "plan.txt",
+    "shopping.txt",
+    "budget.txt",
+    "readme.md",
+    "log.txt",
+    "draft.txt",
+    "contacts.txt",
+    "recipe.txt",
+    "poem.txt",
+    "schedule.txt",
+    "goals.md",
+    "list.txt",
+]
+LINES = [
+    "meeting at 10am",
+    "buy milk and eggs",
+    "call the dentist",
+    "pay rent on friday",
+    "flight at 7pm",
+    "water the plants",
+    "budget is 300 dollars",
+    "pick up the kids",
+    "book a hotel in rome",
+    "return library books",
+    "fix the bike",
+    "send the report to maria",
+    "bake bread on sunday",
+    "renew the passport",
+    "learn ten new words",
+    "clean the garage",
+    "buy a gift for leo",
+    "train leaves at noon",
+    "backup the laptop",
+    "plan the picnic",
+]
+NEW_TEXT = [
+    "hello world",
+    "remember the keys",
+    "lunch with sam",
+    "gym at six",
+    "order new shoes",
+    "read chapter three",
+    "visit grandma",
+    "walk the dog",
+    "check the mail",
+    "paint the fence",
+]
 SUBDIRS = ["old", "2024", "misc"]
 # held out: only the ood split's worlds use these
-OOD_DIRS = ["projects", "invoices", "sketches", "backups", "research", "lessons", "scripts", "reports", "events",
-            "papers", "designs", "studio"]
+OOD_DIRS = [
+    "projects",
+    "invoices",
+    "sketches",
+    "backups",
+    "research",
+    "lessons",
+    "scripts",
+    "reports",
+    "events",
+    "papers",
+    "designs",
+    "studio",
+]
 OOD_SUBDIRS = ["2023", "extra", "final"]
-OOD_FILE_NAMES = ["agenda.txt", "summary.md", "minutes.txt", "wishlist.txt", "expenses.txt", "journal.md", "index.md",
-                  "errors.log", "outline.txt", "addresses.txt", "menu.txt", "song.txt", "timetable.txt", "checklist.md"]
-OOD_LINES = ["dinner with the neighbours", "renew the boat license", "submit the tax form", "buy new batteries",
-             "feed the fish at eight", "repair the kitchen tap", "call grandpa on tuesday", "print the concert tickets",
-             "pack the tent and stove", "return the blender", "practice piano daily", "order more printer ink",
-             "email the landlord", "defrost the freezer", "wash the curtains", "bus leaves at nine",
-             "update the antivirus", "choose a paint colour", "invite priya to lunch", "measure the window"]
-OOD_NEW_TEXT = ["meet at the station", "buy fresh herbs", "swim on thursday", "charge the camera", "write to aunt rosa",
-                "fix the doorbell", "recycle the boxes", "try the new cafe", "plant tulips", "oil the hinges"]
+OOD_FILE_NAMES = [
+    "agenda.txt",
+    "summary.md",
+    "minutes.txt",
+    "wishlist.txt",
+    "expenses.txt",
+    "journal.md",
+    "index.md",
+    "errors.log",
+    "outline.txt",
+    "addresses.txt",
+    "menu.txt",
+    "song.txt",
+    "timetable.txt",
+    "checklist.md",
+]
+OOD_LINES = [
+    "dinner with the neighbours",
+    "renew the boat license",
+    "submit the tax form",
+    "buy new batteries",
+    "feed the fish at eight",
+    "repair the kitchen tap",
+    "call grandpa on tuesday",
+    "print the concert tickets",
+    "pack the tent and stove",
+    "return the blender",
+    "practice piano daily",
+    "order more printer ink",
+    "email the landlord",
+    "defrost the freezer",
+    "wash the curtains",
+    "bus leaves at nine",
+    "update the antivirus",
+    "choose a paint colour",
+    "invite priya to lunch",
+    "measure the window",
+]
+OOD_NEW_TEXT = [
+    "meet at the station",
+    "buy fresh herbs",
+    "swim on thursday",
+    "charge the camera",
+    "write to aunt rosa",
+    "fix the doorbell",
+    "recycle the boxes",
+    "try the new cafe",
+    "plant tulips",
+    "oil the hinges",
+]
 
 
 def entities(config: dict[str, Any]) -> set[str]:
@@ -168,15 +290,24 @@ def entities(config: dict[str, Any]) -> set[str]:
     return {part for p in [*config["dirs"], *config["files"]] for part in p.split("/") if part}
 
 
-FILES = Domain(FilesEnv, entities=entities, pools={
-    "dirs": (DIRS + SUBDIRS, OOD_DIRS + OOD_SUBDIRS), "files": (FILE_NAMES, OOD_FILE_NAMES),
-    "lines": (LINES, OOD_LINES), "new_text": (NEW_TEXT, OOD_NEW_TEXT)})
+FILES = Domain(
+    FilesEnv,
+    entities=entities,
+    pools={
+        "dirs": (DIRS + SUBDIRS, OOD_DIRS + OOD_SUBDIRS),
+        "files": (FILE_NAMES, OOD_FILE_NAMES),
+        "lines": (LINES, OOD_LINES),
+        "new_text": (NEW_TEXT, OOD_NEW_TEXT),
+    },
+)
 
 
 def world(rng: random.Random, ood: bool = False) -> dict[str, Any]:
     """2-4 top-level directories (one maybe nested) and 3-6 files of 1-2 distinct short lines; ``ood``: from
     the held-out pools."""
-    dir_pool, sub_pool, name_pool, line_pool = (OOD_DIRS, OOD_SUBDIRS, OOD_FILE_NAMES, OOD_LINES) if ood else (DIRS, SUBDIRS, FILE_NAMES, LINES)
+    dir_pool, sub_pool, name_pool, line_pool = (
+        (OOD_DIRS, OOD_SUBDIRS, OOD_FILE_NAMES, OOD_LINES) if ood else (DIRS, SUBDIRS, FILE_NAMES, LINES)
+    )
     tops = ["/" + d for d in rng.sample(dir_pool, rng.randint(2, 4))]
     dirs = ["/", *tops]
     if rng.random() < 0.4:
@@ -257,7 +388,14 @@ def _unique_word(b: TaskBuilder, rng: random.Random, under: str) -> tuple[str, s
 def _grep_question(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(FilesEnv, world(rng), rng)
     word, f = _unique_word(b, rng, "/")
-    b.user(rng.choice([f"Which of my files mentions '{word}'? Search from /.", f"Find the file under / that contains the word '{word}'."]))
+    b.user(
+        rng.choice(
+            [
+                f"Which of my files mentions '{word}'? Search from /.",
+                f"Find the file under / that contains the word '{word}'.",
+            ]
+        )
+    )
     b.call("grep", text=word, path="/", check_keys=("text",))
     b.reply(f"The word '{word}' is in {f}.", expect=[f])
     plausible(b, rng)
@@ -458,7 +596,14 @@ def _ood_move_mention(rng: random.Random) -> TaskBuilder:
     if not targets:
         raise GenerationError(f"nowhere to move {f}")
     t = rng.choice(targets)
-    b.user(rng.choice([f"Move the file in {d} that mentions '{word}' into {t}.", f"Somewhere in {d} a file talks about '{word}'; put it in {t}."]))
+    b.user(
+        rng.choice(
+            [
+                f"Move the file in {d} that mentions '{word}' into {t}.",
+                f"Somewhere in {d} a file talks about '{word}'; put it in {t}.",
+            ]
+        )
+    )
     b.call("grep", text=word, path=d, check_keys=("text",))
     o = b.call("mv", src=f, dst=t, check_keys=("src",))
     b.reply(f"Moved {f} to {o['to']}.")
@@ -470,7 +615,14 @@ def _ood_move_mention(rng: random.Random) -> TaskBuilder:
 def _ood_append_file(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(FilesEnv, world(rng, ood=True), rng)
     p1, p2 = rng.sample(files(b), 2)
-    b.user(rng.choice([f"Append the text of {p1} to the end of {p2}.", f"Add everything in {p1} at the bottom of {p2}, keeping what {p2} has."]))
+    b.user(
+        rng.choice(
+            [
+                f"Append the text of {p1} to the end of {p2}.",
+                f"Add everything in {p1} at the bottom of {p2}, keeping what {p2} has.",
+            ]
+        )
+    )
     o1 = b.call("cat", path=p1)
     o2 = b.call("cat", path=p2)
     b.call("write_file", path=p2, content=o2["content"] + "\n" + o1["content"])

@@ -8,6 +8,7 @@ Splits: train/test catalogs draw product names from :data:`PRODUCTS` with the in
 catalogs draw them from :data:`OOD_PRODUCTS` with the ``ood_*`` templates (cheaper of two, reorder what an order
 held, refund by product, cancel else refund, order what is left, cancel two, status then refund).
 """
+
 from __future__ import annotations
 
 import random
@@ -35,25 +36,48 @@ class ShopEnv(ToolEnv):
 
     def _view(self, oid: str) -> dict[str, Any]:
         o = self.s["orders"][oid]
-        return {"order_id": oid, "product": self.s["catalog"][o["product_id"]]["name"], "quantity": o["quantity"], "total": money(o["total_cents"]), "status": o["status"]}
+        return {
+            "order_id": oid,
+            "product": self.s["catalog"][o["product_id"]]["name"],
+            "quantity": o["quantity"],
+            "total": money(o["total_cents"]),
+            "status": o["status"],
+        }
 
     @tool("Find products whose name contains the query.", {"query": {"type": "string"}})
     def search_products(self, query: str) -> dict[str, Any]:
         q = query.strip().lower()
-        hits = [{"product_id": pid, "name": p["name"], "price": money(p["price_cents"]), "stock": p["stock"]}
-                for pid, p in sorted(self.s["catalog"].items()) if q and (q in p["name"] or p["name"] in q)]
+        hits = [
+            {"product_id": pid, "name": p["name"], "price": money(p["price_cents"]), "stock": p["stock"]}
+            for pid, p in sorted(self.s["catalog"].items())
+            if q and (q in p["name"] or p["name"] in q)
+        ]
         return {"products": hits}
 
-    @tool("List the customer's orders, optionally only those with a status.", {"status": {"type": "string", "enum": STATUSES}}, optional=("status",))
+    @tool(
+        "List the customer's orders, optionally only those with a status.",
+        {"status": {"type": "string", "enum": STATUSES}},
+        optional=("status",),
+    )
     def list_orders(self, status: str | None = None) -> dict[str, Any]:
-        return {"orders": [self._view(oid) for oid in sorted(self.s["orders"]) if status is None or self.s["orders"][oid]["status"] == status]}
+        return {
+            "orders": [
+                self._view(oid)
+                for oid in sorted(self.s["orders"])
+                if status is None or self.s["orders"][oid]["status"] == status
+            ]
+        }
 
     @tool("Get one order.", {"order_id": ORDER_ID})
     def get_order(self, order_id: str) -> dict[str, Any]:
         self._order(order_id)
         return self._view(order_id)
 
-    @tool("Order a product.", {"product_id": {"type": "string", "description": "e.g. P-101"}, "quantity": {"type": "integer", "minimum": 1}}, mutates=True)
+    @tool(
+        "Order a product.",
+        {"product_id": {"type": "string", "description": "e.g. P-101"}, "quantity": {"type": "integer", "minimum": 1}},
+        mutates=True,
+    )
     def place_order(self, product_id: str, quantity: int) -> dict[str, Any]:
         p = self.s["catalog"].get(product_id)
         if p is None:
@@ -63,7 +87,12 @@ class ShopEnv(ToolEnv):
         p["stock"] -= quantity
         oid = f"O-{self.s['next_order']}"
         self.s["next_order"] += 1
-        self.s["orders"][oid] = {"product_id": product_id, "quantity": quantity, "total_cents": p["price_cents"] * quantity, "status": "pending"}
+        self.s["orders"][oid] = {
+            "product_id": product_id,
+            "quantity": quantity,
+            "total_cents": p["price_cents"] * quantity,
+            "status": "pending",
+        }
         return self._view(oid)
 
     @tool("Cancel an order that has not shipped.", {"order_id": ORDER_ID}, mutates=True)
@@ -88,22 +117,60 @@ class ShopEnv(ToolEnv):
         # keep the ids of orders that existed at the start (cancelling the wrong one must count)
         initial = set(self.task.env_config.get("orders", {}))
         old = {oid: o for oid, o in self.s["orders"].items() if oid in initial}
-        new = sorted((o["product_id"], o["quantity"], o["total_cents"], o["status"]) for oid, o in self.s["orders"].items() if oid not in initial)
+        new = sorted(
+            (o["product_id"], o["quantity"], o["total_cents"], o["status"])
+            for oid, o in self.s["orders"].items()
+            if oid not in initial
+        )
         return {"catalog": self.state()["catalog"], "orders": old, "new_orders": [list(x) for x in new]}
 
 
 # ----------------------------------------------------------------------------------------------- world
 
 PRODUCTS = [
-    "blue mug", "desk lamp", "usb cable", "notebook", "water bottle", "headphones", "phone case", "backpack",
-    "pencil set", "yoga mat", "coffee beans", "tea kettle", "wall clock", "mouse pad", "sun hat", "rain jacket",
-    "candle", "plant pot", "bike light", "board game",
+    "blue mug",
+    "desk lamp",
+    "usb cable",
+    "notebook",
+    "water bottle",
+    "headphones",
+    "phone case",
+    "backpack",
+    "pencil set",
+    "yoga mat",
+    "coffee beans",
+    "tea kettle",
+    "wall clock",
+    "mouse pad",
+    "sun hat",
+    "rain jacket",
+    "candle",
+    "plant pot",
+    "bike light",
+    "board game",
 ]
 # held out: only the ood split's catalogs use these (no word in common with PRODUCTS, none inside another)
 OOD_PRODUCTS = [
-    "saucepan", "floor rug", "hdmi adapter", "sketchbook", "thermos", "earbuds", "laptop stand", "tote bag",
-    "crayon box", "jump rope", "cocoa powder", "wok", "wind chime", "stapler", "beanie", "umbrella", "incense",
-    "seed packet", "scarf", "puzzle",
+    "saucepan",
+    "floor rug",
+    "hdmi adapter",
+    "sketchbook",
+    "thermos",
+    "earbuds",
+    "laptop stand",
+    "tote bag",
+    "crayon box",
+    "jump rope",
+    "cocoa powder",
+    "wok",
+    "wind chime",
+    "stapler",
+    "beanie",
+    "umbrella",
+    "incense",
+    "seed packet",
+    "scarf",
+    "puzzle",
 ]
 
 
@@ -119,15 +186,29 @@ def world(rng: random.Random, statuses: tuple[str, ...] = (), pool: list[str] = 
     """4-6 products and 2-4 earlier orders; ``statuses`` are guaranteed among the orders' statuses."""
     names = rng.sample(pool, rng.randint(4, 6))
     ids = rng.sample(range(100, 1000), len(names))
-    catalog = {f"P-{i}": {"name": n, "price_cents": rng.randrange(3, 120) * 100 + rng.choice([0, 50, 99]), "stock": rng.randint(2, 15)} for i, n in zip(ids, names)}
+    catalog = {
+        f"P-{i}": {
+            "name": n,
+            "price_cents": rng.randrange(3, 120) * 100 + rng.choice([0, 50, 99]),
+            "stock": rng.randint(2, 15),
+        }
+        for i, n in zip(ids, names)
+    }
     pids = sorted(catalog)
-    want = list(statuses) + [rng.choice(["pending", "shipped", "delivered", "cancelled"]) for _ in range(rng.randint(2, 4) - len(statuses))]
+    want = list(statuses) + [
+        rng.choice(["pending", "shipped", "delivered", "cancelled"]) for _ in range(rng.randint(2, 4) - len(statuses))
+    ]
     rng.shuffle(want)
     start = rng.randrange(1001, 9000)
     orders = {}
     for k, st in enumerate(want):
         pid, q = rng.choice(pids), rng.randint(1, 3)
-        orders[f"O-{start + k}"] = {"product_id": pid, "quantity": q, "total_cents": catalog[pid]["price_cents"] * q, "status": st}
+        orders[f"O-{start + k}"] = {
+            "product_id": pid,
+            "quantity": q,
+            "total_cents": catalog[pid]["price_cents"] * q,
+            "status": st,
+        }
     return {"catalog": catalog, "orders": orders, "next_order": start + len(want)}
 
 
@@ -271,7 +352,7 @@ def _status_then_cancel(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(ShopEnv, world(rng, statuses=("pending",)), rng)
     oid = rng.choice(orders_with(b, "pending"))
     b.user(f"Has my order {oid} shipped yet?")
-    o = b.call("get_order", order_id=oid)
+    b.call("get_order", order_id=oid)
     b.reply(f"No, order {oid} is still pending.", expect=["pending"])
     b.user("Then please cancel it.")
     b.call("cancel_order", order_id=oid)
@@ -376,11 +457,21 @@ def _ood_reorder_same(rng: random.Random) -> TaskBuilder:
     oid = rng.choice(sorted(b.env.s["orders"]))
     pid = b.env.s["orders"][oid]["product_id"]
     q = rng.randint(1, min(3, b.env.s["catalog"][pid]["stock"]))
-    b.user(rng.choice([f"Order {q} more of whatever I bought in order {oid}.", f"I liked what came in {oid}; buy {q} more of that product."]))
+    b.user(
+        rng.choice(
+            [
+                f"Order {q} more of whatever I bought in order {oid}.",
+                f"I liked what came in {oid}; buy {q} more of that product.",
+            ]
+        )
+    )
     o = b.call("get_order", order_id=oid)
     b.call("search_products", query=o["product"], check_keys=())
     o2 = b.call("place_order", product_id=pid, quantity=q)
-    b.reply(f"Order {oid} was {o['product']}; I ordered {q} more (order {o2['order_id']}, ${o2['total']}).", expect=[o2["order_id"]])
+    b.reply(
+        f"Order {oid} was {o['product']}; I ordered {q} more (order {o2['order_id']}, ${o2['total']}).",
+        expect=[o2["order_id"]],
+    )
     plausible(b, rng)
     return b
 
@@ -397,7 +488,14 @@ def _ood_refund_by_product(rng: random.Random) -> TaskBuilder:
         raise GenerationError("every delivered product came in two orders")
     oid = rng.choice(single)
     n = name(b, b.env.s["orders"][oid]["product_id"])
-    b.user(rng.choice([f"The {n} I received is broken. Please refund that order.", f"My delivered {n} does not work; get me my money back for it."]))
+    b.user(
+        rng.choice(
+            [
+                f"The {n} I received is broken. Please refund that order.",
+                f"My delivered {n} does not work; get me my money back for it.",
+            ]
+        )
+    )
     b.call("list_orders", status="delivered", check_keys=())
     o = b.call("request_refund", order_id=oid)
     b.reply(f"Refunded order {oid} ({n}): ${o['refund']}.", expect=[o["refund"]])
@@ -426,7 +524,10 @@ def _ood_order_what_is_left(rng: random.Random) -> TaskBuilder:
     b.user(f"Order {q} of product {pid}. If you do not have that many, order all you have.")
     b.call("place_order", fails=True, product_id=pid, quantity=q)
     o = b.call("place_order", product_id=pid, quantity=stock)
-    b.reply(f"Only {stock} {name(b, pid)} were in stock, so I ordered all {stock} (order {o['order_id']}).", expect=[o["order_id"]])
+    b.reply(
+        f"Only {stock} {name(b, pid)} were in stock, so I ordered all {stock} (order {o['order_id']}).",
+        expect=[o["order_id"]],
+    )
     plausible(b, rng)
     return b
 
