@@ -301,6 +301,39 @@ def test_help_lists_every_field_with_its_default_and_docstring(cmd, capsys):
         assert all(doc for _, _, doc in fields), [n for n, _, doc in fields if not doc]
 
 
+def test_chat_and_user_settings_reach_the_rollout_of_eval(monkeypatch):
+    """eval builds its rollout config itself: the chat / tool formats, thinking and the user simulator of its
+    config are passed on (as under ``rollout.`` for train)."""
+    import envace.budget
+    from envace.config import EvalConfig
+
+    seen = {}
+
+    def fake(*a, rollout=None, **kw):
+        seen["rollout"] = rollout
+        raise SystemExit(0)
+
+    monkeypatch.setattr(envace.budget, "evaluate_model", fake)
+    sets = ["chat_format=template", "tool_format=mistral", "thinking=false", "user=llm", "user_model=tiny-random"]
+    with pytest.raises(SystemExit):
+        main(["eval", "-n", "1"] + [x for kv in sets for x in ("--set", kv)])
+    rc = seen["rollout"]
+    assert (rc.chat_format, rc.tool_format, rc.thinking, rc.user, rc.user_model) == (
+        "template",
+        "mistral",
+        False,
+        "llm",
+        "tiny-random",
+    )
+    assert EvalConfig().chat_io() == {
+        "chat_format": None,
+        "tool_format": None,
+        "thinking": None,
+        "user": "scripted",
+        "user_model": None,
+    }
+
+
 @dataclass
 class _Documented:
     a: int = 1

@@ -264,6 +264,21 @@ def test_llm_user_acts_on_its_phone_and_only_its_text_reaches_the_agent(tokenize
     assert rows == tr.rows
 
 
+def test_the_llm_user_is_a_config_setting_opened_once_per_process(telecom):
+    """``rollout.user_model`` names the user's model (here the tiny one), as a config or ``--set`` gives it; the
+    engine opens it once, and its generations are the user's, never training rows."""
+    from envace.rollout import user_backend_for
+
+    task = two_toggles(telecom)
+    cfg = RolloutConfig(
+        mode="real", group_size=1, user="llm", user_model="tiny-random", max_steps=2, max_steps_per_turn=1
+    )
+    gold = GoldTeacher(user_backend_for("tiny-random").tokenizer, [task])
+    (tr,) = RolloutEngine(gold, cfg).run([task], group_prefix="t")
+    assert RolloutEngine(gold, cfg).user_backend is user_backend_for("tiny-random")
+    assert tr.counters["user/generations"] >= 1 and tr.user_steps and {r.role for r in tr.rows} <= {"act", "rehearse"}
+
+
 def test_llm_user_in_rehearsal_is_told_its_action_ran_nowhere(tokenizer, telecom):
     task = two_toggles(telecom)
     replies = [

@@ -143,6 +143,7 @@ def cmd_eval(cfg: Any) -> int:
     from .rollout import RolloutConfig, rehearse_sampling
 
     rc = RolloutConfig(
+        **cfg.chat_io(),
         max_steps=cfg.max_steps,
         act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens),
         rehearse=rehearse_sampling(cfg.max_new_tokens),
@@ -208,6 +209,7 @@ def cmd_fidelity(cfg: Any) -> int:
     extra = _helpers(cfg)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
     rc = RolloutConfig(
+        **cfg.chat_io(),
         mode=cfg.mode,
         group_size=cfg.k,
         max_steps=cfg.max_steps,
@@ -250,6 +252,7 @@ def cmd_rollout(cfg: Any) -> int:
     m, tok = load(cfg.model)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
     rc = RolloutConfig(
+        **cfg.chat_io(),
         mode=cfg.mode,
         group_size=cfg.k,
         max_steps=cfg.max_steps,
@@ -321,6 +324,7 @@ def cmd_rehearse(cfg: Any) -> int:
         raise ValueError(f"suite {cfg.suite!r} split {cfg.split!r} has only {len(tasks)} tasks")
     gen = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
     rc = RolloutConfig(
+        **cfg.chat_io(),
         mode="rehearsal",
         group_size=1,
         max_steps=cfg.max_steps,

@@ -252,7 +252,30 @@ class SFTConfig:
 
 
 @dataclass
-class EvalConfig:
+class ChatIO:
+    """How the policy's chats and tool calls are written, and who plays the user: the ``RolloutConfig`` fields of
+    the same names, for the commands that build their rollout config themselves (eval, fidelity, rollout,
+    rehearse); train and the experiment take them under ``rollout.``."""
+
+    chat_format: str | None = None
+    """envace.prompts.CHAT_FORMATS: ``chatml`` or ``template`` (the tokenizer's own chat template, verified; a
+    template that fails falls back to ChatML with a notice); None: chatml for ChatML vocabularies, else template."""
+    tool_format: str | None = None
+    """envace.parsing.TOOL_FORMATS: ``hermes``, ``llama3_json``, ``mistral``; None: the one the template hints at."""
+    thinking: bool | None = None
+    """Reasoning models' thinking (Qwen3's ``enable_thinking``); None: the template's default."""
+    user: str = "scripted"
+    """User simulator (envace.envs.USERS): ``scripted`` (the task's recorded turns and user actions) or ``llm``."""
+    user_model: str | None = None
+    """The model playing the ``llm`` user: a model name or folder, or a served model's http(s)://.../v1 URL."""
+
+    def chat_io(self) -> dict[str, Any]:
+        """These fields, as RolloutConfig keyword arguments."""
+        return {f: getattr(self, f) for f in ("chat_format", "tool_format", "thinking", "user", "user_model")}
+
+
+@dataclass
+class EvalConfig(ChatIO):
     """``envace eval``: a model in the real environment, optionally after private test-time rehearsal
     (envace.budget.evaluate_model)."""
 
@@ -301,7 +324,7 @@ class EvalConfig:
 
 
 @dataclass
-class FidelityConfig:
+class FidelityConfig(ChatIO):
     """``envace fidelity``: rehearsed vs real observations on shadow rollouts (envace.fidelity.measure_fidelity)."""
 
     model: str = "SmolLM2-135M-Instruct"
@@ -346,7 +369,7 @@ class FidelityConfig:
 
 
 @dataclass
-class RolloutBatchConfig:
+class RolloutBatchConfig(ChatIO):
     """``envace rollout``: one batch of rollouts written as JSON lines (the engine's own settings are
     :class:`~envace.rollout.RolloutConfig`)."""
 
@@ -382,7 +405,7 @@ class RolloutBatchConfig:
 
 
 @dataclass
-class RehearseConfig:
+class RehearseConfig(ChatIO):
     """``envace rehearse``: test-time scaling on one task: N private attempts and reflections, a memory, one real
     run (envace.tts.run_tts)."""
 
@@ -674,11 +697,14 @@ def config_yaml(cfg: Any) -> str:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass, read from its source (Python keeps none at runtime); fields
-    without one are absent."""
+    """The docstring under each field of a dataclass (and of its dataclass bases), read from its source (Python
+    keeps none at runtime); fields without one are absent."""
+    docs: dict[str, str] = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs |= field_docs(base)
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
     for node, nxt in zip(body, body[1:]):
         if (
             isinstance(node, ast.AnnAssign)

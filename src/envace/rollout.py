@@ -39,6 +39,7 @@ does not fit is never generated from: the trajectory ends there, ``truncated`` s
 
 from __future__ import annotations
 
+import functools
 import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -98,6 +99,10 @@ class RolloutConfig:
     user: str = "scripted"
     """User simulator name (envace.envs.USERS). Its factory gets the real environment (real mode only) for the
     user's own tool calls, the trajectory for its record (``user_steps``) and ``RolloutEngine(user_backend=...)``."""
+    user_model: str | None = None
+    """The model playing the user when ``user`` is ``llm`` (tau2): a model name or folder (loaded here, frozen),
+    or a served model's ``http(s)://host:port/v1`` URL (the HTTP backend); opened once per process and never
+    trained. None: the engine's ``user_backend``."""
     schedule: str = "continuous"
     """How generations are batched (SCHEDULES): ``continuous`` lets each trajectory go on as soon as its own
     generation is done, its next one joining the running batch (backends with continuous batching, with the
@@ -258,6 +263,14 @@ SCHEDULES.add("lockstep", lambda engine, lives, bar: engine._run_lockstep(lives,
 SCHEDULES.add("continuous", lambda engine, lives, bar: engine._run_continuous(lives, bar))
 
 
+@functools.lru_cache(maxsize=4)
+def user_backend_for(model: str) -> Backend:
+    """The backend of ``RolloutConfig.user_model`` (one per process and model): HTTP for a URL, else HF."""
+    from .backends.loaders import open_backend
+
+    return open_backend(model, "http" if model.startswith(("http://", "https://")) else "hf")
+
+
 class RolloutEngine:
     """Unrolls trajectories for a batch of tasks. ``policy`` plays Act (and Rehearse in rehearsal mode)."""
 
@@ -271,7 +284,8 @@ class RolloutEngine:
         user_backend: Backend | None = None,
     ):
         self.policy = policy
-        self.user_backend = user_backend  # a frozen model playing the user (cfg.user "llm"); never trained
+        # a frozen model playing the user (cfg.user "llm"); never trained
+        self.user_backend = user_backend or (user_backend_for(cfg.user_model) if cfg.user_model else None)
         self.cfg = cfg
         self.fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
         self.tools = tool_format_for(policy.tokenizer, cfg.tool_format)
