@@ -257,6 +257,11 @@ class Task(JSONable):
     def flat_gold(self) -> list[ToolCall]:
         return [c for turn in self.gold_actions for c in turn]
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field; the user's side (``user_tools``, ``user_actions``) only where the task has one, so a task
+        without it keeps the JSON it had before there was one."""
+        return fields_to_dict(self, leave_out=tuple(n for n in ("user_tools", "user_actions") if not getattr(self, n)))
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Task":
         """A task file may leave out the system prompt, the user turns and the tools (empty)."""
