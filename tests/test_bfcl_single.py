@@ -416,6 +416,18 @@ def test_evaluation_with_a_scripted_gold_policy_scores_every_single_turn_task(to
     ]  # (irrelevance: a reply ends it anyway)
 
 
+def test_sft_gold_of_a_single_response_task_writes_its_parallel_calls_in_one_response(tokenizer, few):
+    """The SFT warm-up's gold trajectory of a one-response task (BFCL parallel) makes every call of the turn in
+    one Act generation, as BFCL scores it; multi-step tasks keep one call a step."""
+    from envace.sft import gold_trajectories
+
+    task = few[1]  # parallel: several calls in one response
+    assert len(task.gold_actions[0]) > 1
+    (tr,) = gold_trajectories(tokenizer, [task])
+    assert len(tr.steps) == 1 and tr.steps[0].calls == task.gold_actions[0] and tr.truncated is None
+    assert len([r for r in tr.rows if r.role == "act"]) == 1
+
+
 @pytest.mark.parametrize("mode", ["parallel", "sequential"])
 def test_test_time_rehearsal_runs_on_single_turn_tasks_and_scores_the_real_first_response(tokenizer, few, mode):
     be = ScriptedBackend(tokenizer, scripted(few))

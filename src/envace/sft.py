@@ -59,14 +59,16 @@ class GoldTeacher(Backend):
 
     def _script(self, task: Task) -> tuple[list[str], list[str]]:
         acts, obs = [], []
+        one_step = task.metadata.get("max_steps") == 1  # the turn's calls are one response (BFCL parallel)
         env = make_env(task)
         try:
             for i, _ in enumerate(task.user_turns):
                 for call in task.user_actions[i] if i < len(task.user_actions) else []:
                     env.user_call(call)  # the scripted user's side comes first (tau2 telecom), as in the rollout
-                for call in task.gold_actions[i] if i < len(task.gold_actions) else []:
-                    acts.append(self.tools.render([call]))
-                    obs.append(format_observation(env.call(call)))
+                calls = task.gold_actions[i] if i < len(task.gold_actions) else []
+                for step in [calls] if one_step and calls else [[c] for c in calls]:
+                    acts.append(self.tools.render(step))
+                    obs += [format_observation(env.call(c)) for c in step]
                 acts.append(
                     task.gold_replies[i] if i < len(task.gold_replies) and task.gold_replies[i] else self.default_reply
                 )

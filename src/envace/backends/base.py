@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from ..registry import Registry
+from ..seeding import derive_seed
 
 
 @dataclass
@@ -100,7 +101,7 @@ class Backend(ABC):
             pending = []
             for rs in groups.values():
                 n += 1
-                params = rs[0].params.with_(seed=None if seed is None else (seed * 1_000_003 + n) % (2**63))
+                params = rs[0].params.with_(seed=None if seed is None else derive_seed(seed, n))
                 for r, g in zip(rs, self.generate([r.prompt for r in rs], params, [r.session for r in rs])):
                     pending += on_done(r, g)
 
