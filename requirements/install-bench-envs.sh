@@ -42,6 +42,8 @@ import loguru
 loguru.logger.disable("tau2")
 import bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker  # noqa: F401
 import bfcl_eval.eval_checker.multi_turn_eval.func_source_code.math_api  # noqa: F401
+import bfcl_eval.eval_checker.multi_turn_eval.func_source_code.memory_kv  # noqa: F401
+import bfcl_eval.eval_checker.multi_turn_eval.func_source_code.memory_rec_sum  # noqa: F401
 import tau2.evaluator.evaluator  # noqa: F401
 import mcp.client.stdio  # noqa: F401
 import mcp.server.fastmcp  # noqa: F401

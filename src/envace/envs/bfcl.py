@@ -374,6 +374,30 @@ def trajectory_turns(task: Task, traj: Trajectory) -> tuple[list[list[list[ToolC
 # -------------------------------------------------------------------------------------------- environment
 
 
+def execute(instances: dict[str, Any], call: ToolCall) -> Any:
+    """One call on backend instances as an observation: wrong names, blocked methods and wrong arguments become
+    error observations; a backend's own ``{"error": "..."}`` result a ``tool_error``."""
+    try:
+        result = invoke(instances, call)
+    except _UnknownMethod as e:
+        return error_obs("unknown_tool", str(e))
+    except PermissionError as e:
+        return error_obs("tool_error", str(e))
+    except TypeError as e:  # wrong / missing keyword arguments
+        return error_obs("bad_arguments", str(e)[:300])
+    if isinstance(result, dict) and set(result) == {"error"} and isinstance(result["error"], str):
+        return error_obs("tool_error", result["error"])
+    return result
+
+
+def instances_state(instances: dict[str, Any]) -> dict[str, Any]:
+    """A JSON snapshot of backend instances: each one's public attributes (BFCL's state log shows the same)."""
+    return {
+        name: _jsonable({k: v for k, v in vars(inst).items() if not k.startswith("_")})
+        for name, inst in instances.items()
+    }
+
+
 class BFCLEnv(Environment):
     """One BFCL multi-turn task: its backend instances, loaded with the task's initial state."""
 
@@ -395,23 +419,10 @@ class BFCLEnv(Environment):
         )
 
     def _execute(self, call: ToolCall) -> Any:
-        try:
-            result = invoke(self.instances, call)
-        except _UnknownMethod as e:
-            return error_obs("unknown_tool", str(e))
-        except PermissionError as e:
-            return error_obs("tool_error", str(e))
-        except TypeError as e:  # wrong / missing keyword arguments
-            return error_obs("bad_arguments", str(e)[:300])
-        if isinstance(result, dict) and set(result) == {"error"} and isinstance(result["error"], str):
-            return error_obs("tool_error", result["error"])
-        return result
+        return execute(self.instances, call)
 
     def state(self) -> dict[str, Any]:
-        return {
-            name: _jsonable({k: v for k, v in vars(inst).items() if not k.startswith("_")})
-            for name, inst in self.instances.items()
-        }
+        return instances_state(self.instances)
 
     def score(self, traj: Trajectory) -> Score:
         turns, cut = trajectory_turns(self.task, traj)

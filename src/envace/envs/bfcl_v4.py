@@ -10,12 +10,14 @@ summary table (non-live, live, multi-turn, agentic, overall) after an evaluation
   ``memory``, ``web_search``, ``python``, ``non_python``. An unknown name is an error listing the valid ones.
 
 **Categories** (:data:`CATEGORIES`): the single-turn ones are :mod:`envace.envs.bfcl_single`'s, the multi-turn
-ones :mod:`envace.envs.bfcl`'s (unchanged). The agentic ones are **unavailable** here, each with its reason
-(:func:`unavailable`): web search needs the internet; the installed package's memory backends do not import
-without packages envace does not pin (checked when asked, so the reason is the actual import error), and
-``memory_vector`` also loads a sentence-transformers embedding model from the Hugging Face Hub when imported
-(it is never imported here). A selection skips its unavailable categories (the summary names them); a selection
-with no available category is an error that says why.
+ones :mod:`envace.envs.bfcl`'s (unchanged), ``memory_kv`` and ``memory_rec_sum`` :mod:`envace.envs.bfcl_memory`'s
+(their prerequisite conversations are not played by the model: a gold writer fills the memory, so their scores are
+not BFCL's memory scores; the summary says so). The other agentic ones are **unavailable** here, each with its
+reason (:func:`unavailable`): web search needs the internet; ``memory_vector`` loads a sentence-transformers
+embedding model from the Hugging Face Hub when imported (it is never imported here); a memory backend that does
+not import (the bfcl extra's ``overrides`` / ``rank-bm25`` missing) makes its category unavailable, the reason
+being the actual import error (checked when asked). A selection skips its unavailable categories (the summary
+names them); a selection with no available category is an error that says why.
 
 **Loading**: the (category, entry) pairs of the selection and split, in selection order then dataset order; with
 ``n`` a seeded sample of them, converted in that order (the same rule as :func:`envace.envs.bfcl.load_bfcl_tasks`,
@@ -31,7 +33,8 @@ four; agentic = mean of web search (mean of two) and memory (mean of three); ove
 10% irrelevance, 30% multi-turn, 40% agentic (relevance is shown, not weighted). A category's weight
 (``total_count``) is its full size, as in a full BFCL run, also when a split or a sample was evaluated (then
 its accuracy is the sample's). A category not evaluated counts 0 in the overall and shows "N/A", as in BFCL; the
-table says why (unavailable, with the reason, or not in this evaluation).
+table says why (unavailable, with the reason, or not in this evaluation). An evaluated category whose run departs
+from BFCL's (memory: the gold writer) has its note printed under the table (``categories[c]["note"]``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import bfcl, bfcl_single
+from . import bfcl, bfcl_memory, bfcl_single
 
 from bfcl_eval.constants.category_mapping import (  # noqa: E402
     ALL_SCORING_CATEGORIES,
@@ -93,18 +96,21 @@ def _multi_turn_tasks(category: str, ids: list[str]) -> list[Task]:
 KINDS: Registry[Kind] = Registry("BFCL category kind")
 KINDS.add("single_turn", Kind(bfcl_single.entry_ids, bfcl_single.load_category, bfcl_single.BFCLSingleEnv))
 KINDS.add("multi_turn", Kind(_multi_turn_ids, _multi_turn_tasks, bfcl.BFCLEnv))
+KINDS.add("memory", Kind(bfcl_memory.entry_ids, bfcl_memory.load_category, bfcl_memory.BFCLMemoryEnv))
 
 
 def _web_search_reason() -> str:
     return "unavailable offline: BFCL's web-search backend queries the internet (SerpAPI's DuckDuckGo engine) and fetches the pages it finds"
 
 
-def _memory_reason(category: str) -> str:
-    try:
-        importlib.import_module(f"bfcl_eval.eval_checker.multi_turn_eval.func_source_code.{category}")
-    except ImportError as e:
-        return f"unavailable: the installed bfcl_eval's {category} backend does not import here ({e}; not in envace's pinned packages)"
-    return "not implemented yet in envace (prerequisite conversations, memory snapshots, BFCL's agentic checker)"
+def _memory_reason(category: str) -> str | None:
+    error = bfcl_memory.backend_import_error(category)
+    if error is None:
+        return None
+    return (
+        f"unavailable: the installed bfcl_eval's {category} backend does not import here ({error}; "
+        "install the bfcl extra: bash requirements/install-bench-envs.sh <python>)"
+    )
 
 
 def _memory_vector_reason() -> str:
@@ -122,8 +128,10 @@ class Category:
 
     name: str
     kind: str | None = None
-    why: Callable[[], str] | None = field(default=None, compare=False)
-    """Why it is unavailable (asked when needed: an import probe); None when ``kind`` is set."""
+    why: Callable[[], str | None] | None = field(default=None, compare=False)
+    """Why it cannot run here, asked when needed (an import probe; its None: it can); needed without a ``kind``."""
+    note: str | None = None
+    """What the summary says next to the category's score where envace's run departs from BFCL's."""
 
 
 CATEGORIES: Registry[Category] = Registry("BFCL category")
@@ -136,11 +144,13 @@ for _name in ALL_SCORING_CATEGORIES:
         CATEGORIES.add(_name, Category(_name, why=_web_search_reason))
     elif _name == "memory_vector":
         CATEGORIES.add(_name, Category(_name, why=_memory_vector_reason))
-    elif _name in MEMORY_CATEGORY:
-        CATEGORIES.add(_name, Category(_name, why=functools.partial(_memory_reason, _name)))
+    elif _name in bfcl_memory.CATEGORIES:
+        why = functools.partial(_memory_reason, _name)
+        CATEGORIES.add(_name, Category(_name, kind="memory", why=why, note=bfcl_memory.NOTE))
     else:  # a category a later bfcl_eval adds
         CATEGORIES.add(_name, Category(_name, why=lambda: "not supported by envace's BFCL adapter yet"))
 assert tuple(MULTI_TURN_CATEGORY) == bfcl.CATEGORIES and tuple(SINGLE_TURN_CATEGORY) == bfcl_single.CATEGORIES
+assert set(MEMORY_CATEGORY) == {*bfcl_memory.CATEGORIES, "memory_vector"}
 
 COLLECTIONS: dict[str, list[str]] = {
     name: [c for c in cats if c in CATEGORIES]
@@ -153,7 +163,8 @@ COLLECTIONS["all"] = list(ALL_SCORING_CATEGORIES)
 def unavailable(category: str) -> str | None:
     """Why ``category`` cannot be run here, or None when it can."""
     cat = CATEGORIES.get(category)
-    return None if cat.kind is not None else (cat.why() if cat.why else "unavailable")
+    why = cat.why() if cat.why else None
+    return why if cat.kind is not None else (why or "unavailable")
 
 
 def categories_of(spec: str) -> list[str]:
@@ -208,8 +219,9 @@ class BFCLEnvs:
     @staticmethod
     def env_class(task: Task) -> type[Environment]:
         cat = CATEGORIES.get(category_of(task))
-        if cat.kind is None:
-            raise ValueError(f"BFCL category {cat.name!r} has no environment here: {unavailable(cat.name)}")
+        why = unavailable(cat.name)
+        if cat.kind is None or why is not None:
+            raise ValueError(f"BFCL category {cat.name!r} has no environment here: {why}")
         return KINDS.get(cat.kind).env
 
     def initial_state_key(self, task: Task) -> str:
@@ -342,6 +354,8 @@ def summary(per_task: Sequence[dict[str, Any]]) -> dict[str, Any]:
         info["status"] = "evaluated" if c in results else "unavailable" if reasons[c] else "not evaluated"
         if reasons[c]:
             info["reason"] = reasons[c]
+        if CATEGORIES.get(c).note:
+            info["note"] = CATEGORIES.get(c).note
         categories[c] = info
     lines = [
         f"BFCL-v4 summary (bfcl_eval {importlib.metadata.version('bfcl_eval')}, its generate_leaderboard_csv): "
@@ -361,10 +375,16 @@ def summary(per_task: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 note = f"  {c}: " + (
                     "unavailable" if info["status"] == "unavailable" else f"{info['n_tasks']}/{info['size']} tasks"
                 )
+                note += " (see the note below)" if info["status"] == "evaluated" and "note" in info else ""
             lines.append(f"  {col:<{width - 2}}{_pct(files[section][col]):>9}{note}")
     lines += [f"{'Total ' + col:<{width}}{_pct(overall[col]):>9}" for col in TOTAL_COLUMNS]
     not_evaluated = [c for c, i in categories.items() if i["status"] == "not evaluated"]
     unavail = {c: i["reason"] for c, i in categories.items() if i["status"] == "unavailable"}
+    notes: dict[str, list[str]] = {}
+    for c, i in categories.items():
+        if i["status"] == "evaluated" and "note" in i:
+            notes.setdefault(i["note"], []).append(c)
+    lines += [f"note on {', '.join(cs)}: {note}" for note, cs in notes.items()]
     if not_evaluated:
         lines.append(f"not evaluated (N/A, counted 0): {', '.join(not_evaluated)}")
     if unavail:
