@@ -475,33 +475,34 @@ def plan_budget(evals: list[dict[str, Any]], n: int, fallback: int) -> tuple[int
     return fallback, "fallback (tts_max_new_tokens)"
 
 
+def arm_backend(cfg: ExperimentConfig, model: str) -> Any:
+    """An HF backend generating with ``model`` (a folder an arm saved, or a name) at the experiment's precision."""
+    from .backends.hf import HFBackend
+    from .models import load
+
+    return HFBackend(*load(model), bf16=cfg.generate_bf16)
+
+
 def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: Any = None) -> Any:
     """Rehearsal fidelity (envace.fidelity.FidelityResult) of an arm's models on the fixed shadow set: the first
     ``fidelity_tasks`` held-out tasks, the same rollout seed for every arm and checkpoint; Rehearse is the
     policy, the per-role arm's second model, or the simulator arm's frozen simulator."""
-    from .backends.hf import HFBackend
     from .envs import load_tasks
     from .fidelity import measure_fidelity
-    from .models import load
 
-    backend = lambda name: HFBackend(*load(name), bf16=cfg.generate_bf16)  # noqa: E731
     ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
-    extra = REHEARSERS.get(models.mode).helpers(lambda helper, role: backend(getattr(models, helper)))
+    extra = REHEARSERS.get(models.mode).helpers(lambda helper, role: arm_backend(cfg, getattr(models, helper)))
     fcfg = dataclasses.replace(
         cfg.rollout, mode=models.mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress
     )
-    return measure_fidelity(policy or backend(models.policy), ftasks, fcfg, **extra)
+    return measure_fidelity(policy or arm_backend(cfg, models.policy), ftasks, fcfg, **extra)
 
 
 def evaluate_arm(
     cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "", arm: str | None = None
 ) -> dict[str, Any]:
     """Real-environment evaluation at every (N, mode) of :func:`budgets`, then rehearsal fidelity; JSON-able."""
-    from .backends.hf import HFBackend
-    from .models import load
-
-    m, tok = load(models.policy)
-    policy = HFBackend(m, tok, bf16=cfg.generate_bf16)
+    policy = arm_backend(cfg, models.policy)
     evals = evaluate_budgets(cfg, policy, seed, budgets(cfg, arm, seed), [], label)
     out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
     if cfg.fidelity_tasks > 0:
@@ -526,11 +527,7 @@ def add_budgets(
     cfg: ExperimentConfig, rec: dict[str, Any], seed: int, todo: list[tuple[int, str]], label: str = ""
 ) -> None:
     """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place, the same way evaluate_arm does)."""
-    from .backends.hf import HFBackend
-    from .models import load
-
-    m, tok = load(rec["models"]["policy"])
-    rec["evals"] = evaluate_budgets(cfg, HFBackend(m, tok, bf16=cfg.generate_bf16), seed, todo, rec["evals"], label)
+    rec["evals"] = evaluate_budgets(cfg, arm_backend(cfg, rec["models"]["policy"]), seed, todo, rec["evals"], label)
 
 
 def evaluate_budgets(
@@ -724,6 +721,7 @@ __all__ = [
     "rl_train_tasks",
     "sft_more_steps",
     "fidelity_steps",
+    "arm_backend",
     "arm_fidelity",
     "evaluate_arm",
     "evaluate_budgets",

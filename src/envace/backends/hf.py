@@ -167,27 +167,23 @@ class HFBackend(Backend):
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of one token's keys and values over all layers, at the widest dtype a cache here uses (float32)."""
-        cfg = self.model.config
-        cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        cfg = self._text_config()
         heads = int(cfg.num_attention_heads)
         kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
         return self._n_layers() * 2 * kv_heads * head_dim * 4
 
     def _prefill_fit(self, prompts: list[list[int]], sessions: Sequence[str | None]) -> int:
-        """How many of ``prompts`` (in order, at least 1) one prefill may encode together within ``max_kv_gib``: its
+        """How many of ``prompts`` (in order, at least 1) one prefill may encode together within ``max_prefill_gib``: its
         attention materialises (rows, heads, new tokens, context) float32 scores a few times over (softmax, mask),
         so 16 prompts of 2.5k new tokens would take ~11 GB at once; a session's kept tokens are not new."""
         if self.max_prefill_bytes is None or len(prompts) <= 1:
             return len(prompts)
-        cfg = self.model.config
-        cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-        heads = int(cfg.num_attention_heads)
+        heads = int(self._text_config().num_attention_heads)
         longest = new = 0
         for n, (p, s) in enumerate(zip(prompts, sessions)):
-            k = self._kept.get(s) if (s is not None and self.keep_sessions) else None
-            kept = len(k.ids) if k is not None and _extends(p, k.ids) else 0
-            longest, new = max(longest, len(p)), max(new, len(p) - kept)
+            k = self._kept_for(p, s)
+            longest, new = max(longest, len(p)), max(new, len(p) - (len(k.ids) if k else 0))
             if n > 0 and 3 * 4 * (n + 1) * heads * new * longest > self.max_prefill_bytes:
                 return n
         return len(prompts)
@@ -218,10 +214,18 @@ class HFBackend(Backend):
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _n_layers(self) -> int:
+    def _text_config(self) -> Any:
+        """The model's (decoder) text config."""
         cfg = self.model.config
-        cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-        return int(cfg.num_hidden_layers)
+        return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+    def _n_layers(self) -> int:
+        return int(self._text_config().num_hidden_layers)
+
+    def _kept_for(self, prompt: list[int], session: str | None) -> "_Kept | None":
+        """The kept context of ``session`` if ``prompt`` extends it (it can then be reused), else None."""
+        k = self._kept.get(session) if (session is not None and self.keep_sessions) else None
+        return k if k is not None and _extends(prompt, k.ids) else None
 
     def _forward(self, input_ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """Last-position logits (B, V) of ``input_ids`` (B, T) fed into a slab ``cache`` after its used columns."""
@@ -267,12 +271,7 @@ class HFBackend(Backend):
         B = len(prompts)
         dev = self.device
         # what each sequence can reuse: its session's kept context, else a shared prefix (e.g. the system prompt)
-        kept: list[_Kept | None] = []
-        for p, s in zip(prompts, sessions):
-            k = self._kept.get(s) if (s is not None and self.keep_sessions) else None
-            if k is not None and not _extends(p, k.ids):
-                k = None
-            kept.append(k)
+        kept: list[_Kept | None] = [self._kept_for(p, s) for p, s in zip(prompts, sessions)]
         if self.share_prefixes:
             self._share_prefixes(prompts, kept)
         L = [len(k.ids) if k else 0 for k in kept]
