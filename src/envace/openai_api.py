@@ -16,7 +16,7 @@ Out (:func:`reply`): the completion is parsed by the same tool format; it is a t
 parses and names one of the request's tools. Model output is untrusted: anything else (a malformed
 block, an unterminated one, an unknown tool) is returned as plain content, never as a call. Arguments are not
 checked against the schemas (as OpenAI without ``strict``). A call reply's content is the text before the first
-call opener (:func:`call_openers`: ``<tool_call>`` for hermes; trailing whitespace dropped; None if empty): text after the blocks is dropped, as Act's
+call opener (``ToolFormat.openers``: ``<tool_call>`` for hermes; trailing whitespace dropped; None if empty): text after the blocks is dropped, as Act's
 instructions allow none.
 
 Every problem with a request is a :class:`RequestError` naming the offending field (``messages[2].tool_call_id``).
@@ -28,20 +28,11 @@ import json
 import uuid
 from typing import Any, Collection
 
-from .parsing import CALL_OPEN, PYTHON_TAG, TOOL_CALLS_TAG, TOOL_FORMATS, ToolFormat
+from .parsing import TOOL_FORMATS, ToolFormat
 from .prompts import act_system
 from .types import Message, Task, ToolCall, ToolSpec
 
 HERMES = TOOL_FORMATS.get("hermes")
-OPENERS = {"hermes": (CALL_OPEN,), "mistral": (TOOL_CALLS_TAG,), "llama3_json": (PYTHON_TAG, "{")}
-"""Per tool format, the strings a call reply starts with (llama3_json: a bare JSON object, since the HF backend
-decodes without special tokens); streamed text is held back from the first of them (envace.serve.streamable)."""
-
-
-def call_openers(fmt: ToolFormat) -> tuple[str, ...]:
-    return OPENERS.get(fmt.name, fmt.hints)
-
-
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id"}
 EMPTY_ONLY_KEYS = {"name", "refusal", "annotations", "audio", "function_call", "reasoning_content"}
@@ -206,7 +197,7 @@ def reply(text: str, tool_names: Collection[str] | None, fmt: ToolFormat = HERME
     """(content, calls) of a completion: calls only where ``tool_names`` is given and the text is a well-formed
     call reply in tool format ``fmt`` naming only those tools (module docstring); otherwise the text itself and
     no calls."""
-    at = [text.index(o) for o in call_openers(fmt) if o in text]
+    at = [text.index(o) for o in fmt.openers if o in text]
     if not tool_names or not at:
         return text, []
     parsed = fmt.parse(text)

@@ -291,6 +291,9 @@ class ToolFormat:
     render_calls: Callable[[list[ToolCall]], str]
     hints: tuple[str, ...] = ()
     """Strings that, in a tokenizer's chat template or added tokens, say a model writes calls this way."""
+    openers: tuple[str, ...] = ()
+    """Strings a call reply starts with (llama3_json: a bare JSON object, as the HF backend decodes without special
+    tokens); a server streaming text holds it back from the first of them (envace.serve.streamable)."""
 
     def parse(self, text: str) -> ActParse:
         err = _guard(text)
@@ -318,6 +321,7 @@ TOOL_FORMATS.add(
         _hermes_parse,
         _hermes_render,
         (CALL_OPEN,),
+        (CALL_OPEN,),
     ),
 )
 TOOL_FORMATS.add(
@@ -330,6 +334,7 @@ TOOL_FORMATS.add(
         _llama3_parse,
         _llama3_render,
         (PYTHON_TAG, "ipython"),
+        (PYTHON_TAG, "{"),
     ),
 )
 TOOL_FORMATS.add(
@@ -339,6 +344,7 @@ TOOL_FORMATS.add(
         _instructions(TOOL_CALLS_TAG + ' [{"name": NAME, "arguments": {...}}] (one list holding every call)'),
         _mistral_parse,
         _mistral_render,
+        (TOOL_CALLS_TAG,),
         (TOOL_CALLS_TAG,),
     ),
 )

@@ -61,7 +61,7 @@ from starlette.routing import Route
 
 from .backends.base import Backend, Generation, SamplingParams
 from .backends.worker import GenerationWorker, Job, Update
-from .openai_api import RequestError, act_messages, call_openers, openai_tool_calls, parses_calls, reply, tool_specs
+from .openai_api import RequestError, act_messages, openai_tool_calls, parses_calls, reply, tool_specs
 from .parsing import tool_format_for
 from .types import ToolCall
 
@@ -567,7 +567,7 @@ class EnvaceServer:
             return f"data: {json.dumps(self._envelope(obj, prefix, choices, rid, created) | extra, ensure_ascii=False)}\n\n"
 
         k_all = len(req.prompts) * req.n
-        holds = [s for s in req.params.stop if s] + (list(call_openers(self.tools)) if req.tools else [])
+        holds = [s for s in req.params.stop if s] + (list(self.tools.openers) if req.tools else [])
         sent_text, sent_toks, offsets = [0] * k_all, [0] * k_all, [0] * k_all
         done: dict[int, Generation] = {}
         if chat:
