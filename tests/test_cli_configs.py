@@ -314,13 +314,15 @@ def test_chat_and_user_settings_reach_the_rollout_of_eval(monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr(envace.budget, "evaluate_model", fake)
-    sets = ["chat_format=template", "tool_format=mistral", "thinking=false", "user=llm", "user_model=tiny-random"]
+    sets = ["chat_format=template", "tool_format=mistral", "native_tools=false", "thinking=false", "user=llm"]
+    sets.append("user_model=tiny-random")
     with pytest.raises(SystemExit):
         main(["eval", "-n", "1"] + [x for kv in sets for x in ("--set", kv)])
     rc = seen["rollout"]
-    assert (rc.chat_format, rc.tool_format, rc.thinking, rc.user, rc.user_model) == (
+    assert (rc.chat_format, rc.tool_format, rc.native_tools, rc.thinking, rc.user, rc.user_model) == (
         "template",
         "mistral",
+        False,
         False,
         "llm",
         "tiny-random",
@@ -328,6 +330,7 @@ def test_chat_and_user_settings_reach_the_rollout_of_eval(monkeypatch):
     assert EvalConfig().chat_io() == {
         "chat_format": None,
         "tool_format": None,
+        "native_tools": True,
         "thinking": None,
         "user": "scripted",
         "user_model": None,

@@ -26,7 +26,7 @@ from envace.parsing import parse_act
 from envace.prompts import ACT_INSTRUCTIONS, act_system, tool_message_content
 from envace.rollout import RolloutConfig, RolloutEngine
 from envace.sft import gold_trajectories
-from envace.types import Message, Step, Task, ToolCall, ToolSpec, Trajectory
+from envace.types import Message, Step, Task, ToolCall, ToolSpec, Trajectory, write_jsonl
 
 TOOLS = [
     ToolSpec(
@@ -202,6 +202,25 @@ def test_the_tools_are_read_back_from_the_system_message_as_openai_schemas():
     assert tools_from_system("You count.") == []
     with pytest.raises(ValueError, match="not a tool"):
         tools_from_system('x\n\n# Tools\n{"name": "add"}\nnot json')
+
+
+def test_a_native_tools_trajectory_exports_its_own_tools_and_its_system_message_without_them(tmp_path):
+    """A chat template rendered the tools (RolloutConfig.native_tools): the system message lists none, the
+    trajectory keeps them; through a trajectories file, the record's ``tools`` are still the task's."""
+    chat = Chat(memory="remember 5")
+    chat.traj.messages[0] = Message("system", act_system(TASK, "remember 5", tool_list=False))
+    chat.traj.tools = list(TOOLS)
+    traj = chat.user("hi").act(ToolCall("add", {"n": 1}).to_text(), [{"total": 1}], ["rehearsed"]).traj
+    assert tools_from_system(traj.messages[0].content) == []  # nothing to read back from the text
+    path = tmp_path / "t.jsonl"
+    write_jsonl(str(path), [traj.to_dict(with_rows=False)])
+    ((back, _),) = read_trajectories([str(path)]).items
+    assert back.tools == TOOLS
+    rec = trajectory_record(back, system="task")
+    assert rec["tools"] == [t.to_openai() for t in TOOLS]
+    assert rec["messages"][0]["content"] == "You count.\n\n# Notes from private rehearsal\nremember 5"
+    assert trajectory_record(back)["messages"][0]["content"] == act_system(TASK, "remember 5", tool_list=False)
+    assert trajectory_record(Chat().traj)["tools"] == [t.to_openai() for t in TOOLS]  # envace's text: read back
 
 
 def test_content_raw_keeps_the_act_output_and_system_task_drops_envaces_tool_instructions():

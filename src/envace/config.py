@@ -222,6 +222,8 @@ class SFTConfig:
     """How the gold chats become tokens, as ``RolloutConfig.chat_format`` (set it as the training run will)."""
     tool_format: str | None = None
     """How the gold calls are written, as ``RolloutConfig.tool_format`` (None: the model's own format)."""
+    native_tools: bool = True
+    """Where the gold chats' tools are listed, as ``RolloutConfig.native_tools``."""
     thinking: bool | None = None
     """As ``RolloutConfig.thinking``."""
     out_dir: str = "runs/sft"
@@ -262,6 +264,9 @@ class ChatIO:
     template that fails falls back to ChatML with a notice); None: chatml for ChatML vocabularies, else template."""
     tool_format: str | None = None
     """envace.parsing.TOOL_FORMATS: ``hermes``, ``llama3_json``, ``mistral``; None: the one the template hints at."""
+    native_tools: bool = True
+    """With the ``template`` chat format, the tools as the chat template renders ``tools=`` where it writes them in
+    its system turn, else (with a notice) envace's text list; False: envace's text list."""
     thinking: bool | None = None
     """Reasoning models' thinking (Qwen3's ``enable_thinking``); None: the template's default."""
     user: str = "scripted"
@@ -271,7 +276,8 @@ class ChatIO:
 
     def chat_io(self) -> dict[str, Any]:
         """These fields, as RolloutConfig keyword arguments."""
-        return {f: getattr(self, f) for f in ("chat_format", "tool_format", "thinking", "user", "user_model")}
+        fields = ("chat_format", "tool_format", "native_tools", "thinking", "user", "user_model")
+        return {f: getattr(self, f) for f in fields}
 
 
 @dataclass
@@ -509,8 +515,9 @@ class ExportConfig:
     """Assistant content (envace.export.CONTENT): ``text`` (OpenAI: the text beside the calls, null if none) or
     ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore ``tool_calls``)."""
     system: str = "seen"
-    """System message (envace.export.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list and calling
-    instructions) or ``task`` (without them, for a template that renders ``tools`` itself)."""
+    """System message (envace.export.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list, unless the
+    chat template rendered the tools, and calling instructions) or ``task`` (without them, for a template that
+    renders ``tools`` itself)."""
     out: str = "export.jsonl"
     """Where the records go (JSON lines; an existing file is replaced)."""
 

@@ -16,7 +16,9 @@ Where the pieces come from: ``Trajectory.messages`` is the Act chat in order (sy
 outputs, tool results) but holds calls only in envace's ``<tool_call>`` text; ``Trajectory.steps`` holds the parsed
 calls, observations and their sources but not the user's words. A record walks the messages and takes each
 assistant message's calls from its step (one step per assistant message, in order; a mismatch is an error).
-The tool schemas are read back from the system message's ``# Tools`` block (what the policy saw).
+The tool schemas are the trajectory's own (``Trajectory.tools``) where the chat template rendered them and the system
+message does not list them (``RolloutConfig.native_tools``), else they are read back from the system message's
+``# Tools`` block (what the policy saw) (:func:`tools_of`).
 
 Departures from the OpenAI format, where envace's chat has no OpenAI counterpart:
 
@@ -34,7 +36,9 @@ validation, simulator); a gold trajectory's say ``rehearsed``, the role that pla
 Two settings for templates that differ (:data:`CONTENT`, :data:`SYSTEM`): ``content="raw"`` keeps the Act output
 as generated (``<tool_call>`` blocks in the assistant text, ``tool_calls`` kept too): a ChatML template that ignores
 ``tool_calls`` (SmolLM2's) then renders the very context envace trained on. ``system="task"`` drops envace's tool
-list and calling instructions from the system message, for a template that renders ``tools`` itself.
+list (if the system message has one) and calling instructions from the system message, for a template that renders
+``tools`` itself. A trajectory whose template rendered the tools has no tool list in its system message: its
+``seen`` system message and ``tools``, rendered by that template, are what the policy saw.
 """
 
 from __future__ import annotations
@@ -66,8 +70,8 @@ SYSTEM.add("seen", lambda text: text)
 
 @SYSTEM.register("task")
 def task_system(text: str) -> str:
-    """The system message without envace's tool list and calling instructions (the task's prompt and any
-    rehearsal memory stay)."""
+    """The system message without envace's tool list (if it has one: a native-tools system message has none) and
+    calling instructions (the task's prompt and any rehearsal memory stay)."""
     how = {ACT_INSTRUCTIONS} | {TOOL_FORMATS.get(n).instructions for n in TOOL_FORMATS}  # any tool format's
     parts = [p for p in text.split("\n\n") if not p.startswith(TOOLS_HEADER) and p.strip() not in how]
     return "\n\n".join(parts)
@@ -88,6 +92,14 @@ def tools_from_system(text: str) -> list[dict[str, Any]]:
                 f"the system message's tools block holds a line that is not a tool ({e}): {line[:80]!r}"
             ) from None
     return tools
+
+
+def tools_of(traj: Trajectory) -> list[dict[str, Any]]:
+    """The tool schemas a trajectory's Act was given, as OpenAI function schemas: its ``tools`` where it keeps them
+    (the chat template rendered them), else those its system message lists (:func:`tools_from_system`)."""
+    if traj.tools is not None:
+        return [t.to_openai() for t in traj.tools]
+    return tools_from_system(next((m.content for m in traj.messages if m.role == "system"), ""))
 
 
 def call_id(step: int, j: int) -> str:
@@ -170,11 +182,10 @@ def trajectory_record(
     if not traj.messages:
         raise ValueError(f"trajectory {traj.id}: no messages (only a rollout's trajectories can be exported)")
     messages, sources, parse_errors = chat_messages(traj, content, system)
-    seen_system = next((m.content for m in traj.messages if m.role == "system"), "")
     outcome = traj.env_outcome or {}
     return {
         "messages": messages,
-        "tools": tools_from_system(seen_system),
+        "tools": tools_of(traj),
         "id": traj.id,
         "task_id": traj.task_id,
         "group_id": traj.group_id,
@@ -304,6 +315,7 @@ __all__ = [
     "export_records",
     "read_trajectories",
     "tools_from_system",
+    "tools_of",
     "trajectory_record",
     "world_of",
     "write_records",

@@ -5,7 +5,10 @@ would see for the same conversation, so a policy trained by envace is served the
 
 - the tools go into the system message exactly as :func:`envace.prompts.act_system` renders a task's (the client's
   first system message is the task's system prompt; none: an empty one): its ``# Tools`` block, one JSON schema a
-  line, then :data:`~envace.prompts.ACT_INSTRUCTIONS`. Without tools the messages are taken as they are;
+  line, then :data:`~envace.prompts.ACT_INSTRUCTIONS`; where the chat template renders the tools itself
+  (``tool_list=False``, as Act's are with ``RolloutConfig.native_tools``) the ``# Tools`` block is left out and the
+  server renders the system message with ``tools=`` (:meth:`envace.prompts.ChatFormat.render`). Without tools the
+  messages are taken as they are;
 - an assistant message's ``tool_calls`` become the text the model's tool format writes for them (hermes:
   ``<tool_call>`` blocks, one a line; :data:`envace.parsing.TOOL_FORMATS`, chosen as the rollout chooses it) after
   its text, as Act emits them; a ``tool`` message's content is the observation text, as Act is fed it. Its
@@ -139,9 +142,12 @@ def _calls(value: Any, where: str) -> list[tuple[str, ToolCall]]:
     return out
 
 
-def act_messages(messages: Any, tools: list[ToolSpec], fmt: ToolFormat = HERMES) -> list[Message]:
+def act_messages(
+    messages: Any, tools: list[ToolSpec], fmt: ToolFormat = HERMES, tool_list: bool = True
+) -> list[Message]:
     """OpenAI chat ``messages`` (and the request's tools) as the Act chat of a model whose tool format is ``fmt``
-    (module docstring)."""
+    (module docstring); ``tool_list``: the system message lists the tools as envace's text (False: the chat
+    template renders them)."""
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list", "messages")
     out: list[Message] = []
@@ -187,7 +193,11 @@ def act_messages(messages: Any, tools: list[ToolSpec], fmt: ToolFormat = HERMES)
         out = [
             Message(
                 "system",
-                act_system(Task(id="serve", env="", system_prompt=system, user_turns=[], tools=tools), tools=fmt),
+                act_system(
+                    Task(id="serve", env="", system_prompt=system, user_turns=[], tools=tools),
+                    tools=fmt,
+                    tool_list=tool_list,
+                ),
             )
         ] + rest
     return out

@@ -8,8 +8,11 @@ The segments come from a chat format (:data:`CHAT_FORMATS`, chosen by :meth:`Cha
 ``chatml`` (SmolLM2, Qwen) or ``template``, each role's prefix and suffix differenced once from the tokenizer's
 own chat template (Llama 3.x, Phi, ...) and verified on a probe chat against the template's own tokenization; a
 template that cannot be appended to (Mistral's system prompt merged into a user turn, one that raises) falls back
-to ChatML with a one-line notice. Act's system prompt always lists the tools as envace's text
-(:func:`act_system`), with the calling instructions of the model's tool format (``envace.parsing.TOOL_FORMATS``).
+to ChatML with a one-line notice. Act's system prompt holds the task's prompt and the calling instructions of the
+model's tool format (``envace.parsing.TOOL_FORMATS``); its tools are the template's own ``tools=`` rendering where a
+``template`` format renders them inside the system turn (:meth:`ChatFormat.opening`, verified on a probe chat with
+tools; ``RolloutConfig.native_tools``), else envace's text list (:func:`act_system`), with a one-line notice where a
+template puts them elsewhere (Llama 3.1: in the first user message), ignores them or fails on them.
 
 Act sees the usual agent chat (system prompt with tool schemas, user turns, its own calls, tool results).
 Rehearse sees its own context (METHOD.md section 1): a simulator system prompt, the candidate tool schemas,
@@ -51,11 +54,13 @@ def render_tools(tools: list[ToolSpec]) -> str:
     )
 
 
-def act_system(task: Task, memory: str | None = None, tools: ToolFormat | None = None) -> str:
-    """Act's system prompt: the task's prompt, envace's textual tool list (always: a template's own ``tools=``
-    rendering is not used), how to call tools in the format ``tools`` (default hermes), rehearsal notes."""
+def act_system(task: Task, memory: str | None = None, tools: ToolFormat | None = None, tool_list: bool = True) -> str:
+    """Act's system prompt: the task's prompt, envace's textual tool list (``tool_list``; False where the chat
+    template renders the tools itself, :meth:`ChatFormat.opening`), how to call tools in the format ``tools``
+    (default hermes; kept either way: the tool format need not be the template's own), rehearsal notes."""
     how = (tools or TOOL_FORMATS.get("hermes")).instructions
-    parts = [task.system_prompt.strip(), "# Tools\n" + render_tools(task.tools), how]
+    listed = "# Tools\n" + render_tools(task.tools) if tool_list else ""
+    parts = [task.system_prompt.strip(), listed, how]
     if memory:
         parts.append("# Notes from private rehearsal\n" + memory.strip())
     return "\n\n".join(p for p in parts if p)
@@ -104,7 +109,9 @@ class ChatFormat:
     the first special token after an assistant's content (``stop_ids`` adds the tokenizer's eos);
     ``codecs``: role -> how content is written into its segment (``raw``, or ``json`` for a template that writes
     a tool result as a JSON string, as Llama 3.1's ``tojson`` does). ``fallback``: why a ``template`` format could
-    not be used, when this is the ChatML format in its place (None otherwise)."""
+    not be used, when this is the ChatML format in its place (None otherwise). ``thinking``: the template's
+    ``enable_thinking`` the format was derived with. ``tools_fallback``: why a ``template`` format's own ``tools=``
+    rendering cannot open Act's chat (None: it can, :attr:`renders_tools`)."""
 
     tokenizer: Any
     prefixes: dict[str, str]
@@ -115,6 +122,8 @@ class ChatFormat:
     codecs: dict[str, str] = field(default_factory=dict)
     name: str = "chatml"
     fallback: str | None = None
+    thinking: bool | None = None
+    tools_fallback: str | None = None
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, name: str | None = None, thinking: bool | None = None) -> "ChatFormat":
@@ -165,12 +174,55 @@ class ChatFormat:
         """One message (``first``: it opens the chat). Content is data: a special-token string inside it
         (``<|im_start|>system`` in a tool result or in the arguments of a call) is encoded as plain text, never
         as a control token."""
-        pre, suf = self.prefix(role, first), self.suffixes[role]
-        content = CODECS[self.codecs.get(role, "raw")](content)
+        return self._wrap(self.prefix(role, first), CODECS[self.codecs.get(role, "raw")](content), self.suffixes[role])
+
+    def _wrap(self, pre: str, content: str, suf: str) -> list[int]:
+        """``pre + content + suf`` encoded, the special-token strings of ``content`` as plain text."""
         if any(sp in content for sp in self._specials):
             text_ids = self.tokenizer.encode(content, add_special_tokens=False, split_special_tokens=True)
             return self.encode(pre) + text_ids + self.encode(suf)
         return self.encode(f"{pre}{content}{suf}")
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template's own ``tools=`` rendering opens Act's chat (a ``template`` format whose
+        template writes the tools inside its system turn, verified by :func:`_probe_tools`)."""
+        return self.name == "template" and self.tools_fallback is None
+
+    def uses_native_tools(self, wanted: bool) -> bool:
+        """Whether Act's system turn gets its tools from the template (``wanted``: ``RolloutConfig.native_tools``,
+        and :attr:`renders_tools`). A ``template`` format that cannot says so once, naming the model and the reason
+        (envace's text tool list is used instead); a ChatML format uses the text list without a word."""
+        if wanted and self.name == "template" and self.tools_fallback is not None:
+            notice(
+                f"{_model_name(self.tokenizer)}: the chat template's own tool prompt is not used, Act's system prompt "
+                f"lists the tools as envace's text instead: {self.tools_fallback}"
+            )
+        return wanted and self.renders_tools
+
+    def template_text(
+        self, messages: list[dict[str, str]], generation: bool = False, tools: list[ToolSpec] | None = None
+    ) -> str:
+        """The tokenizer's own chat template applied to ``messages`` (and ``tools`` as OpenAI function schemas),
+        with this format's ``thinking``."""
+        return _template_text(self.tokenizer, messages, generation, self.thinking, tools)
+
+    def opening(self, content: str, tools: list[ToolSpec] | None = None) -> list[int]:
+        """The system message that opens a chat: with ``tools``, the template's rendering of it with ``tools=``
+        (the model's own tool prompt, e.g. Qwen's ``# Tools ... <tools></tools>``; it needs :attr:`renders_tools`),
+        else its segment. The segments that follow are appended as usual: :func:`_probe_tools` verified that this
+        tokenizes as the template's rendering of the whole chat with ``tools=``."""
+        if not tools:
+            return self.message("system", content, first=True)
+        if not self.renders_tools:
+            why = self.tools_fallback or "it is not a template format"
+            raise ValueError(f"chat format {self.name!r} does not render tools= ({why})")
+        text = self.template_text([{"role": "system", "content": content}], tools=tools)
+        written = CODECS[self.codecs.get("system", "raw")](content)
+        if written and text.count(written) == 1:  # the content is data, as in message()
+            i = text.index(written)
+            return self._wrap(text[:i], written, text[i + len(written) :])
+        return self.encode(text)
 
     def generation_prompt(self, role: str = "assistant") -> list[int]:
         return self.encode(self.generation if role == "assistant" else self.prefix(role))
@@ -183,10 +235,22 @@ class ChatFormat:
             return self.encode(suffix[suffix.index(self.end) + len(self.end) :])
         return self.encode(suffix)
 
-    def render(self, messages: list[dict[str, str]] | list[Message], add_generation_prompt: bool = True) -> list[int]:
+    def render(
+        self,
+        messages: list[dict[str, str]] | list[Message],
+        add_generation_prompt: bool = True,
+        tools: list[ToolSpec] | None = None,
+    ) -> list[int]:
+        """A chat's tokens, segment by segment; ``tools``: the opening system message carries them as the template
+        renders them (:meth:`opening`)."""
         ids: list[int] = []
         for i, m in enumerate(messages):
             role, content = (m.role, m.content) if isinstance(m, Message) else (m["role"], m["content"])
+            if i == 0 and tools:
+                if role != "system":
+                    raise ValueError(f"tools= needs a chat that opens with a system message, not a {role} one")
+                ids += self.opening(content, tools)
+                continue
             ids += self.message(role, content, first=i == 0)
         if add_generation_prompt:
             ids += self.generation_prompt()
@@ -228,8 +292,16 @@ def _model_name(tokenizer: Any) -> str:
     return str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
 
 
-def _template_text(tokenizer: Any, messages: list[dict[str, str]], generation: bool, thinking: bool | None) -> str:
-    kw = {} if thinking is None else {"enable_thinking": thinking}
+def _template_text(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    generation: bool,
+    thinking: bool | None,
+    tools: list[ToolSpec] | None = None,
+) -> str:
+    kw: dict[str, Any] = {} if thinking is None else {"enable_thinking": thinking}
+    if tools:
+        kw["tools"] = [t.to_openai() for t in tools]
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation, **kw)
 
 
@@ -247,7 +319,13 @@ def chatml_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
     if thinking is not None:
         generation = _chatml_generation(tokenizer, generation, thinking)
     return ChatFormat(
-        tokenizer, {r: f"{start}{r}\n" for r in ROLES}, {r: f"{end}\n" for r in ROLES}, generation, end, name="chatml"
+        tokenizer,
+        {r: f"{start}{r}\n" for r in ROLES},
+        {r: f"{end}\n" for r in ROLES},
+        generation,
+        end,
+        name="chatml",
+        thinking=thinking,
     )
 
 
@@ -285,6 +363,16 @@ PROBE_CHAT = [
 ]
 """The chat a derived template format must render exactly as the template does (one of each turn envace appends:
 system, user, reply, call, two tool results in a row, reply)."""
+
+PROBE_TOOLS = [
+    ToolSpec(
+        "get_weather",
+        "The current weather in a city.",
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    ),
+    ToolSpec("get_humidity", "The relative humidity in a city.", {"type": "object", "properties": {}}),
+]
+"""The tools :data:`PROBE_CHAT` is rendered with to check a template's ``tools=`` rendering (:func:`_probe_tools`)."""
 
 _PLACEHOLDER = 'envace-probe "{}" 7'  # a quote tells a template that writes content as a JSON string (tojson)
 
@@ -348,8 +436,10 @@ def derive_template_format(tokenizer: Any, thinking: bool | None = None) -> Chat
         firsts,
         codecs,
         name="template",
+        thinking=thinking,
     )
     _verify(fmt, render)
+    fmt.tools_fallback = _probe_tools(fmt)
     reply = PROBE_CHAT[2]["content"]
     if fmt.generation == prefixes["assistant"] and fmt.encode(fmt.generation) + fmt.encode(reply) != fmt.encode(
         fmt.generation + reply
@@ -383,6 +473,38 @@ def _verify(fmt: ChatFormat, render: Callable[..., str]) -> None:
     upto_tool = PROBE_CHAT[:-1]
     if render(upto_tool, True) != render(upto_tool) + fmt.generation:
         raise TemplateMismatch("the generation prompt after a tool result differs from the one after a user turn")
+
+
+def _probe_tools(fmt: ChatFormat) -> str | None:
+    """Why the template's ``tools=`` rendering cannot open Act's chat (one line), or None when it can: with
+    :data:`PROBE_TOOLS` it must change the rendering of a system and a user turn and name every tool, inside the
+    rendering of the system message alone, and :data:`PROBE_CHAT` opened by that (:meth:`ChatFormat.opening`), the
+    other segments appended, must be the template's tokenization of the whole chat with ``tools=``, generation
+    prompt included."""
+    tools, head = PROBE_TOOLS, PROBE_CHAT[:2]
+    try:
+        with_tools = fmt.template_text(head, tools=tools)
+        if with_tools == fmt.template_text(head):
+            return "it ignores tools="
+        if not all(t.name in with_tools for t in tools):
+            return "its tools= rendering does not name the tools"
+        full = fmt.template_text(PROBE_CHAT, tools=tools)
+        upto_tool = PROBE_CHAT[:-1]
+        generation = fmt.template_text(upto_tool, True, tools)[len(fmt.template_text(upto_tool, tools=tools)) :]
+        alone = fmt.template_text(PROBE_CHAT[:1], tools=tools)
+    except Exception as e:  # noqa: BLE001 - the template's own error (Llama 3.1: tools need a first user message)
+        return " ".join(f"its chat template fails with tools= ({type(e).__name__}: {str(e)[:160]})".split())
+    if not all(t.name in alone for t in tools):
+        return "the system message alone, rendered with tools=, does not hold them (Llama 3.1 writes them in the first user message)"
+    if generation != fmt.generation:
+        return "its generation prompt changes with tools="
+    opened = fmt.render(PROBE_CHAT, add_generation_prompt=False, tools=tools)  # as Act's context is built
+    want = fmt.encode(full)
+    if opened != want:
+        at = next((i for i, (a, b) in enumerate(zip(opened, want)) if a != b), min(len(opened), len(want)))
+        seen = fmt.tokenizer.decode(want[max(0, at - 8) : at + 8])
+        return f"the probe chat opened by its tools= system turn differs from its rendering with tools= at token {at} (near {seen!r})"
+    return None
 
 
 @CHAT_FORMATS.register("template")

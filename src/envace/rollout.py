@@ -27,7 +27,9 @@ only; never shown to the policy). Where a real environment ran a trajectory's ca
 
 Formats: Act and Rehearse contexts are built by appending the segments of the policy tokenizer's chat format
 (``RolloutConfig.chat_format``, envace.prompts); Act writes calls in its tool format (``tool_format``,
-envace.parsing.TOOL_FORMATS), which the system prompt describes. Thinking (``<think>...</think>``) stays in the
+envace.parsing.TOOL_FORMATS), which the system prompt describes; the system prompt lists the tools as the chat
+template renders ``tools=`` where a ``template`` format can (``native_tools``; the trajectory then keeps them in
+``Trajectory.tools``), else as envace's text. Thinking (``<think>...</think>``) stays in the
 Act context and rows as generated, but is stripped before parsing and kept out of ``Trajectory.messages``, so
 neither a user simulator nor the Rehearse transcript sees it (``Step.action_text`` keeps the whole output).
 
@@ -116,6 +118,14 @@ class RolloutConfig:
     """How Act writes tool calls (envace.parsing.TOOL_FORMATS): ``hermes`` (``<tool_call>`` blocks), ``llama3_json``
     or ``mistral``; None: the one the tokenizer's chat template hints at, else hermes. The system prompt's calling
     instructions and SFT's gold calls follow it."""
+    native_tools: bool = True
+    """With the ``template`` chat format, Act's system turn carries the tools as the tokenizer's chat template
+    renders ``tools=`` (the model's own tool prompt, e.g. Qwen's ``<tools>`` block), where the template writes them
+    inside the system turn (verified on a probe chat: the appended context stays the template's tokenization of
+    the chat with ``tools=``); a template that writes them elsewhere (Llama 3.1: in the first user message),
+    ignores them or fails on them gets envace's text list, with a one-line notice naming the model. False, or the
+    ``chatml`` format: envace's text list (envace.prompts.act_system). The calling instructions of ``tool_format``
+    are in the system prompt either way."""
     thinking: bool | None = None
     """Reasoning models' thinking (Qwen3's ``enable_thinking``): True / False is passed to the chat template where
     the generation prompt is derived (False: an empty ``<think>`` block); None: the template's default. Any
@@ -289,6 +299,7 @@ class RolloutEngine:
         self.cfg = cfg
         self.fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
         self.tools = tool_format_for(policy.tokenizer, cfg.tool_format)
+        self.native_tools = self.fmt.uses_native_tools(cfg.native_tools)  # the template renders Act's tools
         self.observer = OBSERVERS.get(cfg.mode)(policy, rehearser=rehearser, simulator=simulator)
         self.memory = memory or {}  # task id -> rehearsal memory shown to Act (test-time scaling)
         self._calls = 0
@@ -308,8 +319,10 @@ class RolloutEngine:
     # -- contexts ---------------------------------------------------------------------------------------------
     def _start(self, task: Task, k: int, group_id: str) -> _Live:
         traj = Trajectory(id=f"{group_id}/{k}", task_id=task.id, group_id=group_id, mode=self.cfg.mode)
-        system = act_system(task, self.memory.get(task.id), self.tools)
+        system = act_system(task, self.memory.get(task.id), self.tools, tool_list=not self.native_tools)
         traj.messages.append(Message("system", system))
+        if self.native_tools:  # the system message does not list them: the template renders them
+            traj.tools = list(task.tools)
         rsys = rehearse_system(task)
         env = make_env(task) if self.observer.needs_env or self.cfg.shadow else None
         # the user acts in the real environment only where Act's calls do (never in a shadow copy); its side is
@@ -320,7 +333,7 @@ class RolloutEngine:
         lv = _Live(
             task=task,
             traj=traj,
-            act_ids=self.fmt.message("system", system, first=True),
+            act_ids=self.fmt.opening(system, task.tools if self.native_tools else None),
             reh_ids=self.fmt.message("system", rsys, first=True),
             reh_messages=[{"role": "system", "content": rsys}],
             user=user,

@@ -7,7 +7,8 @@ Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` an
 (``prompt`` as text or as token ids, one prompt or a list).
 
 Chat: the messages are rendered with :class:`envace.prompts.ChatFormat` as Act sees them; ``tools`` (OpenAI
-function tools) go into the system message the way Act's are, assistant ``tool_calls`` and ``tool`` messages are
+function tools) go into the system message the way Act's are (as the chat template renders ``tools=`` where Act's
+are, ``RolloutConfig.native_tools`` at its default), assistant ``tool_calls`` and ``tool`` messages are
 Act's ``<tool_call>`` blocks and observations, and a reply that is a well-formed call of one of the tools comes back
 as ``tool_calls`` with finish_reason ``tool_calls`` (:mod:`envace.openai_api`). ``tool_choice``: ``auto`` or
 ``none``; ``required`` and a named function are refused (400): the output is not constrained.
@@ -279,6 +280,7 @@ class EnvaceServer:
             self.fmt: Any = ChatFormat.for_tokenizer(self.tokenizer)
         except (ValueError, AttributeError) as e:  # completions still work
             self.fmt, self._no_chat = None, str(e)
+        self.native_tools = self.fmt is not None and self.fmt.uses_native_tools(True)  # as the rollout's default
         self.tools = tool_format_for(self.tokenizer)  # how the model writes calls (as the rollout chooses it)
         self.vocab_size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
         self.worker = GenerationWorker(backend, cfg.batch_wait_s)
@@ -394,7 +396,8 @@ class EnvaceServer:
             raise RequestError(f"this model has no chat format ({self._no_chat}); use /v1/completions", "messages")
         specs = tool_specs(body.get("tools"))
         parse = parses_calls(body.get("tool_choice"), specs)
-        prompt = self.fmt.render(act_messages(body.get("messages"), specs, self.tools), add_generation_prompt=True)
+        messages = act_messages(body.get("messages"), specs, self.tools, tool_list=not self.native_tools)
+        prompt = self.fmt.render(messages, add_generation_prompt=True, tools=specs if self.native_tools else None)
         return self._request(
             body, [prompt], "messages", _flag(body, "logprobs"), [s.name for s in specs] if parse else None
         )

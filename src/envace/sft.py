@@ -109,6 +109,7 @@ def gold_trajectories(
     chat_format: str | None = None,
     tool_format: str | None = None,
     thinking: bool | None = None,
+    native_tools: bool = True,
 ) -> list[Trajectory]:
     """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine. The formats
     (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given."""
@@ -122,6 +123,7 @@ def gold_trajectories(
         chat_format=chat_format,
         tool_format=tool_format,
         thinking=thinking,
+        native_tools=native_tools,
     )
     cfg.group_size = 1
     teacher = GoldTeacher(
@@ -150,7 +152,12 @@ def sft(cfg: SFTConfig) -> SFTResult:
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
     trajs = gold_trajectories(
-        tok, tasks, chat_format=cfg.chat_format, tool_format=cfg.tool_format, thinking=cfg.thinking
+        tok,
+        tasks,
+        chat_format=cfg.chat_format,
+        tool_format=cfg.tool_format,
+        thinking=cfg.thinking,
+        native_tools=cfg.native_tools,
     )
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
     logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))

@@ -376,6 +376,9 @@ class Trajectory(JSONable):
     """The real environment's own success check, applied by the rollout when it ended to the environment this
     trajectory's calls ran in (real mode, or the shadow copy): ``{"success", "reward", "details", "n_calls"}``
     or ``{"error"}`` (envace.envs.final_outcome). None when no real environment ran them (rehearsed)."""
+    tools: list[ToolSpec] | None = None
+    """The tools Act was given where its system message does not list them (the chat template rendered them,
+    ``RolloutConfig.native_tools``); None: the system message's ``# Tools`` block lists them."""
     messages: list[Message] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     user_steps: list[UserStep] = field(default_factory=list)
