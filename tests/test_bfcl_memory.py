@@ -1,7 +1,11 @@
 """BFCL-v4 memory categories (memory_kv, memory_rec_sum): the gold writer's memory within BFCL's limits and holding
 every cited fact, BFCL's memory system prompt, BFCL's agentic checker on the final message (its error types for
 calls-only and empty trajectories), wrong arguments as error observations, the agentic collection and BFCL's
-agentic column, a missing backend package as an unavailable category, and an evaluation with a scripted policy."""
+agentic column, a missing backend package as an unavailable category, and an evaluation with a scripted policy.
+With ``writer=model`` (BFCL's protocol): the questions start from exactly what the model wrote in the prerequisite
+sessions, played in order and chained, one batch per session index; nothing written is the empty memory; the
+tiny random model runs it end to end; the option's errors; the refusal outside an evaluation; the summary's note;
+test-time rehearsal starting from the prepared memory."""
 
 from __future__ import annotations
 

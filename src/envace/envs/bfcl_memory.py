@@ -12,15 +12,35 @@ is not a call (``agentic_checker``: normalised, word-bounded containment).
 
 **What envace does, and where it departs.**
 
-- **The prerequisite phase is not played by the model.** BFCL needs the model under test to write the memory,
-  and envace runs one independent episode per task, with no chained sessions. Here a scripted *gold writer*
-  plays it instead: per prerequisite session, in order, it stores the facts of that session that the dataset's
-  possible answers cite (their ``source`` excerpts, each put in the session whose text matches it best:
-  :func:`session_facts`) through the backend's own tools (kv: one ``archival_memory_add`` per session, keyed by
-  the session's topic; rec_sum: one ``memory_append``), on a fresh backend, within BFCL's size limits. The
-  resulting memory (what BFCL's snapshot file holds) is the scenario's initial memory for every question of it.
-  So the score measures *using* a memory that holds the needed facts (retrieval, reading, the answer format),
-  not writing it: it is **not comparable to BFCL's leaderboard memory score** (the summary says so).
+- **Who writes the memory** is the suite option ``writer`` (``bfcl:memory_kv?writer=model``, :data:`WRITER_NOTES`;
+  an unknown value is an error listing the valid ones). The default stays ``gold``: it needs no model before the
+  questions, works with training and rehearsal, and its score is the questions' alone; ``model`` is BFCL's protocol
+  and the one to compare with BFCL's leaderboard.
+- **writer=model: BFCL's protocol.** A question is loaded not ready (``env_config["unprepared"]``, no memory);
+  before the trials, evaluation (``envace.evaluation.evaluate``, and before the private attempts of test-time
+  rehearsal) calls :meth:`BFCLMemoryEnv.prepare`, which plays, per (category, scenario) of its questions, the
+  scenario's prerequisite sessions in BFCL's order (the questions' ``depends_on``) with the model under test in
+  the real memory environment (real mode, the evaluation's rollout settings; the step bound scaled to the turns,
+  ``envace.evaluation.player``): each session is a task (:func:`session_task`: its user turns, one after each text
+  reply, as BFCL's multi-turn tasks; BFCL's memory prompt showing the memory it starts from; a fresh context),
+  session i of every scenario in one batch. The backend's memory when a session ends (:func:`memory_after`: the
+  outcome the rollout records in the environment its calls ran in) is the next session's initial memory, and the
+  last one is every question's of the scenario (:func:`with_memory`: its prompt shows it). The sessions are never
+  scored nor counted (``EvalResult.prepared`` keeps them; ``prepare/...`` metrics); a wrong call in them is an
+  error observation; the step and context bounds are envace's (``max_steps_per_turn`` per user turn, where BFCL
+  allows 20; ``max_context_tokens``), and a session cut by one leaves what it wrote, as BFCL flushes the memory
+  of a session it force-quits (counted: ``prepare/truncated_rate``). The summary says the memory was the model's (:data:`MODEL_NOTE`).
+  **Training and rehearsal** do not play them: a ``writer=model`` question outside an evaluation (``envace
+  train``, a rehearsal or shadow rollout, a replay, SFT's gold trajectories) is refused with the reason
+  (``envace.envs.require_prepared``, checked by every rollout and by ``make_env``); train with ``writer=gold``.
+- **writer=gold (the default): not BFCL's score.** A scripted *gold writer* plays the prerequisite phase instead:
+  per prerequisite session, in order, it stores the facts of that session that the dataset's possible answers
+  cite (their ``source`` excerpts, each put in the session whose text matches it best: :func:`session_facts`)
+  through the backend's own tools (kv: one ``archival_memory_add`` per session, keyed by the session's topic;
+  rec_sum: one ``memory_append``), on a fresh backend, within BFCL's size limits. The resulting memory (what
+  BFCL's snapshot file holds) is the scenario's initial memory for every question of it. So the score measures
+  *using* a memory that holds the needed facts (retrieval, reading, the answer format), not writing it: it is
+  **not comparable to BFCL's leaderboard memory score** (the summary says so: :data:`NOTE`).
 - **Tools** are the category's function docs as BFCL shows them (``load_dataset_entry``), the backend is BFCL's
   class (``MemoryAPI_kv`` with its BM25 key search, ``MemoryAPI_rec_sum``), loaded with the snapshot by its own
   ``_load_scenario`` (its snapshot-file read swapped for the snapshot in ``env_config["memory"]``); a call runs
@@ -33,9 +53,10 @@ is not a call (``agentic_checker``: normalised, word-bounded containment).
   BFCL also takes the last message that does not decode) goes to BFCL's ``agentic_checker`` with the possible
   answers. No such step (the episode ended on calls or was cut): ``agentic:no_last_message``, as in BFCL; no
   generation at all: ``agentic:inference_error``.
-- **Gold** (``gold_actions`` / ``gold_replies``): one read of the memory where the writer put the question's fact
-  (kv: ``archival_memory_retrieve`` of its entry; rec_sum: ``memory_retrieve``), then BFCL's answer format with
-  the first possible answer. :func:`replay_gold` also says whether the read's result holds a possible answer
+- **Gold** (``gold_actions`` / ``gold_replies``): one read of the memory where the gold writer put the question's
+  fact (kv: ``archival_memory_retrieve`` of its entry; rec_sum: ``memory_retrieve``), then BFCL's answer format
+  with the first possible answer (with ``writer=model`` too: the read then names the gold memory's entry, so the
+  call F1 against it says little). :func:`replay_gold` also says whether the read's result holds a possible answer
   (``agentic_checker`` on it): not every answer is written verbatim in the cited source.
 - **Split**: ``test`` when a hash of the question (its index and scenario, shared by the two categories) falls in
   the lowest :data:`TEST_FRACTION`. All questions of a scenario share its memory, on either side.

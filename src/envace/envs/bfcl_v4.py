@@ -8,11 +8,17 @@ summary table (non-live, live, multi-turn, agentic, overall) after an evaluation
   or one of BFCL's collections (``TEST_COLLECTION_MAPPING``): ``all`` (BFCL's ``all_scoring``; the non-scoring
   ``format_sensitivity`` is not offered), ``single_turn``, ``non_live``, ``live``, ``multi_turn``, ``agentic``,
   ``memory``, ``web_search``, ``python``, ``non_python``. An unknown name is an error listing the valid ones.
+- ``bfcl:<selection>?<option>=<value>[&...]``: suite options (:data:`OPTIONS`), each taken by the kinds of
+  category that name it (:attr:`Kind.options`): ``writer`` = ``gold`` (default) | ``model``, who writes the memory
+  categories' memory (``bfcl:memory?writer=model``: the model under test plays BFCL's prerequisite sessions,
+  :mod:`envace.envs.bfcl_memory`). An unknown option or value, or an option no selected category takes, is an
+  error listing the valid ones.
 
 **Categories** (:data:`CATEGORIES`): the single-turn ones are :mod:`envace.envs.bfcl_single`'s, the multi-turn
 ones :mod:`envace.envs.bfcl`'s (unchanged), ``memory_kv`` and ``memory_rec_sum`` :mod:`envace.envs.bfcl_memory`'s
-(their prerequisite conversations are not played by the model: a gold writer fills the memory, so their scores are
-not BFCL's memory scores; the summary says so). The other agentic ones are **unavailable** here, each with its
+(by default their prerequisite conversations are not played by the model: a gold writer fills the memory, so their
+scores are not BFCL's memory scores, and the summary says so; with ``?writer=model`` the model under test plays
+them before the questions, as in BFCL: :meth:`BFCLEnvs.prepare`, called by evaluation). The other agentic ones are **unavailable** here, each with its
 reason (:func:`unavailable`): web search needs the internet; ``memory_vector`` loads a sentence-transformers
 embedding model from the Hugging Face Hub when imported (it is never imported here); a memory backend that does
 not import (the bfcl extra's ``overrides`` / ``rank-bm25`` missing) makes its category unavailable, the reason
@@ -33,8 +39,9 @@ four; agentic = mean of web search (mean of two) and memory (mean of three); ove
 10% irrelevance, 30% multi-turn, 40% agentic (relevance is shown, not weighted). A category's weight
 (``total_count``) is its full size, as in a full BFCL run, also when a split or a sample was evaluated (then
 its accuracy is the sample's). A category not evaluated counts 0 in the overall and shows "N/A", as in BFCL; the
-table says why (unavailable, with the reason, or not in this evaluation). An evaluated category whose run departs
-from BFCL's (memory: the gold writer) has its note printed under the table (``categories[c]["note"]``).
+table says why (unavailable, with the reason, or not in this evaluation). An evaluated category with a note (memory:
+who wrote the memory, from the suite spec's ``writer``; with the gold writer, that the score is not BFCL's) has
+it printed under the table (``categories[c]["note"]``).
 """
 
 from __future__ import annotations
