@@ -1,7 +1,11 @@
 """BFCL-v4 memory categories (memory_kv, memory_rec_sum): the gold writer's memory within BFCL's limits and holding
 every cited fact, BFCL's memory system prompt, BFCL's agentic checker on the final message (its error types for
 calls-only and empty trajectories), wrong arguments as error observations, the agentic collection and BFCL's
-agentic column, a missing backend package as an unavailable category, and an evaluation with a scripted policy."""
+agentic column, a missing backend package as an unavailable category, and an evaluation with a scripted policy.
+With ``writer=model`` (BFCL's protocol): the questions start from exactly what the model wrote in the prerequisite
+sessions, played in order and chained, one batch per session index; nothing written is the empty memory; the
+tiny random model runs it end to end; the option's errors; the refusal outside an evaluation; the summary's note;
+test-time rehearsal starting from the prepared memory."""
 
 from __future__ import annotations
 
@@ -12,8 +16,10 @@ import pytest
 from bfcl_eval.constants.default_prompts import MEMORY_AGENT_SETTINGS
 from bfcl_eval.eval_checker.agentic_eval.agentic_checker import agentic_checker
 
+from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
-from envace.envs import bfcl, bfcl_memory, bfcl_v4, check_env, load_tasks, make_env
+from envace.budget import evaluate_at_budget
+from envace.envs import bfcl, bfcl_memory, bfcl_v4, check_env, load_tasks, make_env, suite_summary
 from envace.evaluation import evaluate
 from envace.rollout import RolloutConfig
 from envace.types import Step, Task, ToolCall, Trajectory, is_error_obs
@@ -238,3 +244,176 @@ def test_evaluation_with_a_scripted_policy_reads_the_memory_and_is_scored_on_its
     )
     res = evaluate(ScriptedBackend(tokenizer, scripted(few, read=False)), few, rollout=cfg)
     assert [p["successes"] for p in res.per_task] == [[False], [False]]
+
+
+# ------------------------------------------------------------------------------- writer=model: BFCL's protocol
+
+
+def last_message(prompt: str) -> tuple[str, str]:
+    """(role, content) of the last message of a ChatML prompt, before its generation prompt."""
+    role, _, content = prompt.rsplit("<|im_start|>", 2)[-2].partition("\n")
+    return role, content.split("<|im_end|>")[0]
+
+
+def writing_policy(first_turns: dict[str, tuple[str, int]], writes: bool = True):
+    """Act: on the first user turn of a prerequisite session (``first_turns``: text -> (its category, its index)),
+    the calls that record it (kv: a core entry and an archival entry, and a call with a bad key; rec_sum: an
+    append); every other user message and every tool result is answered with text."""
+
+    def respond(prompt: str) -> str:
+        role, content = last_message(prompt)
+        if role != "user" or content not in first_turns or not writes:
+            return "{'answer': 'Noted.', 'context': 'x'}"
+        category, k = first_turns[content]
+        if category == "memory_kv":
+            calls = [
+                ToolCall(name="core_memory_add", arguments={"key": f"session_{k}", "value": f"wrote {k}"}),
+                ToolCall(name="core_memory_add", arguments={"key": "Bad Key", "value": "x"}),  # BFCL refuses it
+                ToolCall(name="archival_memory_add", arguments={"key": f"note_{k}", "value": f"archived {k}"}),
+            ]
+        else:
+            calls = [ToolCall(name="memory_append", arguments={"text": f"[wrote {k}]"})]
+        return "".join(c.to_text() for c in calls)
+
+    return respond
+
+
+def firsts(*chains: tuple[str, str]) -> dict[str, tuple[str, int]]:
+    """The first user turn of each prerequisite session of the (category, scenario) chains -> (category, index)."""
+    out = {}
+    for category, scenario in chains:
+        for k, sid in enumerate(bfcl_memory.session_ids(category, scenario)):
+            out[bfcl_memory.session_task(category, sid, None).user_turns[0]] = (category, k)
+    return out
+
+
+def first_question(category: str, scenario: str, writer: str = "model") -> Task:
+    (q,) = [e for e in bfcl_memory._questions(category) if e["scenario"] == scenario][:1]
+    return bfcl_memory.load_category(category, [q["id"]], writer=writer)[0]
+
+
+WIDE = RolloutConfig(max_steps=3, max_steps_per_turn=3, max_context_tokens=32_768)
+
+
+def test_with_the_model_writer_questions_start_from_what_the_model_wrote_in_its_chained_sessions(tokenizer):
+    chains = [("memory_kv", "notetaker"), ("memory_rec_sum", "healthcare")]
+    tasks = [first_question(*c) for c in chains]
+    assert all(t.env_config["memory"] is None and t.env_config["unprepared"] for t in tasks)
+    res = evaluate(ScriptedBackend(tokenizer, writing_policy(firsts(*chains))), tasks, rollout=WIDE)
+    ids = {c: bfcl_memory.session_ids(*c) for c in chains}
+    assert [len(v) for v in ids.values()] == [5, 5]
+    # one batch per session index, the scenarios side by side, each chain in BFCL's order
+    assert [t.task_id for t in res.prepared] == [ids[c][i] for i in range(5) for c in chains]
+    assert [t.group_id.split(".")[0] for t in res.prepared] == [f"prepare{i + 1}" for i in range(5) for _ in chains]
+    for traj in res.prepared:  # each session played to its last user turn, never scored
+        task = bfcl_memory.session_task(traj.task_id.split("_prereq")[0], traj.task_id, None)
+        assert sum(m.role == "user" for m in traj.messages) == len(task.user_turns) and traj.truncated is None
+        assert traj.reward is None
+    kv_first = res.prepared[0].steps[0]
+    assert is_error_obs(kv_first.observations[1]) and not is_error_obs(kv_first.observations[0])  # "Bad Key"
+    # session k starts from sessions 0..k-1's writes (the in-context memory its prompt shows), not its own
+    for i in range(5):
+        kv, rec = (res.prepared[2 * i].messages[0].content, res.prepared[2 * i + 1].messages[0].content)
+        assert all(f'"session_{j}": "wrote {j}"' in kv for j in range(i)) and f'"session_{i}"' not in kv
+        assert "".join(f"[wrote {j}]" for j in range(i)) in rec and f"[wrote {i}]" not in rec
+    # the questions' initial memory is exactly what the model wrote (none of the gold writer's facts)
+    assert [p["task_id"] for p in res.per_task] == [t.id for t in tasks] and res.metrics["n_tasks"] == 2
+    assert res.metrics["prepare/episodes"] == 10.0 and res.metrics["prepare/truncated_rate"] == 0.0
+    kv_q, rec_q = res.trajectories
+    assert "wrote 4" in kv_q.messages[0].content and "[wrote 4]" in rec_q.messages[0].content
+    assert all(p["successes"] == [False] for p in res.per_task)  # "Noted." answers nothing
+    prepared = bfcl_memory.with_memory(tasks[0], bfcl_memory.memory_after(res.prepared[-2]))
+    assert prepared.env_config["memory"] == {
+        "core_memory": {f"session_{k}": f"wrote {k}" for k in range(5)},
+        "archival_memory": {f"note_{k}": f"archived {k}" for k in range(5)},
+    }
+    assert bfcl_memory.memory_after(res.prepared[-1]) == {"memory": "".join(f"[wrote {k}]" for k in range(5))}
+    for t in tasks:
+        assert bfcl_memory.fact_text(t.metadata["answer_source"]) not in json.dumps(res.prepared[-1].env_outcome)
+    d = json.loads(json.dumps(res.to_dict(with_trajectories=True)))
+    assert len(d["prepared_trajectories"]) == 10 and len(d["trajectories"]) == 2
+
+
+def test_a_model_that_writes_nothing_leaves_the_questions_an_empty_memory(tokenizer):
+    from envace.evaluation import prepare
+
+    chains = [("memory_kv", "notetaker"), ("memory_rec_sum", "notetaker")]
+    tasks = [first_question(*c) for c in chains]
+    be = ScriptedBackend(tokenizer, writing_policy(firsts(*chains), writes=False))
+    ready, played = prepare(be, tasks, WIDE)
+    assert len(played) == 10 and all(not t.calls() for t in played)
+    assert [t.env_config["memory"] for t in ready] == [{"core_memory": {}, "archival_memory": {}}, {"memory": ""}]
+    assert all("unprepared" not in t.env_config for t in ready)
+    assert "There is no content in the core memory at this point." in ready[0].system_prompt
+    assert "There is no content in the memory at this point." in ready[1].system_prompt
+    gold = first_question("memory_kv", "notetaker", writer="gold")
+    assert gold.env_config["memory"] != ready[0].env_config["memory"]
+    assert prepare(be, [gold], WIDE) == ([gold], [])  # the gold writer's tasks need nothing played
+
+
+def test_the_tiny_random_model_plays_the_prerequisite_sessions_end_to_end(tiny):
+    from envace.backends.hf import HFBackend
+
+    model, tok = tiny
+    chains = [("memory_kv", "notetaker"), ("memory_rec_sum", "finance")]
+    tasks = [first_question(*c) for c in chains]
+    cfg = RolloutConfig(
+        max_steps=2, max_steps_per_turn=2, max_context_tokens=8192, act=SamplingParams(max_new_tokens=8)
+    )
+    res = evaluate(HFBackend(model, tok), tasks, rollout=cfg)
+    assert len(res.prepared) == 5 + 7 and len(res.trajectories) == 2  # notetaker: 5 sessions, finance: 7
+    assert [len(p["successes"]) for p in res.per_task] == [1, 1]
+    for t in res.prepared:  # garbled output is a text reply (or a parse error): the session goes on to its end
+        assert t.truncated is None and t.env_outcome and "error" not in t.env_outcome
+        assert all(is_error_obs(o) or isinstance(o, dict) for s in t.steps for o in s.observations)
+    last = {c: next(t for t in reversed(res.prepared) if t.task_id.startswith(c[0] + "_prereq")) for c in chains}
+    for task, traj, c in zip(tasks, res.trajectories, chains):  # each question shows its chain's last memory
+        ready = bfcl_memory.with_memory(task, bfcl_memory.memory_after(last[c]))
+        assert traj.messages[0].content.startswith(ready.system_prompt.strip())
+
+
+def test_the_writer_is_a_suite_option_and_an_unknown_one_is_an_error_listing_the_valid_ones():
+    assert bfcl_v4.options_of("bfcl:memory") == {"writer": "gold"}
+    assert bfcl_v4.categories_of("bfcl:memory?writer=model") == ["memory_kv", "memory_vector", "memory_rec_sum"]
+    model = load_tasks("bfcl:memory_kv?writer=model", "test", n=2, seed=3)
+    gold = load_tasks("bfcl:memory_kv", "test", n=2, seed=3)
+    assert [t.id for t in model] == [t.id for t in gold]  # the same questions
+    assert all(t.env_config["writer"] == "model" and t.env_config["memory"] is None for t in model)
+    assert all(t.env_config["writer"] == "gold" and t.env_config["memory"] for t in gold)
+    with pytest.raises(ValueError, match="unknown BFCL writer 'bogus'.*valid: gold, model"):
+        load_tasks("bfcl:memory_kv?writer=bogus", "test", n=1)
+    with pytest.raises(ValueError, match="unknown BFCL suite option 'wrtier'.*valid options: writer"):
+        load_tasks("bfcl:memory_kv?wrtier=model", "test", n=1)
+    with pytest.raises(ValueError, match="no selected BFCL category takes the option writer"):
+        load_tasks("bfcl:simple_python?writer=model", "test", n=1)
+    with pytest.raises(ValueError, match="unknown BFCL memory writer 'x'; valid: gold, model"):
+        bfcl_memory.load_category("memory_kv", writer="x")
+
+
+def test_outside_an_evaluation_a_model_writer_question_is_refused_with_the_reason(tokenizer):
+    from envace.rollout import RolloutEngine
+
+    t = first_question("memory_kv", "customer")
+    with pytest.raises(ValueError, match="cannot run before its environment prepares it.*use writer=gold"):
+        make_env(t)
+    engine = RolloutEngine(ScriptedBackend(tokenizer, lambda p: "x"), RolloutConfig(mode="rehearsal"))
+    with pytest.raises(ValueError, match="customer scenario's prerequisite sessions"):  # training, rehearsal
+        engine.run([t])
+
+
+def test_the_summary_says_who_wrote_the_memory():
+    rows = [{"task_id": "a", "domain": "bfcl:memory_kv", "successes": [True]}]
+    gold, model = bfcl_v4.summary(rows), bfcl_v4.summary(rows, "bfcl:memory?writer=model")
+    assert gold["categories"]["memory_kv"]["note"] == bfcl_memory.NOTE and "not BFCL's memory score" in gold["text"]
+    assert model["categories"]["memory_kv"]["note"] == bfcl_memory.MODEL_NOTE
+    assert "not BFCL's memory score" not in model["text"] and "note on memory_kv: writer=model" in model["text"]
+    assert suite_summary("bfcl:memory_kv?writer=model@oracle-references", rows)["text"] == model["text"]
+
+
+def test_test_time_rehearsal_starts_from_the_prepared_memory(tokenizer):
+    t = first_question("memory_kv", "notetaker")
+    be = ScriptedBackend(tokenizer, writing_policy(firsts(("memory_kv", "notetaker"))))
+    res = evaluate_at_budget(be, [t], rollout=WIDE, n=1, mode="sequential", tts_options={"memory": "concat"})
+    assert len(res.prepared) == 5 and res.metrics["prepare/episodes"] == 5.0
+    attempt = res.records[0].attempts[0]
+    assert '"session_4": "wrote 4"' in attempt.messages[0].content  # the private attempt saw the model's memory

@@ -354,7 +354,7 @@ def test_the_summary_reads_per_task_rows_and_names_unavailable_and_missing_categ
 
 def test_a_failing_summary_is_reported_next_to_the_metrics_not_raised():
     original = SUMMARIES.remove("bfcl")
-    SUMMARIES.add("bfcl", lambda rows: 1 / 0)
+    SUMMARIES.add("bfcl", lambda rows, spec: 1 / 0)
     try:
         s = suite_summary("bfcl:all", [])
     finally:

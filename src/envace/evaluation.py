@@ -24,6 +24,14 @@ Metrics (keys of :attr:`EvalResult.metrics`):
   the Wilson interval over tasks of the per-task mean (:func:`envace.stats.rate_interval`: exact Wilson with one
   sample per task, conservative with more). :func:`format_metrics` prints it next to the rate.
 
+**Prepared tasks.** Before the trials, :func:`evaluate` lets each task's environment prepare it
+(:func:`envace.envs.prepare_tasks`; a no-op for every task that needs nothing): BFCL's memory questions with
+``writer=model`` first have the model under test play their scenario's prerequisite sessions, in order, which
+write the memory the questions start from. Those episodes run with the model under test in real mode
+(:func:`player`), are never scored nor counted in any metric but ``prepare/...`` (``prepare/episodes``,
+``prepare/truncated_rate``, ``prepare/tool_calls_per_traj``, ``prepare/wall_s``), and are kept in
+:attr:`EvalResult.prepared`.
+
 A suite with its own report (``envace.envs.SUMMARIES``; BFCL: its leaderboard table with the overall score)
 adds it to the result of ``envace.budget.evaluate_model`` (``EvalResult.summary``), printed after the metrics and saved.
 
@@ -48,6 +56,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .backends.base import Backend
+from .envs import Play, prepare_tasks
 from .rewards import REWARDS, call_prf, score_trajectories, tool_name_prf
 from .rollout import RolloutConfig, RolloutEngine
 from .stats import fmt_p, fmt_rate, paired_comparison, rate_interval
@@ -99,6 +108,9 @@ class EvalResult:
     summary: dict[str, Any] | None = None
     """The suite's own report of the per-task results (``envace.envs.suite_summary``: BFCL's leaderboard table),
     or None; :meth:`table` prints its ``text`` after the metrics."""
+    prepared: list[Trajectory] = field(default_factory=list)
+    """The episodes played to prepare the tasks (:func:`prepare`: BFCL memory's prerequisite sessions with
+    ``writer=model``), in play order; never scored (``reward`` None), in no metric but ``prepare/...``."""
 
     def table(self) -> str:
         text = format_metrics(self.metrics)
@@ -116,6 +128,8 @@ class EvalResult:
             d["summary"] = self.summary
         if with_trajectories:
             d["trajectories"] = [t.to_dict(with_rows=False) for t in self.trajectories]
+            if self.prepared:
+                d["prepared_trajectories"] = [t.to_dict(with_rows=False) for t in self.prepared]
         return d
 
 
@@ -206,6 +220,51 @@ def summarize(
     return m
 
 
+def player(policy: Backend, rollout: RolloutConfig, played: list[Trajectory]) -> Play:
+    """The :data:`envace.envs.Play` of an evaluation: each task once, with ``policy`` in real mode and ``rollout``'s
+    settings, except that an episode may take ``max_steps_per_turn`` steps per user turn (at least ``max_steps``)
+    so that a conversation reaches its last turn unless the model itself runs over a turn's bound. Its
+    trajectories are appended to ``played``; each batch has its progress bar (``prepare[<batch>]``)."""
+
+    batches = 0
+
+    def play(tasks: list[Task]) -> list[Trajectory]:
+        nonlocal batches
+        turns = max((len(t.user_turns) for t in tasks), default=1)
+        cfg = dataclasses.replace(
+            rollout,
+            mode="real",
+            group_size=1,
+            shadow=False,
+            max_steps=max(rollout.max_steps, rollout.max_steps_per_turn * turns),
+        )
+        batches += 1
+        trajs = RolloutEngine(policy, cfg).run(tasks, group_prefix=f"prepare{batches}.", desc=f"prepare[{batches}]")
+        played.extend(trajs)
+        return trajs
+
+    return play
+
+
+def prepare(policy: Backend, tasks: list[Task], rollout: RolloutConfig) -> tuple[list[Task], list[Trajectory]]:
+    """The tasks ready to run (:func:`envace.envs.prepare_tasks`, played by :func:`player`) and the episodes that
+    took, in play order (none when no task needed preparing)."""
+    played: list[Trajectory] = []
+    return prepare_tasks(tasks, player(policy, rollout, played)), played
+
+
+def prepare_metrics(played: Sequence[Trajectory], wall_s: float = 0.0) -> dict[str, float]:
+    """``prepare/...`` metrics of the episodes that prepared the tasks (none: no key)."""
+    if not played:
+        return {}
+    return {
+        "prepare/episodes": float(len(played)),
+        "prepare/truncated_rate": _mean([t.truncated is not None for t in played]),
+        "prepare/tool_calls_per_traj": _mean([len(t.calls()) for t in played]),
+        "prepare/wall_s": float(wall_s),
+    }
+
+
 def evaluate(
     policy: Backend,
     tasks: list[Task],
@@ -215,20 +274,24 @@ def evaluate(
 ) -> EvalResult:
     """Run every task ``samples`` times against its real environment and compute the metrics.
 
-    ``memory`` (task id -> text) is shown to Act as its rehearsal memory (test-time scaling, envace.tts).
-    ``trajectories`` come task by task, ``samples`` per task, in the order of ``tasks``."""
+    The tasks are prepared first (:func:`prepare`; see the module docstring). ``memory`` (task id -> text) is
+    shown to Act as its rehearsal memory (test-time scaling, envace.tts). ``trajectories`` come task by task,
+    ``samples`` per task, in the order of ``tasks``."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     cfg = dataclasses.replace(rollout or RolloutConfig(), mode="real", group_size=samples, shadow=False)
     t0 = time.perf_counter()
+    tasks, played = prepare(policy, tasks, cfg)
+    t1 = time.perf_counter()
     trajs = RolloutEngine(policy, cfg, memory=memory).run(tasks, group_prefix="eval")
-    wall = time.perf_counter() - t0
+    wall = time.perf_counter() - t1
     score_trajectories({t.id: t for t in tasks}, trajs, REWARDS.get("grounded"))
     by_task: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_task.setdefault(t.task_id, []).append(t)
     per_task = [task_scores(task, by_task.get(task.id, [])) for task in tasks]
-    return EvalResult(summarize(per_task, trajs, samples, wall), per_task, trajs, split=split_of(tasks))
+    metrics = summarize(per_task, trajs, samples, wall) | prepare_metrics(played, t1 - t0)
+    return EvalResult(metrics, per_task, trajs, split=split_of(tasks), prepared=played)
 
 
 def split_of(tasks: Sequence[Task]) -> str:

@@ -50,7 +50,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from .backends.base import Backend, Request, SamplingParams
-from .envs import USERS, Environment, UserSimulator, final_outcome, make_env
+from .envs import USERS, Environment, UserSimulator, final_outcome, make_env, require_prepared
 from .envs.references import cache_lookup
 from .parsing import (
     OBS_CLOSE,
@@ -367,14 +367,18 @@ class RolloutEngine:
         lv.done = True
 
     # -- the loop ---------------------------------------------------------------------------------------------
-    def run(self, tasks: list[Task], group_prefix: str = "g") -> list[Trajectory]:
-        """Roll out ``group_size`` trajectories for each task; returns them grouped task by task."""
+    def run(self, tasks: list[Task], group_prefix: str = "g", desc: str | None = None) -> list[Trajectory]:
+        """Roll out ``group_size`` trajectories for each task; returns them grouped task by task. A task that needs
+        its environment's ``prepare`` first is refused (:func:`envace.envs.require_prepared`). ``desc``: the
+        progress bar's label (default ``rollout[<mode>]``)."""
+        require_prepared(tasks)
         lives = [
             self._start(t, k, f"{group_prefix}{i}:{t.id}")
             for i, t in enumerate(tasks)
             for k in range(self.cfg.group_size)
         ]
-        bar = tqdm(total=len(lives), desc=f"rollout[{self.cfg.mode}]", disable=not self.cfg.progress, leave=False)
+        desc = desc or f"rollout[{self.cfg.mode}]"
+        bar = tqdm(total=len(lives), desc=desc, disable=not self.cfg.progress, leave=False)
         schedule = self.cfg.schedule if self.cfg.schedule != "continuous" or self.can_stream() else "lockstep"
         SCHEDULES.get(schedule)(self, lives, bar)
         bar.close()

@@ -31,7 +31,10 @@ observations, not of extra tokens.
 
 **The firewall.** :func:`rehearse` (steps 1-3) receives only the policy, the tasks and the config; it builds
 rehearsal-mode engines only (checked: the observer needs no environment, shadow is off; plans use no engine at
-all, only ``policy.generate``) and this module never imports an environment factory. The real environment first exists inside the final ``evaluate`` call.
+all, only ``policy.generate``) and this module never imports an environment factory. The real environment first exists inside the final ``evaluate`` call. (A task that
+needs episodes played before it can run at all, BFCL's memory questions with ``writer=model``, is prepared first,
+by :func:`envace.evaluation.prepare`, before any attempt: those episodes are the task's setup, played in their
+own real environments, and the attempts, like the real run, start from what they left.)
 
 **Where things go in prompts.** Reflections, earlier attempts (sequential) and m_x reach Act through the
 "Notes from private rehearsal" block of its system prompt (:func:`envace.prompts.act_system`), so N=0 (no
@@ -55,7 +58,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable
 
 from .backends.base import Backend, SamplingParams
-from .evaluation import EvalResult, evaluate
+from .evaluation import EvalResult, evaluate, prepare, prepare_metrics
 from .prompts import ChatFormat, render_tools, serialize_messages
 from .registry import Registry
 from .rollout import RolloutConfig, RolloutEngine, format_trajectory
@@ -660,6 +663,9 @@ def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, sample
     The metrics are :func:`envace.evaluation.evaluate`'s (success_rate, pass^k, call_f1, ...) plus ``tts/…``
     ones; each record's ``final`` is the task's first real run (all runs are in ``trajectories``).
     """
+    t0 = time.perf_counter()
+    tasks, played = prepare(policy, tasks, cfg.final_rollout())  # the tasks' setup (BFCL memory, writer=model)
+    prepare_s = time.perf_counter() - t0
     step = cfg.tasks_in_flight or max(1, len(tasks))
     records: list[RehearsalRecord] = []
     for i in range(0, len(tasks), step):
@@ -677,8 +683,10 @@ def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, sample
             rec.count(f"final/{key}", v)
         rec.timing["real_s"] = res.metrics["wall_s"]
     add_token_counts(res.per_task, res.trajectories, records)
-    metrics = {**res.metrics, **tts_metrics(records)}
-    return TTSEvalResult(metrics, res.per_task, res.trajectories, split=res.split, records=records)
+    metrics = {**res.metrics, **prepare_metrics(played, prepare_s), **tts_metrics(records)}
+    return TTSEvalResult(
+        metrics, res.per_task, res.trajectories, split=res.split, prepared=played + res.prepared, records=records
+    )
 
 
 def run_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[RehearsalRecord]:

@@ -6,6 +6,13 @@ JSON snapshot of its state, and scores a finished trajectory.
 
 Environments are created by name through :data:`ENVS` (``task.env``, e.g. ``"bank"`` or ``"tau2:retail"``;
 the part before ``:`` selects the factory) and task sets are loaded through :data:`SUITES`.
+
+**Preparing tasks.** A task may need episodes played by the model under test before it can run (BFCL's memory
+questions with ``writer=model``: the prerequisite sessions write the memory the questions start from). Such a task
+says why in ``env_config["unprepared"]``; :func:`prepare_tasks` hands it to its environment's
+:meth:`Environment.prepare` with a :data:`Play` (evaluation's: real-mode episodes with the model under test), which
+returns the task ready to run. Evaluation prepares its tasks before the trials; a rollout or an environment of a
+task still unprepared (training, rehearsal, a replay) is an error that gives the reason (:func:`require_prepared`).
 """
 
 from __future__ import annotations
@@ -41,6 +48,16 @@ class Score:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+Play = Callable[[list[Task]], list[Trajectory]]
+"""Plays tasks with the model under test, each once in its real environment (real mode), and returns their
+trajectories in task order: what :meth:`Environment.prepare` gets (evaluation's: ``envace.evaluation.player``)."""
+Prepare = Callable[[list[Task], Play], list[Task]]
+"""(tasks, play) -> the same tasks, in order, ready to run (:meth:`Environment.prepare`)."""
+UNPREPARED = "unprepared"
+"""The ``env_config`` key of a task that needs its environment's :meth:`Environment.prepare` before it runs; its value
+says why (shown by the error of :func:`require_prepared`)."""
+
+
 class Environment(ABC):
     """The real environment of one task.
 
@@ -54,6 +71,14 @@ class Environment(ABC):
     """Whether running calls again in a fresh instance has no effect outside this process, so that scoring may
     replay a trajectory that no real environment ran (a rehearsed one, :func:`replay`). False where tools reach
     the world (MCP servers): such a replay then needs the task's explicit opt-in ``env_config["allow_replay"]``."""
+
+    @classmethod
+    def prepare(cls, tasks: list[Task], play: Play) -> list[Task]:
+        """The tasks of this environment ready to run: the same tasks in the same order, each one marked
+        ``env_config["unprepared"]`` replaced by its ready version (without the mark), made by playing the episodes
+        it needs with ``play``. Evaluation calls it (:func:`prepare_tasks`) before the trials; the default has
+        nothing to prepare."""
+        return tasks
 
     def __init__(self, task: Task):
         self.task = task
@@ -171,9 +196,9 @@ ENVS: Registry[Callable[[Task], Environment]] = Registry("environment")
 SUITES: Registry[Callable[..., list[Task]]] = Registry("task suite")
 
 
-# name -> summary(per-task rows of an evaluation) -> {"title", "text", ...}: a benchmark's own report of an
-# evaluation of its tasks (BFCL's leaderboard table), shown after the metrics and saved with the result.
-SUMMARIES: Registry[Callable[[Sequence[dict[str, Any]]], dict[str, Any]]] = Registry("suite summary")
+# name -> summary(per-task rows of an evaluation, suite spec) -> {"title", "text", ...}: a benchmark's own report of
+# an evaluation of its tasks (BFCL's leaderboard table), shown after the metrics and saved with the result.
+SUMMARIES: Registry[Callable[[Sequence[dict[str, Any]], str], dict[str, Any]]] = Registry("suite summary")
 
 
 def suite_summary(spec: str, per_task: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
@@ -188,17 +213,73 @@ def suite_summary(spec: str, per_task: Sequence[dict[str, Any]]) -> dict[str, An
     if prefix not in SUMMARIES:
         return None
     try:
-        return SUMMARIES.get(prefix)(per_task)
+        return SUMMARIES.get(prefix)(per_task, spec)
     except Exception as e:  # noqa: BLE001 - reported next to the metrics, never a lost evaluation
         error = f"{type(e).__name__}: {str(e)[:300]}"
         return {"title": f"{prefix} summary", "text": f"{prefix} summary failed: {error}", "error": error}
 
 
 def make_env(task: Task) -> Environment:
+    """The real environment of a task (refused for a task not yet prepared: :func:`require_prepared`)."""
     from . import ensure_registered
 
     ensure_registered(task.env)
+    require_prepared([task])
     return ENVS.get(task.env.split(":", 1)[0])(task)
+
+
+def unprepared(task: Task) -> str | None:
+    """Why the task needs its environment's :meth:`Environment.prepare` before it runs, or None when it does not."""
+    why = task.env_config.get(UNPREPARED)
+    return None if why is None else str(why)
+
+
+def require_prepared(tasks: Sequence[Task]) -> None:
+    """Raise ``ValueError`` (naming the first such task and why) if a task still needs preparing."""
+    waiting = [t for t in tasks if unprepared(t) is not None]
+    if waiting:
+        more = f" (and {len(waiting) - 1} more)" if len(waiting) > 1 else ""
+        raise ValueError(
+            f"task {waiting[0].id!r}{more} cannot run before its environment prepares it: {unprepared(waiting[0])}"
+        )
+
+
+def prepare_groups(tasks: list[Task], play: Play, prepare_of: Callable[[Task], Prepare | None]) -> list[Task]:
+    """The tasks, each group sharing one prepare function (``prepare_of``; None: nothing to prepare) prepared by
+    it, back in their places. A prepare that returns other tasks (count or ids) is an error."""
+    out = list(tasks)
+    groups: dict[Prepare, list[int]] = {}
+    for i, t in enumerate(tasks):
+        fn = prepare_of(t)
+        if fn is not None:
+            groups.setdefault(fn, []).append(i)
+    for fn, idx in groups.items():
+        done = fn([tasks[i] for i in idx], play)
+        if [t.id for t in done] != [tasks[i].id for i in idx]:
+            raise ValueError(f"{fn!r} returned other tasks than it was given")
+        for i, t in zip(idx, done):
+            out[i] = t
+    return out
+
+
+def prepare_tasks(tasks: list[Task], play: Play) -> list[Task]:
+    """The tasks ready to run: those not ready (:func:`unprepared`) prepared by their environment factory's
+    ``prepare`` (:meth:`Environment.prepare`) with ``play``, in place; the others as they are. A task still
+    unprepared afterwards is an error (:func:`require_prepared`)."""
+    from . import ensure_registered
+
+    if all(unprepared(t) is None for t in tasks):
+        return tasks
+
+    def prepare_of(task: Task) -> Prepare | None:
+        if unprepared(task) is None:
+            return None
+        ensure_registered(task.env)
+        return getattr(ENVS.get(task.env.split(":", 1)[0]), "prepare", None)
+
+    out = prepare_groups(tasks, play, prepare_of)
+    require_prepared(out)
+    return out
 
 
 def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:

@@ -12,15 +12,35 @@ is not a call (``agentic_checker``: normalised, word-bounded containment).
 
 **What envace does, and where it departs.**
 
-- **The prerequisite phase is not played by the model.** BFCL needs the model under test to write the memory,
-  and envace runs one independent episode per task, with no chained sessions. Here a scripted *gold writer*
-  plays it instead: per prerequisite session, in order, it stores the facts of that session that the dataset's
-  possible answers cite (their ``source`` excerpts, each put in the session whose text matches it best:
-  :func:`session_facts`) through the backend's own tools (kv: one ``archival_memory_add`` per session, keyed by
-  the session's topic; rec_sum: one ``memory_append``), on a fresh backend, within BFCL's size limits. The
-  resulting memory (what BFCL's snapshot file holds) is the scenario's initial memory for every question of it.
-  So the score measures *using* a memory that holds the needed facts (retrieval, reading, the answer format),
-  not writing it: it is **not comparable to BFCL's leaderboard memory score** (the summary says so).
+- **Who writes the memory** is the suite option ``writer`` (``bfcl:memory_kv?writer=model``, :data:`WRITER_NOTES`;
+  an unknown value is an error listing the valid ones). The default stays ``gold``: it needs no model before the
+  questions, works with training and rehearsal, and its score is the questions' alone; ``model`` is BFCL's protocol
+  and the one to compare with BFCL's leaderboard.
+- **writer=model: BFCL's protocol.** A question is loaded not ready (``env_config["unprepared"]``, no memory);
+  before the trials, evaluation (``envace.evaluation.evaluate``, and before the private attempts of test-time
+  rehearsal) calls :meth:`BFCLMemoryEnv.prepare`, which plays, per (category, scenario) of its questions, the
+  scenario's prerequisite sessions in BFCL's order (the questions' ``depends_on``) with the model under test in
+  the real memory environment (real mode, the evaluation's rollout settings; the step bound scaled to the turns,
+  ``envace.evaluation.player``): each session is a task (:func:`session_task`: its user turns, one after each text
+  reply, as BFCL's multi-turn tasks; BFCL's memory prompt showing the memory it starts from; a fresh context),
+  session i of every scenario in one batch. The backend's memory when a session ends (:func:`memory_after`: the
+  outcome the rollout records in the environment its calls ran in) is the next session's initial memory, and the
+  last one is every question's of the scenario (:func:`with_memory`: its prompt shows it). The sessions are never
+  scored nor counted (``EvalResult.prepared`` keeps them; ``prepare/...`` metrics); a wrong call in them is an
+  error observation; the step and context bounds are envace's (``max_steps_per_turn`` per user turn, where BFCL
+  allows 20; ``max_context_tokens``), and a session cut by one leaves what it wrote, as BFCL flushes the memory
+  of a session it force-quits (counted: ``prepare/truncated_rate``). The summary says the memory was the model's (:data:`MODEL_NOTE`).
+  **Training and rehearsal** do not play them: a ``writer=model`` question outside an evaluation (``envace
+  train``, a rehearsal or shadow rollout, a replay, SFT's gold trajectories) is refused with the reason
+  (``envace.envs.require_prepared``, checked by every rollout and by ``make_env``); train with ``writer=gold``.
+- **writer=gold (the default): not BFCL's score.** A scripted *gold writer* plays the prerequisite phase instead:
+  per prerequisite session, in order, it stores the facts of that session that the dataset's possible answers
+  cite (their ``source`` excerpts, each put in the session whose text matches it best: :func:`session_facts`)
+  through the backend's own tools (kv: one ``archival_memory_add`` per session, keyed by the session's topic;
+  rec_sum: one ``memory_append``), on a fresh backend, within BFCL's size limits. The resulting memory (what
+  BFCL's snapshot file holds) is the scenario's initial memory for every question of it. So the score measures
+  *using* a memory that holds the needed facts (retrieval, reading, the answer format), not writing it: it is
+  **not comparable to BFCL's leaderboard memory score** (the summary says so: :data:`NOTE`).
 - **Tools** are the category's function docs as BFCL shows them (``load_dataset_entry``), the backend is BFCL's
   class (``MemoryAPI_kv`` with its BM25 key search, ``MemoryAPI_rec_sum``), loaded with the snapshot by its own
   ``_load_scenario`` (its snapshot-file read swapped for the snapshot in ``env_config["memory"]``); a call runs
@@ -33,9 +53,10 @@ is not a call (``agentic_checker``: normalised, word-bounded containment).
   BFCL also takes the last message that does not decode) goes to BFCL's ``agentic_checker`` with the possible
   answers. No such step (the episode ended on calls or was cut): ``agentic:no_last_message``, as in BFCL; no
   generation at all: ``agentic:inference_error``.
-- **Gold** (``gold_actions`` / ``gold_replies``): one read of the memory where the writer put the question's fact
-  (kv: ``archival_memory_retrieve`` of its entry; rec_sum: ``memory_retrieve``), then BFCL's answer format with
-  the first possible answer. :func:`replay_gold` also says whether the read's result holds a possible answer
+- **Gold** (``gold_actions`` / ``gold_replies``): one read of the memory where the gold writer put the question's
+  fact (kv: ``archival_memory_retrieve`` of its entry; rec_sum: ``memory_retrieve``), then BFCL's answer format
+  with the first possible answer (with ``writer=model`` too: the read then names the gold memory's entry, so the
+  call F1 against it says little). :func:`replay_gold` also says whether the read's result holds a possible answer
   (``agentic_checker`` on it): not every answer is written verbatim in the cited source.
 - **Split**: ``test`` when a hash of the question (its index and scenario, shared by the two categories) falls in
   the lowest :data:`TEST_FRACTION`. All questions of a scenario share its memory, on either side.
@@ -68,7 +89,7 @@ from bfcl_eval.utils import is_memory_prereq, load_dataset_entry, load_file, loa
 
 from ..registry import Registry  # noqa: E402
 from ..types import Step, Task, ToolCall, Trajectory, is_error_obs  # noqa: E402
-from .base import Environment, Score  # noqa: E402
+from .base import UNPREPARED, Environment, Play, Score  # noqa: E402
 from .references import digest  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = ("memory_kv", "memory_rec_sum")
@@ -79,7 +100,22 @@ NOTE = (
     "the prerequisite conversations are not played by the model: the memory starts as envace's gold writer "
     "left it (the facts the possible answers cite), so the score is not BFCL's memory score"
 )
-"""What the summary says next to an evaluated memory category."""
+"""What the summary says next to an evaluated memory category with the gold writer."""
+MODEL_NOTE = (
+    "writer=model: the model under test played the prerequisite conversations, each session starting from the "
+    "memory the one before left, and the questions start from the last one's memory, as in BFCL"
+)
+"""What the summary says next to an evaluated memory category with the model writer."""
+WRITER_NOTES: dict[str, str] = {"gold": NOTE, "model": MODEL_NOTE}
+"""Who writes a scenario's memory (the suite option ``writer``; the first: the default) -> the summary's note."""
+DEFAULT_WRITER = next(iter(WRITER_NOTES))
+
+
+def check_writer(writer: str) -> str:
+    """``writer`` if it is one of :data:`WRITER_NOTES`, else a ``ValueError`` listing the valid ones."""
+    if writer not in WRITER_NOTES:
+        raise ValueError(f"unknown BFCL memory writer {writer!r}; valid: {', '.join(WRITER_NOTES)}")
+    return writer
 
 
 # ------------------------------------------------------------------------------- BFCL's code, privately
@@ -308,13 +344,38 @@ def score_reply(possible_answers: list[str], traj: Trajectory) -> Score:
 
 
 class BFCLMemoryEnv(Environment):
-    """One BFCL memory question: BFCL's memory backend, loaded with the scenario's memory (``env_config["memory"]``);
-    the final reply is scored by BFCL's agentic checker (:func:`score_reply`)."""
+    """One BFCL memory question, or one prerequisite session (``env_config["prerequisite"]``): BFCL's memory backend,
+    loaded with the memory it starts from (``env_config["memory"]``; None: empty). A question's final reply is
+    scored by BFCL's agentic checker (:func:`score_reply`); a session is not scored, its outcome is the memory it
+    leaves (:func:`memory_after`). :meth:`prepare` plays the sessions of ``writer=model`` questions."""
 
     def __init__(self, task: Task):
         super().__init__(task)
         cfg = task.env_config
         self.instances = {cfg["backend"]: load_backend(cfg["backend"], cfg["memory"])}
+
+    @classmethod
+    def prepare(cls, tasks: list[Task], play: Play) -> list[Task]:
+        """``writer=model`` questions with the memory the model under test wrote: per (category, scenario) of
+        them, its prerequisite sessions (:func:`session_ids`) are played in order, session i of every scenario
+        in one batch, each starting from the memory the one before left (the first: empty); each question
+        starts from its scenario's last memory (:func:`with_memory`). Other tasks are returned as they are."""
+        waiting = [(t.env_config["category"], t.env_config["scenario"]) for t in tasks if t.env_config.get(UNPREPARED)]
+        chains = {key: session_ids(*key) for key in dict.fromkeys(waiting)}
+        memory: dict[tuple[str, str], dict[str, Any] | None] = dict.fromkeys(chains)
+        for i in range(max(map(len, chains.values()), default=0)):
+            keys = [key for key, ids in chains.items() if i < len(ids)]
+            played = play([session_task(key[0], chains[key][i], memory[key]) for key in keys])
+            if len(played) != len(keys):
+                raise ValueError(f"play returned {len(played)} trajectories for {len(keys)} sessions")
+            for key, traj in zip(keys, played):
+                memory[key] = memory_after(traj)
+        return [
+            with_memory(t, memory[(t.env_config["category"], t.env_config["scenario"])])
+            if t.env_config.get(UNPREPARED)
+            else t
+            for t in tasks
+        ]
 
     @staticmethod
     def initial_state_key(task: Task) -> str:
@@ -329,7 +390,24 @@ class BFCLMemoryEnv(Environment):
         return bfcl.instances_state(self.instances)
 
     def score(self, traj: Trajectory) -> Score:
-        return score_reply(self.task.env_config["possible_answer"], traj)
+        cfg = self.task.env_config
+        if cfg.get("prerequisite"):
+            memory = snapshot_of(self.instances[cfg["backend"]])
+            return Score(
+                False, 0.0, {"prerequisite": "not scored: its outcome is the memory it leaves", "memory": memory}
+            )
+        return score_reply(cfg["possible_answer"], traj)
+
+
+def memory_after(traj: Trajectory) -> dict[str, Any]:
+    """The memory a prerequisite session left (what BFCL's snapshot file holds after it), from the outcome the
+    rollout recorded in the environment its calls ran in (``Trajectory.env_outcome``)."""
+    out = traj.env_outcome or {}
+    memory = (out.get("details") or {}).get("memory")
+    if memory is None:
+        why = out.get("error") or "no real environment ran it"
+        raise ValueError(f"{traj.task_id}: the prerequisite session left no memory snapshot ({why})")
+    return memory
 
 
 def gold_reply(answer: str) -> str:
@@ -384,10 +462,65 @@ def split_of(bfcl_id: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _questions(category: str) -> list[dict]:
-    """The category's questions as BFCL's loader gives them (prerequisite sessions left out)."""
+def _entries(category: str) -> list[dict]:
+    """The category's entries as BFCL's loader gives them: the prerequisite sessions and the questions."""
     backend_of(category)
-    return [e for e in load_dataset_entry(category) if not is_memory_prereq(e["id"])]
+    return load_dataset_entry(category)
+
+
+@functools.lru_cache(maxsize=None)
+def _questions(category: str) -> list[dict]:
+    """The category's questions (prerequisite sessions left out)."""
+    return [e for e in _entries(category) if not is_memory_prereq(e["id"])]
+
+
+@functools.lru_cache(maxsize=None)
+def _sessions(category: str) -> dict[str, dict]:
+    """The category's prerequisite sessions by id."""
+    return {e["id"]: e for e in _entries(category) if is_memory_prereq(e["id"])}
+
+
+@functools.lru_cache(maxsize=None)
+def session_ids(category: str, scenario: str) -> tuple[str, ...]:
+    """The ids of a scenario's prerequisite sessions in BFCL's order (what its questions ``depends_on``)."""
+    chains = {tuple(q["depends_on"]) for q in _questions(category) if q["scenario"] == scenario}
+    if len(chains) != 1 or not all(i in _sessions(category) for i in next(iter(chains), ())):
+        raise ValueError(f"{category}/{scenario}: the questions do not depend on one known chain of sessions")
+    return next(iter(chains))
+
+
+def session_task(category: str, session_id: str, memory: dict[str, Any] | None) -> Task:
+    """One prerequisite session as a task starting from ``memory`` (None: the empty memory of the first one): its
+    user turns, the memory tools, BFCL's memory system prompt showing that memory's in-context part; not scored."""
+    entry, backend = _sessions(category)[session_id], backend_of(category)
+    scenario = entry["scenario"]
+    question = _memory_prompt()(copy.deepcopy(entry["question"]), category, scenario, load_backend(backend, memory))
+    first, *turns = [m for turn in question for m in turn]
+    if first["role"] != "system" or {m["role"] for m in turns} != {"user"} or len(turns) != len(question):
+        raise ValueError(f"{session_id}: expected BFCL's system message, then one user message per turn")
+    return Task(
+        id=session_id,
+        env=f"bfcl:{category}",
+        system_prompt=f"{bfcl_single.SYSTEM_PROMPT}\n\n{first['content']}",
+        user_turns=[m["content"] for m in turns],
+        tools=[bfcl.tool_spec(d) for d in entry["function"]],
+        env_config={
+            "bfcl_id": session_id,
+            "category": category,
+            "scenario": scenario,
+            "backend": backend,
+            "memory": copy.deepcopy(memory),
+            "prerequisite": True,
+        },
+        split="all",  # shared by the scenario's questions on either side
+        metadata={
+            "source": "bfcl-eval",
+            "category": category,
+            "scenario": scenario,
+            "topic": entry.get("topic", ""),
+            "session": session_ids(category, scenario).index(session_id),
+        },
+    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -399,10 +532,30 @@ def _answers() -> list[dict]:
     return answers
 
 
-def convert_entry(entry: dict[str, Any], answer: dict[str, Any], category: str) -> Task:
-    """One BFCL memory question (as its loader gives it) and its possible answer -> Task."""
+def unprepared_reason(scenario: str) -> str:
+    """Why a ``writer=model`` question cannot run before :meth:`BFCLMemoryEnv.prepare` (``env_config["unprepared"]``)."""
+    return (
+        f"its memory is written by the model under test in the {scenario} scenario's prerequisite sessions "
+        "(BFCL memory, writer=model), which evaluation plays first (envace.evaluation.evaluate, envace eval); "
+        "training, rehearsal and replays outside an evaluation do not: use writer=gold (the default) there"
+    )
+
+
+def convert_entry(
+    entry: dict[str, Any],
+    answer: dict[str, Any],
+    category: str,
+    writer: str = DEFAULT_WRITER,
+    memory: dict[str, Any] | None = None,
+) -> Task:
+    """One BFCL memory question (as its loader gives it) and its possible answer -> Task. ``writer`` ``gold``: it
+    starts from the gold writer's memory. ``model``: from ``memory`` (what the model under test wrote in the
+    prerequisite sessions); without it the task is not ready (``env_config["unprepared"]``, its prompt showing the
+    empty memory) until :meth:`BFCLMemoryEnv.prepare` gives it one. The gold read is the gold memory's either way."""
     backend, scenario = backend_of(category), entry["scenario"]
-    memory = gold_memory(category, scenario)
+    gold = gold_memory(category, scenario)
+    if check_writer(writer) == "gold":
+        memory = gold
     question = _memory_prompt()(copy.deepcopy(entry["question"]), category, scenario, load_backend(backend, memory))
     ((first, *rest),) = question  # one turn: BFCL's system message, then the question
     if first["role"] != "system" or [m["role"] for m in rest] != ["user"]:
@@ -419,10 +572,12 @@ def convert_entry(entry: dict[str, Any], answer: dict[str, Any], category: str) 
             "category": category,
             "scenario": scenario,
             "backend": backend,
+            "writer": writer,
             "memory": memory,
             "possible_answer": list(answer["ground_truth"]),
-        },
-        gold_actions=[[WRITERS.get(backend).read(memory, fact)]],
+        }
+        | ({UNPREPARED: unprepared_reason(scenario)} if memory is None else {}),
+        gold_actions=[[WRITERS.get(backend).read(gold, fact)]],
         gold_replies=[gold_reply(answer["ground_truth"][0])],
         split=split_of(entry["id"]),
         metadata={
@@ -430,9 +585,16 @@ def convert_entry(entry: dict[str, Any], answer: dict[str, Any], category: str) 
             "category": category,
             "scenario": scenario,
             "answer_source": answer["source"],
-            "prerequisite": "gold writer (envace.envs.bfcl_memory): " + NOTE,
+            "prerequisite": f"{writer} writer (envace.envs.bfcl_memory): " + WRITER_NOTES[writer],
         },
     )
+
+
+def with_memory(task: Task, memory: dict[str, Any]) -> Task:
+    """A ``writer=model`` question ready to run from ``memory`` (its prompt showing it), the rest as it was."""
+    category, bfcl_id = task.env_config["category"], task.env_config["bfcl_id"]
+    ((entry, answer),) = [(q, a) for q, a in zip(_questions(category), _answers()) if q["id"] == bfcl_id]
+    return convert_entry(entry, answer, category, "model", memory)
 
 
 def entry_ids(category: str, split: str) -> list[str]:
@@ -442,11 +604,13 @@ def entry_ids(category: str, split: str) -> list[str]:
     return [e["id"] for e in _questions(category) if split == "all" or split_of(e["id"]) == split]
 
 
-def load_category(category: str, ids: list[str] | None = None) -> list[Task]:
-    """The category's tasks (those of ``ids``, in dataset order; None: all)."""
+def load_category(category: str, ids: list[str] | None = None, writer: str = DEFAULT_WRITER) -> list[Task]:
+    """The category's tasks (those of ``ids``, in dataset order; None: all), their memory written by ``writer``
+    (:data:`WRITER_NOTES`; ``model``: not ready before :meth:`BFCLMemoryEnv.prepare`)."""
+    check_writer(writer)
     keep = None if ids is None else set(ids)
     return [
-        convert_entry(q, a, category)
+        convert_entry(q, a, category, writer)
         for q, a in zip(_questions(category), _answers())
         if keep is None or q["id"] in keep
     ]

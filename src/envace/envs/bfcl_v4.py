@@ -8,11 +8,17 @@ summary table (non-live, live, multi-turn, agentic, overall) after an evaluation
   or one of BFCL's collections (``TEST_COLLECTION_MAPPING``): ``all`` (BFCL's ``all_scoring``; the non-scoring
   ``format_sensitivity`` is not offered), ``single_turn``, ``non_live``, ``live``, ``multi_turn``, ``agentic``,
   ``memory``, ``web_search``, ``python``, ``non_python``. An unknown name is an error listing the valid ones.
+- ``bfcl:<selection>?<option>=<value>[&...]``: suite options (:data:`OPTIONS`), each taken by the kinds of
+  category that name it (:attr:`Kind.options`): ``writer`` = ``gold`` (default) | ``model``, who writes the memory
+  categories' memory (``bfcl:memory?writer=model``: the model under test plays BFCL's prerequisite sessions,
+  :mod:`envace.envs.bfcl_memory`). An unknown option or value, or an option no selected category takes, is an
+  error listing the valid ones.
 
 **Categories** (:data:`CATEGORIES`): the single-turn ones are :mod:`envace.envs.bfcl_single`'s, the multi-turn
 ones :mod:`envace.envs.bfcl`'s (unchanged), ``memory_kv`` and ``memory_rec_sum`` :mod:`envace.envs.bfcl_memory`'s
-(their prerequisite conversations are not played by the model: a gold writer fills the memory, so their scores are
-not BFCL's memory scores; the summary says so). The other agentic ones are **unavailable** here, each with its
+(by default their prerequisite conversations are not played by the model: a gold writer fills the memory, so their
+scores are not BFCL's memory scores, and the summary says so; with ``?writer=model`` the model under test plays
+them before the questions, as in BFCL: :meth:`BFCLEnvs.prepare`, called by evaluation). The other agentic ones are **unavailable** here, each with its
 reason (:func:`unavailable`): web search needs the internet; ``memory_vector`` loads a sentence-transformers
 embedding model from the Hugging Face Hub when imported (it is never imported here); a memory backend that does
 not import (the bfcl extra's ``overrides`` / ``rank-bm25`` missing) makes its category unavailable, the reason
@@ -33,8 +39,9 @@ four; agentic = mean of web search (mean of two) and memory (mean of three); ove
 10% irrelevance, 30% multi-turn, 40% agentic (relevance is shown, not weighted). A category's weight
 (``total_count``) is its full size, as in a full BFCL run, also when a split or a sample was evaluated (then
 its accuracy is the sample's). A category not evaluated counts 0 in the overall and shows "N/A", as in BFCL; the
-table says why (unavailable, with the reason, or not in this evaluation). An evaluated category whose run departs
-from BFCL's (memory: the gold writer) has its note printed under the table (``categories[c]["note"]``).
+table says why (unavailable, with the reason, or not in this evaluation). An evaluated category with a note (memory:
+who wrote the memory, from the suite spec's ``writer``; with the gold writer, that the score is not BFCL's) has
+it printed under the table (``categories[c]["note"]``).
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ from bfcl_eval.constants.category_mapping import (  # noqa: E402
 
 from ..registry import Registry  # noqa: E402
 from ..types import Task  # noqa: E402
-from .base import ENVS, SUITES, SUMMARIES, Environment  # noqa: E402
+from .base import ENVS, SUITES, SUMMARIES, Environment, Play, prepare_groups  # noqa: E402
 from .references import assign  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- categories
@@ -78,6 +85,8 @@ class Kind:
     """(category, ids) -> their tasks, in dataset order."""
     env: type[Environment]
     """The environment class of its tasks."""
+    options: tuple[str, ...] = ()
+    """The suite options (:data:`OPTIONS`) its ``tasks`` takes as keyword arguments."""
 
 
 def _multi_turn_ids(category: str, split: str) -> list[str]:
@@ -96,7 +105,13 @@ def _multi_turn_tasks(category: str, ids: list[str]) -> list[Task]:
 KINDS: Registry[Kind] = Registry("BFCL category kind")
 KINDS.add("single_turn", Kind(bfcl_single.entry_ids, bfcl_single.load_category, bfcl_single.BFCLSingleEnv))
 KINDS.add("multi_turn", Kind(_multi_turn_ids, _multi_turn_tasks, bfcl.BFCLEnv))
-KINDS.add("memory", Kind(bfcl_memory.entry_ids, bfcl_memory.load_category, bfcl_memory.BFCLMemoryEnv))
+KINDS.add(
+    "memory", Kind(bfcl_memory.entry_ids, bfcl_memory.load_category, bfcl_memory.BFCLMemoryEnv, options=("writer",))
+)
+
+OPTIONS: dict[str, tuple[str, ...]] = {"writer": tuple(bfcl_memory.WRITER_NOTES)}
+"""The suite options (``bfcl:<selection>?name=value[&name=value]``) -> their valid values, the default first:
+``writer``, who writes the memory categories' memory (:mod:`envace.envs.bfcl_memory`)."""
 
 
 def _web_search_reason() -> str:
@@ -130,8 +145,9 @@ class Category:
     kind: str | None = None
     why: Callable[[], str | None] | None = field(default=None, compare=False)
     """Why it cannot run here, asked when needed (an import probe; its None: it can); needed without a ``kind``."""
-    note: str | None = None
-    """What the summary says next to the category's score where envace's run departs from BFCL's."""
+    note: Callable[[dict[str, str]], str] | None = field(default=None, compare=False)
+    """The suite options (:func:`options_of`) -> what the summary says next to the category's score: where envace's
+    run departs from BFCL's, or how it was run (memory: who wrote the memory)."""
 
 
 CATEGORIES: Registry[Category] = Registry("BFCL category")
@@ -146,7 +162,8 @@ for _name in ALL_SCORING_CATEGORIES:
         CATEGORIES.add(_name, Category(_name, why=_memory_vector_reason))
     elif _name in bfcl_memory.CATEGORIES:
         why = functools.partial(_memory_reason, _name)
-        CATEGORIES.add(_name, Category(_name, kind="memory", why=why, note=bfcl_memory.NOTE))
+        note = lambda options: bfcl_memory.WRITER_NOTES[options["writer"]]  # noqa: E731
+        CATEGORIES.add(_name, Category(_name, kind="memory", why=why, note=note))
     else:  # a category a later bfcl_eval adds
         CATEGORIES.add(_name, Category(_name, why=lambda: "not supported by envace's BFCL adapter yet"))
 assert tuple(MULTI_TURN_CATEGORY) == bfcl.CATEGORIES and tuple(SINGLE_TURN_CATEGORY) == bfcl_single.CATEGORIES
@@ -167,9 +184,33 @@ def unavailable(category: str) -> str | None:
     return why if cat.kind is not None else (why or "unavailable")
 
 
+def _parts(spec: str) -> tuple[str, str]:
+    """(selection, options) of a suite spec: ``bfcl:memory?writer=model`` -> ``("memory", "writer=model")``."""
+    selection, _, options = (spec.split(":", 1)[1] if ":" in spec else "").partition("?")
+    return selection, options
+
+
+def given_options(spec: str) -> dict[str, str]:
+    """The suite options (:data:`OPTIONS`) a spec sets; an unknown name or value is an error listing the valid ones."""
+    out: dict[str, str] = {}
+    for item in (x.strip() for x in _parts(spec)[1].split("&") if x.strip()):
+        name, _, value = (x.strip() for x in item.partition("="))
+        if name not in OPTIONS:
+            raise ValueError(f"unknown BFCL suite option {name!r} in {spec!r}; valid options: {', '.join(OPTIONS)}")
+        if value not in OPTIONS[name]:
+            raise ValueError(f"unknown BFCL {name} {value!r} in {spec!r}; valid: {', '.join(OPTIONS[name])}")
+        out[name] = value
+    return out
+
+
+def options_of(spec: str) -> dict[str, str]:
+    """Every suite option of a spec, the defaults filled in (:func:`given_options`)."""
+    return {name: values[0] for name, values in OPTIONS.items()} | given_options(spec)
+
+
 def categories_of(spec: str) -> list[str]:
     """The categories a suite spec selects, in order (see the module docstring); ``bfcl`` is the multi-turn four."""
-    rest = spec.split(":", 1)[1] if ":" in spec else ""
+    rest = _parts(spec)[0]
     if not rest.strip():
         return list(bfcl.CATEGORIES)
     out: list[str] = []
@@ -188,8 +229,12 @@ def categories_of(spec: str) -> list[str]:
 
 def load_bfcl_v4_tasks(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
     """The tasks of the categories ``spec`` selects (unavailable ones skipped) and ``split`` (train / test / all);
-    with ``n`` a seeded sample of them, in selection then dataset order."""
-    cats = categories_of(spec)
+    with ``n`` a seeded sample of them, in selection then dataset order. An option (``?writer=model``) that none of
+    the selected categories takes is an error."""
+    cats, options, given = categories_of(spec), options_of(spec), set(given_options(spec))
+    taken = {o for c in cats if CATEGORIES.get(c).kind for o in KINDS.get(CATEGORIES.get(c).kind).options}
+    if given - taken:
+        raise ValueError(f"{spec}: no selected BFCL category takes the option {', '.join(sorted(given - taken))}")
     runnable = [c for c in cats if unavailable(c) is None]
     if not runnable:
         raise ValueError(
@@ -201,7 +246,11 @@ def load_bfcl_v4_tasks(spec: str, split: str = "train", n: int | None = None, se
     by_category: dict[str, list[str]] = {}
     for c, i in chosen:
         by_category.setdefault(c, []).append(i)
-    return [t for c in runnable if c in by_category for t in KINDS.get(CATEGORIES.get(c).kind).tasks(c, by_category[c])]
+    out: list[Task] = []
+    for c in (c for c in runnable if c in by_category):
+        kind = KINDS.get(CATEGORIES.get(c).kind)
+        out += kind.tasks(c, by_category[c], **{o: options[o] for o in kind.options})
+    return out
 
 
 def category_of(task: Task) -> str:
@@ -226,6 +275,10 @@ class BFCLEnvs:
 
     def initial_state_key(self, task: Task) -> str:
         return self.env_class(task).initial_state_key(task)  # type: ignore[attr-defined]
+
+    def prepare(self, tasks: list[Task], play: Play) -> list[Task]:
+        """Each task's environment class prepares its tasks (:meth:`Environment.prepare`; memory: writer=model)."""
+        return prepare_groups(tasks, play, lambda t: self.env_class(t).prepare)
 
 
 # -------------------------------------------------------------------------------------------- summary
@@ -335,9 +388,11 @@ def _pct(v: Any) -> str:
     return f"{100 * v:.2f}%" if isinstance(v, (int, float)) else str(v)
 
 
-def summary(per_task: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """BFCL's summary of an evaluation: ``{"title", "text", "scores", "categories", "not_evaluated", "unavailable"}``
-    (see the module docstring); ``text`` is the table ``envace eval`` prints."""
+def summary(per_task: Sequence[dict[str, Any]], spec: str = "bfcl") -> dict[str, Any]:
+    """BFCL's summary of an evaluation of suite ``spec``: ``{"title", "text", "scores", "categories", "not_evaluated",
+    "unavailable"}`` (see the module docstring; a category's note follows the spec's options); ``text`` is the table
+    ``envace eval`` prints."""
+    options = options_of(spec)
     results = category_results(per_task)
     unknown = sorted(set(results) - set(CATEGORIES.names()))
     if unknown:
@@ -355,7 +410,7 @@ def summary(per_task: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if reasons[c]:
             info["reason"] = reasons[c]
         if CATEGORIES.get(c).note:
-            info["note"] = CATEGORIES.get(c).note
+            info["note"] = CATEGORIES.get(c).note(options)
         categories[c] = info
     lines = [
         f"BFCL-v4 summary (bfcl_eval {importlib.metadata.version('bfcl_eval')}, its generate_leaderboard_csv): "
