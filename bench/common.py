@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 from envace.backends.base import SamplingParams  # noqa: E402
 from envace.backends.hf import HFBackend, sample_next  # noqa: E402
-from envace.prompts import ChatFormat  # noqa: E402
+from envace.chat.prompts import ChatFormat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "bench" / "results"
@@ -117,8 +117,8 @@ def backend_module_at(ref: str) -> Any:
 
 
 def update_module_at(ref: str) -> Any:
-    """``envace.update`` as it was at git revision ``ref``."""
-    return _module_from_source(f"envace.update_at_{_ident(ref)}", _source_at(ref, "src/envace/update.py"))
+    """``envace.training.update`` as it was at git revision ``ref``."""
+    return _module_from_source(f"envace.update_at_{_ident(ref)}", _source_at(ref, "src/envace/training/update.py"))
 
 
 def _ident(ref: str) -> str:

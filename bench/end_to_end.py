@@ -1,7 +1,7 @@
 """End to end: wall time of one training iteration (rollout + reward + update) in rehearsal mode (EnvACE),
 real-environment mode (standard GRPO) and external-simulator mode, same B and K, side by side in one run.
 
-Each is ``envace.trainer.train(TrainConfig(variant=..., iterations=1))`` on the default model. The untrained
+Each is ``envace.training.trainer.train(TrainConfig(variant=..., iterations=1))`` on the default model. The untrained
 135M model emits no tool calls, so by default (``--script-act``) the policy's rollout backend is the bench's
 scripted-Act HF backend (Act follows the task's gold calls, then replies; every token still costs one batched
 forward) so that observations are actually needed: rehearsed by the policy (envace), returned by the real
@@ -25,11 +25,11 @@ import tempfile
 import common  # noqa: F401
 from common import HFBackend, forced_backend, gold_act_script, write_result
 
-import envace.trainer as trainer_mod
+import envace.training.trainer as trainer_mod
 from envace.config import TrainConfig
 from envace.envs import load_tasks
-from envace.models import DEFAULT_MODEL
-from envace.rollout import RolloutConfig
+from envace.backends.models import DEFAULT_MODEL
+from envace.rollout.engine import RolloutConfig
 
 
 def main() -> None:

@@ -28,9 +28,9 @@ def one(model: str, tasks: int, budget: float | None) -> dict:
     """Evaluate in this process (called through a child process): wall, peak RSS, per-task successes."""
     from envace.backends.hf import HFBackend
     from envace.envs import load_tasks
-    from envace.evaluation import evaluate
-    from envace.models import load
-    from envace.rollout import RolloutConfig
+    from envace.evaluation.trials import evaluate
+    from envace.backends.models import load
+    from envace.rollout.engine import RolloutConfig
 
     m, tok = load(model)
     be = HFBackend(m, tok, bf16="auto", max_kv_gib=budget)

@@ -1,5 +1,5 @@
 """Reward agreement: does each candidate reward, computed on an imagined (rehearsed) trajectory, agree with the
-real outcome of the same Act decisions? (envace.reward_agreement; docs/rewards.md.)
+real outcome of the same Act decisions? (envace.rewards.agreement; docs/rewards.md.)
 
 The model rolls out ``n`` tasks x ``K`` trajectories in rehearsal mode with the shadow environment on (its own
 Rehearse answers every call; a private real environment executes the same calls and the environment's own success
@@ -29,10 +29,10 @@ from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.cli import _demo_rollout
 from envace.envs import load_tasks
-from envace.models import DEFAULT_MODEL, load
-from envace.precision import bf16_setting
-from envace.reward_agreement import DEFAULT_BASELINE, format_report, measure_reward_agreement, spec_label
-from envace.rewards import JUDGE_MAX_NEW_TOKENS, RewardContext, reward_names
+from envace.backends.models import DEFAULT_MODEL, load
+from envace.core.precision import bf16_setting
+from envace.rewards.agreement import DEFAULT_BASELINE, format_report, measure_reward_agreement, spec_label
+from envace.rewards.functions import JUDGE_MAX_NEW_TOKENS, RewardContext, reward_names
 
 CANDIDATES: list = [
     "gold_f1",  # the default today: calls vs gold, blind to observations and replies

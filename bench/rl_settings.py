@@ -29,11 +29,11 @@ import dataclasses  # noqa: E402
 
 from envace.cli import _demo_rollout, demo_sft_config, demo_train_config  # noqa: E402
 from envace.config import to_dict  # noqa: E402
-from envace.budget import evaluate_model  # noqa: E402
-from envace.evaluation import compare_results, format_comparison, load_result, save_result  # noqa: E402
-from envace.precision import hardware_summary  # noqa: E402
-from envace.sft import sft  # noqa: E402
-from envace.trainer import train  # noqa: E402
+from envace.evaluation.budget import evaluate_model  # noqa: E402
+from envace.evaluation.trials import compare_results, format_comparison, load_result, save_result  # noqa: E402
+from envace.core.precision import hardware_summary  # noqa: E402
+from envace.training.sft import sft  # noqa: E402
+from envace.training.trainer import train  # noqa: E402
 
 SPLIT, N_TASKS, EVAL_SEED = "val", 100, 1
 # name -> (what it tries, TrainConfig fields over the demo's RL defaults below)

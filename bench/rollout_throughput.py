@@ -36,8 +36,8 @@ from common import HFBackend, Timer, backend_module_at, forced_backend, gold_act
 import torch
 
 from envace.envs import load_tasks
-from envace.models import DEFAULT_MODEL, gguf_path, load
-from envace.rollout import RolloutConfig, RolloutEngine
+from envace.backends.models import DEFAULT_MODEL, gguf_path, load
+from envace.rollout.engine import RolloutConfig, RolloutEngine
 
 
 def run_rollout(backend_cls, model, tok, tasks, cfg, **kw):
@@ -149,7 +149,7 @@ def run_llama(items, cfg, threads: int):
 
 def bf16_drift(model, trajs, cfg) -> dict:
     """|log-prob from the bf16 sampler - float32 recomputation| over every completion token of the rows."""
-    from envace.update import completion_logprobs, micro_batches, pack_rows
+    from envace.training.update import completion_logprobs, micro_batches, pack_rows
 
     rows = [r for tr in trajs for r in tr.rows]
     temps = {"act": cfg.act.temperature or 1.0, "rehearse": cfg.rehearse.temperature or 1.0}

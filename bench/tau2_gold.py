@@ -1,6 +1,6 @@
 """Gold replay of tau2-bench tasks: does the gold conversation reach tau2's own evaluator reward of 1.0?
 
-Each task is played through the rollout engine (envace.sft.gold_trajectories): Act follows the task's gold calls
+Each task is played through the rollout engine (envace.training.sft.gold_trajectories): Act follows the task's gold calls
 and gold replies (a GoldTeacher backend in place of a model), the built-in "scripted" user says the scripted turns
 and, on telecom, performs the task's recorded user-side actions (toggle airplane mode, reboot, ...) on the user's
 device before the turn that reports them. In ``real`` mode every call, the agent's and the user's, runs in the
@@ -26,10 +26,10 @@ from common import DEFAULT_OUT, write_result
 
 from envace.envs import load_tasks
 from envace.envs.tau2 import score_trajectory
-from envace.models import load_tokenizer
-from envace.rollout import RolloutConfig
-from envace.sft import gold_trajectories
-from envace.types import Task, Trajectory
+from envace.backends.models import load_tokenizer
+from envace.rollout.engine import RolloutConfig
+from envace.training.sft import gold_trajectories
+from envace.core.types import Task, Trajectory
 
 
 def outcome(task: Task, traj: Trajectory) -> dict[str, Any]:

@@ -6,9 +6,9 @@ Rows: scripted rehearsal rollouts of B tasks x K trajectories (Act follows the t
 Rehearse returns a fixed ~60-token observation), as the trainer would receive them, with old log-probs
 recomputed by the model (untimed) and advantages from random rewards (seeded).
 
-- ``envace``: :func:`envace.update.optimizer_step` (packing per context, shared-prefix micro-batches, logits only
-  at completion positions, the clipped surrogate of :mod:`envace.algos`, token-mean), ``micro_batch_tokens``.
-- ``envace@REF`` (``--ref``): the same with ``envace.update`` of git revision REF (before/after), in its own
+- ``envace``: :func:`envace.training.update.optimizer_step` (packing per context, shared-prefix micro-batches, logits only
+  at completion positions, the clipped surrogate of :mod:`envace.math.algos`, token-mean), ``micro_batch_tokens``.
+- ``envace@REF`` (``--ref``): the same with ``envace.training.update`` of git revision REF (before/after), in its own
   process (memory), and again alternating steps with the current update in one process (speed ratio).
 - ``trl``: ``trl.GRPOTrainer.compute_loss`` (its loss path: per-row prompt + completion, fused LM head log-probs,
   entropies, loss_type="dapo", i.e. token-mean) + backward + AdamW step through the trainer's optimizer,
@@ -36,7 +36,7 @@ from common import Timer, peak_rss_mb, run_json_subprocess, update_module_at, wr
 
 import torch
 
-from envace.models import DEFAULT_MODEL, load
+from envace.backends.models import DEFAULT_MODEL, load
 
 OBS = '<observation>{"ok": true, "result": {"status": "completed", "id": "TX-20931", "balance": 1824.5, "currency": "USD", "note": "the operation was applied to the account"}}</observation>'
 
@@ -44,9 +44,9 @@ OBS = '<observation>{"ok": true, "result": {"status": "completed", "id": "TX-209
 def make_rows(tok, tasks_n: int, group: int, seed: int = 0):
     from envace.backends.scripted import ScriptedBackend
     from envace.envs import load_tasks
-    from envace.prompts import REHEARSE_SYSTEM
-    from envace.rollout import RolloutConfig, RolloutEngine
-    from envace.trainer import rows_with_advantages
+    from envace.chat.prompts import REHEARSE_SYSTEM
+    from envace.rollout.engine import RolloutConfig, RolloutEngine
+    from envace.training.trainer import rows_with_advantages
 
     tasks = load_tasks("builtin", "train", n=tasks_n, seed=seed)
     by_user = {t.user_turns[0]: t for t in tasks}
@@ -78,9 +78,9 @@ def rss_now_mb() -> float:
 def worker_envace(args, ref: str | None, ab: bool = False) -> dict:
     """One process. ``ab``: alternate steps of the current update and the one of ``ref`` on the same model
     (A, B, A, B, ...; the fastest of each), a before/after ratio that load changes between processes cannot skew."""
-    from envace import algos
+    from envace.math import algos
 
-    cur = __import__("envace.update", fromlist=["x"])
+    cur = __import__("envace.training.update", fromlist=["x"])
     U = update_module_at(ref) if (ref and not ab) else cur
     model, tok = load(args.model)
     rows, adv = make_rows(tok, args.tasks, args.group)
@@ -145,7 +145,7 @@ def worker_trl(args) -> dict:
 
     model, tok = load(args.model)
     rows, adv = make_rows(tok, args.tasks, args.group)
-    from envace.update import recompute_old_logprobs
+    from envace.training.update import recompute_old_logprobs
 
     temps = {"act": 1.0, "rehearse": 1.0}
     recompute_old_logprobs(model, rows, micro_batch_tokens=args.micro_batch_tokens, temperatures=temps)
@@ -260,7 +260,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1, help="timed optimizer steps (the fastest is reported)")
     ap.add_argument("--micro-batch-tokens", type=int, default=4096, help="as TrainConfig.micro_batch_tokens")
     ap.add_argument("--model", default=DEFAULT_MODEL)
-    ap.add_argument("--ref", default=None, help="also run envace.update of this git revision")
+    ap.add_argument("--ref", default=None, help="also run envace.training.update of this git revision")
     ap.add_argument("--no-trl", action="store_true")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)

@@ -27,8 +27,8 @@ import common  # noqa: F401
 from common import HFBackend, forced_backend, write_result
 
 from envace.envs import load_tasks
-from envace.models import DEFAULT_MODEL, load
-from envace.rollout import RolloutConfig, RolloutEngine
+from envace.backends.models import DEFAULT_MODEL, load
+from envace.rollout.engine import RolloutConfig, RolloutEngine
 
 
 def scripts(task):

@@ -9,7 +9,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny():
     """The tiny random-init model with the SmolLM2 tokenizer: (model, tokenizer)."""
-    from envace.models import load
+    from envace.backends.models import load
 
     return load("tiny-random")
 

@@ -1,4 +1,4 @@
-"""Hand-computed values for the math of role-wise GRPO (envace.algos), plus loop references on random data."""
+"""Hand-computed values for the math of role-wise GRPO (envace.math.algos), plus loop references on random data."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from envace.algos import (
+from envace.math.algos import (
     ADVANTAGES,
     AGGREGATIONS,
     aggregate,
@@ -17,7 +17,7 @@ from envace.algos import (
     sft_loss,
     token_logprobs,
 )
-from envace.registry import UnknownNameError
+from envace.core.registry import UnknownNameError
 
 ACT, REH = 0, 1
 
@@ -355,9 +355,9 @@ def test_the_update_divides_by_the_count_a_new_aggregation_declares(tiny):
     count is neither the tokens nor the rows) gets its own, in every micro-batch."""
     import copy
 
-    from envace.algos import Aggregation, rows_normalizer
-    from envace.types import Row
-    from envace.update import optimizer_step
+    from envace.math.algos import Aggregation, rows_normalizer
+    from envace.core.types import Row
+    from envace.training.update import optimizer_step
 
     lengths = [3, 1, 4]
     rows = [

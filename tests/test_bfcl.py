@@ -13,7 +13,7 @@ import pytest
 
 from envace.envs import check_env, load_tasks, make_env
 from envace.envs import bfcl
-from envace.types import Step, Task, ToolCall, Trajectory, is_error_obs
+from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
 
 CATEGORIES = bfcl.CATEGORIES
 

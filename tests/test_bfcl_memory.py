@@ -18,11 +18,11 @@ from bfcl_eval.eval_checker.agentic_eval.agentic_checker import agentic_checker
 
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
-from envace.budget import evaluate_at_budget
+from envace.evaluation.budget import evaluate_at_budget
 from envace.envs import bfcl, bfcl_memory, bfcl_v4, check_env, load_tasks, make_env, suite_summary
-from envace.evaluation import evaluate
-from envace.rollout import RolloutConfig
-from envace.types import Step, Task, ToolCall, Trajectory, is_error_obs
+from envace.evaluation.trials import evaluate
+from envace.rollout.engine import RolloutConfig
+from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
 
 SCENARIOS = ("customer", "student", "finance", "healthcare", "notetaker")
 
@@ -335,7 +335,7 @@ def test_with_the_model_writer_questions_start_from_what_the_model_wrote_in_its_
 
 
 def test_a_model_that_writes_nothing_leaves_the_questions_an_empty_memory(tokenizer):
-    from envace.evaluation import prepare
+    from envace.evaluation.trials import prepare
 
     chains = [("memory_kv", "notetaker"), ("memory_rec_sum", "notetaker")]
     tasks = [first_question(*c) for c in chains]
@@ -391,7 +391,7 @@ def test_the_writer_is_a_suite_option_and_an_unknown_one_is_an_error_listing_the
 
 
 def test_outside_an_evaluation_a_model_writer_question_is_refused_with_the_reason(tokenizer):
-    from envace.rollout import RolloutEngine
+    from envace.rollout.engine import RolloutEngine
 
     t = first_question("memory_kv", "customer")
     with pytest.raises(ValueError, match="cannot run before its environment prepares it.*use writer=gold"):

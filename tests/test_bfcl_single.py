@@ -18,12 +18,12 @@ import pytest
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import SUMMARIES, check_env, load_tasks, make_env, suite_summary
 from envace.envs import bfcl, bfcl_single, bfcl_v4
-from envace.budget import evaluate_at_budget
-from envace.evaluation import evaluate
-from envace.prompts import REHEARSE_SYSTEM
-from envace.tts import MEMORY_SYSTEM, REFLECT_SYSTEM
-from envace.rollout import RolloutConfig
-from envace.types import Step, Task, ToolCall, Trajectory, is_error_obs
+from envace.evaluation.budget import evaluate_at_budget
+from envace.evaluation.trials import evaluate
+from envace.chat.prompts import REHEARSE_SYSTEM
+from envace.evaluation.tts import MEMORY_SYSTEM, REFLECT_SYSTEM
+from envace.rollout.engine import RolloutConfig
+from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
 
 CATEGORIES = bfcl_single.CATEGORIES
 
@@ -413,7 +413,7 @@ def test_evaluation_with_a_scripted_gold_policy_scores_every_single_turn_task(to
 def test_sft_gold_of_a_single_response_task_writes_its_parallel_calls_in_one_response(tokenizer, few):
     """The SFT warm-up's gold trajectory of a one-response task (BFCL parallel) makes every call of the turn in
     one Act generation, as BFCL scores it; multi-step tasks keep one call a step."""
-    from envace.sft import gold_trajectories
+    from envace.training.sft import gold_trajectories
 
     task = few[1]  # parallel: several calls in one response
     assert len(task.gold_actions[0]) > 1

@@ -12,8 +12,8 @@ from envace.envs import ENVS, SUITES, check_env, load_tasks, make_env, replay
 from envace.envs.builtin import DEFAULT_N, DOMAINS, BankEnv, FilesEnv, ShopEnv, make_task
 from envace.envs.references import initial_state_key
 from envace.envs.builtin.common import MONEY_RE, split_of
-from envace.rewards import check_rule
-from envace.types import Step, Task, ToolCall, Trajectory, is_error_obs
+from envace.rewards.functions import check_rule
+from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
 
 DOMAIN_NAMES = ["bank", "shop", "files"]
 N = 120  # tasks per domain and split in the loops below

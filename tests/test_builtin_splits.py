@@ -16,7 +16,7 @@ import pytest
 from envace.envs import load_tasks
 from envace.envs.builtin import DOMAINS, KINDS, SPLITS, BankEnv, Domain, make_task, task_kind
 from envace.envs.builtin.common import MONEY_RE, TEST_SHARE, VAL_SHARE, carried, split_of
-from envace.types import Task, ToolCall
+from envace.core.types import Task, ToolCall
 
 DOMAIN_NAMES = ["bank", "shop", "files"]
 N = 100

@@ -17,18 +17,18 @@ from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
 from envace.config import SFTConfig, TrainConfig
-from envace.export import task_system, tools_from_system, trajectory_record
+from envace.evaluation.export import task_system, tools_from_system, trajectory_record
 from envace.envs import USERS, ScriptedUser, load_tasks
-from envace.logging import read_metrics
-from envace.models import load, load_tokenizer
-from envace.parsing import TOOL_FORMATS, strip_thinking, tool_format_for
-from envace.prompts import CHAT_FORMATS, PROBE_CHAT, PROBE_TOOLS, ChatFormat, act_system, default_chat_format
-from envace.registry import UnknownNameError
-from envace.rollout import RolloutConfig, RolloutEngine
-from envace.sft import gold_trajectories, sft
-from envace.trainer import train
-from envace.serve import EnvaceServer, ServerConfig
-from envace.types import Task, ToolCall, read_jsonl
+from envace.core.logging import read_metrics
+from envace.backends.models import load, load_tokenizer
+from envace.chat.parsing import TOOL_FORMATS, strip_thinking, tool_format_for
+from envace.chat.prompts import CHAT_FORMATS, PROBE_CHAT, PROBE_TOOLS, ChatFormat, act_system, default_chat_format
+from envace.core.registry import UnknownNameError
+from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.training.sft import gold_trajectories, sft
+from envace.training.trainer import train
+from envace.serving.serve import EnvaceServer, ServerConfig
+from envace.core.types import Task, ToolCall, read_jsonl
 
 LLAMA_TEMPLATE = """{{- bos_token }}
 {%- if messages[0]['role'] == 'system' %}

@@ -304,7 +304,7 @@ def test_help_lists_every_field_with_its_default_and_docstring(cmd, capsys):
 def test_chat_and_user_settings_reach_the_rollout_of_eval(monkeypatch):
     """eval builds its rollout config itself: the chat / tool formats, thinking and the user simulator of its
     config are passed on (as under ``rollout.`` for train)."""
-    import envace.budget
+    import envace.evaluation.budget
     from envace.config import EvalConfig
 
     seen = {}
@@ -313,7 +313,7 @@ def test_chat_and_user_settings_reach_the_rollout_of_eval(monkeypatch):
         seen["rollout"] = rollout
         raise SystemExit(0)
 
-    monkeypatch.setattr(envace.budget, "evaluate_model", fake)
+    monkeypatch.setattr(envace.evaluation.budget, "evaluate_model", fake)
     sets = ["chat_format=template", "tool_format=mistral", "native_tools=false", "thinking=false", "user=llm"]
     sets.append("user_model=tiny-random")
     with pytest.raises(SystemExit):
@@ -375,8 +375,8 @@ def test_eval_backend_http_against_envace_serve_evaluates_like_backend_hf(tmp_pa
     the rows: the same prompt and completion token ids, and log-probs equal up to batching numerics (the server
     batches the requests its own way; the argmax is the same)."""
     from envace.backends.base import SamplingParams
-    from envace.budget import evaluate_model
-    from envace.rollout import RolloutConfig
+    from envace.evaluation.budget import evaluate_model
+    from envace.rollout.engine import RolloutConfig
     from numerics import assert_logprobs_close
 
     common = ["--suite", "bank", "-n", "2", "--max-steps", "2", "--max-new-tokens", "24", "--trajectories"]

@@ -39,7 +39,7 @@ def test_accelerate_fsdp_config_is_an_accelerate_config():
     "path", sorted((Path(__file__).parent.parent / "configs" / "experiment").glob("*.yaml")), ids=lambda p: p.stem
 )
 def test_experiment_configs_load_into_experiment_config(path):
-    from envace.experiment import ARMS, ExperimentConfig, load_experiment_config
+    from envace.evaluation.experiment import ARMS, ExperimentConfig, load_experiment_config
 
     cfg = load_experiment_config(str(path), [])
     assert isinstance(cfg, ExperimentConfig) and set(cfg.arms) <= set(ARMS) and len(cfg.seeds) >= 2

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from envace.config import TrainConfig, load_config
-from envace.distributed import Dist, by_index, by_name, trainable_names
-from envace.logging import read_metrics
-from envace.trainer import train
+from envace.training.distributed import Dist, by_index, by_name, trainable_names
+from envace.core.logging import read_metrics
+from envace.training.trainer import train
 from numerics import assert_all_close_rel
 
 WORKER = Path(__file__).parent / "fixtures" / "dist_worker.py"
@@ -67,7 +67,7 @@ def two_processes(tmp_path_factory):
 
 
 def test_two_processes_give_the_one_process_advantages_and_update(two_processes, tmp_path):
-    _worker().step(str(tmp_path))  # the same update on this one process (no launcher: envace.distributed.Dist)
+    _worker().step(str(tmp_path))  # the same update on this one process (no launcher: envace.training.distributed.Dist)
     one = json.loads((tmp_path / "adv-0.json").read_text())
     two = {
         **json.loads((two_processes / "adv-0.json").read_text()),

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from envace.backends.scripted import ScriptedBackend
-from envace.budget import evaluate_at_budget
+from envace.evaluation.budget import evaluate_at_budget
 from envace.envs import load_tasks
-from envace.evaluation import (
+from envace.evaluation.trials import (
     compare_results,
     evaluate,
     format_metrics,
@@ -20,10 +20,10 @@ from envace.evaluation import (
     summarize,
     task_scores,
 )
-from envace.stats import mcnemar_exact, wilson_interval
-from envace.rollout import RolloutConfig
-from envace.sft import GoldTeacher
-from envace.types import Step, Task, ToolCall, Trajectory
+from envace.math.stats import mcnemar_exact, wilson_interval
+from envace.rollout.engine import RolloutConfig
+from envace.training.sft import GoldTeacher
+from envace.core.types import Step, Task, ToolCall, Trajectory
 
 
 def _traj(calls, reward=0.0, counters=None, tid="t"):

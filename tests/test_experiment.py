@@ -15,7 +15,7 @@ import pytest
 
 from envace.config import to_dict
 from envace.envs import load_tasks
-from envace.experiment import (
+from envace.evaluation.experiment import (
     ARMS,
     ExperimentConfig,
     budgets,
@@ -26,9 +26,9 @@ from envace.experiment import (
     run_experiment,
     sft_more_steps,
 )
-from envace.fidelity import measure_fidelity
-from envace.parsing import format_observation
-from envace.report import (
+from envace.evaluation.fidelity import measure_fidelity
+from envace.chat.parsing import format_observation
+from envace.evaluation.report import (
     LOADED_SUFFIX,
     TRAIN_SUCCESS_CURVES,
     VERDICTS,
@@ -48,8 +48,8 @@ from envace.report import (
     tts_tokens_table,
     write_report,
 )
-from envace.rollout import RolloutConfig
-from envace.sft import GoldTeacher
+from envace.rollout.engine import RolloutConfig
+from envace.training.sft import GoldTeacher
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REPORT_FILES = (
@@ -627,7 +627,7 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
     assert "[experiment] [8/8] seed 0 arm caller_only" in stdout and "report:" in stdout
     res = json.loads((out / "results.json").read_text())
     assert res["arms"] == list(ALL_ARMS)
-    from envace.checkpoint import latest_checkpoint, load_state
+    from envace.core.checkpoint import latest_checkpoint, load_state
 
     for variant in ("real_env", "envace", "per_role", "simulator", "caller_only"):  # train_options reach every RL arm
         ckpt = latest_checkpoint(str(out / "seed0" / variant / "checkpoints"))
@@ -774,7 +774,7 @@ def test_a_rerun_adds_the_sweep_to_arms_finished_without_it_and_redoes_nothing(t
 
 def _first_of_group(task, traj, ctx):
     """A reward that differs within every group (a random tiny model never earns a real one), so the update moves."""
-    from envace.rewards import RewardResult
+    from envace.rewards.functions import RewardResult
 
     return RewardResult(1.0 if traj.id.endswith("/0") else 0.0)
 
@@ -789,8 +789,8 @@ def test_training_in_fidelity_segments_ends_with_the_weights_of_one_uninterrupte
 
     from envace.backends.base import SamplingParams
     from envace.config import TrainConfig
-    from envace.rewards import REWARDS
-    from envace.trainer import train
+    from envace.rewards.functions import REWARDS
+    from envace.training.trainer import train
 
     monkeypatch.setitem(REWARDS._entries, "segments_first_of_group", _first_of_group)  # only for this test
     small = SamplingParams(temperature=1.0, max_new_tokens=8)

@@ -1,4 +1,4 @@
-"""envace.export / ``envace export``: trajectories as OpenAI / HF chat records (``tool_calls`` / ``tool_call_id``).
+"""envace.evaluation.export / ``envace export``: trajectories as OpenAI / HF chat records (``tool_calls`` / ``tool_call_id``).
 
 Hand-built trajectories (built message by message as the rollout engine builds them), trajectories of the real
 rollout engine with a scripted policy (a malformed output, two calls in one step, three user turns), and gold
@@ -14,7 +14,7 @@ from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.cli import main
 from envace.envs import load_tasks
-from envace.export import (
+from envace.evaluation.export import (
     chat_messages,
     export_records,
     read_trajectories,
@@ -22,11 +22,11 @@ from envace.export import (
     trajectory_record,
     world_of,
 )
-from envace.parsing import parse_act
-from envace.prompts import ACT_INSTRUCTIONS, act_system, tool_message_content
-from envace.rollout import RolloutConfig, RolloutEngine
-from envace.sft import gold_trajectories
-from envace.types import Message, Step, Task, ToolCall, ToolSpec, Trajectory, write_jsonl
+from envace.chat.parsing import parse_act
+from envace.chat.prompts import ACT_INSTRUCTIONS, act_system, tool_message_content
+from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.training.sft import gold_trajectories
+from envace.core.types import Message, Step, Task, ToolCall, ToolSpec, Trajectory, write_jsonl
 
 TOOLS = [
     ToolSpec(
@@ -40,7 +40,7 @@ TASK = Task(
 
 
 class Chat:
-    """A trajectory built message by message the way envace.rollout builds one."""
+    """A trajectory built message by message the way envace.rollout.engine builds one."""
 
     def __init__(self, mode: str = "rehearsal", memory: str | None = None):
         self.traj = Trajectory(
@@ -383,7 +383,7 @@ def test_export_cli_round_trip_writes_json_lines_of_gold_and_trajectory_records(
 
 def test_datasets_loads_the_records_as_json(tmp_path, gold):
     import datasets  # a test dependency (pyproject [test]): the export must load where users load it
-    from envace.export import write_records
+    from envace.evaluation.export import write_records
 
     path = tmp_path / "gold.jsonl"
     records = [trajectory_record(t, world="real") for t in gold] + [trajectory_record(hand_built())]

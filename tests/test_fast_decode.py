@@ -148,7 +148,7 @@ def test_the_decoder_repacks_when_the_weights_change_in_place(tiny):
 def test_models_that_are_not_plain_llama_decode_through_the_model():
     tok_model = _tiny(Qwen2ForCausalLM, Qwen2Config)
     assert decoder_for(tok_model, torch.bfloat16) is None
-    from envace.models import load_tokenizer
+    from envace.backends.models import load_tokenizer
 
     be = HFBackend(tok_model, load_tokenizer("tiny-random"), bf16=True)
     assert be._decoder is None

@@ -10,7 +10,7 @@ import pytest
 
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks
-from envace.fidelity import (
+from envace.evaluation.fidelity import (
     BREAKDOWNS,
     METRICS,
     FidelityPair,
@@ -25,10 +25,10 @@ from envace.fidelity import (
     observation_fidelity,
     path_str,
 )
-from envace.parsing import format_observation
-from envace.rollout import RolloutConfig, changed_fields
-from envace.sft import GoldTeacher
-from envace.types import Step, Task, ToolCall, Trajectory, error_obs
+from envace.chat.parsing import format_observation
+from envace.rollout.engine import RolloutConfig, changed_fields
+from envace.training.sft import GoldTeacher
+from envace.core.types import Step, Task, ToolCall, Trajectory, error_obs
 
 REAL = {"account": "rent", "balance": "10.00", "frozen": False}
 

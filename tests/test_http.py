@@ -16,7 +16,7 @@ import pytest
 from envace.backends.base import BackendError, SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.http import HTTPBackend
-from envace.prompts import ChatFormat
+from envace.chat.prompts import ChatFormat
 from numerics import assert_logprobs_close
 from servers import envace_serve
 

@@ -1,4 +1,4 @@
-"""envace.logging: metrics.jsonl always, other sinks by name (report_to); a sink that cannot start or fails says so
+"""envace.core.logging: metrics.jsonl always, other sinks by name (report_to); a sink that cannot start or fails says so
 once on stderr and the run goes on. wandb and trackio are not installed here: their adapters are checked against
 stand-in modules that record the calls."""
 
@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-import envace.logging as lg
+import envace.core.logging as lg
 from envace.config import RESUMABLE_FIELDS, SFTConfig, TrainConfig, config_diff, load_config, to_dict
-from envace.logging import SINKS, MetricsLogger, read_metrics, report_sinks
-from envace.registry import UnknownNameError
+from envace.core.logging import SINKS, MetricsLogger, read_metrics, report_sinks
+from envace.core.registry import UnknownNameError
 
 
 @pytest.fixture(autouse=True)
@@ -151,7 +151,7 @@ def test_report_to_in_the_configs_and_its_relation_to_tensorboard():
 
 
 def test_sft_asked_for_a_missing_sink_says_so_and_trains_with_metrics_jsonl(tmp_path, monkeypatch, capsys):
-    from envace.sft import sft
+    from envace.training.sft import sft
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     res = sft(

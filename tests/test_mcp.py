@@ -13,7 +13,7 @@ import pytest
 
 from envace.envs import check_env, load_tasks, make_env
 from envace.envs.mcp import MCPClient, MCPStartupError
-from envace.types import Step, ToolCall, Trajectory, is_error_obs
+from envace.core.types import Step, ToolCall, Trajectory, is_error_obs
 
 SERVER = Path(__file__).parent / "fixtures" / "mcp_server.py"
 COMMAND = f"{sys.executable} {SERVER}"
@@ -219,8 +219,8 @@ def _ran(log) -> list[str]:
 
 def test_evaluating_on_an_mcp_server_runs_each_call_once(tokenizer, tmp_path):
     from envace.backends.scripted import ScriptedBackend
-    from envace.evaluation import evaluate
-    from envace.rollout import RolloutConfig
+    from envace.evaluation.trials import evaluate
+    from envace.rollout.engine import RolloutConfig
 
     (task,), log = _side_effect_tasks(tmp_path)
     res = evaluate(
@@ -233,8 +233,8 @@ def test_evaluating_on_an_mcp_server_runs_each_call_once(tokenizer, tmp_path):
 def test_scoring_a_rehearsed_trajectory_on_an_mcp_server_needs_the_replay_opt_in(tokenizer, tmp_path):
     from envace.backends.scripted import ScriptedBackend
     from envace.envs import ReplayNotAllowedError
-    from envace.rewards import REWARDS, RewardContext
-    from envace.rollout import RolloutConfig, RolloutEngine
+    from envace.rewards.functions import REWARDS, RewardContext
+    from envace.rollout.engine import RolloutConfig, RolloutEngine
 
     (task,), log = _side_effect_tasks(tmp_path)
     rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=4)

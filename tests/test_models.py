@@ -22,8 +22,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from envace import models
-from envace.models import DEFAULT_MODEL, TINY_MODEL, ModelNotFoundError
+from envace.backends import models
+from envace.backends.models import DEFAULT_MODEL, TINY_MODEL, ModelNotFoundError
 
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 TEXT = "The capital of France is"
@@ -295,7 +295,7 @@ hub_first = sys.argv[1] == "hub_first"
 if hub_first:
     import huggingface_hub.constants
     before = huggingface_hub.constants.HF_HUB_OFFLINE
-from envace import models
+from envace.backends import models
 import huggingface_hub.constants
 model, tokenizer = models.load("tiny-random")
 try:

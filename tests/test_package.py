@@ -51,7 +51,7 @@ def test_version_flag_prints_name_and_version(module):
 
 
 def test_import_envace_and_its_version_do_not_import_torch():
-    heavy = ["torch", "transformers", "numpy", "envace.models", "envace.trainer"]
+    heavy = ["torch", "transformers", "numpy", "envace.backends.models", "envace.training.trainer"]
     out = _python(
         f"import sys, json, envace; envace.__version__; dir(envace); print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
     )
@@ -80,11 +80,11 @@ def test_unknown_attribute_names_the_public_ones():
 
 def test_sft_is_the_same_callable_whichever_is_imported_first():
     """``envace.sft`` (a submodule and the function share the name) is one object in either import order, and
-    calling it runs ``envace.sft.sft``."""
+    calling it runs ``envace.training.sft.sft``."""
     out = _python(
         "import json, envace\n"
         "first = envace.sft\n"  # the public name before anything imported the submodule
-        "import envace.sft as mod\n"
+        "import envace.training.sft as mod\n"
         "from envace import sft\n"
         "mod.sft = lambda cfg: ('ran', cfg)\n"  # what calling it runs (no training in this test)
         "print(json.dumps([first is mod, sft is mod, hasattr(mod, 'SFTResult'), list(envace.sft('cfg'))]))"

@@ -16,9 +16,9 @@ from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks
-from envace.prompts import REHEARSE_SYSTEM
-from envace.rollout import RolloutConfig, RolloutEngine
-from envace.update import (
+from envace.chat.prompts import REHEARSE_SYSTEM
+from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.training.update import (
     MIN_SHARED_PREFIX,
     completion_logprobs,
     micro_batches,
@@ -282,7 +282,7 @@ def test_running_the_shared_prefix_once_gives_the_same_logprobs_and_gradients(ti
 
     # the comparison catches a real mismatch: the shared prefix's keys/values without their gradient path (the
     # log-probs stay the same; only the gradients of the prefix's positions are lost) ...
-    from envace import update
+    from envace.training import update
 
     def detached_prefix_hidden(trunk, ids, lp):  # update._shared_prefix_hidden with a .detach() added
         from transformers import DynamicCache
@@ -316,7 +316,7 @@ def test_running_the_shared_prefix_once_gives_the_same_logprobs_and_gradients(ti
 
 
 def test_optimizer_step_is_the_same_with_and_without_prefix_sharing(tiny, rows):
-    from envace import algos
+    from envace.math import algos
 
     adv = torch.linspace(-1, 1, len(rows))
 

@@ -1,4 +1,4 @@
-"""bf16 only where it is fast (envace.precision): the decision rule with injected probes, the once-per-process
+"""bf16 only where it is fast (envace.core.precision): the decision rule with injected probes, the once-per-process
 probe and note, every bf16 default that goes through it (HFBackend, SFT, the demo, eval, the trainer), and the
 real probe on a CPU whose bf16 matmuls are slow (oneDNN limited to AVX2)."""
 
@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from envace import precision
-from envace.precision import Bf16Probe, bf16_setting, resolve_bf16, use_bf16
+from envace.core import precision
+from envace.core.precision import Bf16Probe, bf16_setting, resolve_bf16, use_bf16
 
 FAST = Bf16Probe(bf16_ms=0.3, float32_ms=0.7, capability="AVX512")
 SLOW = Bf16Probe(bf16_ms=837.0, float32_ms=17.0, capability="AVX2")
@@ -133,9 +133,9 @@ def test_hf_backend_auto_builds_float32_where_bf16_is_slow_and_packed_bf16_where
 
 @pytest.mark.parametrize("probe,expect", [(SLOW, False), (FAST, True)])
 def test_sft_auto_runs_its_update_in_bf16_only_where_bf16_is_fast(tmp_path, cpu_is, monkeypatch, probe, expect):
-    import envace.update as update
+    import envace.training.update as update
     from envace.config import SFTConfig
-    from envace.sft import sft
+    from envace.training.sft import sft
 
     cpu_is(probe)
     seen = []
@@ -159,7 +159,7 @@ def test_sft_auto_runs_its_update_in_bf16_only_where_bf16_is_fast(tmp_path, cpu_
 
 def test_the_demo_asks_for_bf16_sft_only_where_it_is_fast(monkeypatch, tmp_path):
     import envace.cli as cli
-    import envace.sft as sft_mod
+    import envace.training.sft as sft_mod
 
     class Stop(Exception):
         pass
@@ -177,8 +177,8 @@ def test_eval_bf16_auto_generates_in_float32_where_bf16_is_slow(monkeypatch, cpu
     import envace.backends.hf as hf
     from envace.backends.base import SamplingParams
     from envace.cli import build_parser, command_config
-    from envace.budget import evaluate_model
-    from envace.rollout import RolloutConfig
+    from envace.evaluation.budget import evaluate_model
+    from envace.rollout.engine import RolloutConfig
 
     resolved = lambda *argv: command_config(build_parser().parse_args(list(argv)))  # noqa: E731
     assert [resolved("eval", *a).bf16 for a in ([], ["--bf16"], ["--bf16", "auto"], ["--bf16", "off"])] == [
@@ -218,8 +218,8 @@ def _train_cfg(tmp_path, **kw):
 
 
 def test_trainer_precisions_and_the_old_logprob_recompute_follow_the_decided_values(tmp_path, cpu_is, tiny):
-    from envace.distributed import Dist
-    from envace.trainer import recomputes_old_logprobs, rollout_backend, rollout_bf16, update_bf16
+    from envace.training.distributed import Dist
+    from envace.training.trainer import recomputes_old_logprobs, rollout_backend, rollout_bf16, update_bf16
 
     cpu_is(SLOW)
     auto = _train_cfg(tmp_path, bf16="auto")
@@ -255,7 +255,7 @@ def test_where_bf16_matmuls_are_slow_the_real_probe_picks_float32_and_says_so_on
     """ONEDNN_MAX_CPU_ISA=AVX2 gives the kernels of a CPU without bf16 units (a bf16 matmul ~50x slower here);
     on a CPU that has none the probe finds the same."""
     code = (
-        "from envace.models import load; from envace.backends.hf import HFBackend; from envace.precision import cpu_bf16_probe\n"
+        "from envace.backends.models import load; from envace.backends.hf import HFBackend; from envace.core.precision import cpu_bf16_probe\n"
         "m, tok = load('tiny-random'); be = HFBackend(m, tok, bf16='auto'); HFBackend(m, tok, bf16='auto')\n"
         "p = cpu_bf16_probe(); print(be.bf16, be._decoder is None, p.bf16_ms > p.float32_ms)\n"
     )

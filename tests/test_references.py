@@ -13,7 +13,7 @@ import re
 import pytest
 
 from envace.envs import load_tasks
-from envace.types import ReferenceExample, Task, ToolCall, ToolSpec, dumps
+from envace.core.types import ReferenceExample, Task, ToolCall, ToolSpec, dumps
 
 
 def _has(text: str, value: str) -> bool:

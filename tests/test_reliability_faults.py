@@ -14,10 +14,10 @@ import pytest
 from envace.backends.base import Backend, SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import ENVS, Environment, Score, ToolError
-from envace.rewards import RewardContext, make_reward, score_trajectories
-from envace.rollout import RolloutConfig, RolloutEngine
-from envace.trainer import rows_with_advantages
-from envace.types import ChecklistItem, Task, ToolCall, ToolSpec, Trajectory, is_error_obs
+from envace.rewards.functions import RewardContext, make_reward, score_trajectories
+from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.training.trainer import rows_with_advantages
+from envace.core.types import ChecklistItem, Task, ToolCall, ToolSpec, Trajectory, is_error_obs
 
 RELEASE = threading.Event()  # lets the hung tool's thread end when the test is over
 NO_ARGS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -207,7 +207,7 @@ def test_failed_or_malformed_judgements_are_masked_and_counted():
 
 def test_trainer_scoring_masks_unscored_trajectories_out_of_the_update(tokenizer):
     from envace.envs import load_tasks
-    from envace.sft import gold_trajectories
+    from envace.training.sft import gold_trajectories
 
     tasks = load_tasks("bank", "train", n=1)
     trajs = gold_trajectories(tokenizer, tasks * 4)

@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from envace.backends.base import SamplingParams
-from envace.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from envace.core.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from envace.config import TrainConfig
 from envace.envs import Environment
-from envace.logging import read_metrics, truncate_jsonl
-from envace.rewards import REWARDS, RewardResult
-from envace.rollout import RolloutConfig
+from envace.core.logging import read_metrics, truncate_jsonl
+from envace.rewards.functions import REWARDS, RewardResult
+from envace.rollout.engine import RolloutConfig
 
 # ------------------------------------------------------------------------------------------------ helpers
 
@@ -200,7 +200,7 @@ def _complete(folder: Path) -> bool:
 def test_an_interrupted_prune_or_resave_never_leaves_a_half_checkpoint(tmp_path, monkeypatch):
     import shutil
 
-    import envace.checkpoint as ck
+    import envace.core.checkpoint as ck
 
     root = tmp_path / "ckpt"
     models, opts = {"policy": _FakeModel()}, {}
@@ -264,7 +264,7 @@ def test_same_seed_same_rollouts_same_first_update_and_no_real_env_after_loading
 
     monkeypatch.setitem(REWARDS._entries, "reliability_first_of_group", _first_of_group)  # only for this test
 
-    import envace.trainer as trainer
+    import envace.training.trainer as trainer
 
     loaded = {"done": False}
     real_load_tasks = trainer.load_tasks_of_kinds

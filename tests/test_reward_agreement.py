@@ -1,4 +1,4 @@
-"""Reward agreement (envace.reward_agreement): the metrics by hand and against loop references, the report, a
+"""Reward agreement (envace.rewards.agreement): the metrics by hand and against loop references, the report, a
 scripted end-to-end measurement on bank tasks where Rehearse invents balances, and a smoke run of the bench script."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks, make_env
-from envace.parsing import format_observation
-from envace.prompts import REHEARSE_SYSTEM
-from envace.reward_agreement import (
+from envace.chat.parsing import format_observation
+from envace.chat.prompts import REHEARSE_SYSTEM
+from envace.rewards.agreement import (
     Record,
     agreement,
     agreement_report,
@@ -31,8 +31,8 @@ from envace.reward_agreement import (
     shadow_rollouts,
     spec_label,
 )
-from envace.rollout import RolloutConfig
-from envace.types import Trajectory
+from envace.rollout.engine import RolloutConfig
+from envace.core.types import Trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def test_report_has_every_reward_overall_and_by_kind_and_leaves_out_records_with
         Record("t9", "simple", None, {"good": 1.0, "bad": 1.0, "gold_f1": 1.0})
     ]
     specs = ["good", "bad", "gold_f1"]
-    from envace.rewards import REWARDS
+    from envace.rewards.functions import REWARDS
 
     added = [name for name in ("good", "bad") if name not in REWARDS]  # the report parses specs: two throwaway
     for name in added:  # names for this test only (the registry is global; test_rewards lists the built-ins)

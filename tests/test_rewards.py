@@ -1,4 +1,4 @@
-"""Rewards on hand-built trajectories (envace.rewards): gold matching, checklist rules, the LLM judge with fake
+"""Rewards on hand-built trajectories (envace.rewards.functions): gold matching, checklist rules, the LLM judge with fake
 backends, the grounded reward with a tiny environment defined here, composition and group scoring."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from envace.backends.base import Backend, BackendError, SamplingParams
 from envace.envs.base import ENVS, Environment, Score, ToolError
-from envace.registry import UnknownNameError
-from envace.rewards import (
+from envace.core.registry import UnknownNameError
+from envace.rewards.functions import (
     REWARDS,
     RewardContext,
     RewardResult,
@@ -26,7 +26,7 @@ from envace.rewards import (
     serialize_trajectory,
     tool_name_prf,
 )
-from envace.types import ChecklistItem, Message, Step, Task, ToolCall, ToolSpec, Trajectory
+from envace.core.types import ChecklistItem, Message, Step, Task, ToolCall, ToolSpec, Trajectory
 
 # ---------------------------------------------------------------------------------------------- fixtures
 
@@ -631,7 +631,7 @@ def test_an_unscored_factor_makes_its_product_and_the_whole_reward_unscored_and_
 
 def test_trainer_needs_a_judge_for_checklist_judge_inside_a_product_too():
     from envace.config import TrainConfig
-    from envace.trainer import reward_context
+    from envace.training.trainer import reward_context
 
     with pytest.raises(ValueError, match="needs a judge"):
         reward_context(TrainConfig(reward="gold_f1*checklist_judge"), None, None)

@@ -11,9 +11,9 @@ from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import ENVS, load_tasks, make_env
 from envace.envs.references import initial_state_key, record_each
-from envace.prompts import REHEARSE_SYSTEM
-from envace.rollout import RolloutConfig, RolloutEngine
-from envace.types import ToolCall, Trajectory, read_jsonl, write_jsonl
+from envace.chat.prompts import REHEARSE_SYSTEM
+from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.core.types import ToolCall, Trajectory, read_jsonl, write_jsonl
 from numerics import assert_logprobs_close
 
 REAL_CALLS = []

@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from envace.backends.base import SamplingParams
 from envace.config import TrainConfig
-from envace.models import ModelNotFoundError, is_adapter, load, load_tokenizer, resolve_model
-from envace.rollout import RolloutConfig
-from envace.trainer import train
+from envace.backends.models import ModelNotFoundError, is_adapter, load, load_tokenizer, resolve_model
+from envace.rollout.engine import RolloutConfig
+from envace.training.trainer import train
 
 
 def _train(out_dir, **kw):
@@ -124,8 +124,8 @@ def test_a_lora_adapter_records_its_base_by_the_name_it_was_trained_from(runs):
 def test_saving_a_lora_checkpoint_never_looks_its_base_up_on_the_hub(tmp_path, monkeypatch):
     import peft.utils.save_and_load as peft_save
 
-    from envace.checkpoint import save_checkpoint
-    from envace.models import load_trainable
+    from envace.core.checkpoint import save_checkpoint
+    from envace.backends.models import load_trainable
 
     def no_hub(repo_id, filename, **kw):
         raise AssertionError(f"looked up {repo_id}/{filename} on the hub")
@@ -151,7 +151,7 @@ def test_a_lora_adapter_without_its_tokenizer_takes_its_bases(runs, tmp_path):
 
 def test_serve_loads_a_lora_run_merged(runs):
     from envace.backends.loaders import open_backend
-    from envace.serve import context_of
+    from envace.serving.serve import context_of
 
     be = open_backend(runs["lora"])  # what envace serve loads
     n = context_of(be)

@@ -3,10 +3,10 @@ and primes keep the streams apart."""
 
 import itertools
 
-from envace.seeding import SEED_MODULUS, derive_seed
-from envace.trainer import ITERATION_PRIME
-from envace.tts import ATTEMPT_PRIME, PRIVATE_SALT, TTSConfig
-from envace.rollout import RolloutConfig
+from envace.core.seeding import SEED_MODULUS, derive_seed
+from envace.training.trainer import ITERATION_PRIME
+from envace.evaluation.tts import ATTEMPT_PRIME, PRIVATE_SALT, TTSConfig
+from envace.rollout.engine import RolloutConfig
 
 SEEDS = (0, 1, 7, 12345, 2**31 - 1, 2**40 + 3)
 

@@ -17,10 +17,10 @@ from envace.backends.base import Backend, Generation, SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
 from envace.backends.worker import STOP_WINDOW, GenerationWorker, Job, first_stop
-from envace.openai_api import RequestError, act_messages, reply
-from envace.prompts import ACT_INSTRUCTIONS, ChatFormat, act_system, render_tools
-from envace.serve import ServerConfig, serving, streamable
-from envace.types import Message, Task, ToolCall, ToolSpec
+from envace.chat.openai_api import RequestError, act_messages, reply
+from envace.chat.prompts import ACT_INSTRUCTIONS, ChatFormat, act_system, render_tools
+from envace.serving.serve import ServerConfig, serving, streamable
+from envace.core.types import Message, Task, ToolCall, ToolSpec
 from numerics import assert_logprobs_close
 from servers import envace_serve
 
@@ -485,7 +485,7 @@ def test_act_messages_render_tools_calls_and_results_as_act_does():
 def test_chat_tools_follow_the_models_own_tool_format(name):
     """A model that writes calls another way (chosen from its template, as the rollout chooses) is shown its
     history in that format, told how to call in it, and its replies are parsed by it."""
-    from envace.parsing import TOOL_FORMATS
+    from envace.chat.parsing import TOOL_FORMATS
 
     fmt, spec = TOOL_FORMATS.get(name), ToolSpec.from_dict(WEATHER)
     call = ToolCall("get_weather", {"city": "Paris"})

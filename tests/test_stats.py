@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from envace.stats import (
+from envace.math.stats import (
     EXACT_FLIPS,
     fmt_rate,
     mcnemar_exact,

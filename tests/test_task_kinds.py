@@ -8,7 +8,7 @@ import pytest
 
 from envace.config import SFTConfig, TrainConfig, apply_overrides, from_dict
 from envace.envs import SUITES, load_tasks, load_tasks_of_kinds
-from envace.types import Task
+from envace.core.types import Task
 
 # ------------------------------------------------------------------------------------- config values
 
@@ -109,7 +109,7 @@ def _spy(monkeypatch, module) -> list[list[Task]]:
 
 
 def test_sft_warms_up_only_on_the_chosen_kinds(tmp_path, monkeypatch):
-    import envace.sft as sft_mod
+    import envace.training.sft as sft_mod
 
     seen = _spy(monkeypatch, sft_mod)
     with pytest.raises(_Loaded):
@@ -129,7 +129,7 @@ def test_sft_warms_up_only_on_the_chosen_kinds(tmp_path, monkeypatch):
 
 
 def test_rl_trains_only_on_the_chosen_kinds(tmp_path, monkeypatch):
-    import envace.trainer as trainer
+    import envace.training.trainer as trainer
 
     seen = _spy(monkeypatch, trainer)
     with pytest.raises(_Loaded):

@@ -14,8 +14,8 @@ from envace.backends.base import Backend, SamplingParams
 from envace.envs import USERS, check_env, load_tasks, make_env
 from envace.envs import tau2 as t2
 from envace.envs.references import record_gold
-from envace.parsing import validate_call
-from envace.types import Message, Step, Task, ToolCall, Trajectory, is_error_obs
+from envace.chat.parsing import validate_call
+from envace.core.types import Message, Step, Task, ToolCall, Trajectory, is_error_obs
 
 
 @pytest.fixture(scope="module")

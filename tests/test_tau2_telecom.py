@@ -12,10 +12,10 @@ import pytest
 from envace.backends.base import Backend, SamplingParams
 from envace.envs import UNEXECUTED, USERS, UserSide, load_tasks, make_env
 from envace.envs import tau2 as t2
-from envace.rollout import RolloutConfig, RolloutEngine
-from envace.sft import GoldTeacher, gold_trajectories
-from envace.trainer import rows_with_advantages
-from envace.types import Task, ToolCall, Trajectory, is_error_obs
+from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.training.sft import GoldTeacher, gold_trajectories
+from envace.training.trainer import rows_with_advantages
+from envace.core.types import Task, ToolCall, Trajectory, is_error_obs
 from tau2.data_model.message import UserMessage
 
 BIG = dict(group_size=1, max_steps=64, max_steps_per_turn=64, max_context_tokens=1 << 22)
@@ -267,7 +267,7 @@ def test_llm_user_acts_on_its_phone_and_only_its_text_reaches_the_agent(tokenize
 def test_the_llm_user_is_a_config_setting_opened_once_per_process(telecom):
     """``rollout.user_model`` names the user's model (here the tiny one), as a config or ``--set`` gives it; the
     engine opens it once, and its generations are the user's, never training rows."""
-    from envace.rollout import user_backend_for
+    from envace.rollout.engine import user_backend_for
 
     task = two_toggles(telecom)
     cfg = RolloutConfig(

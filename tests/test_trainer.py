@@ -13,12 +13,12 @@ from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.config import VARIANTS, TrainConfig, load_config
 from envace.envs import load_tasks
-from envace.logging import read_metrics
-from envace.rollout import RolloutConfig, RolloutEngine
-from envace.sft import gold_trajectories
-from envace.trainer import rows_with_advantages, train, update_parts
-from envace.update import completion_logprobs, optimizer_step, pack_rows, pad_rows
-from envace import algos
+from envace.core.logging import read_metrics
+from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.training.sft import gold_trajectories
+from envace.training.trainer import rows_with_advantages, train, update_parts
+from envace.training.update import completion_logprobs, optimizer_step, pack_rows, pad_rows
+from envace.math import algos
 from numerics import assert_logprobs_close
 
 
@@ -131,8 +131,8 @@ def test_success_of_imagined_rollouts_is_never_logged_as_real_success(tokenizer)
     """A rehearsal batch whose imagined calls all match the gold logs imagined success 1 and no plain or real
     success key; a real batch logs real success by the environment's own check (here: not reached, since the
     policy never replies with the expected outputs), whatever the gold-call reward says."""
-    from envace.rewards import RewardContext, make_reward, score_trajectories
-    from envace.trainer import _summarise
+    from envace.rewards.functions import RewardContext, make_reward, score_trajectories
+    from envace.training.trainer import _summarise
 
     tasks = [t for t in load_tasks("bank", "train", n=40) if len(t.user_turns) == 1 and t.expected_outputs][:2]
     by_user = {t.user_turns[0]: t for t in tasks}
@@ -159,8 +159,8 @@ def test_success_of_imagined_rollouts_is_never_logged_as_real_success(tokenizer)
 
 
 def test_bf16_rollouts_decode_through_packed_weights_while_the_update_stays_float32(tmp_path, tiny):
-    from envace.distributed import Dist
-    from envace.trainer import recomputes_old_logprobs, rollout_backend
+    from envace.training.distributed import Dist
+    from envace.training.trainer import recomputes_old_logprobs, rollout_backend
 
     ONE_PROCESS = Dist()
 

@@ -8,9 +8,9 @@ import pytest
 
 from envace.backends.base import SamplingParams
 from envace.config import TrainConfig, load_config
-from envace.logging import read_metrics
-from envace.rollout import RolloutConfig
-from envace.trainer import train
+from envace.core.logging import read_metrics
+from envace.rollout.engine import RolloutConfig
+from envace.training.trainer import train
 from servers import envace_serve
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")

@@ -9,18 +9,18 @@ import sys
 import pytest
 import torch
 
-import envace.trainer as trainer
+import envace.training.trainer as trainer
 from envace.backends.base import SamplingParams
 from envace.config import RESUMABLE_FIELDS, TrainConfig, config_diff, to_dict
 from envace.envs import load_tasks
-from envace.logging import read_metrics
-from envace.models import load
-from envace.rewards import REWARDS, RewardResult
-from envace.rollout import RolloutConfig
-from envace.sft import gold_trajectories
-from envace.models import load_trainable
-from envace.trainer import train
-from envace.update import completion_logprobs, pack_rows
+from envace.core.logging import read_metrics
+from envace.backends.models import load
+from envace.rewards.functions import REWARDS, RewardResult
+from envace.rollout.engine import RolloutConfig
+from envace.training.sft import gold_trajectories
+from envace.backends.models import load_trainable
+from envace.training.trainer import train
+from envace.training.update import completion_logprobs, pack_rows
 
 
 def _first_of_group(task, traj, ctx):

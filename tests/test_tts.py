@@ -14,10 +14,10 @@ from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import ENVS, load_tasks, make_env
-from envace.evaluation import EvalResult, evaluate
-from envace.prompts import REHEARSE_SYSTEM
-from envace.rollout import RolloutConfig, RolloutEngine
-from envace.tts import (
+from envace.evaluation.trials import EvalResult, evaluate
+from envace.chat.prompts import REHEARSE_SYSTEM
+from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.evaluation.tts import (
     MEMORY_SYSTEM,
     PLAN_MEMORY_SYSTEM,
     PLAN_REFLECT_SYSTEM,
@@ -182,7 +182,7 @@ def _executions_per_task(tasks, trajs):
 def test_each_task_s_calls_run_exactly_once_in_the_real_environment(tokenizer, counted, n, mode):
     """run_tts and evaluate_at_budget: the real environment runs each call of the single real execution once;
     scoring it (grounded success) uses that run and executes nothing again."""
-    from envace.budget import evaluate_at_budget
+    from envace.evaluation.budget import evaluate_at_budget
 
     recs = run_tts(ScriptedBackend(tokenizer, scripted(counted)), counted, tcfg(n=n, mode=mode))
     for task, rec in zip(counted, recs):
@@ -200,8 +200,8 @@ def test_each_task_s_calls_run_exactly_once_in_the_real_environment(tokenizer, c
 
 def test_the_execution_count_catches_a_final_run_that_happens_twice_or_is_replayed(tokenizer, counted, monkeypatch):
     """The check above is not vacuous: a real phase that runs twice, or scoring that replays the calls, fails it."""
-    import envace.rollout
-    import envace.tts
+    import envace.rollout.engine
+    import envace.evaluation.tts
 
     def twice(*a, **k):
         evaluate(*a, **k)
@@ -210,7 +210,10 @@ def test_the_execution_count_catches_a_final_run_that_happens_twice_or_is_replay
     def forgotten_outcome(env, traj):  # as if the rollout kept no outcome: scoring must replay
         return None
 
-    for target, name, fake in ((envace.tts, "evaluate", twice), (envace.rollout, "final_outcome", forgotten_outcome)):
+    for target, name, fake in (
+        (envace.evaluation.tts, "evaluate", twice),
+        (envace.rollout.engine, "final_outcome", forgotten_outcome),
+    ):
         with monkeypatch.context() as m:
             m.setattr(target, name, fake)
             CALLS.clear()
@@ -294,7 +297,7 @@ def test_memory_length_bound_is_respected_and_cuts_are_recorded(tokenizer, tasks
 
 
 def test_cap_tokens_keeps_head_tail_or_middle_within_the_budget(tokenizer):
-    from envace.prompts import ChatFormat
+    from envace.chat.prompts import ChatFormat
 
     fmt = ChatFormat.for_tokenizer(tokenizer)
     text = " ".join(f"w{i}" for i in range(200))

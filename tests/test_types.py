@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from envace.types import Message, Row, Step, Task, ToolCall, ToolSpec, Trajectory, UserStep
+from envace.core.types import Message, Row, Step, Task, ToolCall, ToolSpec, Trajectory, UserStep
 
 
 def _traj() -> Trajectory:

@@ -13,8 +13,8 @@ import torch
 from envace.backends.base import SamplingParams
 from envace.cli import main
 from envace.config import TrainConfig
-from envace.distributed import Dist
-from envace.trainer import rollout_backend
+from envace.training.distributed import Dist
+from envace.training.trainer import rollout_backend
 
 
 def test_without_vllm_the_backend_the_trainer_and_serve_name_the_extra(monkeypatch, tokenizer, capsys):

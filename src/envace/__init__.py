@@ -15,7 +15,7 @@ The public API, importable from the package itself::
 on first use (a module-level ``__getattr__``, PEP 562), so ``envace --version`` and ``envace tasks`` start fast.
 
 ``envace.sft`` is the module :mod:`envace.sft` (a submodule and the function share that name, and Python binds
-the submodule on the package once it is imported); calling it runs :func:`envace.sft.sft`, so
+the submodule on the package once it is imported); calling it runs :func:`envace.training.sft.sft`, so
 ``envace.sft(cfg)`` and ``from envace import sft; sft(cfg)`` work whatever was imported before.
 """
 
@@ -50,13 +50,13 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:  # what type checkers see (py.typed); at run time the names are imported lazily below
     from .backends.hf import HFBackend
     from .config import SFTConfig, TrainConfig
-    from .budget import evaluate_model
-    from .evaluation import evaluate
-    from .models import load
-    from .rollout import RolloutConfig, RolloutEngine
-    from .sft import sft
-    from .trainer import train
-    from .tts import TTSConfig, rehearse, run_tts
+    from .evaluation.budget import evaluate_model
+    from .evaluation.trials import evaluate
+    from .backends.models import load
+    from .rollout.engine import RolloutConfig, RolloutEngine
+    from .training.sft import sft
+    from .training.trainer import train
+    from .evaluation.tts import TTSConfig, rehearse, run_tts
 
 
 def __getattr__(name: str) -> Any:

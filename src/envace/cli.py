@@ -39,7 +39,7 @@ MODEL_HELP = "model name, model folder, or training checkpoint / run folder (ful
 
 
 def cmd_sft(cfg: Any) -> int:
-    from .sft import sft
+    from .training.sft import sft
 
     res = sft(cfg)
     last = res.metrics[-1] if res.metrics else {}
@@ -50,7 +50,7 @@ def cmd_sft(cfg: Any) -> int:
 
 
 def cmd_train(cfg: Any) -> int:
-    from .trainer import train
+    from .training.trainer import train
 
     res = train(cfg)
     print(
@@ -63,8 +63,8 @@ def _demo_rollout(**kw: Any) -> Any:
     """The demo's rollout settings: one call per Act step (generation stops after ``</tool_call>``), short
     completions, at most 4 Act steps per user turn."""
     from .backends.base import SamplingParams
-    from .parsing import CALL_CLOSE
-    from .rollout import RolloutConfig, rehearse_sampling
+    from .chat.parsing import CALL_CLOSE
+    from .rollout.engine import RolloutConfig, rehearse_sampling
 
     return RolloutConfig(
         max_steps=8,
@@ -81,7 +81,7 @@ def demo_sft_config(
     """The demo's SFT warm-up (also the start of bench/rl_settings.py): 256 gold trajectories of ``suite``'s train
     split, lr 1e-4 for the embedded default (1e-3 for other, e.g. tiny, models), bf16 where it is fast."""
     from .config import SFTConfig
-    from .models import DEFAULT_MODEL
+    from .backends.models import DEFAULT_MODEL
 
     return SFTConfig(
         model=model,
@@ -130,7 +130,7 @@ def demo_train_config(
 
 
 def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
-    from .budget import evaluate_model
+    from .evaluation.budget import evaluate_model
 
     return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout())
 
@@ -138,9 +138,9 @@ def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 
 def cmd_eval(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .config import to_dict
-    from .budget import evaluate_model
-    from .evaluation import save_result
-    from .rollout import RolloutConfig, rehearse_sampling
+    from .evaluation.budget import evaluate_model
+    from .evaluation.trials import save_result
+    from .rollout.engine import RolloutConfig, rehearse_sampling
 
     rc = RolloutConfig(
         **cfg.chat_io(),
@@ -177,7 +177,7 @@ def cmd_eval(cfg: Any) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Paired comparison of two saved ``envace eval --out`` results: refused unless suite, split and tasks match."""
-    from .evaluation import compare_results, format_comparison, load_result
+    from .evaluation.trials import compare_results, format_comparison, load_result
 
     c = compare_results(
         load_result(args.a), load_result(args.b), names=(args.a, args.b), resamples=args.resamples, seed=args.seed
@@ -187,11 +187,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _helpers(cfg: Any) -> dict[str, Any]:
-    """The RolloutEngine keywords of ``cfg.mode`` (envace.variants.REHEARSERS): the model that answers Act's calls
+    """The RolloutEngine keywords of ``cfg.mode`` (envace.rollout.variants.REHEARSERS): the model that answers Act's calls
     besides the policy, frozen, named by the config field of the same name (``cfg.rehearser``, ``cfg.simulator``),
     by default ``cfg.model`` (a checkpoint's own ``rehearser/`` for per_role); {} for rehearsal and real."""
     from .backends.loaders import frozen_backend
-    from .variants import REHEARSERS
+    from .rollout.variants import REHEARSERS
 
     return REHEARSERS.get(cfg.mode).helpers(
         lambda helper, role: frozen_backend(getattr(cfg, helper) or cfg.model, role)
@@ -202,8 +202,8 @@ def cmd_fidelity(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .backends.loaders import open_backend
     from .envs import load_tasks
-    from .fidelity import measure_fidelity
-    from .rollout import RolloutConfig, format_trajectory, rehearse_sampling
+    from .evaluation.fidelity import measure_fidelity
+    from .rollout.engine import RolloutConfig, format_trajectory, rehearse_sampling
 
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
     extra = _helpers(cfg)
@@ -234,7 +234,7 @@ def cmd_fidelity(cfg: Any) -> int:
 
 
 def cmd_experiment(cfg: Any) -> int:
-    from .experiment import run_experiment
+    from .evaluation.experiment import run_experiment
 
     res = run_experiment(cfg)
     print(f"report: {res.report['html']} (and report.md, trajectories.html, results.json in {res.out_dir})")
@@ -245,9 +245,9 @@ def cmd_rollout(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
     from .envs import load_tasks
-    from .models import load
-    from .rollout import RolloutConfig, RolloutEngine, format_trajectory, rehearse_sampling
-    from .types import write_jsonl
+    from .backends.models import load
+    from .rollout.engine import RolloutConfig, RolloutEngine, format_trajectory, rehearse_sampling
+    from .core.types import write_jsonl
 
     m, tok = load(cfg.model)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
@@ -279,7 +279,7 @@ def cmd_rollout(cfg: Any) -> int:
 def cmd_export(cfg: Any) -> int:
     """Trajectory files (and / or a suite's gold trajectories) as OpenAI / HF chat records in JSON lines. A malformed
     item is one line on stderr naming its file and line; the valid ones are written all the same."""
-    from .export import export_records, read_trajectories, write_records
+    from .evaluation.export import export_records, read_trajectories, write_records
 
     if not cfg.inputs and not cfg.gold:
         raise ValueError("nothing to export: give trajectory files or --gold")
@@ -288,8 +288,8 @@ def cmd_export(cfg: Any) -> int:
     errors = read.errors + errors
     if cfg.gold:
         from .envs import load_tasks
-        from .models import load_tokenizer
-        from .sft import gold_trajectories
+        from .backends.models import load_tokenizer
+        from .training.sft import gold_trajectories
 
         gold = gold_trajectories(load_tokenizer(cfg.model), load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed))
         more, gold_errors, _ = export_records(
@@ -314,9 +314,9 @@ def cmd_rehearse(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
     from .envs import load_tasks
-    from .models import load
-    from .rollout import RolloutConfig, rehearse_sampling
-    from .tts import TTSConfig, format_record, run_tts
+    from .backends.models import load
+    from .rollout.engine import RolloutConfig, rehearse_sampling
+    from .evaluation.tts import TTSConfig, format_record, run_tts
 
     m, tok = load(cfg.model)
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.index + 1, seed=cfg.seed)
@@ -353,7 +353,7 @@ def cmd_rehearse(cfg: Any) -> int:
 
 def cmd_serve(cfg: Any) -> int:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health) over a backend."""
-    from .serve import serve
+    from .serving.serve import serve
 
     serve(cfg)
     return 0
@@ -372,10 +372,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     the paired comparison of SFT + EnvACE against SFT. Writes into ``--out``: ``untrained.json``, ``sft.json`` and
     ``envace.json`` (evaluation results with per-task outcomes; ``envace compare sft.json envace.json`` recomputes
     the comparison), ``demo_results.json`` (metrics, comparison, stage times, hardware) and ``results.md``."""
-    from .evaluation import compare_results, format_comparison, load_result, rate_with_ci, save_result
-    from .precision import hardware_summary
-    from .sft import sft
-    from .trainer import train
+    from .evaluation.trials import compare_results, format_comparison, load_result, rate_with_ci, save_result
+    from .core.precision import hardware_summary
+    from .training.sft import sft
+    from .training.trainer import train
 
     out = args.out
     quick = args.quick
@@ -469,7 +469,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _bf16_arg(value: str) -> bool | str:
-    from .precision import bf16_setting
+    from .core.precision import bf16_setting
 
     try:
         return bf16_setting(value)
@@ -636,7 +636,7 @@ def build_parser() -> argparse.ArgumentParser:
     _config_command(
         sub,
         "experiment",
-        "envace.experiment:ExperimentConfig",
+        "envace.evaluation.experiment:ExperimentConfig",
         cmd_experiment,
         "the paper's comparison in miniature: all arms x seeds x rehearsal budgets, report folder",
     )

@@ -1,6 +1,6 @@
 """Typed configs (dataclasses, one docstring per field), loadable from YAML and overridable from the CLI.
 
-Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (see :data:`envace.variants.VARIANTS`,
+Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (see :data:`envace.rollout.variants.VARIANTS`,
 importable from here too);
 the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewise_std`` | ``pooled`` | ...).
 """
@@ -22,11 +22,11 @@ import yaml
 
 from .backends.base import SamplingParams
 from .backends.loaders import LOADERS
-from .logging import report_sinks
-from .precision import bf16_setting
-from .rewards import JUDGE_MAX_NEW_TOKENS
-from .rollout import RolloutConfig
-from .variants import VARIANTS
+from .core.logging import report_sinks
+from .core.precision import bf16_setting
+from .rewards.functions import JUDGE_MAX_NEW_TOKENS
+from .rollout.engine import RolloutConfig
+from .rollout.variants import VARIANTS
 
 
 RESUME_POLICIES = ("auto", "force", "never")
@@ -57,7 +57,7 @@ class TrainConfig:
 
     model: str = "SmolLM2-135M-Instruct"
     """Policy model: the embedded default, "tiny-random", a local HF folder or a cached HF id, or a training
-    checkpoint / run folder (envace.models.load). A LoRA run starts as its base with the adapter merged in: a full
+    checkpoint / run folder (envace.backends.models.load). A LoRA run starts as its base with the adapter merged in: a full
     model (trained with a fresh adapter when ``lora_r > 0``)."""
     suite: str = "builtin"
     """Task suite for training (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
@@ -72,9 +72,9 @@ class TrainConfig:
     variant: str = "envace"
     """envace | real_env | simulator | per_role | caller_frozen | caller_only (envace.config.VARIANTS)."""
     advantage: str = "rolewise"
-    """Baseline estimator (envace.algos.ADVANTAGES): rolewise (paper), rolewise_std, pooled, pooled_std."""
+    """Baseline estimator (envace.math.algos.ADVANTAGES): rolewise (paper), rolewise_std, pooled, pooled_std."""
     reward: Any = "gold_f1*reply_facts"
-    """Reward spec (envace.rewards): a name, a product ``"a*b"``, or {term: weight}. Default: gold-call F1 times the
+    """Reward spec (envace.rewards.functions): a name, a product ``"a*b"``, or {term: weight}. Default: gold-call F1 times the
     share of the facts the replies must state (an invented balance scores 0); of the rewards compared on imagined
     trajectories it agreed best with their real outcome (docs/rewards.md), gold_f1 alone rewarded 29% real failures
     in full. "grounded" uses the real environment."""
@@ -95,7 +95,7 @@ class TrainConfig:
     mini_batches: int = 1
     """Optimizer steps per pass: the rows of each model are split (shuffled, seeded) into this many parts."""
     loss_agg: str = "token_mean"
-    """Loss aggregation (envace.algos.AGGREGATIONS): token_mean (reference) or seq_mean."""
+    """Loss aggregation (envace.math.algos.AGGREGATIONS): token_mean (reference) or seq_mean."""
     kl_coef: float = 0.0
     """KL to the frozen initial model (k3); 0 = off (reference). 1e-4 if on."""
     micro_batch_tokens: int = 4096
@@ -105,7 +105,7 @@ class TrainConfig:
     lora_alpha: int = 32
     bf16: bool | str = False
     """bf16 autocast for rollouts and update: true, false, or ``auto`` (bf16 only where it is faster than float32:
-    on CPU a timed probe decides, on CUDA ``torch.cuda.is_bf16_supported()``; envace.precision). ``true`` on a CPU
+    on CPU a timed probe decides, on CUDA ``torch.cuda.is_bf16_supported()``; envace.core.precision). ``true`` on a CPU
     without fast bf16 (AVX2 only: bf16 matmuls ~50x slower) is honoured with a one-line warning."""
     rollout_bf16: bool | str | None = None
     """bf16 rollouts on their own: true, false, ``auto`` (as for ``bf16``) or None (as ``bf16``). On CPU a Llama
@@ -145,7 +145,7 @@ class TrainConfig:
     tensorboard: bool = True
     """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to decide)."""
     report_to: tuple[str, ...] = ("tensorboard",)
-    """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.logging.SINKS):
+    """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.core.logging.SINKS):
     ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
     ``[]`` or ``jsonl``: nowhere else. A sink that cannot start says so in one line on stderr and the run goes on."""
     progress: bool = True
@@ -155,7 +155,7 @@ class TrainConfig:
     differs (the differences are printed), "never" refuses to run in an ``out_dir`` that holds a checkpoint."""
 
     def __post_init__(self) -> None:
-        from .algos import ADVANTAGES, AGGREGATIONS
+        from .math.algos import ADVANTAGES, AGGREGATIONS
 
         v = VARIANTS.get(self.variant)
         ADVANTAGES.get(self.advantage)
@@ -231,7 +231,7 @@ class SFTConfig:
     tensorboard: bool = True
     """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to decide)."""
     report_to: tuple[str, ...] = ("tensorboard",)
-    """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.logging.SINKS):
+    """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.core.logging.SINKS):
     ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
     ``[]`` or ``jsonl``: nowhere else. A sink that cannot start says so in one line on stderr and the run goes on."""
     progress: bool = True
@@ -260,10 +260,10 @@ class ChatIO:
     rehearse); train and the experiment take them under ``rollout.``."""
 
     chat_format: str | None = None
-    """envace.prompts.CHAT_FORMATS: ``chatml`` or ``template`` (the tokenizer's own chat template, verified; a
+    """envace.chat.prompts.CHAT_FORMATS: ``chatml`` or ``template`` (the tokenizer's own chat template, verified; a
     template that fails falls back to ChatML with a notice); None: chatml for ChatML vocabularies, else template."""
     tool_format: str | None = None
-    """envace.parsing.TOOL_FORMATS: ``hermes``, ``llama3_json``, ``mistral``; None: the one the template hints at."""
+    """envace.chat.parsing.TOOL_FORMATS: ``hermes``, ``llama3_json``, ``mistral``; None: the one the template hints at."""
     native_tools: bool = True
     """With the ``template`` chat format, the tools as the chat template renders ``tools=`` where it writes them in
     its system turn, else (with a notice) envace's text list; False: envace's text list."""
@@ -283,7 +283,7 @@ class ChatIO:
 @dataclass
 class EvalConfig(ChatIO):
     """``envace eval``: a model in the real environment, optionally after private test-time rehearsal
-    (envace.budget.evaluate_model)."""
+    (envace.evaluation.budget.evaluate_model)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
@@ -331,7 +331,7 @@ class EvalConfig(ChatIO):
 
 @dataclass
 class FidelityConfig(ChatIO):
-    """``envace fidelity``: rehearsed vs real observations on shadow rollouts (envace.fidelity.measure_fidelity)."""
+    """``envace fidelity``: rehearsed vs real observations on shadow rollouts (envace.evaluation.fidelity.measure_fidelity)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
@@ -377,7 +377,7 @@ class FidelityConfig(ChatIO):
 @dataclass
 class RolloutBatchConfig(ChatIO):
     """``envace rollout``: one batch of rollouts written as JSON lines (the engine's own settings are
-    :class:`~envace.rollout.RolloutConfig`)."""
+    :class:`~envace.rollout.engine.RolloutConfig`)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
@@ -413,7 +413,7 @@ class RolloutBatchConfig(ChatIO):
 @dataclass
 class RehearseConfig(ChatIO):
     """``envace rehearse``: test-time scaling on one task: N private attempts and reflections, a memory, one real
-    run (envace.tts.run_tts)."""
+    run (envace.evaluation.tts.run_tts)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
@@ -447,7 +447,7 @@ class RehearseConfig(ChatIO):
 @dataclass
 class ServeConfig:
     """``envace serve``: a model over an OpenAI-compatible HTTP API (the server's request limits are
-    :class:`~envace.serve.ServerConfig`)."""
+    :class:`~envace.serving.serve.ServerConfig`)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
@@ -490,7 +490,7 @@ class ServeConfig:
 @dataclass
 class ExportConfig:
     """``envace export``: trajectories, or the gold trajectories of a suite (SFT data), as OpenAI / Hugging Face chat
-    records in JSON lines: ``messages`` with ``tool_calls`` / ``tool_call_id``, ``tools``, ``world`` (envace.export)."""
+    records in JSON lines: ``messages`` with ``tool_calls`` / ``tool_call_id``, ``tools``, ``world`` (envace.evaluation.export)."""
 
     inputs: tuple[str, ...] = ()
     """Trajectory files: a training run's ``trajectories.jsonl`` (or the run folder), ``envace rollout --out`` JSON
@@ -498,7 +498,7 @@ class ExportConfig:
     line naming the file and line; the valid ones are kept."""
     gold: bool = False
     """Also export the gold trajectories of ``suite`` / ``split`` (``n`` tasks): the SFT warm-up's data
-    (envace.sft.gold_trajectories; their observations are the real environment's)."""
+    (envace.training.sft.gold_trajectories; their observations are the real environment's)."""
     suite: str = "builtin"
     """Suite of the gold trajectories."""
     split: str = "train"
@@ -512,17 +512,17 @@ class ExportConfig:
     real_only: bool = False
     """Leave out trajectories whose observations were imagined (every mode but ``real``; gold ones are real)."""
     content: str = "text"
-    """Assistant content (envace.export.CONTENT): ``text`` (OpenAI: the text beside the calls, null if none) or
+    """Assistant content (envace.evaluation.export.CONTENT): ``text`` (OpenAI: the text beside the calls, null if none) or
     ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore ``tool_calls``)."""
     system: str = "seen"
-    """System message (envace.export.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list, unless the
+    """System message (envace.evaluation.export.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list, unless the
     chat template rendered the tools, and calling instructions) or ``task`` (without them, for a template that
     renders ``tools`` itself)."""
     out: str = "export.jsonl"
     """Where the records go (JSON lines; an existing file is replaced)."""
 
     def __post_init__(self) -> None:
-        from .export import CONTENT, SYSTEM
+        from .evaluation.export import CONTENT, SYSTEM
 
         self.inputs = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs or ())
         CONTENT.get(self.content)

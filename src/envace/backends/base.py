@@ -15,8 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from ..registry import Registry
-from ..seeding import derive_seed
+from ..core.registry import Registry
+from ..core.seeding import derive_seed
 
 
 @dataclass
@@ -107,7 +107,7 @@ class Backend(ABC):
 
     def chat(self, conversations: Sequence[list[dict[str, str]]], params: SamplingParams) -> list[str]:
         """Reply to each chat (a list of ``{"role", "content"}``); default: apply the chat template, generate."""
-        from ..prompts import ChatFormat
+        from ..chat.prompts import ChatFormat
 
         fmt = ChatFormat.for_tokenizer(self.tokenizer)
         prompts = [fmt.render(conv, add_generation_prompt=True) for conv in conversations]

@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from ..precision import use_bf16
-from ..prefixes import common_prefix, prefix_runs
-from ..prompts import ChatFormat
+from ..core.precision import use_bf16
+from ..math.prefixes import common_prefix, prefix_runs
+from ..chat.prompts import ChatFormat
 from .base import BACKENDS, Backend, Generation, OnDone, Request, SamplingParams
 from .fastdecode import decoder_for
 from .sampling import draw, sample_grouped, sample_next
@@ -75,7 +75,7 @@ class HFBackend(Backend):
 
     ``keep_sessions``: keep each session's KV between calls; ``share_prefixes``: prefill long common prompt
     prefixes once. Both are exact up to kernel rounding and on by default; off, every prompt is encoded whole.
-    ``bf16``: true, false or ``"auto"`` (bf16 only where it is faster than float32, :mod:`envace.precision`; true
+    ``bf16``: true, false or ``"auto"`` (bf16 only where it is faster than float32, :mod:`envace.core.precision`; true
     where it is slow is honoured with a one-line warning). ``packed`` (default: with bf16 on CPU): run every
     forward of a Llama model through :class:`~envace.backends.fastdecode.LlamaDecoder` (packed bf16 weights,
     float32 keys/values and attention) instead of ``model(...)``; other architectures always use ``model(...)``. ``cascade`` (packed streams): rows
@@ -401,7 +401,7 @@ class HFBackend(Backend):
 
     def _share_prefixes(self, prompts: list[list[int]], kept: list["_Kept | None"]) -> None:
         """Give sequences without a kept context the longest known shared prefix; group the rest by common prefix
-        (:func:`envace.prefixes.prefix_runs`), prefill each group's common prefix once (a batch-1 forward instead
+        (:func:`envace.math.prefixes.prefix_runs`), prefill each group's common prefix once (a batch-1 forward instead
         of one per sequence) and remember it (small LRU)."""
         from .kvcache import SlabCache
 
@@ -435,7 +435,7 @@ def _make_hf(
     model: Any = None, tokenizer: Any = None, name: str | None = None, bf16: bool | str | None = False, **kw: Any
 ) -> HFBackend:
     if model is None:
-        from ..models import load
+        from .models import load
 
         model, tokenizer = load(name)
     return HFBackend(model, tokenizer, bf16=bf16, **kw)

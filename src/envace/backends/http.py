@@ -97,7 +97,7 @@ class HTTPBackend(Backend):
     ):
         """``base_url``: the server's root or its ``/v1`` (``http://127.0.0.1:8000`` and ``.../v1`` both work).
         ``model``: the served model name (None: the first of ``GET /v1/models``, asked on first use).
-        ``tokenizer``: a tokenizer object or a model name for :func:`envace.models.load_tokenizer`; only needed
+        ``tokenizer``: a tokenizer object or a model name for :func:`envace.backends.models.load_tokenizer`; only needed
         where callers build token prompts (e.g. a rollout policy), not for ``chat``. ``api_key``: sent as a
         bearer token (default: ``$ENVACE_API_KEY``, else ``$OPENAI_API_KEY``, else none). ``vllm_extensions``:
         send vLLM's request fields (module docstring); off for servers that refuse unknown fields.
@@ -111,7 +111,7 @@ class HTTPBackend(Backend):
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self._model = model
         if isinstance(tokenizer, str):
-            from ..models import load_tokenizer
+            from .models import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
         self.tokenizer = tokenizer

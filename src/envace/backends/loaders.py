@@ -3,13 +3,13 @@
 Each entry of :data:`LOADERS` turns a model spec into a :class:`~envace.backends.base.Backend`:
 
 - ``hf``: the model (a name, a model or LoRA adapter folder, a training checkpoint / run folder:
-  :func:`envace.models.load`) loaded here; options go to :class:`~envace.backends.hf.HFBackend`.
+  :func:`envace.backends.models.load`) loaded here; options go to :class:`~envace.backends.hf.HFBackend`.
 - ``http``: the model is the ``http(s)://host:port/v1`` URL of an OpenAI-compatible server (``envace serve``,
   ``vllm serve``); options go to :class:`~envace.backends.http.HTTPBackend` (``timeout``, ``max_retries``,
   ``max_concurrency``, ``api_key``, ``model``: the served name, ``tokenizer``). Rollouts build token prompts, so
   the client needs the served model's tokenizer: ``tokenizer`` (a model name or folder), else the served
   model's name (``GET /v1/models``, e.g. ``tiny-random`` for ``envace serve --model tiny-random``).
-- ``vllm``: the model folder (:func:`envace.models.resolve_model`) in a colocated vLLM engine (GPU, extra
+- ``vllm``: the model folder (:func:`envace.backends.models.resolve_model`) in a colocated vLLM engine (GPU, extra
   ``envace[vllm]``; without it the ImportError names the extra); options go to ``VLLMBackend``.
 
 ``bf16`` is a setting of the ``hf`` backend; asking another for it is an error (a served model's precision is the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..registry import Registry
+from ..core.registry import Registry
 from .base import Backend
 
 LOADERS: Registry[Callable[..., Backend]] = Registry("backend")
@@ -55,14 +55,14 @@ def frozen_backend(name: str, role: str = "policy") -> Backend:
     ``TrainConfig.simulator_model`` is."""
     if is_url(name):
         return open_backend(name, "http")
-    from ..models import resolve_model
+    from .models import resolve_model
 
     return open_backend(resolve_model(name, role), "hf")
 
 
 @LOADERS.register("hf")
 def _hf(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
-    from ..models import load
+    from .models import load
     from .hf import HFBackend
 
     m, tok = load(model, device=device)
@@ -77,7 +77,7 @@ def _http(model: str, device: str = "cpu", bf16: bool | str = False, **options: 
         raise ValueError(f"backend http: the model must be the server's http(s)://host:port/v1 URL, got {model!r}")
     be = HTTPBackend(model, **options)
     if be.tokenizer is None:
-        from ..models import ModelNotFoundError, load_tokenizer
+        from .models import ModelNotFoundError, load_tokenizer
 
         try:
             be.tokenizer = load_tokenizer(be.model)
@@ -90,7 +90,7 @@ def _http(model: str, device: str = "cpu", bf16: bool | str = False, **options: 
 
 @LOADERS.register("vllm")
 def _vllm(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
-    from ..models import is_adapter, resolve_model
+    from .models import is_adapter, resolve_model
     from .vllm import VLLMBackend, require_vllm
 
     require_vllm()  # first: without vLLM nothing else matters

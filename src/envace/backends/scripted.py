@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from ..prompts import ChatFormat
+from ..chat.prompts import ChatFormat
 from .base import BACKENDS, Backend, Generation, SamplingParams
 
 

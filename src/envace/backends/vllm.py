@@ -15,13 +15,13 @@ every process rolls out its own tasks), and ``VLLM_ENABLE_V1_MULTIPROCESSING=0``
 this process, so :meth:`VLLMBackend.sync_weights` hands the trainer's tensors to the vLLM model's
 ``load_weights`` directly (``LLM.apply_model``) with no copy through another process; the prefix cache is then
 reset (its keys/values were computed with the old weights). ``sync_weights`` takes a model (of a LoRA model, the
-merged weights are sent), a state dict, or (name, tensor) pairs (what FSDP gathers, see envace.distributed).
+merged weights are sent), a state dict, or (name, tensor) pairs (what FSDP gathers, see envace.training.distributed).
 
 Log-probs: vLLM returns the sampled tokens' log-probs of the *raw* distribution (before temperature, from its own
 kernels), not the temperature-scaled quantity the trainer recomputes, so training with vLLM rollouts sets
 ``recompute_old_logprobs: true`` (the trainer takes its own log-probs before each update).
 
-Evaluation: ``VLLMBackend("Qwen/Qwen3-8B")`` is a Backend like any other (``envace.evaluation.evaluate(policy=...)``),
+Evaluation: ``VLLMBackend("Qwen/Qwen3-8B")`` is a Backend like any other (``envace.evaluation.trials.evaluate(policy=...)``),
 and ``envace serve --backend vllm --model M`` serves it over the OpenAI API (``vllm serve`` does too).
 
 Sessions are ignored: vLLM's automatic prefix caching reuses shared prompt prefixes by itself.
@@ -33,7 +33,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Iterator, Sequence
 
-from ..prompts import ChatFormat
+from ..chat.prompts import ChatFormat
 from .base import BACKENDS, Backend, Generation, SamplingParams
 
 EXTRA = "pip install 'envace[vllm]'"
@@ -75,7 +75,7 @@ class VLLMBackend(Backend):
 
         self._vllm = vllm
         if tokenizer is None:
-            from ..models import load_tokenizer
+            from .models import load_tokenizer
 
             tokenizer = load_tokenizer(model)
         self.tokenizer = tokenizer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..registry import UnknownNameError
+from ..core.registry import UnknownNameError
 from .base import (
     ENVS,
     SUITES,

@@ -23,9 +23,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from ..parsing import validate_call
-from ..registry import Registry
-from ..types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs, is_error_obs
+from ..chat.parsing import validate_call
+from ..core.registry import Registry
+from ..core.types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs, is_error_obs
 
 MAX_OBS_CHARS = 20_000  # observations larger than this become a too_large error
 
@@ -50,7 +50,7 @@ class Score:
 
 Play = Callable[[list[Task]], list[Trajectory]]
 """Plays tasks with the model under test, each once in its real environment (real mode), and returns their
-trajectories in task order: what :meth:`Environment.prepare` gets (evaluation's: ``envace.evaluation.player``)."""
+trajectories in task order: what :meth:`Environment.prepare` gets (evaluation's: ``envace.evaluation.trials.player``)."""
 Prepare = Callable[[list[Task], Play], list[Task]]
 """(tasks, play) -> the same tasks, in order, ready to run (:meth:`Environment.prepare`)."""
 UNPREPARED = "unprepared"

@@ -66,7 +66,7 @@ from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPIN
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as _checker_module  # noqa: E402
 from bfcl_eval.utils import load_dataset_entry, load_file  # noqa: E402
 
-from ..types import Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
+from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
 from .base import Environment, Score  # noqa: E402
 from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
 

@@ -17,11 +17,11 @@ is not a call (``agentic_checker``: normalised, word-bounded containment).
   questions, works with training and rehearsal, and its score is the questions' alone; ``model`` is BFCL's protocol
   and the one to compare with BFCL's leaderboard.
 - **writer=model: BFCL's protocol.** A question is loaded not ready (``env_config["unprepared"]``, no memory);
-  before the trials, evaluation (``envace.evaluation.evaluate``, and before the private attempts of test-time
+  before the trials, evaluation (``envace.evaluation.trials.evaluate``, and before the private attempts of test-time
   rehearsal) calls :meth:`BFCLMemoryEnv.prepare`, which plays, per (category, scenario) of its questions, the
   scenario's prerequisite sessions in BFCL's order (the questions' ``depends_on``) with the model under test in
   the real memory environment (real mode, the evaluation's rollout settings; the step bound scaled to the turns,
-  ``envace.evaluation.player``): each session is a task (:func:`session_task`: its user turns, one after each text
+  ``envace.evaluation.trials.player``): each session is a task (:func:`session_task`: its user turns, one after each text
   reply, as BFCL's multi-turn tasks; BFCL's memory prompt showing the memory it starts from; a fresh context),
   session i of every scenario in one batch. The backend's memory when a session ends (:func:`memory_after`: the
   outcome the rollout records in the environment its calls ran in) is the next session's initial memory, and the
@@ -78,7 +78,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import bfcl, bfcl_single
+from . import bfcl
+from . import bfcl_single
 
 import bfcl_eval  # noqa: E402
 from bfcl_eval.constants import default_prompts  # noqa: E402
@@ -87,8 +88,8 @@ from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPIN
 from bfcl_eval.eval_checker.agentic_eval.agentic_checker import agentic_checker  # noqa: E402
 from bfcl_eval.utils import is_memory_prereq, load_dataset_entry, load_file, load_ground_truth_entry  # noqa: E402
 
-from ..registry import Registry  # noqa: E402
-from ..types import Step, Task, ToolCall, Trajectory, is_error_obs  # noqa: E402
+from ..core.registry import Registry  # noqa: E402
+from ..core.types import Step, Task, ToolCall, Trajectory, is_error_obs  # noqa: E402
 from .base import UNPREPARED, Environment, Play, Score  # noqa: E402
 from .references import digest  # noqa: E402
 
@@ -536,7 +537,7 @@ def unprepared_reason(scenario: str) -> str:
     """Why a ``writer=model`` question cannot run before :meth:`BFCLMemoryEnv.prepare` (``env_config["unprepared"]``)."""
     return (
         f"its memory is written by the model under test in the {scenario} scenario's prerequisite sessions "
-        "(BFCL memory, writer=model), which evaluation plays first (envace.evaluation.evaluate, envace eval); "
+        "(BFCL memory, writer=model), which evaluation plays first (envace.evaluation.trials.evaluate, envace eval); "
         "training, rehearsal and replays outside an evaluation do not: use writer=gold (the default) there"
     )
 

@@ -71,7 +71,7 @@ from bfcl_eval.utils import (  # noqa: E402
     load_ground_truth_entry,
 )
 
-from ..types import Step, Task, ToolCall, Trajectory  # noqa: E402
+from ..core.types import Step, Task, ToolCall, Trajectory  # noqa: E402
 from .base import Environment, Score  # noqa: E402
 from .references import digest  # noqa: E402
 

@@ -56,7 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import bfcl, bfcl_memory, bfcl_single
+from . import bfcl
+from . import bfcl_memory
+from . import bfcl_single
 
 from bfcl_eval.constants.category_mapping import (  # noqa: E402
     ALL_SCORING_CATEGORIES,
@@ -67,8 +69,8 @@ from bfcl_eval.constants.category_mapping import (  # noqa: E402
     WEB_SEARCH_CATEGORY,
 )
 
-from ..registry import Registry  # noqa: E402
-from ..types import Task  # noqa: E402
+from ..core.registry import Registry  # noqa: E402
+from ..core.types import Task  # noqa: E402
 from .base import ENVS, SUITES, SUMMARIES, Environment, Play, prepare_groups  # noqa: E402
 from .references import assign  # noqa: E402
 

@@ -45,7 +45,7 @@ from typing import Any
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from ..types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
+from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
 from .base import ENVS, SUITES, EnvStartupError, Environment, Score
 
 STARTUP_TIMEOUT_S = 30.0

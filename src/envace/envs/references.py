@@ -42,8 +42,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from ..registry import Registry
-from ..types import ReferenceExample, Task, ToolCall, dumps, is_error_obs
+from ..core.registry import Registry
+from ..core.types import ReferenceExample, Task, ToolCall, dumps, is_error_obs
 
 MAX_RECORD_CHARS = 1500  # a record longer than this (call and result as text) is not used as a reference
 MIN_HIDDEN_CHARS = 3  # shorter values ("2", "no") are too common to tell a leak from a coincidence
@@ -166,7 +166,7 @@ class ReferencePool:
 
 
 def record_text(r: ReferenceExample) -> str:
-    """A record as Rehearse's prompt shows it (``envace.prompts.rehearse_system``)."""
+    """A record as Rehearse's prompt shows it (``envace.chat.prompts.rehearse_system``)."""
     return f"{r.call.key()} -> {dumps(r.result)}"
 
 

@@ -84,9 +84,9 @@ from tau2.user.base import OUT_OF_SCOPE, STOP, TRANSFER  # noqa: E402
 from tau2.user.user_simulator import SYSTEM_PROMPT as USER_SYSTEM_PROMPT, get_global_user_sim_guidelines  # noqa: E402
 
 from ..backends.base import Backend, SamplingParams  # noqa: E402
-from ..parsing import parse_act, validate_call  # noqa: E402
-from ..prompts import render_tools, tool_message_content  # noqa: E402
-from ..types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs  # noqa: E402
+from ..chat.parsing import parse_act, validate_call  # noqa: E402
+from ..chat.prompts import render_tools, tool_message_content  # noqa: E402
+from ..core.types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs  # noqa: E402
 from .base import ENVS, SUITES, USERS, Environment, Score, UserSide, UserSimulator  # noqa: E402
 from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
 
@@ -412,7 +412,7 @@ class LLMUser(UserSimulator):
     module docstring), whose results come back to the user alone, and the user generates again, up to
     ``max_moves`` generations per turn (past it the conversation ends, ``ended == "max_moves"``); a malformed
     block is answered by its ``bad_format`` error. Every generation is recorded as a
-    :class:`envace.types.UserStep`; the user's context is rebuilt from those records and the Act chat."""
+    :class:`envace.core.types.UserStep`; the user's context is rebuilt from those records and the Act chat."""
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ with the signature ``loader(spec, split="train", n=None, seed=0) -> list[Task]``
 
 from __future__ import annotations
 
-from ...types import Task
+from ...core.types import Task
 from ..base import ENVS, SUITES
 from .bank import BANK, BankEnv
 from .common import DEFAULT_N, KINDS, OOD_SPLIT, SPLITS, Domain, TaskBuilder, ToolEnv, split_indices, task_kind, tool

@@ -1,7 +1,7 @@
 """Shared machinery of the built-in environments: the ``@tool`` decorator, the :class:`ToolEnv` base class,
-the :class:`TaskBuilder` that turns a scripted episode into a :class:`~envace.types.Task`, and the split logic.
+the :class:`TaskBuilder` that turns a scripted episode into a :class:`~envace.core.types.Task`, and the split logic.
 Checklist rules (``called`` / ``not_called`` / ``reply_contains`` / ``max_calls``) are produced here and
-checked by :func:`envace.rewards.check_rule`.
+checked by :func:`envace.rewards.functions.check_rule`.
 
 A domain is a :class:`ToolEnv` subclass whose tools are methods decorated with ``@tool``; the ToolSpecs the
 model sees are derived from those decorators, and ``_execute`` calls the bound method with the (already
@@ -48,8 +48,8 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ...registry import Registry
-from ...types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, dumps, is_error_obs
+from ...core.registry import Registry
+from ...core.types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, dumps, is_error_obs
 from ..base import Environment, Score, ToolError
 from ..references import ReferencePool, cached_pool, choose_references, json_leaves, record_each
 

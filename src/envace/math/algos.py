@@ -3,7 +3,7 @@
 Everything here takes tensors and plain numbers, never a config object, and returns ``(value, metrics)``
 where ``metrics`` is a flat ``dict[str, float]`` with un-prefixed keys (the caller adds ``act/``,
 ``rehearse/``, ...). Shapes use ``rows`` for the rows of a batch (one row = one generation, see
-:class:`envace.types.Row`), ``T`` for completion-token positions (right-padded) and ``V`` for the vocabulary.
+:class:`envace.core.types.Row`), ``T`` for completion-token positions (right-padded) and ``V`` for the vocabulary.
 
 Pieces:
 
@@ -39,7 +39,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from ..core.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0  # |logp - old_logp| (and |ref - logp|) is clamped to this before exp
 

@@ -1,15 +1,15 @@
 """Role-wise GRPO training (METHOD.md section 2). The loop in :func:`train` reads top to bottom:
 sample B tasks -> roll out K trajectories each -> score -> advantages per (group, role) -> update -> log -> checkpoint;
 what it works with (models, engines, tasks, reward, logger, the resumed state) is made by :func:`setup`, and
-which models the variant trains and who plays Rehearse come from its entry (envace.variants.VARIANTS).
+which models the variant trains and who plays Rehearse come from its entry (envace.rollout.variants.VARIANTS).
 
 Departures from the paper / reference code:
 - Old log-probs are the sampling log-probs recorded by the backend (one update epoch per batch, as in the
   reference, so the ratio starts at ~1; batched vs packed numerics differ by ~1e-6).
-- Rows of one context are packed into one sequence for the update (exact for a causal LM; see envace.update).
+- Rows of one context are packed into one sequence for the update (exact for a causal LM; see envace.training.update).
 - A trajectory whose reward is None (unscored, e.g. a judge failure) is masked out and counted.
 
-Scaling out (envace.distributed, docs/scaling.md): under torchrun / accelerate launch each process rolls out
+Scaling out (envace.training.distributed, docs/scaling.md): under torchrun / accelerate launch each process rolls out
 whole GRPO groups (its share of the B tasks), so the baselines are exact locally; the update's normalizer is
 global and gradients are synchronised, so one step equals the single-process step. Rank 0 logs and checkpoints.
 With ``rollout_backend: vllm`` a separate engine generates and gets the weights after each update.
@@ -30,22 +30,22 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import algos
-from .backends.base import BACKENDS, Backend, SamplingParams
-from .backends.hf import HFBackend
-from .checkpoint import latest_checkpoint, load_rng, load_state
-from .config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, to_dict
+from ..math import algos
+from ..backends.base import BACKENDS, Backend, SamplingParams
+from ..backends.hf import HFBackend
+from ..core.checkpoint import latest_checkpoint, load_rng, load_state
+from ..config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, to_dict
 from .distributed import Dist, SilentLogger, init_distributed
-from .envs import load_tasks_of_kinds
-from .logging import MetricsLogger, truncate_jsonl
-from .models import context_length, load_frozen, load_trainable, make_optimizer, model_path
-from .precision import use_bf16
-from .rewards import RewardContext, make_reward, reward_names, score_trajectories
-from .rollout import RolloutEngine
-from .seeding import derive_seed, seed_everything
-from .types import Row, Task, Trajectory, write_jsonl
+from ..envs import load_tasks_of_kinds
+from ..core.logging import MetricsLogger, truncate_jsonl
+from ..backends.models import context_length, load_frozen, load_trainable, make_optimizer, model_path
+from ..core.precision import use_bf16
+from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories
+from ..rollout.engine import RolloutEngine
+from ..core.seeding import derive_seed, seed_everything
+from ..core.types import Row, Task, Trajectory, write_jsonl
 from .update import optimizer_step, recompute_old_logprobs
-from .variants import VARIANTS, Variant
+from ..rollout.variants import VARIANTS, Variant
 
 ROLE_INDEX = {"act": 0, "rehearse": 1}
 ITERATION_PRIME = 100_003
@@ -370,7 +370,7 @@ def update_parts(n_rows: int, epochs: int, mini_batches: int, seed: int) -> list
 
 def update_bf16(cfg: TrainConfig, device: Any = None) -> bool:
     """Whether the update runs under bf16 autocast: ``bf16`` decided for ``device`` (default ``cfg.device``;
-    ``auto``: only where bf16 is fast, envace.precision)."""
+    ``auto``: only where bf16 is fast, envace.core.precision)."""
     return use_bf16(cfg.bf16, device or cfg.device)
 
 
@@ -481,7 +481,7 @@ def _simulator(cfg: TrainConfig, initial: Callable[[], tuple[Any, Any]], dist: D
     """The frozen simulator of the simulator variant: a served model (an http(s) URL of an OpenAI-compatible
     server), a local model, or (None) the initial model (``initial()``: ``cfg.model`` loaded fresh)."""
     if cfg.simulator_model and cfg.simulator_model.startswith(("http://", "https://")):
-        from .backends.http import HTTPBackend
+        from ..backends.http import HTTPBackend
 
         return HTTPBackend(cfg.simulator_model)
     sim_model, sim_tok = _load_frozen(cfg.simulator_model, dist) if cfg.simulator_model else initial()
@@ -489,7 +489,7 @@ def _simulator(cfg: TrainConfig, initial: Callable[[], tuple[Any, Any]], dist: D
 
 
 def _served_judge(cfg: TrainConfig, policy: Backend, dist: Dist) -> Backend:
-    from .backends.http import HTTPBackend
+    from ..backends.http import HTTPBackend
 
     return HTTPBackend(cfg.judge)
 

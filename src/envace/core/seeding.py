@@ -14,7 +14,7 @@ test-time attempt batch a              ``(seed + 1) * 7919 + a``               `
 test-time plan / reflection / memory   ``seed * 1_000_003 + 500_009 + n``      ``derive_seed(seed, PRIVATE_SALT + n)``
 =====================================  ======================================  ===============================================
 
-(``ITERATION_PRIME``: envace.trainer; ``ATTEMPT_PRIME``, ``PRIVATE_SALT``: envace.tts.) A backend's stream seeded
+(``ITERATION_PRIME``: envace.training.trainer; ``ATTEMPT_PRIME``, ``PRIVATE_SALT``: envace.evaluation.tts.) A backend's stream seeded
 ``s`` seeds its call n with ``s * 1_000_003 + n`` too (``Backend.generate_stream``, which computes it itself).
 
 The modulo changes none of them for non-negative seeds below 2**63 / prime (every seed a config takes), and where

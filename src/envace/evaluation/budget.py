@@ -1,7 +1,7 @@
 """Evaluation at a test-time budget: plain acting (N = 0) or private rehearsal first (N > 0), and a model by name.
 
-This module sits above both :mod:`envace.evaluation` (real-environment trials and their metrics) and
-:mod:`envace.tts` (private rehearsal, which ends in ``evaluation.evaluate``), so neither imports the other upward:
+This module sits above both :mod:`envace.evaluation.trials` (real-environment trials and their metrics) and
+:mod:`envace.evaluation.tts` (private rehearsal, which ends in ``evaluation.evaluate``), so neither imports the other upward:
 
 - :func:`evaluate_at_budget`: N = 0 is ``evaluation.evaluate``; N > 0 is ``tts.evaluate_with_tts``. Either way the
   metrics gain ``tts/n`` and ``gen_tokens_per_task`` (every generated token per task, rehearsal included).
@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .backends.base import Backend, SamplingParams
-from .evaluation import EvalResult, evaluate
-from .rollout import RolloutConfig
+from ..backends.base import Backend, SamplingParams
+from .trials import EvalResult, evaluate
+from ..rollout.engine import RolloutConfig
 from .tts import TTSConfig, evaluate_with_tts
-from .types import Task
+from ..core.types import Task
 
 
 def evaluate_at_budget(
@@ -30,9 +30,9 @@ def evaluate_at_budget(
     mode: str = "parallel",
     tts_options: dict[str, Any] | None = None,
 ) -> EvalResult:
-    """:func:`envace.evaluation.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section 3).
+    """:func:`envace.evaluation.trials.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section 3).
 
-    ``n == 0`` is plain ``evaluate``. ``n > 0`` hands over to :func:`envace.tts.evaluate_with_tts` with a
+    ``n == 0`` is plain ``evaluate``. ``n > 0`` hands over to :func:`envace.evaluation.tts.evaluate_with_tts` with a
     ``TTSConfig(n=n, mode=mode, rollout=<rollout in rehearsal mode>, **tts_options)``: the attempts are
     self-rehearsed (no real call), then each task runs ``samples`` times for real with the rehearsal memory.
     The result's metrics gain ``tts/...`` keys and ``gen_tokens_per_task`` counts rehearsal tokens too."""
@@ -73,12 +73,12 @@ def evaluate_model(
 ) -> EvalResult:
     """Evaluate ``model`` on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n``. ``backend`` says what
     generates (:func:`envace.backends.loaders.open_backend`, with ``backend_options``): ``hf`` loads ``model`` here
-    (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.models.load`;
+    (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.backends.models.load`;
     ``bf16``: generate in bf16, true, false or ``"auto"``, see ``HFBackend``), ``http`` asks the server at the URL
     ``model``, ``vllm`` starts a vLLM engine. The real trials sample Act greedily when ``samples == 1``
     and at T=0.7 otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
-    from .backends.loaders import open_backend
-    from .envs import load_tasks, suite_summary
+    from ..backends.loaders import open_backend
+    from ..envs import load_tasks, suite_summary
 
     policy = open_backend(model, backend, backend_options, bf16=bf16)
     tasks = load_tasks(suite, split, n=n, seed=seed)

@@ -45,9 +45,9 @@ from typing import Any, Iterator
 
 import torch
 
-from .checkpoint import load_optimizers, save_checkpoint
-from .seeding import derive_seed
-from .types import Trajectory
+from ..core.checkpoint import load_optimizers, save_checkpoint
+from ..core.seeding import derive_seed
+from ..core.types import Trajectory
 
 
 class Dist:
@@ -317,7 +317,7 @@ class SilentLogger:
 
 def trainable_names(model: Any) -> list[str]:
     """Names of the trainable parameters in ``model.parameters()`` order, i.e. the optimizer's index order
-    (``envace.models.make_optimizer``), without FSDP wrapper prefixes."""
+    (``envace.backends.models.make_optimizer``), without FSDP wrapper prefixes."""
     return [_clean(n) for n, p in model.named_parameters() if p.requires_grad]
 
 

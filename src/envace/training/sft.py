@@ -20,19 +20,19 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import algos
-from .backends.base import Backend, Generation, SamplingParams
-from .checkpoint import save_checkpoint
-from .config import SFTConfig, to_dict
-from .envs import load_tasks_of_kinds, make_env
-from .logging import MetricsLogger
-from .models import load_trainable, make_optimizer
-from .parsing import ToolFormat, format_observation, tool_format_for
-from .precision import use_bf16
-from .prompts import ChatFormat
-from .rollout import RolloutConfig, RolloutEngine
-from .seeding import seed_everything
-from .types import Row, Task, Trajectory
+from ..math import algos
+from ..backends.base import Backend, Generation, SamplingParams
+from ..core.checkpoint import save_checkpoint
+from ..config import SFTConfig, to_dict
+from ..envs import load_tasks_of_kinds, make_env
+from ..core.logging import MetricsLogger
+from ..backends.models import load_trainable, make_optimizer
+from ..chat.parsing import ToolFormat, format_observation, tool_format_for
+from ..core.precision import use_bf16
+from ..chat.prompts import ChatFormat
+from ..rollout.engine import RolloutConfig, RolloutEngine
+from ..core.seeding import seed_everything
+from ..core.types import Row, Task, Trajectory
 
 
 class GoldTeacher(Backend):

@@ -6,11 +6,11 @@
 Endpoints: ``GET /health``, ``GET /v1/models``, ``POST /v1/chat/completions`` and ``POST /v1/completions``
 (``prompt`` as text or as token ids, one prompt or a list).
 
-Chat: the messages are rendered with :class:`envace.prompts.ChatFormat` as Act sees them; ``tools`` (OpenAI
+Chat: the messages are rendered with :class:`envace.chat.prompts.ChatFormat` as Act sees them; ``tools`` (OpenAI
 function tools) go into the system message the way Act's are (as the chat template renders ``tools=`` where Act's
 are, ``RolloutConfig.native_tools`` at its default), assistant ``tool_calls`` and ``tool`` messages are
 Act's ``<tool_call>`` blocks and observations, and a reply that is a well-formed call of one of the tools comes back
-as ``tool_calls`` with finish_reason ``tool_calls`` (:mod:`envace.openai_api`). ``tool_choice``: ``auto`` or
+as ``tool_calls`` with finish_reason ``tool_calls`` (:mod:`envace.chat.openai_api`). ``tool_choice``: ``auto`` or
 ``none``; ``required`` and a named function are refused (400): the output is not constrained.
 
 Both endpoints: ``stream`` (Server-Sent Events in OpenAI's chunk format, ending ``data: [DONE]``;
@@ -60,11 +60,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .backends.base import Backend, Generation, SamplingParams
-from .backends.worker import GenerationWorker, Job, Update
-from .openai_api import RequestError, act_messages, openai_tool_calls, parses_calls, reply, tool_specs
-from .parsing import tool_format_for
-from .types import ToolCall
+from ..backends.base import Backend, Generation, SamplingParams
+from ..backends.worker import GenerationWorker, Job, Update
+from ..chat.openai_api import RequestError, act_messages, openai_tool_calls, parses_calls, reply, tool_specs
+from ..chat.parsing import tool_format_for
+from ..core.types import ToolCall
 
 MAX_BODY_BYTES = 16 << 20
 ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"
@@ -272,7 +272,7 @@ class EnvaceServer:
     the Starlette app (run it with :meth:`run`, or :func:`serving` in a background thread)."""
 
     def __init__(self, backend: Backend, cfg: ServerConfig):
-        from .prompts import ChatFormat
+        from ..chat.prompts import ChatFormat
 
         self.backend, self.cfg = backend, cfg
         self.tokenizer = backend.tokenizer
@@ -713,7 +713,7 @@ def serving(backend: Backend, cfg: ServerConfig, host: str = "127.0.0.1", port: 
 
 def context_of(backend: Backend) -> int | None:
     """The context length of a backend's model (prompt + completion tokens), or None where it cannot be told."""
-    from .models import context_length
+    from ..backends.models import context_length
 
     model = getattr(backend, "model", None)
     if not hasattr(model, "config"):
@@ -728,7 +728,7 @@ def serve(cfg: Any) -> None:
     """``envace serve``: load ``cfg.model`` (:class:`envace.config.ServeConfig`) with its backend
     (:func:`envace.backends.loaders.open_backend`) and serve it until interrupted; prints the URL (with the real
     port) first."""
-    from .backends.loaders import open_backend
+    from ..backends.loaders import open_backend
 
     backend = open_backend(
         cfg.model,

@@ -28,7 +28,7 @@ Departures from the OpenAI format, where envace's chat has no OpenAI counterpart
 
 ``world``: a trajectory rolled out in the real environment is ``real``; every other mode's observations were
 imagined (Rehearse, a second model, a simulator) and the record says ``imagined``. Gold trajectories
-(envace.sft.gold_trajectories) are ``real``: their Rehearse answers are the real environment's.
+(envace.training.sft.gold_trajectories) are ``real``: their Rehearse answers are the real environment's.
 ``observation_sources`` says, per tool message, how the rollout got it (``Step.sources``: rehearsed, real, cache,
 validation, simulator); a gold trajectory's say ``rehearsed``, the role that played the real answers back.
 ``success`` is the real environment's own check where one ran (``Trajectory.env_outcome``), else null.
@@ -48,15 +48,15 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .parsing import TOOL_CALL_RE, TOOL_FORMATS
-from .prompts import ACT_INSTRUCTIONS
-from .registry import Registry
-from .types import Message, Step, ToolSpec, Trajectory
+from ..chat.parsing import TOOL_CALL_RE, TOOL_FORMATS
+from ..chat.prompts import ACT_INSTRUCTIONS
+from ..core.registry import Registry
+from ..core.types import Message, Step, ToolSpec, Trajectory
 
 REAL_MODES = frozenset({"real"})
-"""Rollout modes whose observations come from the real environment (envace.rollout.OBSERVERS)."""
+"""Rollout modes whose observations come from the real environment (envace.rollout.engine.OBSERVERS)."""
 
-TOOLS_HEADER = "# Tools\n"  # envace.prompts.act_system: the tools block, one JSON object per line
+TOOLS_HEADER = "# Tools\n"  # envace.chat.prompts.act_system: the tools block, one JSON object per line
 
 # how an assistant message's content is written: fn(the message as envace stored it, its step) -> content
 CONTENT: Registry[Callable[[Message, Step], str | None]] = Registry("export content style")
@@ -78,7 +78,7 @@ def task_system(text: str) -> str:
 
 
 def tools_from_system(text: str) -> list[dict[str, Any]]:
-    """The tool schemas of a system message built by ``envace.prompts.act_system``, as OpenAI function schemas
+    """The tool schemas of a system message built by ``envace.chat.prompts.act_system``, as OpenAI function schemas
     (``[]`` when it lists none). A line of the block that is not a tool's JSON is an error."""
     block = next((p for p in text.split("\n\n") if p.startswith(TOOLS_HEADER)), None)
     if block is None:
@@ -212,7 +212,7 @@ class ReadResult:
     errors: list[str]
 
 
-EXTRA_FIELDS = ("iteration",)  # fields a trajectories file adds to Trajectory.to_dict (envace.trainer)
+EXTRA_FIELDS = ("iteration",)  # fields a trajectories file adds to Trajectory.to_dict (envace.training.trainer)
 
 
 def _raw_items(path: str) -> Iterator[tuple[str, Any]]:

@@ -9,7 +9,7 @@ The segments come from a chat format (:data:`CHAT_FORMATS`, chosen by :meth:`Cha
 own chat template (Llama 3.x, Phi, ...) and verified on a probe chat against the template's own tokenization; a
 template that cannot be appended to (Mistral's system prompt merged into a user turn, one that raises) falls back
 to ChatML with a one-line notice. Act's system prompt holds the task's prompt and the calling instructions of the
-model's tool format (``envace.parsing.TOOL_FORMATS``); its tools are the template's own ``tools=`` rendering where a
+model's tool format (``envace.chat.parsing.TOOL_FORMATS``); its tools are the template's own ``tools=`` rendering where a
 ``template`` format renders them inside the system turn (:meth:`ChatFormat.opening`, verified on a probe chat with
 tools; ``RolloutConfig.native_tools``), else envace's text list (:func:`act_system`), with a one-line notice where a
 template puts them elsewhere (Llama 3.1: in the first user message), ignores them or fails on them.
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .parsing import OBS_CLOSE, OBS_OPEN, TOOL_FORMATS, ToolFormat
-from .registry import Registry
-from .types import Message, ReferenceExample, Task, ToolCall, ToolSpec, dumps
+from ..core.registry import Registry
+from ..core.types import Message, ReferenceExample, Task, ToolCall, ToolSpec, dumps
 
 ACT_INSTRUCTIONS = TOOL_FORMATS.get("hermes").instructions
 """How to call tools, in the default (hermes) format; each tool format has its own (``ToolFormat.instructions``)."""

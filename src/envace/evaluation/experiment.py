@@ -16,12 +16,12 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   budget (``iterations`` x ``batch_tasks`` tasks x ``group_size`` trajectories, same reward, same rollout limits).
 - **evaluation**: held-out tasks in the real environment, ``eval_samples`` trials each, at N=0 (plain acting)
   for every arm and, for the arms of ``tts_arms``, at every rehearsal budget N > 0 of ``tts_budgets`` in each
-  mode of ``tts_modes`` (envace.tts; ``plan`` is the compute-matched baseline: its plan budget is the mean
+  mode of ``tts_modes`` (envace.evaluation.tts; ``plan`` is the compute-matched baseline: its plan budget is the mean
   generated tokens of one rehearsed attempt of the same arm at the same N in the ``parallel`` mode, measured
-  just before, so the rehearsal modes run first at each N) -- see envace.evaluation. Every per-task row holds
+  just before, so the rehearsal modes run first at each N) -- see envace.evaluation.trials. Every per-task row holds
   its generated tokens (``attempt_tokens``, ``private_tokens``, ``real_tokens``, ``gen_tokens``);
 - **rehearsal fidelity**: shadow rollouts of held-out tasks, each rehearsed observation scored against the real
-  one (envace.fidelity), with the arm's own Rehearse model (the policy; the second model for ``per_role``; the
+  one (envace.evaluation.fidelity), with the arm's own Rehearse model (the policy; the second model for ``per_role``; the
   frozen simulator for ``simulator``). With ``fidelity_every`` > 0, every RL arm is also measured on the same
   shadow set (the same tasks, rollout seed and mode) at the start (the SFT model, measured once per seed) and
   after every ``fidelity_every`` iterations: training runs in segments that end there (each resumes the
@@ -30,10 +30,10 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
 
 Everything goes to ``out_dir``: ``results.json`` (each evaluation with its metrics and per-task outcomes; rewritten after every arm; a rerun with the same config skips
 the (arm, seed) pairs already there -- ``seeds`` may differ: more seeds are added, fewer are reported -- and training itself resumes from its checkpoints), the per-arm training
-folders, and the report (``report.md``, ``report.html``, PNG figures, ``trajectories.html``; see envace.report).
+folders, and the report (``report.md``, ``report.html``, PNG figures, ``trajectories.html``; see envace.evaluation.report).
 
 Departures, all at CPU scale: tiny budgets; the per-role and simulator arms rehearse with their *policy* at test
-time (envace.tts has one model); fidelity is measured on the policy's own rollouts, so arms differ in the calls
+time (envace.evaluation.tts has one model); fidelity is measured on the policy's own rollouts, so arms differ in the calls
 they make as well as in the observations they imagine.
 """
 
@@ -47,12 +47,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .backends.base import SamplingParams
-from .config import SFTConfig, TrainConfig, VARIANTS, config_diff, describe_diff, from_dict, load_config, to_dict
-from .precision import bf16_setting
-from .registry import Registry
-from .rollout import RolloutConfig, rehearse_sampling
-from .variants import REHEARSERS
+from ..backends.base import SamplingParams
+from ..config import SFTConfig, TrainConfig, VARIANTS, config_diff, describe_diff, from_dict, load_config, to_dict
+from ..core.precision import bf16_setting
+from ..core.registry import Registry
+from ..rollout.engine import RolloutConfig, rehearse_sampling
+from ..rollout.variants import REHEARSERS
 
 PLAN_MATCHES = "parallel"
 """The rehearsal mode whose attempt tokens set the plan baseline's budget at the same N (the claims compare the
@@ -100,11 +100,11 @@ class ExperimentConfig:
 
     model: str = "SmolLM2-135M-Instruct"
     """Base model of every arm (the embedded default, "tiny-random", a local model folder, or a training checkpoint /
-    run folder, LoRA ones merged: envace.models.load)."""
+    run folder, LoRA ones merged: envace.backends.models.load)."""
     suite: str = "builtin"
     """Task suite: training tasks from its train split, evaluation tasks from ``eval_split``."""
     arms: tuple[str, ...] = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
-    """Arms to run (envace.experiment.ARMS): base, sft, sft_more, and any training variant."""
+    """Arms to run (envace.evaluation.experiment.ARMS): base, sft, sft_more, and any training variant."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """One full run of every arm per seed; the report shows mean +- std over seeds."""
     sft_steps: int = 60
@@ -122,7 +122,7 @@ class ExperimentConfig:
     lr: float = 2e-6
     """RL learning rate (all RL arms)."""
     reward: Any = "gold_f1"
-    """RL reward spec (envace.rewards); "grounded" would put the real environment in every arm's loop."""
+    """RL reward spec (envace.rewards.functions); "grounded" would put the real environment in every arm's loop."""
     train_tasks: int | None = None
     """Training tasks to draw batches from (None: the suite's default)."""
     train_options: dict = field(default_factory=dict)
@@ -142,7 +142,7 @@ class ExperimentConfig:
     tts_budgets: tuple[int, ...] = (0, 1, 2, 3)
     """Rehearsal budgets N (0 = no rehearsal; must be listed: every arm is evaluated at N=0)."""
     tts_modes: tuple[str, ...] = ("parallel", "sequential", "plan")
-    """Test-time rehearsal modes for N > 0 (envace.tts.REHEARSAL_MODES); ``plan`` is the compute-matched baseline
+    """Test-time rehearsal modes for N > 0 (envace.evaluation.tts.REHEARSAL_MODES); ``plan`` is the compute-matched baseline
     (needs ``parallel`` too: its budget is measured there)."""
     tts_arms: tuple[str, ...] = ("base", "sft", "envace")
     """Arms evaluated at the budgets N > 0 (the sweep costs several evaluations per budget and mode); the others
@@ -156,10 +156,10 @@ class ExperimentConfig:
     """Budget N of the test-time claims of the report (the paper's best: N=2); the largest evaluated N if absent."""
     generate_bf16: bool | str = False
     """Generate in bf16 in the evaluations, fidelity rollouts and RL rollouts (HFBackend bf16; TrainConfig.rollout_bf16,
-    the update stays float32): true, false or ``auto`` (envace.precision). ~1.8x faster generation on a CPU with
+    the update stays float32): true, false or ``auto`` (envace.core.precision). ~1.8x faster generation on a CPU with
     AVX-512-BF16 (docs/benchmarks.md); SFT is unchanged."""
     tts_memory: str = "model"
-    """How the rehearsal memory is made (envace.tts.MEMORY_BUILDERS): model | concat."""
+    """How the rehearsal memory is made (envace.evaluation.tts.MEMORY_BUILDERS): model | concat."""
     tts_max_new_tokens: int = 160
     """Token limit of each reflection and memory generation."""
     tts_tasks_in_flight: int | None = None
@@ -235,7 +235,7 @@ class ArmModels:
     simulator: str | None = None
     """The frozen external simulator of the simulator arm."""
     mode: str = "rehearsal"
-    """The rollout mode in which its models rehearse (fidelity; envace.variants.REHEARSERS): rehearsal (the policy),
+    """The rollout mode in which its models rehearse (fidelity; envace.rollout.variants.REHEARSERS): rehearsal (the policy),
     per_role (``rehearser``) or simulator (``simulator``): each helper is the field named as its engine keyword."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """Training metrics, one dict per step (empty for untrained arms)."""
@@ -278,7 +278,7 @@ class SeedRun:
 
     def run_sft(self, name: str, scfg: SFTConfig, what: str) -> tuple[str, list[dict[str, Any]]]:
         """(checkpoint folder, metrics) of an SFT run in ``<seed dir>/<name>``, run unless it finished before."""
-        from .sft import sft
+        from ..training.sft import sft
 
         done = os.path.join(self.dir, name, "done.json")
         if os.path.exists(done):
@@ -374,9 +374,9 @@ ARMS.add(
 
 def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
     def build(run: SeedRun) -> ArmModels:
-        from .checkpoint import load_state
-        from .logging import read_metrics
-        from .trainer import train
+        from ..core.checkpoint import load_state
+        from ..core.logging import read_metrics
+        from ..training.trainer import train
 
         c = run.cfg
         start, _ = run.sft()
@@ -429,7 +429,7 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
 
 def _arm_models(variant: str, ckpt: str | None, start: str) -> ArmModels:
     """The models of an RL arm at checkpoint ``ckpt`` (None: untrained, the start): each of the variant's players
-    (envace.variants.Variant.models_at; a frozen simulator is the trainer's, the initial SFT weights)."""
+    (envace.rollout.variants.Variant.models_at; a frozen simulator is the trainer's, the initial SFT weights)."""
     v = VARIANTS.get(variant)
     return ArmModels(mode=v.rehearse_mode, **v.models_at(ckpt, start))
 
@@ -477,17 +477,17 @@ def plan_budget(evals: list[dict[str, Any]], n: int, fallback: int) -> tuple[int
 
 def arm_backend(cfg: ExperimentConfig, model: str) -> Any:
     """An HF backend generating with ``model`` (a folder an arm saved, or a name) at the experiment's precision."""
-    from .backends.hf import HFBackend
-    from .models import load
+    from ..backends.hf import HFBackend
+    from ..backends.models import load
 
     return HFBackend(*load(model), bf16=cfg.generate_bf16)
 
 
 def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: Any = None) -> Any:
-    """Rehearsal fidelity (envace.fidelity.FidelityResult) of an arm's models on the fixed shadow set: the first
+    """Rehearsal fidelity (envace.evaluation.fidelity.FidelityResult) of an arm's models on the fixed shadow set: the first
     ``fidelity_tasks`` held-out tasks, the same rollout seed for every arm and checkpoint; Rehearse is the
     policy, the per-role arm's second model, or the simulator arm's frozen simulator."""
-    from .envs import load_tasks
+    from ..envs import load_tasks
     from .fidelity import measure_fidelity
 
     ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
@@ -542,7 +542,7 @@ def evaluate_budgets(
     (the compute-matched plan budget is read from the rehearsal evaluation of the same N, in ``evals`` or done
     before it in ``todo``)."""
     from .budget import evaluate_at_budget
-    from .envs import load_tasks
+    from ..envs import load_tasks
     from .tts import REHEARSAL_MODES, add_token_counts
 
     evals = list(evals)
@@ -588,7 +588,9 @@ def evaluate_budgets(
         )
         policy.release_all()
         if n == 0:
-            add_token_counts(res.per_task, res.trajectories)  # (N > 0: envace.tts counts them, rehearsal included)
+            add_token_counts(
+                res.per_task, res.trajectories
+            )  # (N > 0: envace.evaluation.tts counts them, rehearsal included)
         evals.append(
             {"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task, **extra}
         )  # per-task outcomes: paired comparisons
@@ -606,7 +608,7 @@ class ExperimentResult:
     results: dict[str, Any]
     """The content of results.json: config, and runs[arm][seed] = {curve, evals, fidelity, examples, ...}."""
     report: dict[str, str] = field(default_factory=dict)
-    """Report file kind -> path (see envace.report.write_report)."""
+    """Report file kind -> path (see envace.evaluation.report.write_report)."""
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -628,7 +630,7 @@ lacks: :func:`missing_budgets`; evaluations already made are kept, never redone)
 
 def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
     """Run every arm for every seed, evaluate, and write results.json and the report into ``cfg.out_dir``."""
-    from .evaluation import rate_with_ci
+    from .trials import rate_with_ci
     from .report import write_report
 
     os.makedirs(cfg.out_dir, exist_ok=True)

@@ -54,7 +54,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, LlamaForCausalLM
 
-from .registry import Registry
+from ..core.registry import Registry
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 TINY_MODEL = "tiny-random"
@@ -121,7 +121,7 @@ def resolve_model(name_or_path: str | os.PathLike, role: str = "policy") -> str:
     that takes a model resolves it here (through :func:`model_path`, :func:`load` and :func:`load_tokenizer`).
     A checkpoint without a ``role`` model (``rehearser`` of a run that trained one model) raises
     :class:`ModelNotFoundError` naming the models it has."""
-    from .checkpoint import latest_checkpoint
+    from ..core.checkpoint import latest_checkpoint
 
     path = os.fspath(name_or_path)
     if not os.path.isdir(path) or _is_model_folder(path):

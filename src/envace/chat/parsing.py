@@ -5,7 +5,7 @@ Act emits tool calls in its model family's format (:data:`TOOL_FORMATS`, chosen 
 SmolLM2, Qwen); ``llama3_json``, a reply that is a JSON object ``{"name": ..., "parameters": {...}}``, optionally
 after ``<|python_tag|>`` (Llama 3.1+); ``mistral``, ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``;
 or plain text (a reply to the user). Reasoning (``<think>...</think>``) is stripped before any of them parses. Rehearse emits ``<observation>{json}</observation>`` where the JSON is the tool's
-result or a structured error object (see :func:`envace.types.error_obs`).
+result or a structured error object (see :func:`envace.core.types.error_obs`).
 
 Model text is data: it is parsed with ``json.loads`` only and never evaluated.
 """
@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 import jsonschema
 
-from .registry import Registry
-from .types import ToolCall, ToolSpec, error_obs
+from ..core.registry import Registry
+from ..core.types import ToolCall, ToolSpec, error_obs
 
 # The protocol strings, written once: hermes calls, and Rehearse's answer (the observation it imagines).
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -282,7 +282,7 @@ class ToolFormat:
     ``parse(text)`` never raises on model text: thinking is stripped first (:func:`strip_thinking`), then the
     answer is calls, a reply, or a bad_format error (no call is run). ``render(calls)`` is the text a model of
     the family writes for those calls (SFT targets); ``instructions`` is the sentence of Act's system prompt
-    that describes it (:func:`envace.prompts.act_system`)."""
+    that describes it (:func:`envace.chat.prompts.act_system`)."""
 
     name: str
     instructions: str
@@ -293,7 +293,7 @@ class ToolFormat:
     """Strings that, in a tokenizer's chat template or added tokens, say a model writes calls this way."""
     openers: tuple[str, ...] = ()
     """Strings a call reply starts with (llama3_json: a bare JSON object, as the HF backend decodes without special
-    tokens); a server streaming text holds it back from the first of them (envace.serve.streamable)."""
+    tokens); a server streaming text holds it back from the first of them (envace.serving.serve.streamable)."""
 
     def parse(self, text: str) -> ActParse:
         err = _guard(text)

@@ -26,8 +26,8 @@ only; never shown to the policy). Where a real environment ran a trajectory's ca
 (``Trajectory.env_outcome``), so scoring never executes those calls a second time.
 
 Formats: Act and Rehearse contexts are built by appending the segments of the policy tokenizer's chat format
-(``RolloutConfig.chat_format``, envace.prompts); Act writes calls in its tool format (``tool_format``,
-envace.parsing.TOOL_FORMATS), which the system prompt describes; the system prompt lists the tools as the chat
+(``RolloutConfig.chat_format``, envace.chat.prompts); Act writes calls in its tool format (``tool_format``,
+envace.chat.parsing.TOOL_FORMATS), which the system prompt describes; the system prompt lists the tools as the chat
 template renders ``tools=`` where a ``template`` format can (``native_tools``; the trajectory then keeps them in
 ``Trajectory.tools``), else as envace's text. Thinking (``<think>...</think>``) stays in the
 Act context and rows as generated, but is stripped before parsing and kept out of ``Trajectory.messages``, so
@@ -49,10 +49,10 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
-from .backends.base import Backend, Request, SamplingParams
-from .envs import USERS, Environment, UserSimulator, final_outcome, make_env, require_prepared
-from .envs.references import cache_lookup
-from .parsing import (
+from ..backends.base import Backend, Request, SamplingParams
+from ..envs import USERS, Environment, UserSimulator, final_outcome, make_env, require_prepared
+from ..envs.references import cache_lookup
+from ..chat.parsing import (
     OBS_CLOSE,
     TOOL_FORMATS,
     format_observation,
@@ -61,10 +61,17 @@ from .parsing import (
     tool_format_for,
     validate_call,
 )
-from .prompts import CHAT_FORMATS, ChatFormat, act_system, rehearse_system, rehearse_user_message, tool_message_content
-from .registry import Registry
-from .seeding import derive_seed
-from .types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
+from ..chat.prompts import (
+    CHAT_FORMATS,
+    ChatFormat,
+    act_system,
+    rehearse_system,
+    rehearse_user_message,
+    tool_message_content,
+)
+from ..core.registry import Registry
+from ..core.seeding import derive_seed
+from ..core.types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
 
 
 def rehearse_sampling(max_new_tokens: int = 160) -> SamplingParams:
@@ -111,11 +118,11 @@ class RolloutConfig:
     policy's own Rehearse or the real environment; otherwise it falls back to) ``lockstep``: every live
     trajectory's Act in one batch, then every pending call's observation, step by step."""
     chat_format: str | None = None
-    """How chats become tokens (envace.prompts.CHAT_FORMATS): ``chatml``, or ``template`` (segments derived from
+    """How chats become tokens (envace.chat.prompts.CHAT_FORMATS): ``chatml``, or ``template`` (segments derived from
     the tokenizer's own chat template and verified on a probe chat; a template that fails falls back to ChatML with
     a one-line notice). None: ``chatml`` for a ChatML vocabulary (SmolLM2, Qwen), else ``template`` (Llama, ...)."""
     tool_format: str | None = None
-    """How Act writes tool calls (envace.parsing.TOOL_FORMATS): ``hermes`` (``<tool_call>`` blocks), ``llama3_json``
+    """How Act writes tool calls (envace.chat.parsing.TOOL_FORMATS): ``hermes`` (``<tool_call>`` blocks), ``llama3_json``
     or ``mistral``; None: the one the tokenizer's chat template hints at, else hermes. The system prompt's calling
     instructions and SFT's gold calls follow it."""
     native_tools: bool = True
@@ -124,7 +131,7 @@ class RolloutConfig:
     inside the system turn (verified on a probe chat: the appended context stays the template's tokenization of
     the chat with ``tools=``); a template that writes them elsewhere (Llama 3.1: in the first user message),
     ignores them or fails on them gets envace's text list, with a one-line notice naming the model. False, or the
-    ``chatml`` format: envace's text list (envace.prompts.act_system). The calling instructions of ``tool_format``
+    ``chatml`` format: envace's text list (envace.chat.prompts.act_system). The calling instructions of ``tool_format``
     are in the system prompt either way."""
     thinking: bool | None = None
     """Reasoning models' thinking (Qwen3's ``enable_thinking``): True / False is passed to the chat template where
@@ -276,7 +283,7 @@ SCHEDULES.add("continuous", lambda engine, lives, bar: engine._run_continuous(li
 @functools.lru_cache(maxsize=4)
 def user_backend_for(model: str) -> Backend:
     """The backend of ``RolloutConfig.user_model`` (one per process and model): HTTP for a URL, else HF."""
-    from .backends.loaders import open_backend
+    from ..backends.loaders import open_backend
 
     return open_backend(model, "http" if model.startswith(("http://", "https://")) else "hf")
 

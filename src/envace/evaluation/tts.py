@@ -4,7 +4,7 @@ Before it touches the real environment, the policy rehearses the task N times in
 each attempt, distills what it learnt into a bounded rehearsal memory m_x, and then, with m_x in its context,
 runs the task **once** for real:
 
-1. **Attempts** are rehearsal-mode rollouts (:class:`envace.rollout.RolloutEngine`, mode ``rehearsal``): the
+1. **Attempts** are rehearsal-mode rollouts (:class:`envace.rollout.engine.RolloutEngine`, mode ``rehearsal``): the
    policy's Rehearse role imagines every tool result. ``parallel``: the N attempts of all tasks are one
    rollout batch (group_size=N). ``sequential``: N batches of one attempt per task; attempt n's Act system
    prompt carries attempts 1..n-1 and their reflections.
@@ -14,7 +14,7 @@ runs the task **once** for real:
    (:data:`MEMORY_SYSTEM`); ``concat`` is the deterministic alternative that concatenates the reflections
    (each gets an equal share of the budget). An empty model memory falls back to ``concat`` and is counted.
    Either way m_x is capped at ``memory_max_tokens`` tokens.
-4. **The real execution**: :func:`envace.evaluation.evaluate` (real mode, memory={task.id: m_x}) runs each task
+4. **The real execution**: :func:`envace.evaluation.trials.evaluate` (real mode, memory={task.id: m_x}) runs each task
    once against its real environment and scores it.
 
 **The compute-matched baseline** (mode ``plan``): the same pipeline without rehearsed observations. Step 1 is
@@ -22,7 +22,7 @@ replaced by N independent *plans* (role ``plan``): one generation each, in its o
 task, its tool schemas), listing the tool calls the model would make and what could go wrong -- no tool is
 called and no tool result is imagined. Each plan gets a reflection, the same memory builder distills them, and
 the real run is the same. Its cost is matched in generated tokens: a plan may use up to
-``plan_max_new_tokens``, which envace.experiment sets to the mean tokens (Act + Rehearse) one rehearsed attempt
+``plan_max_new_tokens``, which envace.evaluation.experiment sets to the mean tokens (Act + Rehearse) one rehearsed attempt
 of the same model generated at the same N; every record counts its tokens per role (``tokens/plan``,
 ``tokens/act``, ``tokens/rehearse``, ``tokens/reflect``, ``tokens/memory``) and the metrics report the mean
 per task (``tts/attempt_tokens_per_task``, ``tts/rehearsal_tokens_per_task``), so whether the two paths were
@@ -33,13 +33,13 @@ observations, not of extra tokens.
 rehearsal-mode engines only (checked: the observer needs no environment, shadow is off; plans use no engine at
 all, only ``policy.generate``) and this module never imports an environment factory. The real environment first exists inside the final ``evaluate`` call. (A task that
 needs episodes played before it can run at all, BFCL's memory questions with ``writer=model``, is prepared first,
-by :func:`envace.evaluation.prepare`, before any attempt: those episodes are the task's setup, played in their
+by :func:`envace.evaluation.trials.prepare`, before any attempt: those episodes are the task's setup, played in their
 own real environments, and the attempts, like the real run, start from what they left.)
 
 **Where things go in prompts.** Reflections, earlier attempts (sequential) and m_x reach Act through the
-"Notes from private rehearsal" block of its system prompt (:func:`envace.prompts.act_system`), so N=0 (no
+"Notes from private rehearsal" block of its system prompt (:func:`envace.chat.prompts.act_system`), so N=0 (no
 memory) is exactly plain acting. Reflect and Memory run in their own chats, like Rehearse. Transcripts are
-:func:`envace.prompts.serialize_messages` of the attempt's Act chat, marked as imagined.
+:func:`envace.chat.prompts.serialize_messages` of the attempt's Act chat, marked as imagined.
 
 **Caps.** Every variable part is capped in tokens (an attempt transcript, the sequential notes block, a whole
 Reflect / Memory prompt, m_x); each cut is recorded in :attr:`RehearsalRecord.cuts` with the text removed.
@@ -57,13 +57,13 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable
 
-from .backends.base import Backend, SamplingParams
-from .evaluation import EvalResult, evaluate, prepare, prepare_metrics
-from .prompts import ChatFormat, render_tools, serialize_messages
-from .registry import Registry
-from .rollout import RolloutConfig, RolloutEngine, format_trajectory
-from .seeding import derive_seed
-from .types import JSONable, Row, Task, Trajectory
+from ..backends.base import Backend, SamplingParams
+from .trials import EvalResult, evaluate, prepare, prepare_metrics
+from ..chat.prompts import ChatFormat, render_tools, serialize_messages
+from ..core.registry import Registry
+from ..rollout.engine import RolloutConfig, RolloutEngine, format_trajectory
+from ..core.seeding import derive_seed
+from ..core.types import JSONable, Row, Task, Trajectory
 
 REFLECT_SYSTEM = (
     "You review a private rehearsal of a tool-use task. The tool results in it were imagined by a simulator, "
@@ -98,7 +98,7 @@ PLAN_MEMORY_SYSTEM = (
 
 ATTEMPT_PRIME = 7919
 """Attempt batch ``a`` of a run seeded ``s`` rolls out with seed ``derive_seed(s + 1, a, prime=ATTEMPT_PRIME)``:
-never ``s`` itself, which the final real run keeps (envace.seeding)."""
+never ``s`` itself, which the final real run keeps (envace.core.seeding)."""
 PRIVATE_SALT = 500_009
 """Plans, reflections and memories: generate call ``n`` samples with ``derive_seed(s, PRIVATE_SALT + n)``, apart
 from the rollout's own calls (``derive_seed(s, n)``)."""
@@ -161,7 +161,7 @@ class TTSConfig:
     plan_max_new_tokens: int = 256
     """Token budget of one plan (mode plan; sampled at rollout.act's temperature and top-p). To match compute,
     set it to the mean generated tokens (Act + Rehearse) of one rehearsed attempt of the same model at the same
-    N (envace.experiment does); the tokens actually generated are counted (``tokens/plan``)."""
+    N (envace.evaluation.experiment does); the tokens actually generated are counted (``tokens/plan``)."""
 
     def __post_init__(self) -> None:
         REHEARSAL_MODES.get(self.mode)  # unknown names raise, listing the valid ones
@@ -652,7 +652,7 @@ def add_token_counts(
 
 @dataclass
 class TTSEvalResult(EvalResult):
-    """An :class:`envace.evaluation.EvalResult` with ``tts/…`` metrics and the per-task records."""
+    """An :class:`envace.evaluation.trials.EvalResult` with ``tts/…`` metrics and the per-task records."""
 
     records: list[RehearsalRecord] = field(default_factory=list)
 
@@ -660,7 +660,7 @@ class TTSEvalResult(EvalResult):
 def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, samples: int = 1) -> TTSEvalResult:
     """Rehearse privately (once per task), then run every task ``samples`` times for real with m_x.
 
-    The metrics are :func:`envace.evaluation.evaluate`'s (success_rate, pass^k, call_f1, ...) plus ``tts/…``
+    The metrics are :func:`envace.evaluation.trials.evaluate`'s (success_rate, pass^k, call_f1, ...) plus ``tts/…``
     ones; each record's ``final`` is the task's first real run (all runs are in ``trajectories``).
     """
     t0 = time.perf_counter()

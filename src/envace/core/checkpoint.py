@@ -88,7 +88,7 @@ def save_checkpoint(
 def _save_options(model: Any) -> dict[str, Any]:
     """Of a LoRA (PEFT) model: never save embedding layers. envace's adapters target linear layers only and never
     resize the vocabulary; PEFT's default ("auto") would look the base model's name up on the Hugging Face hub
-    to decide, where the adapter names its base by a built-in name (envace.models)."""
+    to decide, where the adapter names its base by a built-in name (envace.backends.models)."""
     inner = getattr(model, "model", None)  # distributed._SavedModel (FSDP) wraps the model it saves
     return {"save_embedding_layers": False} if hasattr(model, "peft_config") or hasattr(inner, "peft_config") else {}
 

@@ -11,7 +11,7 @@ scored.
 Per (rehearsed, real) pair, in :func:`observation_fidelity` (all in {0, 1} except ``leaf_acc``):
 
 - ``valid``: the rehearsed output parsed as a JSON observation (a ``bad_format`` error = invalid).
-- ``exact``: canonical JSON equal (:func:`envace.types.dumps`, sorted keys; so ``1`` and ``1.0`` differ, the
+- ``exact``: canonical JSON equal (:func:`envace.core.types.dumps`, sorted keys; so ``1`` and ``1.0`` differ, the
   project's rule for arguments as well).
 - ``keys``: the top-level key sets are equal (both objects), or both are non-objects of the same JSON type.
 - ``leaf_acc``: the fraction of the real observation's leaf paths (:func:`leaf_paths`) at which the rehearsed
@@ -42,9 +42,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .backends.base import Backend
-from .rollout import RolloutConfig, RolloutEngine
-from .types import Task, Trajectory, dumps, is_error_obs
+from ..backends.base import Backend
+from ..rollout.engine import RolloutConfig, RolloutEngine
+from ..core.types import Task, Trajectory, dumps, is_error_obs
 
 METRICS: tuple[str, ...] = ("valid", "exact", "keys", "leaf_acc", "outcome")
 """The per-pair metrics, in report order."""

@@ -11,7 +11,7 @@ schemas and the first user turn) are put in the same micro-batch, and their comm
 keys/values (with grad) are expanded over the micro-batch and the packs only run their own suffixes. This is
 exact too (the gradient of the shared prefix is the sum over packs, as without sharing).
 
-Over several processes (:mod:`envace.distributed`) :func:`optimizer_step` divides by the normalizer of the whole
+Over several processes (:mod:`envace.training.distributed`) :func:`optimizer_step` divides by the normalizer of the whole
 batch (all-reduced), runs as many micro-batches on every process (padding with idle ones) and synchronises
 gradients once; with ``dist`` left out it is the single-process step.
 """
@@ -24,10 +24,10 @@ from typing import Any, Iterable
 
 import torch
 
-from .algos import rows_normalizer
+from ..math.algos import rows_normalizer
 from .distributed import Dist, each_micro_batch
-from .prefixes import common_prefix, prefix_runs
-from .types import Row
+from ..math.prefixes import common_prefix, prefix_runs
+from ..core.types import Row
 
 ONE_PROCESS = Dist()
 
@@ -75,7 +75,7 @@ def shared_prefix_len(packs: list[Pack]) -> int:
 
 
 def _prefix_clusters(packs: list[Pack], min_prefix: int) -> list[list[Pack]]:
-    """Packs grouped by common prefix (:func:`envace.prefixes.prefix_runs`); packs in no group come alone."""
+    """Packs grouped by common prefix (:func:`envace.math.prefixes.prefix_runs`); packs in no group come alone."""
     order = sorted(packs, key=lambda p: p.ids)
     adjacent = [shared_prefix_len([a, b]) for a, b in zip(order, order[1:])]
     clusters: list[list[Pack]] = []
@@ -246,8 +246,8 @@ def optimizer_step(
 ) -> dict[str, float]:
     """One optimizer step over ``rows``: packed micro-batches, gradient accumulation, clipping, step.
 
-    The loss of every micro-batch is divided by the whole batch's normalizer (:func:`envace.algos.rows_normalizer`:
-    the count that the aggregation ``agg`` of :data:`envace.algos.AGGREGATIONS` declares, e.g. completion tokens
+    The loss of every micro-batch is divided by the whole batch's normalizer (:func:`envace.math.algos.rows_normalizer`:
+    the count that the aggregation ``agg`` of :data:`envace.math.algos.AGGREGATIONS` declares, e.g. completion tokens
     for token_mean, non-empty rows for seq_mean; summed over processes), so the accumulated gradient is the
     full-batch one. Every process must call it (with its own rows, maybe none); it returns {} when no
     process has a row. ``share_prefixes``: run the common prefix of a micro-batch's packs once (exact; needs the

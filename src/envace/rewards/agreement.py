@@ -40,10 +40,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .backends.base import Backend
-from .rewards import RewardContext, RewardSpec, make_reward, parse_reward_spec
-from .rollout import RolloutConfig, RolloutEngine
-from .types import Task, Trajectory
+from ..backends.base import Backend
+from .functions import RewardContext, RewardSpec, make_reward, parse_reward_spec
+from ..rollout.engine import RolloutConfig, RolloutEngine
+from ..core.types import Task, Trajectory
 
 FULL_EPS = 1e-9
 DEFAULT_BASELINE = "gold_f1"

@@ -1,16 +1,16 @@
 """OpenAI chat requests as envace's Act chat, and Act output as OpenAI replies (``envace serve``): pure functions.
 
-In (:func:`act_messages`): OpenAI ``messages`` + ``tools`` become the :class:`~envace.types.Message` list that Act
+In (:func:`act_messages`): OpenAI ``messages`` + ``tools`` become the :class:`~envace.core.types.Message` list that Act
 would see for the same conversation, so a policy trained by envace is served the very context it was trained on:
 
-- the tools go into the system message exactly as :func:`envace.prompts.act_system` renders a task's (the client's
+- the tools go into the system message exactly as :func:`envace.chat.prompts.act_system` renders a task's (the client's
   first system message is the task's system prompt; none: an empty one): its ``# Tools`` block, one JSON schema a
-  line, then :data:`~envace.prompts.ACT_INSTRUCTIONS`; where the chat template renders the tools itself
+  line, then :data:`~envace.chat.prompts.ACT_INSTRUCTIONS`; where the chat template renders the tools itself
   (``tool_list=False``, as Act's are with ``RolloutConfig.native_tools``) the ``# Tools`` block is left out and the
-  server renders the system message with ``tools=`` (:meth:`envace.prompts.ChatFormat.render`). Without tools the
+  server renders the system message with ``tools=`` (:meth:`envace.chat.prompts.ChatFormat.render`). Without tools the
   messages are taken as they are;
 - an assistant message's ``tool_calls`` become the text the model's tool format writes for them (hermes:
-  ``<tool_call>`` blocks, one a line; :data:`envace.parsing.TOOL_FORMATS`, chosen as the rollout chooses it) after
+  ``<tool_call>`` blocks, one a line; :data:`envace.chat.parsing.TOOL_FORMATS`, chosen as the rollout chooses it) after
   its text, as Act emits them; a ``tool`` message's content is the observation text, as Act is fed it. Its
   ``tool_call_id`` must answer a call of the assistant message before it (OpenAI's rule);
 - ``developer`` messages are system messages; content is a string or a list of text parts.
@@ -33,7 +33,7 @@ from typing import Any, Collection
 
 from .parsing import TOOL_FORMATS, ToolFormat
 from .prompts import act_system
-from .types import Message, Task, ToolCall, ToolSpec
+from ..core.types import Message, Task, ToolCall, ToolSpec
 
 HERMES = TOOL_FORMATS.get("hermes")
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}

@@ -1,8 +1,8 @@
 """Evaluation in the real environment: success, pass^k, tool F1, format validity, steps, tokens, time.
 
 Each task is run K times (``samples``) for real (``real`` rollout mode). Evaluation after private test-time
-rehearsal with a budget of N attempts, and of a model by name on a suite, is one layer up (``envace.budget``:
-``evaluate_at_budget``, ``evaluate_model``), above both this module and ``envace.tts``.
+rehearsal with a budget of N attempts, and of a model by name on a suite, is one layer up (``envace.evaluation.budget``:
+``evaluate_at_budget``, ``evaluate_model``), above both this module and ``envace.evaluation.tts``.
 Success is the task's own check (``grounded`` reward) applied to the environment each trajectory ran in: the
 rollout records it when the trajectory ends (``Trajectory.env_outcome``), so every call of a real trial is
 executed exactly once (no replay: an MCP server's tools, or any with side effects, never run twice).
@@ -12,16 +12,16 @@ Metrics (keys of :attr:`EvalResult.metrics`):
 - ``success_rate``: mean success over all N_tasks x K trials; ``pass^k`` for k = 1..K: tau2-bench's
   pass^k (:func:`pass_hat_k`) averaged over tasks (pass^1 equals the success rate).
 - ``tool_precision`` / ``tool_recall`` / ``tool_f1``: FinMCP-Bench's TF1, the F1 of the *set* of called tool
-  names vs the set of gold tool names (:func:`envace.rewards.tool_name_prf`), per trial, averaged over the
+  names vs the set of gold tool names (:func:`envace.rewards.functions.tool_name_prf`), per trial, averaged over the
   trials of a task and then over tasks. ``call_precision`` / ``call_recall`` / ``call_f1``: the same over
-  (name, canonical arguments) multisets (:func:`envace.rewards.call_prf`).
+  (name, canonical arguments) multisets (:func:`envace.rewards.functions.call_prf`).
 - ``format_valid_rate``: fraction of Act generations that parsed (a tool call or a text reply).
 - ``steps_per_traj``, ``tool_calls_per_traj``, ``act_tokens_per_traj`` (generated Act tokens),
   ``context_tokens_per_traj`` (length of the final Act context), ``truncated_rate``, ``wall_s``.
 - ``domain/<env>/success_rate`` per environment of the task set, and ``kind/<kind>/success_rate`` per task
   kind when tasks carry ``metadata["kind"]``; ``n_tasks``.
 - Every success rate (and pass^k) ``key`` has its 95% interval over tasks in ``key/ci_lo`` and ``key/ci_hi``:
-  the Wilson interval over tasks of the per-task mean (:func:`envace.stats.rate_interval`: exact Wilson with one
+  the Wilson interval over tasks of the per-task mean (:func:`envace.math.stats.rate_interval`: exact Wilson with one
   sample per task, conservative with more). :func:`format_metrics` prints it next to the rate.
 
 **Prepared tasks.** Before the trials, :func:`evaluate` lets each task's environment prepare it
@@ -33,11 +33,11 @@ write the memory the questions start from. Those episodes run with the model und
 :attr:`EvalResult.prepared`.
 
 A suite with its own report (``envace.envs.SUMMARIES``; BFCL: its leaderboard table with the overall score)
-adds it to the result of ``envace.budget.evaluate_model`` (``EvalResult.summary``), printed after the metrics and saved.
+adds it to the result of ``envace.evaluation.budget.evaluate_model`` (``EvalResult.summary``), printed after the metrics and saved.
 
 Results keep per-task outcomes (``per_task``: ``task_id``, ``domain``, ``kind`` if any, ``successes`` one bool
 per sample, the F1s), the suite, the split and the task ids, so :func:`compare_results` (``envace compare``) can
-compare two saved results on the same tasks later, paired (envace.stats), without rerunning any model.
+compare two saved results on the same tasks later, paired (envace.math.stats), without rerunning any model.
 
 :func:`task_scores` and :func:`summarize` are pure (trajectories in, numbers out) and tested by hand.
 """
@@ -55,12 +55,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .backends.base import Backend
-from .envs import Play, prepare_tasks
-from .rewards import REWARDS, call_prf, score_trajectories, tool_name_prf
-from .rollout import RolloutConfig, RolloutEngine
-from .stats import fmt_p, fmt_rate, paired_comparison, rate_interval
-from .types import Task, Trajectory
+from ..backends.base import Backend
+from ..envs import Play, prepare_tasks
+from ..rewards.functions import REWARDS, call_prf, score_trajectories, tool_name_prf
+from ..rollout.engine import RolloutConfig, RolloutEngine
+from ..math.stats import fmt_p, fmt_rate, paired_comparison, rate_interval
+from ..core.types import Task, Trajectory
 
 # Metrics shown by :meth:`EvalResult.table` first, in this order (others follow alphabetically).
 HEADLINE = (
@@ -275,7 +275,7 @@ def evaluate(
     """Run every task ``samples`` times against its real environment and compute the metrics.
 
     The tasks are prepared first (:func:`prepare`; see the module docstring). ``memory`` (task id -> text) is
-    shown to Act as its rehearsal memory (test-time scaling, envace.tts). ``trajectories`` come task by task,
+    shown to Act as its rehearsal memory (test-time scaling, envace.evaluation.tts). ``trajectories`` come task by task,
     ``samples`` per task, in the order of ``tasks``."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
@@ -375,7 +375,7 @@ def comparison_mismatch(
 def compare_per_task(
     rows_a: Sequence[dict[str, Any]], rows_b: Sequence[dict[str, Any]], resamples: int = 10_000, seed: int = 0
 ) -> dict[str, Any]:
-    """Paired comparison (:func:`envace.stats.paired_comparison`) of two per-task lists over the tasks they share,
+    """Paired comparison (:func:`envace.math.stats.paired_comparison`) of two per-task lists over the tasks they share,
     aligned by task id: ``overall``, ``by_kind`` (tasks with ``kind``) and ``by_domain`` (with several domains),
     each ``{"n_tasks", "a": {"rate", "ci95"}, "b": {...}, "diff", "diff_ci95", "p", "p_method"}``."""
     by_b = {r["task_id"]: r for r in rows_b}

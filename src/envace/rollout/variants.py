@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .registry import Registry
+from ..core.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Rehearser:
 
     @property
     def checkpoint_role(self) -> str:
-        """The model of a training checkpoint that plays the helper (``envace.models.resolve_model``'s role):
+        """The model of a training checkpoint that plays the helper (``envace.backends.models.resolve_model``'s role):
         its own sub-folder for a trained helper, else the checkpoint's policy."""
         return self.helper if self.trained and self.helper else "policy"
 

@@ -1,12 +1,12 @@
 """The experiment report: tables (95% intervals over tasks, spread over seeds), figures and a trajectory viewer, all static files.
 
-:func:`write_report` turns an experiment's ``results.json`` content (envace.experiment) into, in its folder:
+:func:`write_report` turns an experiment's ``results.json`` content (envace.evaluation.experiment) into, in its folder:
 
 - ``report.md`` and ``report.html``: the paper's claims (:func:`claims_table`: one row per claim of
   :func:`paper_claims` with its measured paired difference, 95% interval and verdict, :func:`claim_verdict`),
   the main table (every arm at N=0: success with its 95% Wilson interval over
   tasks and its spread over seeds), the paired comparison of every RL arm with SFT (difference, paired bootstrap
-  interval, p-value; envace.stats), success by task kind (when tasks carry one), the test-time rehearsal table
+  interval, p-value; envace.math.stats), success by task kind (when tasks carry one), the test-time rehearsal table
   (success at every budget N and mode, the compute-matched ``plan`` baseline included) and its generated tokens
   per task, rehearsal fidelity over training (each RL arm on the fixed shadow set), the rehearsal-fidelity tables
   (overall; read vs write, state fields changed, real success vs error, position; per domain, per tool) and the
@@ -17,7 +17,7 @@
   ``curve_sft_nll.png`` (the warm-up), ``tts_budget.png`` (success vs N; plan dotted) and ``fidelity_curve.png``
   (fidelity on the shadow set vs RL step, one line per arm).
 - ``trajectories.html``: shadow trajectories of each arm, each rehearsed observation beside the real one,
-  mismatching leaves highlighted (envace.fidelity.mismatched_leaves).
+  mismatching leaves highlighted (envace.evaluation.fidelity.mismatched_leaves).
 
 Pages set ``document.title`` from a script when they load (tests use it to detect script errors).
 """
@@ -36,8 +36,8 @@ import numpy as np
 from .fidelity import BREAKDOWNS as FID_BREAKDOWNS
 from .fidelity import METRICS as FID_METRICS
 from .fidelity import Path, mismatched_leaves, observation_fidelity
-from .stats import fmt_p, fmt_rate, paired_bootstrap, paired_comparison, rate_interval, seed_spread, sign_flip_p
-from .types import Trajectory
+from ..math.stats import fmt_p, fmt_rate, paired_bootstrap, paired_comparison, rate_interval, seed_spread, sign_flip_p
+from ..core.types import Trajectory
 
 MAIN_METRICS: tuple[tuple[str, str], ...] = (
     ("success_rate", "success"),
@@ -55,7 +55,7 @@ TRAIN_SUCCESS_CURVES: dict[str, str] = {
     "reward/imagined_success_rate": "imagined",
     "reward/real_success_rate": "real env",
 }
-"""Training-success metrics (envace.trainer._summarise) -> the legend's name for them: success of imagined
+"""Training-success metrics (envace.training.trainer._summarise) -> the legend's name for them: success of imagined
 (rehearsed / simulated) trajectories is never drawn as if it were real-environment success."""
 TRAIN_SUCCESS_NOTE = (
     "Training success: 'imagined' is the success of rehearsed or simulated rollouts (envace, per_role, simulator), "
@@ -129,7 +129,7 @@ def per_task_outcomes(
 
 def success_cell(results: dict[str, Any], arm: str, n: int, mode: str, spread: bool = False) -> str:
     """``rate [95% CI]``: the success rate of the arm's per-task outcomes pooled over seeds with its Wilson
-    interval over tasks (envace.stats.rate_interval); ``spread`` appends ``· sd X`` over seeds when there are
+    interval over tasks (envace.math.stats.rate_interval); ``spread`` appends ``· sd X`` over seeds when there are
     several. Results without per-task outcomes fall back to mean ± std over seeds."""
     rows = per_task_outcomes(results, arm, n, mode)
     per_seed = eval_values(results, arm, n, mode, "success_rate")
@@ -342,8 +342,8 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
     """Each RL arm against ``baseline`` at N=0, paired over the same held-out tasks (per-task outcomes pooled over
     the seeds both ran): both rates with 95% Wilson intervals, the difference (arm - baseline) with its paired
     bootstrap 95% interval, and the p-value (exact McNemar with one binary outcome per task, else paired
-    sign-flip permutation); see envace.stats."""
-    from .evaluation import compare_per_task
+    sign-flip permutation); see envace.math.stats."""
+    from .trials import compare_per_task
 
     head = [
         "arm",
@@ -478,7 +478,7 @@ def measure_claim(
     """The claim's contrast over the tasks every term was evaluated on (per-task outcomes pooled over the seeds
     in which every term was evaluated: a test-time sweep of fewer seeds pairs its N=0 term with those seeds only): ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and
     ``p_method``, ``n_tasks``, ``seeds``; None when some evaluation is missing. Two terms (B - A) are exactly
-    :func:`envace.stats.paired_comparison` (exact McNemar with one binary outcome per task); more (a difference
+    :func:`envace.math.stats.paired_comparison` (exact McNemar with one binary outcome per task); more (a difference
     of gains) resample the per-task contrast, with a sign-flip p-value."""
     arms = {a for _, a, _, _ in claim.terms}
     if not arms <= set(results["arms"]):
@@ -618,7 +618,7 @@ def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[lis
 
 
 def fidelity_breakdown_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Fidelity where rehearsal fails (envace.fidelity.BREAKDOWNS): per arm, read vs write calls, the number of
+    """Fidelity where rehearsal fails (envace.evaluation.fidelity.BREAKDOWNS): per arm, read vs write calls, the number of
     state fields changed, real success vs error and the position in the trajectory; mean ± std over seeds."""
     head = ["arm", "split", "bucket", "pairs", *FID_METRICS]
     rows = []
@@ -971,13 +971,13 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     }
     captions = {
         "claims": "Each claim as a per-task contrast of evaluations on the same held-out tasks (outcomes pooled over the seeds every arm of the claim ran): "
-        "the measured difference, its paired bootstrap 95% interval over tasks and p-value (two evaluations: envace.stats.paired_comparison, "
+        "the measured difference, its paired bootstrap 95% interval over tasks and p-value (two evaluations: envace.math.stats.paired_comparison, "
         "exact McNemar for one binary outcome per task; a difference of gains: sign-flip permutation of the per-task contrast). "
         "Verdict: holds = the interval excludes 0 in the claimed direction; does not hold = it excludes 0 in the other direction; "
         "cannot tell at this scale = it contains 0 (a ≥ claim has no margin here: it needs the same evidence as >). "
         "The paper's numbers are Qwen3-8B on tau2-Bench / BFCL; this is a small model on CPU.",
         "main": f"Held-out tasks in the real environment, no test-time rehearsal (N=0). Success: the per-task outcomes of all {n_seeds} seed(s) pooled, "
-        "with the 95% Wilson interval over tasks (conservative with several outcomes per task, envace.stats); over seeds: mean ± std (min–max) "
+        "with the 95% Wilson interval over tasks (conservative with several outcomes per task, envace.math.stats); over seeds: mean ± std (min–max) "
         "of each seed's rate. Other columns: mean ± std over seeds.",
         "paired": "Each RL arm against SFT on the same held-out tasks (N=0, outcomes pooled over the seeds both ran): the difference with its paired "
         "bootstrap 95% interval over tasks (10,000 resamples, seeded) and its p-value (exact McNemar for one binary outcome per task, "

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
 if TYPE_CHECKING:  # a backend's output; this module imports nothing of envace
-    from .backends.base import Generation
+    from ..backends.base import Generation
 
 # Error kinds shared by parsers, real environments and rehearsed observations.
 ERROR_KINDS: tuple[str, ...] = (
@@ -156,8 +156,8 @@ class ToolCall(JSONable):
         return f"{self.name}({dumps(self.arguments)})"
 
     def to_text(self) -> str:
-        """This call as Act writes it in the hermes tool format (``envace.parsing.TOOL_FORMATS["hermes"]``)."""
-        from .parsing import TOOL_FORMATS  # (parsing builds on this module)
+        """This call as Act writes it in the hermes tool format (``envace.chat.parsing.TOOL_FORMATS["hermes"]``)."""
+        from ..chat.parsing import TOOL_FORMATS  # (parsing builds on this module)
 
         return TOOL_FORMATS.get("hermes").render([self])
 
@@ -205,7 +205,7 @@ class ReferenceExample(JSONable):
 
 @dataclass
 class ChecklistItem(JSONable):
-    """One item of a task's checklist. ``rule`` is a machine-checkable rule (see ``envace.rewards``), or None
+    """One item of a task's checklist. ``rule`` is a machine-checkable rule (see ``envace.rewards.functions``), or None
     for items that only an LLM judge can check."""
 
     description: str

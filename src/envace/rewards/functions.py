@@ -36,8 +36,8 @@ A term, and the whole reward, is unscored (None) when any reward in it is. :func
 ``traj.reward_info`` for a group and counts the unscored ones. :func:`call_prf` and :func:`tool_name_prf`
 are the pure metrics the evaluation harness reuses.
 
-Argument comparisons are canonical: two values match when their canonical JSON (:func:`envace.types.dumps`,
-sorted keys) is equal, the same rule as :meth:`envace.types.ToolCall.key`. So ``1`` and ``1.0`` differ.
+Argument comparisons are canonical: two values match when their canonical JSON (:func:`envace.core.types.dumps`,
+sorted keys) is equal, the same rule as :meth:`envace.core.types.ToolCall.key`. So ``1`` and ``1.0`` differ.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .backends.base import Backend, SamplingParams
-from .registry import Registry
-from .types import Task, ToolCall, Trajectory, dumps, is_error_obs
+from ..backends.base import Backend, SamplingParams
+from ..core.registry import Registry
+from ..core.types import Task, ToolCall, Trajectory, dumps, is_error_obs
 
 
 @dataclass
@@ -285,7 +285,7 @@ def _text(obs: Any) -> str:
 
 def _values_text(obs: Any) -> str:
     """The values of an observation (not its JSON keys), lower-cased; a text observation whole."""
-    from .envs.references import json_leaves
+    from ..envs.references import json_leaves
 
     if isinstance(obs, str):
         try:
@@ -304,7 +304,7 @@ def is_shown(value: Any, shown: str, shown_numbers: set[float]) -> bool:
     """Whether the task states ``value`` before any observation (``shown``: lower-cased
     :func:`envace.envs.references.shown_text`, ``shown_numbers``: :func:`numbers_in` of it); a number in any of
     its written forms (511, 511.0, 511.00)."""
-    from .envs.references import mentions, norm_value
+    from ..envs.references import mentions, norm_value
 
     if isinstance(value, bool) or value is None:
         return True  # a flag or a null is a choice, not a value the world supplies
@@ -316,7 +316,7 @@ def is_shown(value: Any, shown: str, shown_numbers: set[float]) -> bool:
 
 def _seen(value: Any, obs_text: str, obs_numbers: set[float]) -> bool:
     """Whether ``value`` appears in the observations so far (their text lower-cased, their numbers)."""
-    from .envs.references import norm_value
+    from ..envs.references import norm_value
 
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value) in obs_numbers
@@ -376,7 +376,7 @@ def consistent_f1(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardRes
     :func:`consistent_match`: values the world supplies are checked against the trajectory's own earlier
     observations, so a rehearsed trajectory is scored in the world Rehearse imagined. On a real trajectory it is
     looser than ``gold_f1`` (any observed value counts, not only the right one); unscored without gold."""
-    from .envs.references import shown_text
+    from ..envs.references import shown_text
 
     if (missing := _no_gold(task)) is not None:
         return missing
@@ -412,7 +412,7 @@ def consistent_facts(task: Task, traj: Trajectory, ctx: RewardContext) -> Reward
     counts when the replies state a value of its kind (a number, a word) taken from the observations, and no
     number the replies write is made up (every one is in the task's text or an observation). 1 for a task with
     no expected output."""
-    from .envs.references import shown_text
+    from ..envs.references import shown_text
 
     facts = list(task.expected_outputs)
     if not facts:
@@ -597,7 +597,7 @@ def grounded(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
     observation fails here, as it would in the world. A replay on an environment with real side effects (MCP)
     without the task's opt-in raises :class:`envace.envs.ReplayNotAllowedError`, as does an environment that
     cannot be built; a crash of the success check -> unscored with ``info["grounded_error"]``."""
-    from .envs import final_outcome, replay
+    from ..envs import final_outcome, replay
 
     calls = traj.calls()
     if traj.env_outcome is not None:

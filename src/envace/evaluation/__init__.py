@@ -1,0 +1,1 @@
+"""Measurement: real-environment trials, test-time rehearsal, budgets, fidelity, the experiment, its report, and export of trajectories."""

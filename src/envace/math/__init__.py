@@ -1,0 +1,1 @@
+"""The math, pure functions: GRPO advantages and losses (algos), intervals and paired tests (stats), shared-prefix grouping (prefixes)."""

@@ -1,0 +1,1 @@
+"""envace serve: the OpenAI-compatible server."""

@@ -1,0 +1,1 @@
+"""The training loops (role-wise GRPO in trainer, SFT in sft), the gradient update, data-parallel training."""
