@@ -117,8 +117,57 @@ def backend_module_at(ref: str) -> Any:
 
 
 def update_module_at(ref: str) -> Any:
-    """``envace.training.update`` as it was at git revision ``ref``."""
-    return _module_from_source(f"envace.update_at_{_ident(ref)}", _source_at(ref, "src/envace/training/update.py"))
+    """``envace.training.update`` as it was at git revision ``ref`` (before the subpackage layout: ``envace.update``)."""
+    tag = _ident(ref)
+    src = _source_at(ref, "src/envace/training/update.py", missing_ok=True)
+    if src is None:
+        return _module_from_source(f"envace.update_at_{tag}", _source_at(ref, "src/envace/update.py"))
+    return _module_from_source(f"envace.training.update_at_{tag}", src)
+
+
+# Where the flat modules of revisions before the subpackage layout live now, so their sources import today's.
+FLAT_MODULES = {
+    **dict.fromkeys(["registry", "types", "seeding", "logging", "precision", "checkpoint"], "core"),
+    **dict.fromkeys(["prompts", "parsing", "openai_api"], "chat"),
+    "models": "backends.models",
+    "rollout": "rollout.engine",
+    "variants": "rollout.variants",
+    **dict.fromkeys(["algos", "stats", "prefixes"], "math"),
+    "rewards": "rewards.functions",
+    "reward_agreement": "rewards.agreement",
+    **dict.fromkeys(["trainer", "sft", "update", "distributed"], "training"),
+    "evaluation": "evaluation.trials",
+    **dict.fromkeys(["tts", "budget", "fidelity", "experiment", "report", "export"], "evaluation"),
+    "serve": "serving.serve",
+}
+
+
+def current_layout(src: str, package: str) -> str:
+    """``src``'s relative imports of flat modules (an old revision's, in ``package``) as absolute imports of where
+    they live now: ``from ..types import X`` in ``envace.backends`` becomes ``from envace.core.types import X``."""
+
+    def absolute(m: re.Match) -> str:
+        dots, name, names = len(m["dots"]), m["name"], m["names"]
+        base = package.split(".")[: len(package.split(".")) - (dots - 1)]
+        if base != ["envace"] or name not in FLAT_MODULES:
+            return m.group(0)
+        where = FLAT_MODULES[name]
+        return f"{m['ind']}from envace.{where if '.' in where else where + '.' + name} import {names}"
+
+    def submodules(m: re.Match) -> str:  # ``from . import algos`` in the package root
+        if package != "envace":
+            return m.group(0)
+        items = [n.strip() for n in m["names"].split(",")]
+        return "\n".join(
+            f"{m['ind']}from envace.{FLAT_MODULES[n].rsplit('.', 1)[0] if '.' in FLAT_MODULES[n] else FLAT_MODULES[n]} import "
+            + (f"{FLAT_MODULES[n].rsplit('.', 1)[1]} as {n}" if "." in FLAT_MODULES[n] else n)
+            if n in FLAT_MODULES
+            else f"{m['ind']}from . import {n}"
+            for n in items
+        )
+
+    src = re.sub(r"^(?P<ind>[ \t]*)from (?P<dots>\.+)(?P<name>\w+) import (?P<names>.+)$", absolute, src, flags=re.M)
+    return re.sub(r"^(?P<ind>[ \t]*)from \. import (?P<names>[\w, ]+)$", submodules, src, flags=re.M)
 
 
 def _ident(ref: str) -> str:
@@ -141,7 +190,7 @@ def _module_from_source(name: str, src: str) -> Any:
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = name.rsplit(".", 1)[0]
     sys.modules[name] = mod
-    exec(compile(src, f"<{name}>", "exec"), mod.__dict__)
+    exec(compile(current_layout(src, mod.__package__), f"<{name}>", "exec"), mod.__dict__)
     return mod
 
 

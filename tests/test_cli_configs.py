@@ -292,7 +292,9 @@ def test_help_lists_every_field_with_its_default_and_docstring(cmd, capsys):
     out = capsys.readouterr().out
     flat = " ".join(out.split())
     assert "--config" in out and "--set" in out and "--print-config" in out and f"{COMMANDS[cmd]} fields" in out
-    fields = config_fields(config_class(f"envace.{'experiment' if cmd == 'experiment' else 'config'}:{COMMANDS[cmd]}"))
+    fields = config_fields(
+        config_class(f"envace.{'evaluation.experiment' if cmd == 'experiment' else 'config'}:{COMMANDS[cmd]}")
+    )
     assert len(fields) >= 10
     for name, default, doc in fields:
         assert f"\n  {name} = {default!r}\n" in out + "\n", name

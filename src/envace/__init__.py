@@ -4,19 +4,21 @@ The public API, importable from the package itself::
 
     import envace
 
-    model, tokenizer = envace.load("tiny-random")               # models.load
+    model, tokenizer = envace.load("tiny-random")               # backends.models.load
     policy = envace.HFBackend(model, tokenizer)                  # backends.hf.HFBackend
-    envace.train(envace.TrainConfig(...))                        # trainer.train (role-wise GRPO)
-    envace.sft(envace.SFTConfig(...))                            # sft.sft (supervised warm-up)
-    envace.evaluate_model("tiny-random", "bank", n=4)            # budget.evaluate_model
-    envace.rehearse(policy, tasks, envace.TTSConfig(n=2))        # tts.rehearse (test-time rehearsal)
+    envace.train(envace.TrainConfig(...))                        # training.trainer.train (role-wise GRPO)
+    envace.sft(envace.SFTConfig(...))                            # training.sft.sft (supervised warm-up)
+    envace.evaluate_model("tiny-random", "bank", n=4)            # evaluation.budget.evaluate_model
+    envace.rehearse(policy, tasks, envace.TTSConfig(n=2))        # evaluation.tts.rehearse (test-time rehearsal)
 
 ``import envace`` stays cheap: it imports neither torch nor transformers. Each name is imported from its module
 on first use (a module-level ``__getattr__``, PEP 562), so ``envace --version`` and ``envace tasks`` start fast.
 
-``envace.sft`` is the module :mod:`envace.sft` (a submodule and the function share that name, and Python binds
-the submodule on the package once it is imported); calling it runs :func:`envace.training.sft.sft`, so
-``envace.sft(cfg)`` and ``from envace import sft; sft(cfg)`` work whatever was imported before.
+The folders are the architecture: ``core`` (types, registries, seeds, logging, checkpoints), ``chat`` (prompts,
+chat formats, tool-call parsing), ``backends`` (models and generation engines), ``envs`` (environments and task
+suites), ``rollout`` (Act and Rehearse unrolling trajectories), ``math`` (GRPO advantages and losses, statistics),
+``rewards``, ``training`` (the GRPO and SFT loops, the update), ``evaluation`` (trials, test-time rehearsal,
+fidelity, the experiment and its report) and ``serving`` (``envace serve``); ``cli`` and ``config`` on top.
 """
 
 from __future__ import annotations
@@ -30,19 +32,19 @@ __version__ = "0.1.0"
 
 # public name -> module (relative to the package) that defines it
 _EXPORTS: dict[str, str] = {
-    "load": "models",
+    "load": "backends.models",
     "HFBackend": "backends.hf",
-    "RolloutEngine": "rollout",
-    "RolloutConfig": "rollout",
-    "train": "trainer",
+    "RolloutEngine": "rollout.engine",
+    "RolloutConfig": "rollout.engine",
+    "train": "training.trainer",
     "TrainConfig": "config",
-    "sft": "sft",
+    "sft": "training.sft",
     "SFTConfig": "config",
-    "evaluate": "evaluation",
-    "evaluate_model": "budget",
-    "rehearse": "tts",
-    "run_tts": "tts",
-    "TTSConfig": "tts",
+    "evaluate": "evaluation.trials",
+    "evaluate_model": "evaluation.budget",
+    "rehearse": "evaluation.tts",
+    "run_tts": "evaluation.tts",
+    "TTSConfig": "evaluation.tts",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -65,8 +67,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'envace' has no attribute {name!r}; public names: {', '.join(__all__)}")
     where = _EXPORTS[name]
     module = importlib.import_module(f".{where}", __name__)
-    if where == name:  # the submodule itself (envace.sft, callable); importing it already bound it here
-        return module
     value = getattr(module, name)
     globals()[name] = value
     return value

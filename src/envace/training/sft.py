@@ -10,9 +10,7 @@ on real observations.
 from __future__ import annotations
 
 import os
-import sys
 import time
-import types
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -202,14 +200,3 @@ def sft(cfg: SFTConfig) -> SFTResult:
     )
     result.checkpoint = os.path.join(result.checkpoint, "policy")
     return result
-
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as :func:`sft`: the package exports ``sft`` under this module's name, and Python
-    binds the submodule on the package once it is imported, so ``envace.sft`` is this module either way."""
-
-    def __call__(self, cfg: SFTConfig) -> SFTResult:
-        return sft(cfg)
-
-
-sys.modules[__name__].__class__ = _CallableModule
