@@ -247,3 +247,15 @@ def test_scoring_a_rehearsed_trajectory_on_an_mcp_server_needs_the_replay_opt_in
     res = REWARDS.get("grounded")(task, traj, RewardContext())
     assert res.value == 1.0 and res.info["scored_in"] == "replay" and res.info["n_replayed"] == 2
     assert _ran(log) == ["increment 1", "increment 2"]
+
+
+def test_asyncios_warning_about_an_already_reaped_server_is_dropped_and_its_other_warnings_kept(caplog):
+    import logging
+
+    import envace.envs.mcp  # noqa: F401 - installs the filter
+
+    log = logging.getLogger("asyncio")
+    with caplog.at_level(logging.WARNING, logger="asyncio"):
+        log.warning("Unknown child process pid %d, will report returncode 255", 13434)
+        log.warning("Executing <Task> took 0.2 seconds")
+    assert [r.getMessage() for r in caplog.records] == ["Executing <Task> took 0.2 seconds"]

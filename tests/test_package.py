@@ -167,3 +167,68 @@ def test_every_module_the_readme_table_names_exists():
     assert len(named) > 10
     missing = [m for m in named if importlib.util.find_spec(m) is None]
     assert missing == []
+
+
+def _module_level_imports() -> dict[str, set[str]]:
+    """envace module -> the envace modules its top-level statements import (a function's lazy import and a
+    ``TYPE_CHECKING`` block are not module-level)."""
+    import ast
+
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE_DIR.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        name = ".".join(parts[:-1] if is_pkg else parts)
+        package = name if is_pkg else name.rsplit(".", 1)[0]
+        deps: set[str] = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if target.startswith("envace"):
+                    deps.add(target)
+                    deps |= {f"{target}.{a.name}" for a in node.names}  # ``from . import module``
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names if a.name.startswith("envace")}
+        graph[name] = deps
+    return {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+
+
+def test_modules_import_each_other_without_cycles():
+    graph = _module_level_imports()
+    assert "envace.rollout.engine" in graph and graph["envace.rollout.engine"]
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                cycles.append(path[path.index(d) :] + [d] if d in path else [m, d])
+            elif d not in state:
+                visit(d, path + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_the_lower_folders_never_import_the_higher_ones_at_module_level():
+    order = ["core", "math", "chat", "backends", "envs", "rollout", "rewards", "training", "evaluation", "serving"]
+    rank = {f"envace.{p}": i for i, p in enumerate(order)}
+
+    def folder(m: str) -> str | None:
+        return next((p for p in rank if m == p or m.startswith(p + ".")), None)
+
+    upward = [
+        (m, d)
+        for m, deps in _module_level_imports().items()
+        for d in deps
+        if folder(m) and folder(d) and rank[folder(d)] > rank[folder(m)]
+    ]
+    assert upward == []

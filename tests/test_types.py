@@ -78,3 +78,12 @@ def test_the_methods_that_write_another_shape_keep_it():
         ToolSpec.from_dict(wrapped) == ToolSpec("f", "d")
         and ToolCall.from_dict({"name": "f", "arguments": None}).arguments == {}
     )
+
+
+def test_a_trajectory_keeps_its_tools_only_where_it_has_them():
+    t = _traj()
+    assert "tools" not in t.to_dict()  # the system message lists them: written as before
+    t.tools = [ToolSpec("get", "read", {"type": "object", "properties": {}})]
+    d = json.loads(json.dumps(t.to_dict()))
+    assert d["tools"][0]["name"] == "get" and list(d) == list(t.to_dict(with_rows=False))
+    assert Trajectory.from_dict(d) == t

@@ -395,8 +395,12 @@ class Trajectory(JSONable):
         return [s.reply for s in self.steps if s.reply is not None]
 
     def to_dict(self, with_rows: bool = True) -> dict[str, Any]:
-        """``with_rows=False``: ``rows`` is ``[]`` (the logs: rows are token ids, for training only)."""
-        return fields_to_dict(self) if with_rows else fields_to_dict(self, leave_out=("rows",)) | {"rows": []}
+        """``with_rows=False``: ``rows`` is ``[]`` (the logs: rows are token ids, for training only). ``tools`` only
+        where the trajectory keeps them (a line from before it existed reads the same)."""
+        skip = () if self.tools is not None else ("tools",)
+        if with_rows:
+            return fields_to_dict(self, leave_out=skip)
+        return fields_to_dict(self, leave_out=("rows", *skip)) | {"rows": []}
 
 
 def write_jsonl(path: str, items: list[Any], fsync: bool = True) -> None:

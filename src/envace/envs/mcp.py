@@ -37,6 +37,7 @@ import os
 import random
 import shlex
 import sys
+import logging
 import tempfile
 import threading
 import weakref
@@ -47,6 +48,15 @@ from mcp.client.stdio import stdio_client
 
 from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
 from .base import ENVS, SUITES, EnvStartupError, Environment, Score
+
+
+def _not_a_reaped_child(record: logging.LogRecord) -> bool:
+    """asyncio's child watcher warns ``Unknown child process pid N`` when a server that exits at once was reaped
+    before it looked (a race under load): the start's own error already says the server exited."""
+    return not str(record.msg).startswith("Unknown child process pid")
+
+
+logging.getLogger("asyncio").addFilter(_not_a_reaped_child)
 
 STARTUP_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 30.0
