@@ -1,9 +1,11 @@
 """Choose the demo's RL settings on the validation split, never on test (issue 16, item 1).
 
-One SFT warm-up (the demo's: 256 bank train tasks, 30 steps of 4, lr 1e-4, bf16 where fast, seed 0), then each
-candidate RL setting from it (EnvACE variant, rehearsed rollouts only), each evaluated greedily on the same 100
-bank *val* tasks (carved from train, disjoint from test) in the real environment, paired against the SFT model.
-Resumable: a candidate whose val result exists in the work folder is not run again.
+An SFT warm-up (the demo's: 256 bank train tasks, 30 steps of 4, lr 1e-4, bf16 where fast, seed 0; a candidate
+may change it, e.g. the *headroom* ones warm up on the simple and read-only kinds only), then the candidate's RL
+setting from it (EnvACE variant, rehearsed rollouts only), each evaluated greedily on the same 100 bank *val* tasks
+(carved from train, disjoint from test) in the real environment, paired against its own warm-up.
+Resumable: a warm-up or candidate whose val result exists in the work folder is not run again, and the table holds
+every candidate with a result there.
 
     python bench/rl_settings.py                      # every candidate (about 8-10 min each on 2 cores)
     python bench/rl_settings.py --only cons cons2    # some of them
@@ -19,6 +21,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -36,8 +39,11 @@ from envace.training.sft import sft  # noqa: E402
 from envace.training.trainer import train  # noqa: E402
 
 SPLIT, N_TASKS, EVAL_SEED = "val", 100, 1
-# name -> (what it tries, TrainConfig fields over the demo's RL defaults below)
-CANDIDATES: dict[str, tuple[str, dict]] = {
+# the warm-up that leaves RL something to learn (issue 16's "headroom" lever): no gold of the kinds whose later
+# calls need an earlier observation (chained) or that recover from a tool error (recovery)
+HEADROOM = {"task_kinds": ("simple", "read_only_report")}
+# name -> (what it tries, TrainConfig fields over the demo's RL defaults below[, SFTConfig fields over the demo's])
+CANDIDATES: dict[str, tuple] = {
     "demo": (
         "the demo's own setting: gold_f1*reply_facts, lr 1e-5, float32",
         {"reward": "gold_f1*reply_facts", "bf16": False, "rollout_bf16": False},
@@ -52,7 +58,31 @@ CANDIDATES: dict[str, tuple[str, dict]] = {
         "as cons, lr 3e-5 and 2 update epochs",
         {"reward": "consistent_f1*consistent_facts", "lr": 3e-5, "update_epochs": 2},
     ),
+    "headroom": (
+        "SFT on the simple and read-only kinds only, then the demo's RL (all kinds)",
+        {"reward": "gold_f1*reply_facts"},
+        HEADROOM,
+    ),
+    "headroom_rl_kinds": (
+        "SFT on the simple and read-only kinds only, then the demo's RL on the chained and recovery kinds",
+        {"reward": "gold_f1*reply_facts", "task_kinds": ("chained", "recovery")},
+        HEADROOM,
+    ),
+    "headroom_cons": (
+        "SFT on the simple and read-only kinds only, then RL (all kinds) on the imagined world's own gold read",
+        {"reward": "consistent_f1*consistent_facts"},
+        HEADROOM,
+    ),
 }
+
+
+def warmup_name(over: dict) -> str:
+    """The work-folder name of a warm-up: ``sft`` (the demo's), else ``sft-`` and its changed fields."""
+    if not over:
+        return "sft"
+    return "sft-" + "-".join(f"{k}={'+'.join(v) if isinstance(v, tuple) else v}" for k, v in sorted(over.items()))
+
+
 # over the demo's EnvACE step (envace.cli.demo_train_config: 4 iterations x 2 tasks x 4 trajectories, lr 1e-5)
 RL_DEFAULTS = dict(progress=False, bf16="auto", rollout_bf16="auto")
 
@@ -87,68 +117,99 @@ def main() -> int:
             with open(os.path.join(kept, os.path.basename(p)), "w", encoding="utf-8") as f:
                 json.dump(d, f, indent=1)
 
-    scfg = demo_sft_config("SmolLM2-135M-Instruct", "bank", os.path.join(args.work, "sft"), seed=0)
-    sft_ckpt = os.path.join(scfg.out_dir, "checkpoints", f"step-{scfg.steps:06d}", "policy")
-    if not os.path.isdir(sft_ckpt):
-        sft(scfg)
-    base = evaluate(sft_ckpt, os.path.join(args.work, "val-sft.json"))
-    keep(os.path.join(args.work, "val-sft.json"))
-    rows, reused = [], []
-    for name in names:
-        what, over = CANDIDATES[name]
-        path = os.path.join(args.work, f"val-{name}.json")
-        mpath = os.path.join(args.work, f"metrics-{name}.json")
-        cfg = dataclasses.replace(
+    warmups: dict[str, dict] = {}  # warm-up name -> its val result
+    reused: list[str] = []  # candidates whose results come from the committed copies
+
+    def warmup(over: dict) -> tuple[str, dict]:
+        """The warm-up's checkpoint (trained if missing) and its val result."""
+        name = warmup_name(over)
+        scfg = dataclasses.replace(
+            demo_sft_config("SmolLM2-135M-Instruct", "bank", os.path.join(args.work, name), seed=0), **over
+        )
+        ckpt = os.path.join(scfg.out_dir, "checkpoints", f"step-{scfg.steps:06d}", "policy")
+        if not os.path.isdir(ckpt):
+            sft(scfg)
+        val = os.path.join(args.work, f"val-{name}.json")
+        if not os.path.exists(val):
+            evaluate(ckpt, val)
+            keep(val)
+        return ckpt, load_result(val)
+
+    def found(name: str) -> str | None:
+        """A val result or training record: the work folder's, else the committed copy (without trajectories)."""
+        for folder in (args.work, kept):
+            if os.path.exists(os.path.join(folder, name)):
+                return os.path.join(folder, name)
+        return None
+
+    def rl_config(name: str, sft_ckpt: str) -> Any:
+        over = CANDIDATES[name][1]
+        return dataclasses.replace(
             demo_train_config(sft_ckpt, "bank", os.path.join(args.work, f"rl-{name}"), seed=0),
             **{**RL_DEFAULTS, **over},
         )
-        if os.path.exists(path):
+
+    for name in names:  # run what is missing
+        path = os.path.join(args.work, f"val-{name}.json")
+        if found(f"val-{name}.json"):
+            continue
+        sft_ckpt, _ = warmup(CANDIDATES[name][2] if len(CANDIDATES[name]) > 2 else {})
+        t0 = time.perf_counter()
+        tr = train(rl_config(name, sft_ckpt))
+        with open(os.path.join(args.work, f"metrics-{name}.json"), "w", encoding="utf-8") as f:
+            json.dump({"train_s": round(time.perf_counter() - t0, 1), "metrics": tr.metrics}, f)
+        evaluate(os.path.join(tr.checkpoint, "policy"), path)
+        keep(path, os.path.join(args.work, f"metrics-{name}.json"))
+    rows = []
+    for name, (what, over, *sft_over) in CANDIDATES.items():  # every candidate with a result, in table order
+        path = found(f"val-{name}.json")
+        if path is None:
+            continue
+        if not path.startswith(args.work):
             reused.append(name)
-        else:
-            t0 = time.perf_counter()
-            tr = train(cfg)
-            with open(mpath, "w", encoding="utf-8") as f:
-                json.dump({"train_s": round(time.perf_counter() - t0, 1), "metrics": tr.metrics}, f)
-            evaluate(os.path.join(tr.checkpoint, "policy"), path)
+        wname = warmup_name(sft_over[0] if sft_over else {})
+        base = warmups.setdefault(wname, load_result(found(f"val-{wname}.json")))
         cand = load_result(path)
-        cmp = compare_results(base, cand, names=("SFT", name))
-        with open(mpath, encoding="utf-8") as f:
+        cmp = compare_results(base, cand, names=(wname.upper() if wname == "sft" else wname, name))
+        with open(found(f"metrics-{name}.json"), encoding="utf-8") as f:
             trained = json.load(f)
-        settings = {k: v for k, v in to_dict(cfg).items() if k not in ("out_dir", "model")}
+        settings = {k: v for k, v in to_dict(rl_config(name, "<warm-up>")).items() if k not in ("out_dir", "model")}
         rows.append(
             {
                 "name": name,
                 "what": what,
+                "warmup": wname,
+                "warmup_settings": sft_over[0] if sft_over else {},
                 "settings": settings,
                 "train_s": trained["train_s"],
+                "warmup_val_success": base["metrics"]["success_rate"],
                 "val_success": cand["metrics"]["success_rate"],
                 "comparison": cmp,
                 "reward_per_iteration": [round(m["reward/mean"], 3) for m in trained["metrics"]],
             }
         )
-        keep(path, mpath)
-        print(
-            f"{name}: val {cand['metrics']['success_rate']:.3f} (SFT {base['metrics']['success_rate']:.3f})", flush=True
-        )
+        print(f"{name}: val {cand['metrics']['success_rate']:.3f} ({wname} {base['metrics']['success_rate']:.3f})")
     lines = [
         f"# RL settings chosen on bank {SPLIT} ({N_TASKS} tasks), never on test",
         "",
-        f"SFT warm-up (the demo's), then the demo's EnvACE step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy evaluation in the real environment. SFT on val: {base['metrics']['success_rate']:.3f}.",
+        "A warm-up (the demo's SFT `sft`, or the candidate's own), then the demo's EnvACE step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy evaluation in the real environment, paired against the candidate's own warm-up. "
+        + "; ".join(f"`{w}` on val: {r['metrics']['success_rate']:.3f}" for w, r in sorted(warmups.items()))
+        + ".",
         "",
-        "| setting | what it tries | val success | B - SFT [paired 95% CI] | McNemar p | reward per iteration |",
-        "|---|---|---|---|---|---|",
+        "| setting | what it tries | warm-up (val) | val success | B - warm-up [paired 95% CI] | McNemar p | reward per iteration |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         o = r["comparison"]["overall"]
         lines.append(
-            f"| `{r['name']}` | {r['what']} | {r['val_success']:.3f} | {o['diff']:+.3f} [{o['diff_ci95'][0]:+.3f}, {o['diff_ci95'][1]:+.3f}] | {o['p']:.3g} | {r['reward_per_iteration']} |"
+            f"| `{r['name']}` | {r['what']} | `{r['warmup']}` ({r['warmup_val_success']:.3f}) | {r['val_success']:.3f} | {o['diff']:+.3f} [{o['diff_ci95'][0]:+.3f}, {o['diff_ci95'][1]:+.3f}] | {o['p']:.3g} | {r['reward_per_iteration']} |"
         )
     lines += ["", "Per task kind:", ""]
     for r in rows:
         lines += ["```", format_comparison(r["comparison"]), "```", ""]
     if reused:
         lines.append(
-            f"Val results read from the work folder {args.work} (written by an earlier run with the same settings and seeds): {', '.join(reused)}."
+            f"Read from the committed copies in {os.path.relpath(kept, ROOT)} (an earlier run of this script, same settings and seeds): {', '.join(reused)}."
         )
     lines.append(
         f"Hardware: {hardware_summary()['cpu']}; command: python bench/rl_settings.py {' '.join(sys.argv[1:])}"
@@ -159,7 +220,7 @@ def main() -> int:
             {
                 "split": SPLIT,
                 "n_tasks": N_TASKS,
-                "sft_val_success": base["metrics"]["success_rate"],
+                "warmup_val_success": {w: r["metrics"]["success_rate"] for w, r in warmups.items()},
                 "candidates": rows,
                 "hardware": hardware_summary(),
             },
