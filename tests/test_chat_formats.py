@@ -684,32 +684,29 @@ def qwen_model_dir(tiny, qwen_tok, tmp_path_factory):
     return str(folder)
 
 
-def test_an_sft_step_and_a_grpo_step_run_with_a_native_tool_prompt(qwen_model_dir, qwen_tok, tmp_path):
-    tasks = load_tasks("bank", "train", n=2)
-    for t in gold_trajectories(qwen_tok, tasks, chat_format="template"):
-        act = next(r for r in t.rows if r.role == "act")
-        assert "<tools>" in qwen_tok.decode(act.prompt_ids) and t.tools is not None
+def _sft_then_grpo(model: str, tmp_path, **formats) -> tuple:
+    """One SFT step from ``model`` and one GRPO step from its checkpoint, in the chat ``formats`` given."""
     res = sft(
         SFTConfig(
-            model=qwen_model_dir,
+            model=model,
             suite="bank",
             n_tasks=2,
             steps=1,
             batch_tasks=2,
-            chat_format="template",
             out_dir=str(tmp_path / "sft"),
             tensorboard=False,
             report_to=(),
             progress=False,
+            **formats,
         )
     )
-    assert res.metrics[-1]["sft/grad_norm"] > 0
+    assert res.metrics[-1]["sft/grad_norm"] > 0 and os.path.isdir(res.checkpoint)
     rc = RolloutConfig(
         group_size=2,
         max_steps=2,
-        chat_format="template",
         act=SamplingParams(max_new_tokens=8),
         rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
+        **formats,
     )
     out = train(
         TrainConfig(
@@ -727,6 +724,15 @@ def test_an_sft_step_and_a_grpo_step_run_with_a_native_tool_prompt(qwen_model_di
         )
     )
     assert out.step == 1 and read_metrics(out.out_dir)[-1]["step"] == 1
+    return res, out
+
+
+def test_an_sft_step_and_a_grpo_step_run_with_a_native_tool_prompt(qwen_model_dir, qwen_tok, tmp_path):
+    tasks = load_tasks("bank", "train", n=2)
+    for t in gold_trajectories(qwen_tok, tasks, chat_format="template"):
+        act = next(r for r in t.rows if r.role == "act")
+        assert "<tools>" in qwen_tok.decode(act.prompt_ids) and t.tools is not None
+    res, out = _sft_then_grpo(qwen_model_dir, tmp_path, chat_format="template")
     logged = read_jsonl(os.path.join(out.out_dir, "trajectories.jsonl"))
     assert logged and all(d["tools"] and "# Tools\n{" not in d["messages"][0]["content"] for d in logged)
 
@@ -793,42 +799,7 @@ def test_sft_gold_calls_are_written_in_the_models_tool_format(llama_tok):
 
 
 def test_an_sft_step_and_a_grpo_step_run_with_a_llama_style_model(llama_model_dir, tmp_path):
-    res = sft(
-        SFTConfig(
-            model=llama_model_dir,
-            suite="bank",
-            n_tasks=2,
-            steps=1,
-            batch_tasks=2,
-            out_dir=str(tmp_path / "sft"),
-            tensorboard=False,
-            report_to=(),
-            progress=False,
-        )
-    )
-    assert res.metrics[-1]["sft/grad_norm"] > 0 and os.path.isdir(res.checkpoint)
-    rc = RolloutConfig(
-        group_size=2,
-        max_steps=2,
-        act=SamplingParams(max_new_tokens=8),
-        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
-    )
-    out = train(
-        TrainConfig(
-            model=res.checkpoint,
-            suite="bank",
-            variant="envace",
-            iterations=1,
-            batch_tasks=1,
-            lr=1e-3,
-            rollout=rc,
-            out_dir=str(tmp_path / "rl"),
-            tensorboard=False,
-            progress=False,
-            save_every=1,
-        )
-    )
-    assert out.step == 1 and read_metrics(out.out_dir)[-1]["step"] == 1
+    res, out = _sft_then_grpo(llama_model_dir, tmp_path)
     assert (
         ChatFormat.for_tokenizer(load_tokenizer(res.checkpoint)).prefixes["tool"]
         == "<|start_header_id|>ipython<|end_header_id|>\n\n"
