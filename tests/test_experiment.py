@@ -825,3 +825,42 @@ def test_training_in_fidelity_segments_ends_with_the_weights_of_one_uninterrupte
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not all(torch.equal(w1[k], b[k]) for k in b)  # the second step moved the weights: the check can fail
     assert [m["step"] for m in seg.metrics] == [2] and whole.metrics[1]["reward/mean"] == seg.metrics[0]["reward/mean"]
+
+
+def test_the_simulator_arm_s_fidelity_is_rehearsed_by_the_simulator_it_trained_with(tmp_path, monkeypatch):
+    """``train_options.simulator_model`` answers the simulator arm's Rehearse in training; its fidelity rollouts must
+    be answered by that same model, not by the SFT start (the trainer's default simulator)."""
+    import yaml
+
+    import envace.evaluation.experiment as experiment
+    from envace.backends.models import load
+    from envace.backends.scripted import ScriptedBackend
+    from envace.core.checkpoint import latest_checkpoint, load_state
+
+    sim = str(tmp_path / "sim")  # another model folder than the SFT checkpoint
+    model, tok = load("tiny-random")
+    model.save_pretrained(sim)
+    tok.save_pretrained(sim)
+    opts = {"arms": ["simulator"], "iterations": 1, "fidelity_every": 0, "out_dir": str(tmp_path / "out")}
+    cfg = ExperimentConfig(**(yaml.safe_load(TINY_YAML) | opts | {"train_options": {"simulator_model": sim}}))
+    models = ARMS.get("simulator").build(experiment.SeedRun(cfg, 0))
+    ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "seed0", "simulator", "checkpoints"))
+    assert load_state(ckpt)["config"]["simulator_model"] == models.simulator == sim
+
+    answered = []
+    real_backend = experiment.arm_backend
+
+    def recording(c, name):
+        be = real_backend(c, name)
+        chat = be.chat
+        be.chat = lambda convs, params: answered.extend([name] * len(convs)) or chat(convs, params)
+        return be
+
+    monkeypatch.setattr(experiment, "arm_backend", recording)
+    (task,) = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
+    gold = task.flat_gold()[0].to_text()
+    caller = ScriptedBackend(tok, lambda prompt: gold if "<|im_start|>tool" not in prompt else "done")
+    cfg.rollout.act = cfg.rollout.act.with_(max_new_tokens=64)  # room for the scripted call
+    fid = experiment.arm_fidelity(cfg, models, 0, caller)
+    assert answered and set(answered) == {sim}
+    assert any("simulator" in st.sources for t in fid.trajectories for st in t.steps)

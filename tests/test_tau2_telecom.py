@@ -63,6 +63,7 @@ def call_text(name: str, **arguments) -> str:
 def run_llm_user(tokenizer, task: Task, replies: list[str], mode: str = "real", **kw) -> tuple[Trajectory, ChatScript]:
     """The task's gold agent (GoldTeacher) against an LLM user played by ``replies``."""
     user = ChatScript(replies, default=kw.pop("default", None))
+    user.tokenizer = kw.pop("user_tokenizer", None)  # the user model's (its tool format); None: hermes
     cfg = RolloutConfig(mode=mode, user="llm", **BIG)
     (traj,) = RolloutEngine(GoldTeacher(tokenizer, [task]), cfg, user_backend=user).run([task], group_prefix="t")
     return traj, user
@@ -302,6 +303,42 @@ def test_llm_user_that_only_calls_tools_ends_the_conversation(tokenizer, telecom
     assert sum(bool(s.calls) for s in tr.user_steps) == 10  # max_moves generations in the second turn
     with pytest.raises(ValueError, match="user_backend"):
         RolloutEngine(GoldTeacher(tokenizer, [task]), RolloutConfig(mode="real", user="llm", **BIG)).run([task])
+
+
+def test_the_llm_user_s_default_tool_format_is_hermes_word_for_word(telecom):
+    task = two_toggles(telecom)
+    assert t2.USER_TOOL_INSTRUCTIONS == (
+        "These tools act on your own side (your device); only you can use them. To use one, answer with "
+        '<tool_call>{"name": NAME, "arguments": {...}}</tool_call> and nothing else; its result comes back to you '
+        "in <tool_response> tags and is not shown to the agent. A message without a tool call goes to the agent."
+    )
+    user = t2.LLMUser(ChatScript([]))  # a backend without a tokenizer, as a chat-only server
+    assert t2.LLMUser.system_prompt(task).endswith("\n\n" + t2.USER_TOOL_INSTRUCTIONS)
+    assert user.conversation(task, [])[0]["content"] == t2.LLMUser.system_prompt(task)
+
+
+@pytest.mark.parametrize("fmt, hint", [("llama3_json", "<|python_tag|>"), ("mistral", "[TOOL_CALLS]")])
+def test_an_llm_user_is_asked_for_and_parsed_in_its_own_model_s_tool_format(tokenizer, telecom, fmt, hint):
+    """A Llama-3 / Mistral user model (its tokenizer's template says so) is told its own call syntax, and its
+    calls in that syntax are moves on its phone; a hermes block from it is plain text to the agent."""
+    from envace.chat.parsing import TOOL_FORMATS
+
+    task = two_toggles(telecom)
+    own = TOOL_FORMATS.get(fmt)
+    replies = [
+        "My mobile data is not working.",
+        own.render([ToolCall("toggle_airplane_mode", {})]),
+        own.render([ToolCall("toggle_roaming", {})]),
+        call_text("toggle_airplane_mode"),  # hermes: not this model's syntax
+        "Great, it works. ###STOP###",
+    ]
+    user_tok = SimpleNamespace(chat_template="{{ '" + hint + "' }}", added_tokens_encoder={})
+    tr, user = run_llm_user(tokenizer, task, replies, user_tokenizer=user_tok)
+    assert [s.sources for s in tr.user_steps] == [[], ["real"], ["real"], [], []]
+    assert [m.content for m in tr.messages if m.role == "user"] == [replies[0], replies[3]]
+    assert tr.env_outcome["success"], tr.env_outcome  # its two toggles ran on the phone
+    system = user.seen[0][0]["content"]
+    assert "<tool_call>" not in system and own.call in system
 
 
 def test_llm_user_without_user_tools_never_parses_tool_calls(telecom):

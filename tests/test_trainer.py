@@ -93,6 +93,65 @@ def test_one_update_step_changes_the_trainable_parameters(tiny):
     assert changed and m["grad_norm"] > 0
 
 
+def _row(traj_id, prompt, completion):
+    from envace.core.types import Row
+
+    return Row("act", list(prompt), list(completion), [0.0] * len(completion), "t", traj_id, "g")
+
+
+def _sft_step(model, rows, micro_batch_tokens=40):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss_fn(logp, mask, idxs, normalizer):
+        return algos.sft_loss(logp, mask, "token_mean", normalizer)
+
+    return optimizer_step(
+        model,
+        opt,
+        rows,
+        loss_fn,
+        agg="token_mean",
+        micro_batch_tokens=micro_batch_tokens,
+        temperatures={},
+        max_grad_norm=1.0,
+    )
+
+
+def test_rows_without_completion_tokens_join_no_micro_batch_and_change_nothing(tiny):
+    """A row with no completion token (an empty generation) alone in its micro-batch used to reach the forward
+    with no position to score (an IndexError); it is left out, and the step is the one without it."""
+    import copy
+
+    scored = _row("a", range(1, 30), [5, 6, 7, 8])
+    empty = _row("b", range(40, 70), [])  # another context: too long to share a 40-token micro-batch with `scored`
+    with_empty, without = copy.deepcopy(tiny[0]), copy.deepcopy(tiny[0])
+    m = _sft_step(with_empty, [scored, empty])
+    m_ref = _sft_step(without, [scored])
+    assert m["micro_batches"] == m_ref["micro_batches"] == 1.0 and m["nll"] == pytest.approx(m_ref["nll"])
+    for (n, p), q in zip(with_empty.named_parameters(), without.parameters()):
+        assert torch.equal(p, q), n
+    assert completion_logprobs(tiny[0], pack_rows([empty]), [empty], {}) == {}
+    assert completion_logprobs(tiny[0], [], [], {}) == {}
+
+
+def test_old_logprobs_are_recomputed_around_rows_without_completion_tokens(tiny):
+    from envace.training.update import recompute_old_logprobs
+
+    rows = [_row("a", range(1, 30), [5, 6, 7]), _row("b", range(40, 70), [])]
+    recompute_old_logprobs(tiny[0], rows, micro_batch_tokens=40, temperatures={})
+    assert len(rows[0].old_logprobs) == 3 and rows[0].old_logprobs != [0.0] * 3 and rows[1].old_logprobs == []
+
+
+def test_a_step_with_nothing_to_learn_updates_nothing_and_says_so(tiny):
+    import copy
+
+    model = copy.deepcopy(tiny[0])
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for rows in ([], [_row("b", range(40, 70), [])]):
+        assert _sft_step(model, rows) == {"micro_batches": 0.0}
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+
+
 def _tiny_cfg(tmp_path, variant, **kw):
     rc = RolloutConfig(
         group_size=2,
@@ -194,6 +253,26 @@ def test_update_epochs_and_mini_batches_take_that_many_optimizer_steps_per_itera
     assert {int(s["step"]) for s in opt["state"].values()} == {4}
     with pytest.raises(ValueError, match="update_epochs"):
         _tiny_cfg(tmp_path, "envace", update_epochs=0)
+
+
+def test_loss_metrics_are_the_last_updating_step_s_and_say_when_nothing_was_updated(tmp_path, monkeypatch):
+    """More mini-batches than rows leaves the last parts empty: the logged loss is still the last step that ran.
+    A batch with no scored trajectory updates nothing and logs micro_batches 0 (not a loss)."""
+    import envace.training.trainer as trainer
+
+    m = train(_tiny_cfg(tmp_path, "envace", mini_batches=64)).metrics[-1]
+    assert m["loss/policy/micro_batches"] >= 1 and "loss/policy/loss" in m and "loss/policy/first_pass/loss" in m
+    real = trainer.score_trajectories
+
+    def unscored(tasks, trajs, *a, **kw):
+        real(tasks, trajs, *a, **kw)
+        for t in trajs:
+            t.reward = None
+
+    monkeypatch.setattr(trainer, "score_trajectories", unscored)
+    m = train(_tiny_cfg(tmp_path / "unscored", "envace")).metrics[-1]
+    assert m["reward/unscored"] > 0 and m["loss/policy/micro_batches"] == 0
+    assert not [k for k in m if k.startswith("loss/") and k != "loss/policy/micro_batches"]
 
 
 def test_lora_and_pooled_baseline_and_kl_are_config_values(tmp_path):

@@ -277,15 +277,18 @@ def _instructions(how: str) -> str:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """How Act writes tool calls: a model family's own syntax.
+    """How a model writes tool calls: its family's own syntax (Act's, and a tool-using LLM user's).
 
     ``parse(text)`` never raises on model text: thinking is stripped first (:func:`strip_thinking`), then the
     answer is calls, a reply, or a bad_format error (no call is run). ``render(calls)`` is the text a model of
     the family writes for those calls (SFT targets); ``instructions`` is the sentence of Act's system prompt
-    that describes it (:func:`envace.chat.prompts.act_system`)."""
+    that describes it (:func:`envace.chat.prompts.act_system`), made of ``call`` and ``several``."""
 
     name: str
-    instructions: str
+    call: str
+    """How one call is written, as a prompt says it (hermes: ``<tool_call>{"name": NAME, "arguments": {...}}</tool_call>``)."""
+    several: str
+    """How several calls are written (Act's instructions add it in parentheses after ``call``)."""
     parse_answer: Callable[[str, str | None], ActParse]
     """(the completion without its thinking, the thinking) -> the parse."""
     render_calls: Callable[[list[ToolCall]], str]
@@ -294,6 +297,10 @@ class ToolFormat:
     openers: tuple[str, ...] = ()
     """Strings a call reply starts with (llama3_json: a bare JSON object, as the HF backend decodes without special
     tokens); a server streaming text holds it back from the first of them (envace.serving.serve.streamable)."""
+
+    @property
+    def instructions(self) -> str:
+        return _instructions(f"{self.call} ({self.several})")
 
     def parse(self, text: str) -> ActParse:
         err = _guard(text)
@@ -315,9 +322,8 @@ TOOL_FORMATS.add(
     "hermes",
     ToolFormat(
         "hermes",
-        _instructions(
-            CALL_OPEN + '{"name": NAME, "arguments": {...}}' + CALL_CLOSE + " (several blocks for several calls)"
-        ),
+        CALL_OPEN + '{"name": NAME, "arguments": {...}}' + CALL_CLOSE,
+        "several blocks for several calls",
         _hermes_parse,
         _hermes_render,
         (CALL_OPEN,),
@@ -328,9 +334,8 @@ TOOL_FORMATS.add(
     "llama3_json",
     ToolFormat(
         "llama3_json",
-        _instructions(
-            'only a JSON object {"name": NAME, "parameters": {...}} (several calls: objects separated by "; ")'
-        ),
+        'only a JSON object {"name": NAME, "parameters": {...}}',
+        'several calls: objects separated by "; "',
         _llama3_parse,
         _llama3_render,
         (PYTHON_TAG, "ipython"),
@@ -341,7 +346,8 @@ TOOL_FORMATS.add(
     "mistral",
     ToolFormat(
         "mistral",
-        _instructions(TOOL_CALLS_TAG + ' [{"name": NAME, "arguments": {...}}] (one list holding every call)'),
+        TOOL_CALLS_TAG + ' [{"name": NAME, "arguments": {...}}]',
+        "one list holding every call",
         _mistral_parse,
         _mistral_render,
         (TOOL_CALLS_TAG,),

@@ -17,7 +17,8 @@ How this adapter departs from tau2's harness, and why:
   and finally state the task's ``communicate_info`` (also in ``expected_outputs``).
 - **The user's device (telecom).** Telecom's customer acts on their phone through user-side tools
   (``Task.user_tools``: tau2's user toolkit schemas). As in tau2, the ``"llm"`` user then gets tau2's
-  tool-using guidelines and the tool schemas, may call them (``<tool_call>`` blocks, one move per generation),
+  tool-using guidelines and the tool schemas, may call them (in its model's tool format: hermes ``<tool_call>``
+  blocks by default; one move per generation),
   sees their results in its own context only (``<tool_response>``), and only its text messages reach the
   agent. The ``"scripted"`` user performs the task's recorded user actions (``evaluation_criteria.actions``
   with requestor ``user``, in ``Task.user_actions``): :func:`plan_turns` orders tau2's action list into user
@@ -84,7 +85,7 @@ from tau2.user.base import OUT_OF_SCOPE, STOP, TRANSFER  # noqa: E402
 from tau2.user.user_simulator import SYSTEM_PROMPT as USER_SYSTEM_PROMPT, get_global_user_sim_guidelines  # noqa: E402
 
 from ..backends.base import Backend, SamplingParams  # noqa: E402
-from ..chat.parsing import parse_act, validate_call  # noqa: E402
+from ..chat.parsing import DEFAULT_TOOL_FORMAT, TOOL_FORMATS, ToolFormat, tool_format_for, validate_call  # noqa: E402
 from ..chat.prompts import render_tools, tool_message_content  # noqa: E402
 from ..core.types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs  # noqa: E402
 from .base import ENVS, SUITES, USERS, Environment, Score, UserSide, UserSimulator  # noqa: E402
@@ -387,11 +388,17 @@ def user_system_prompt(t2: T2Task, use_tools: bool = False) -> str:
     )
 
 
-USER_TOOL_INSTRUCTIONS = (
-    "These tools act on your own side (your device); only you can use them. To use one, answer with "
-    '<tool_call>{"name": NAME, "arguments": {...}}</tool_call> and nothing else; its result comes back to you '
-    "in <tool_response> tags and is not shown to the agent. A message without a tool call goes to the agent."
-)
+def user_tool_instructions(tools: ToolFormat) -> str:
+    """How the user calls its own tools, in its model's tool format (``tools.call``: one call's syntax)."""
+    return (
+        "These tools act on your own side (your device); only you can use them. To use one, answer with "
+        f"{tools.call} and nothing else; its result comes back to you in <tool_response> tags and is not shown "
+        "to the agent. A message without a tool call goes to the agent."
+    )
+
+
+USER_TOOL_INSTRUCTIONS = user_tool_instructions(TOOL_FORMATS.get(DEFAULT_TOOL_FORMAT))
+"""The user's tool instructions in the default (hermes) format."""
 
 
 def tool_responses(observations: list[Any]) -> str:
@@ -407,12 +414,15 @@ class LLMUser(UserSimulator):
     by tau2's agent greeting. A reply containing ``###STOP###`` / ``###TRANSFER###`` / ``###OUT-OF-SCOPE###``
     or an empty reply ends the conversation, as does ``max_turns``.
 
-    Where the task has ``user_tools`` (telecom), the prompt lists them; a generation with ``<tool_call>``
-    blocks is a move on the user's side (:class:`envace.envs.UserSide`: real environment or none, see the
-    module docstring), whose results come back to the user alone, and the user generates again, up to
-    ``max_moves`` generations per turn (past it the conversation ends, ``ended == "max_moves"``); a malformed
-    block is answered by its ``bad_format`` error. Every generation is recorded as a
-    :class:`envace.core.types.UserStep`; the user's context is rebuilt from those records and the Act chat."""
+    Where the task has ``user_tools`` (telecom), the prompt lists them and says how to call them in the user
+    model's own tool format (``tool_format``, a :data:`envace.chat.parsing.TOOL_FORMATS` name; None: the one the
+    user backend's tokenizer hints at, hermes when none: :func:`envace.chat.parsing.tool_format_for`); a
+    generation that parses as calls in that format is a move on the user's side (:class:`envace.envs.UserSide`:
+    real environment or none, see the module docstring), whose results come back to the user alone, and the user
+    generates again, up to ``max_moves`` generations per turn (past it the conversation ends,
+    ``ended == "max_moves"``); a malformed call is answered by its ``bad_format`` error. Every generation is
+    recorded as a :class:`envace.core.types.UserStep`; the user's context is rebuilt from those records and the
+    Act chat."""
 
     def __init__(
         self,
@@ -421,8 +431,10 @@ class LLMUser(UserSimulator):
         max_turns: int = 30,
         side: UserSide | None = None,
         max_moves: int = 10,
+        tool_format: str | None = None,
     ):
         self.backend = backend
+        self.tools = tool_format_for(getattr(backend, "tokenizer", None), tool_format)  # the user model's format
         self.params = params or SamplingParams(temperature=0.0, max_new_tokens=512)
         self.max_turns = max_turns
         self.max_moves = max_moves
@@ -430,7 +442,8 @@ class LLMUser(UserSimulator):
         self.ended: str | None = None  # why the last conversation ended ("stop", "empty", "max_turns", "max_moves")
 
     @staticmethod
-    def system_prompt(task: Task) -> str:
+    def system_prompt(task: Task, tools: ToolFormat | None = None) -> str:
+        """The user's system prompt; its tool instructions in ``tools`` (None: hermes)."""
         prompt = task.metadata.get("user_system_prompt")
         if not prompt:
             goals = "\n".join(f"- {t}" for t in task.user_turns)
@@ -439,7 +452,8 @@ class LLMUser(UserSimulator):
                 f"words; say {STOP} when they are done.\n{goals}"
             )
         if task.user_tools:
-            prompt += "\n\n# Your tools\n" + render_tools(task.user_tools) + "\n\n" + USER_TOOL_INSTRUCTIONS
+            how = user_tool_instructions(tools or TOOL_FORMATS.get(DEFAULT_TOOL_FORMAT))
+            prompt += "\n\n# Your tools\n" + render_tools(task.user_tools) + "\n\n" + how
         return prompt
 
     def _side(self, task: Task) -> UserSide:
@@ -464,7 +478,7 @@ class LLMUser(UserSimulator):
             return out
 
         conv = [
-            {"role": "system", "content": self.system_prompt(task)},
+            {"role": "system", "content": self.system_prompt(task, self.tools)},
             {"role": "user", "content": FIRST_AGENT_MESSAGE},
         ]
         turn = 0
@@ -486,7 +500,7 @@ class LLMUser(UserSimulator):
         side = self._side(task)
         for _ in range(self.max_moves):
             raw = self.backend.chat([self.conversation(task, messages)], self.params)[0]
-            parsed = parse_act(raw) if side.tools else None
+            parsed = self.tools.parse(raw) if side.tools else None
             if parsed is not None and parsed.error is not None:
                 side.record(UserStep(turn=turn, text=raw, parse_error=parsed.error))
                 continue

@@ -22,7 +22,8 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   its generated tokens (``attempt_tokens``, ``private_tokens``, ``real_tokens``, ``gen_tokens``);
 - **rehearsal fidelity**: shadow rollouts of held-out tasks, each rehearsed observation scored against the real
   one (envace.evaluation.fidelity), with the arm's own Rehearse model (the policy; the second model for ``per_role``; the
-  frozen simulator for ``simulator``). With ``fidelity_every`` > 0, every RL arm is also measured on the same
+  frozen simulator that answered in its training for ``simulator``: ``train_options.simulator_model``, else the SFT
+  model). With ``fidelity_every`` > 0, every RL arm is also measured on the same
   shadow set (the same tasks, rollout seed and mode) at the start (the SFT model, measured once per seed) and
   after every ``fidelity_every`` iterations: training runs in segments that end there (each resumes the
   previous segment's checkpoint, which the trainer makes exact: same data order, RNG and optimizer state), and
@@ -411,12 +412,13 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
                 continue
             if res.checkpoint and int(load_state(res.checkpoint)["step"]) == end:
                 _say(f"seed {run.seed} arm {variant}: rehearsal fidelity after {end} of {c.iterations} iterations")
-                points[str(end)] = arm_fidelity(c, _arm_models(variant, res.checkpoint, start), run.seed).summary
+                at = _arm_models(variant, res.checkpoint, start, tcfg.simulator_model)
+                points[str(end)] = arm_fidelity(c, at, run.seed).summary
                 _write_json(cache, points)
             else:  # a later checkpoint already existed (a rerun after a crash): this point cannot be measured any more
                 _say(f"seed {run.seed} arm {variant}: no checkpoint at step {end}; its fidelity point is missing")
         assert res is not None
-        models = _arm_models(variant, res.checkpoint, start)
+        models = _arm_models(variant, res.checkpoint, start, tcfg.simulator_model)
         models.curve = read_metrics(out)  # every step, also those of earlier runs of a resumed arm
         if c.fidelity_every > 0 and c.fidelity_tasks > 0:
             models.fidelity_curve = [run.fidelity_start()] + [
@@ -427,11 +429,12 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
     return build
 
 
-def _arm_models(variant: str, ckpt: str | None, start: str) -> ArmModels:
+def _arm_models(variant: str, ckpt: str | None, start: str, simulator_model: str | None = None) -> ArmModels:
     """The models of an RL arm at checkpoint ``ckpt`` (None: untrained, the start): each of the variant's players
-    (envace.rollout.variants.Variant.models_at; a frozen simulator is the trainer's, the initial SFT weights)."""
+    (envace.rollout.variants.Variant.models_at). A frozen simulator is the one that played Rehearse in training:
+    the arm's ``simulator_model`` (``train_options``), else the trainer's default, the initial SFT weights."""
     v = VARIANTS.get(variant)
-    return ArmModels(mode=v.rehearse_mode, **v.models_at(ckpt, start))
+    return ArmModels(mode=v.rehearse_mode, **v.models_at(ckpt, start, simulator_model))
 
 
 for _v in VARIANTS.names():
@@ -476,10 +479,14 @@ def plan_budget(evals: list[dict[str, Any]], n: int, fallback: int) -> tuple[int
 
 
 def arm_backend(cfg: ExperimentConfig, model: str) -> Any:
-    """An HF backend generating with ``model`` (a folder an arm saved, or a name) at the experiment's precision."""
+    """An HF backend generating with ``model`` (a folder an arm saved, or a name) at the experiment's precision; an
+    http(s) URL (a served ``simulator_model``) is that server, as in training."""
     from ..backends.hf import HFBackend
+    from ..backends.loaders import is_url, open_backend
     from ..backends.models import load
 
+    if is_url(model):
+        return open_backend(model, "http")
     return HFBackend(*load(model), bf16=cfg.generate_bf16)
 
 

@@ -90,13 +90,14 @@ class Variant:
         r = self.rehearser
         return r.helper if role == "rehearse" and r.trained and r.helper else "policy"
 
-    def models_at(self, ckpt: str | None, start: str) -> dict[str, str]:
+    def models_at(self, ckpt: str | None, start: str, frozen: str | None = None) -> dict[str, str]:
         """The model folder of each player after training from ``start``: ``<ckpt>/<name>`` for every trained model
-        (all ``start`` when ``ckpt`` is None: untrained), and ``start`` for a frozen helper (the trainer's default
+        (all ``start`` when ``ckpt`` is None: untrained), and for a frozen helper the model that played it in
+        training: ``frozen`` (``TrainConfig.simulator_model``) or, None, ``start`` (the trainer's default
         simulator: the model training began from)."""
         out = {name: os.path.join(ckpt, name) if ckpt else start for name in self.trained_models}
         if self.frozen_helper:
-            out[self.frozen_helper] = start
+            out[self.frozen_helper] = frozen or start
         return out
 
 

@@ -314,7 +314,9 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
     """One update of every trained model on the rows its roles route to it (``variant.model_of``): old log-probs
     recomputed where the sampler's are not the trainer's, then ``update_epochs`` x ``mini_batches`` optimizer steps
     (the KL reference applies to the policy only); the rollout engines then get the new weights. Every process
-    steps every model, with its rows (maybe none). Returns the ``loss/<model>/...`` metrics."""
+    steps every model, with its rows (maybe none). Returns the ``loss/<model>/...`` metrics of the last step that
+    updated the model (a part can be empty when there are fewer rows than mini-batches), or
+    ``loss/<model>/micro_batches: 0`` when none did."""
     cfg, dist, temps = run.cfg, run.dist, run.temps
     metrics: dict[str, float] = {}
     for name, model in run.models.items():
@@ -330,6 +332,7 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
                 dist=dist,
             )
         ref = run.ref if name == "policy" else None
+        last: dict[str, float] = {}
         for epoch, part in update_parts(
             len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
         ):
@@ -346,9 +349,12 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
                 bf16=update_bf16(cfg, dist.device),
                 dist=dist,
             )
-            if epoch == 0 and um:  # the first pass: the sampled policy's view (ratio 1 on its first part)
+            updated = um.get("micro_batches", 0.0) > 0
+            if epoch == 0 and updated:  # the first pass: the sampled policy's view (ratio 1 on its first part)
                 metrics |= {f"loss/{name}/first_pass/{k}": v for k, v in um.items() if k in ("clip_frac", "loss")}
-        metrics |= {f"loss/{name}/{k}": v for k, v in um.items()}  # the last optimizer step's
+            if updated or not last:
+                last = um
+        metrics |= {f"loss/{name}/{k}": v for k, v in last.items()}  # the last optimizer step's that updated
     for name, engine in run.engines.items():  # new weights: hf drops its kept caches, vllm loads them
         engine.sync_weights(dist.weights(run.models[name]))
     return metrics

@@ -39,10 +39,12 @@ class Pack:
 
 
 def pack_rows(rows: list[Row]) -> list[Pack]:
-    """Chain rows whose token sequence extends the previous row's (same trajectory and role) into packs."""
+    """Chain rows whose token sequence extends the previous row's (same trajectory and role) into packs. A row
+    without completion tokens has no log-prob to compute and joins no pack (it adds nothing to any loss)."""
     by_ctx: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(rows):
-        by_ctx.setdefault((r.traj_id, r.role), []).append(i)
+        if r.completion_ids:
+            by_ctx.setdefault((r.traj_id, r.role), []).append(i)
     packs: list[Pack] = []
     for idxs in by_ctx.values():
         idxs.sort(key=lambda i: (rows[i].step, len(rows[i].prompt_ids)))
@@ -143,8 +145,11 @@ def completion_logprobs(
     ``temperatures[role]`` divides the logits, matching how the rows were sampled. ``direct_head=False`` (a
     DDP/FSDP-wrapped model, whose forward is what synchronises it) calls the model whole and passes the needed
     positions as ``logits_to_keep`` instead of running its trunk and LM head separately. ``share_prefix``: run
-    the packs' common prefix once (at least MIN_SHARED_PREFIX tokens; direct_head only).
+    the packs' common prefix once (at least MIN_SHARED_PREFIX tokens; direct_head only). No packs: {} (no
+    forward); a row whose segment is empty gets an empty tensor.
     """
+    if not packs:
+        return {}
     dev = next(model.parameters()).device
     S = max(len(p.ids) for p in packs)
     pad = 0
@@ -159,9 +164,9 @@ def completion_logprobs(
             sel_t += list(range(s - 1, e - 1))
             tgt += p.ids[s:e]
             owner.append((i, e - s, temperatures.get(rows[i].role, 1.0)))
-    sb = torch.tensor(sel_b, device=dev)
-    st = torch.tensor(sel_t, device=dev)
-    tg = torch.tensor(tgt, device=dev)
+    sb = torch.tensor(sel_b, dtype=torch.long, device=dev)  # (N,) long even when N == 0
+    st = torch.tensor(sel_t, dtype=torch.long, device=dev)
+    tg = torch.tensor(tgt, dtype=torch.long, device=dev)
     ctx = (
         torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
         if bf16
@@ -249,15 +254,16 @@ def optimizer_step(
     The loss of every micro-batch is divided by the whole batch's normalizer (:func:`envace.math.algos.rows_normalizer`:
     the count that the aggregation ``agg`` of :data:`envace.math.algos.AGGREGATIONS` declares, e.g. completion tokens
     for token_mean, non-empty rows for seq_mean; summed over processes), so the accumulated gradient is the
-    full-batch one. Every process must call it (with its own rows, maybe none); it returns {} when no
-    process has a row. ``share_prefixes``: run the common prefix of a micro-batch's packs once (exact; needs the
+    full-batch one. Every process must call it (with its own rows, maybe none, maybe without completion
+    tokens: those join no micro-batch); when no process has a completion token it updates nothing and returns
+    ``{"micro_batches": 0.0}``. ``share_prefixes``: run the common prefix of a micro-batch's packs once (exact; needs the
     trunk, so only where ``dist.direct_head``).
     """
     share_prefixes = share_prefixes and dist.direct_head
     local = rows_normalizer([len(r.completion_ids) for r in rows], agg)
     normalizer = dist.sum(local)
-    if normalizer == 0:
-        return {}
+    if normalizer == 0:  # nothing to learn from anywhere: no step (the optimizer's state stays as it was)
+        return {"micro_batches": 0.0}
     model.train()
     optimizer.zero_grad(set_to_none=True)
     sums: dict[str, float] = {}
