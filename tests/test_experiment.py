@@ -725,6 +725,21 @@ def test_a_rerun_with_the_same_config_skips_finished_arms_and_another_config_is_
         run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={out}", "iterations=3"]))
 
 
+def test_results_written_before_a_setting_existed_resume_at_its_default_and_refuse_another_value(
+    tiny_experiment, tmp_path, capsys
+):
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "old"
+    shutil.copytree(out, work)
+    res = json.loads((work / "results.json").read_text())
+    del res["config"]["rollout"]["native_tools"], res["config"]["tts_tasks_in_flight"]  # a run from before them
+    (work / "results.json").write_text(json.dumps(res))
+    run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}"]))
+    assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
+    with pytest.raises(ValueError, match=r"another config \(rollout.native_tools: True -> False\)"):
+        run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "rollout.native_tools=false"]))
+
+
 def test_a_rerun_may_report_a_subset_of_the_seeds_run_there(tiny_experiment, capsys):
     """Seeds are not part of the config comparison: a run stopped after its first seed can be reported alone."""
     cfg_path, out, _ = tiny_experiment

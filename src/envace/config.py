@@ -646,6 +646,16 @@ def config_diff(
     return out
 
 
+def with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the fields it lacks (nested ones too) filled from ``defaults``: a config saved before a setting
+    existed is compared as if it had that setting's default (which keeps the behaviour it had)."""
+    out = dict(defaults) | saved
+    for k, v in defaults.items():
+        if isinstance(v, dict) and isinstance(saved.get(k), dict) and v:
+            out[k] = with_defaults(saved[k], v)
+    return out
+
+
 def describe_diff(diff: list[tuple[str, Any, Any]], limit: int = 60) -> str:
     """``name: old -> new`` for each difference, on one line (long values cut to ``limit`` characters)."""
     cut = lambda v: r if len(r := repr(v)) <= limit else r[: limit - 3] + "..."  # noqa: E731

@@ -49,7 +49,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..backends.base import SamplingParams
-from ..config import SFTConfig, TrainConfig, VARIANTS, config_diff, describe_diff, from_dict, load_config, to_dict
+from ..config import (
+    SFTConfig,
+    TrainConfig,
+    VARIANTS,
+    config_diff,
+    describe_diff,
+    from_dict,
+    load_config,
+    to_dict,
+    with_defaults,
+)
 from ..core.precision import bf16_setting
 from ..core.registry import Registry
 from ..rollout.engine import RolloutConfig, rehearse_sampling
@@ -656,7 +666,8 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
     elif os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             old = json.load(f)
-        if diff := config_diff(old.get("config", {}), conf, ignore=RESUMABLE):
+        saved = with_defaults(old.get("config", {}), to_dict(ExperimentConfig()))
+        if diff := config_diff(saved, conf, ignore=RESUMABLE):
             raise ValueError(
                 f"{cfg.out_dir} holds an experiment with another config ({describe_diff(diff)}); choose another out_dir, or set resume=false to start over there"
             )

@@ -34,7 +34,7 @@ from ..math import algos
 from ..backends.base import BACKENDS, Backend, SamplingParams
 from ..backends.hf import HFBackend
 from ..core.checkpoint import latest_checkpoint, load_rng, load_state
-from ..config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, to_dict
+from ..config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, to_dict, with_defaults
 from .distributed import Dist, SilentLogger, init_distributed
 from ..envs import load_tasks_of_kinds
 from ..core.logging import MetricsLogger, truncate_jsonl
@@ -422,7 +422,7 @@ def check_resume(cfg: TrainConfig, ckpt: str) -> None:
         raise ValueError(
             f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh"
         )
-    saved = _with_defaults(state.get("config") or {}, to_dict(TrainConfig()))
+    saved = with_defaults(state.get("config") or {}, to_dict(TrainConfig()))
     diff = config_diff(saved, to_dict(cfg), ignore=RESUMABLE_FIELDS)
     if not diff:
         return
@@ -436,15 +436,6 @@ def check_resume(cfg: TrainConfig, ckpt: str) -> None:
         f"{cfg.out_dir} holds a checkpoint (step {state['step']}) of a run with another config ({describe_diff(diff)}); "
         f"to start fresh use another out_dir or delete {os.path.dirname(ckpt)}; to resume it anyway set resume=force (--set resume=force)"
     )
-
-
-def _with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``saved`` with the fields it lacks (nested ones too) filled from ``defaults``."""
-    out = dict(defaults) | saved
-    for k, v in defaults.items():
-        if isinstance(v, dict) and isinstance(saved.get(k), dict) and v:
-            out[k] = _with_defaults(saved[k], v)
-    return out
 
 
 class Reference:
