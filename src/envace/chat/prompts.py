@@ -461,14 +461,18 @@ def _end_token(tokenizer: Any, suffix: str) -> str:
     return min(found)[2]
 
 
+def _where_they_differ(fmt: ChatFormat, got: list[int], want: list[int]) -> str:
+    """``at token N (near '...')``: the first token where ``got`` leaves ``want``, with the text of ``want`` there."""
+    at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return f"at token {at} (near {fmt.tokenizer.decode(want[max(0, at - 8) : at + 8])!r})"
+
+
 def _verify(fmt: ChatFormat, render: Callable[..., str]) -> None:
     want = fmt.encode(render(PROBE_CHAT))
     got = fmt.render(PROBE_CHAT, add_generation_prompt=False)
     if got != want:
-        at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        seen = fmt.tokenizer.decode(want[max(0, at - 8) : at + 8])
         raise TemplateMismatch(
-            f"the probe chat's segments differ from the template's rendering at token {at} (near {seen!r})"
+            f"the probe chat's segments differ from the template's rendering {_where_they_differ(fmt, got, want)}"
         )
     upto_tool = PROBE_CHAT[:-1]
     if render(upto_tool, True) != render(upto_tool) + fmt.generation:
@@ -501,9 +505,7 @@ def _probe_tools(fmt: ChatFormat) -> str | None:
     opened = fmt.render(PROBE_CHAT, add_generation_prompt=False, tools=tools)  # as Act's context is built
     want = fmt.encode(full)
     if opened != want:
-        at = next((i for i, (a, b) in enumerate(zip(opened, want)) if a != b), min(len(opened), len(want)))
-        seen = fmt.tokenizer.decode(want[max(0, at - 8) : at + 8])
-        return f"the probe chat opened by its tools= system turn differs from its rendering with tools= at token {at} (near {seen!r})"
+        return f"the probe chat opened by its tools= system turn differs from its rendering with tools= {_where_they_differ(fmt, opened, want)}"
     return None
 
 
