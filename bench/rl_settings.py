@@ -120,8 +120,8 @@ def main() -> int:
     warmups: dict[str, dict] = {}  # warm-up name -> its val result
     reused: list[str] = []  # candidates whose results come from the committed copies
 
-    def warmup(over: dict) -> tuple[str, dict]:
-        """The warm-up's checkpoint (trained if missing) and its val result."""
+    def warmup(over: dict) -> str:
+        """The warm-up's checkpoint (trained if missing), its val result written (evaluated if missing)."""
         name = warmup_name(over)
         scfg = dataclasses.replace(
             demo_sft_config("SmolLM2-135M-Instruct", "bank", os.path.join(args.work, name), seed=0), **over
@@ -133,7 +133,7 @@ def main() -> int:
         if not os.path.exists(val):
             evaluate(ckpt, val)
             keep(val)
-        return ckpt, load_result(val)
+        return ckpt
 
     def found(name: str) -> str | None:
         """A val result or training record: the work folder's, else the committed copy (without trajectories)."""
@@ -153,7 +153,7 @@ def main() -> int:
         path = os.path.join(args.work, f"val-{name}.json")
         if found(f"val-{name}.json"):
             continue
-        sft_ckpt, _ = warmup(CANDIDATES[name][2] if len(CANDIDATES[name]) > 2 else {})
+        sft_ckpt = warmup(CANDIDATES[name][2] if len(CANDIDATES[name]) > 2 else {})
         t0 = time.perf_counter()
         tr = train(rl_config(name, sft_ckpt))
         with open(os.path.join(args.work, f"metrics-{name}.json"), "w", encoding="utf-8") as f:
@@ -168,7 +168,9 @@ def main() -> int:
         if not path.startswith(args.work):
             reused.append(name)
         wname = warmup_name(sft_over[0] if sft_over else {})
-        base = warmups.setdefault(wname, load_result(found(f"val-{wname}.json")))
+        if wname not in warmups:  # read once, shared by the candidates from it
+            warmups[wname] = load_result(found(f"val-{wname}.json"))
+        base = warmups[wname]
         cand = load_result(path)
         cmp = compare_results(base, cand, names=(wname.upper() if wname == "sft" else wname, name))
         with open(found(f"metrics-{name}.json"), encoding="utf-8") as f:
