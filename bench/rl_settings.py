@@ -1,7 +1,7 @@
 """Choose the demo's RL settings on the validation split, never on test (issue 16, item 1).
 
-An SFT warm-up (the demo's: 256 bank train tasks, 30 steps of 4, lr 1e-4, bf16 where fast, seed 0; a candidate
-may change it, e.g. the *headroom* ones warm up on the simple and read-only kinds only), then the candidate's RL
+An SFT warm-up (256 bank train tasks, 30 steps of 4, lr 1e-4, bf16 where fast, seed 0, every kind; a candidate
+may change it, e.g. the *headroom* ones warm up on the simple and read-only kinds only, as the demo now does), then the candidate's RL
 setting from it (EnvACE variant, rehearsed rollouts only), each evaluated greedily on the same 100 bank *val* tasks
 (carved from train, disjoint from test) in the real environment, paired against its own warm-up.
 Resumable: a warm-up or candidate whose val result exists in the work folder is not run again, and the table holds
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import dataclasses  # noqa: E402
 
-from envace.cli import _demo_rollout, demo_sft_config, demo_train_config  # noqa: E402
+from envace.cli import DEMO_SFT_KINDS, _demo_rollout, demo_sft_config, demo_train_config  # noqa: E402
 from envace.config import to_dict  # noqa: E402
 from envace.evaluation.budget import evaluate_model  # noqa: E402
 from envace.evaluation.trials import compare_results, format_comparison, load_result, save_result  # noqa: E402
@@ -41,11 +41,11 @@ from envace.training.trainer import train  # noqa: E402
 SPLIT, N_TASKS, EVAL_SEED = "val", 100, 1
 # the warm-up that leaves RL something to learn (issue 16's "headroom" lever): no gold of the kinds whose later
 # calls need an earlier observation (chained) or that recover from a tool error (recovery)
-HEADROOM = {"task_kinds": ("simple", "read_only_report")}
+HEADROOM = {"task_kinds": DEMO_SFT_KINDS}  # the demo's warm-up since this choice
 # name -> (what it tries, TrainConfig fields over the demo's RL defaults below[, SFTConfig fields over the demo's])
 CANDIDATES: dict[str, tuple] = {
     "demo": (
-        "the demo's own setting: gold_f1*reply_facts, lr 1e-5, float32",
+        "the demo's old setting: gold_f1*reply_facts, lr 1e-5, float32",
         {"reward": "gold_f1*reply_facts", "bf16": False, "rollout_bf16": False},
     ),
     "f1": ("gold_f1 alone (dense)", {"reward": "gold_f1"}),
@@ -59,12 +59,12 @@ CANDIDATES: dict[str, tuple] = {
         {"reward": "consistent_f1*consistent_facts", "lr": 3e-5, "update_epochs": 2},
     ),
     "headroom": (
-        "SFT on the simple and read-only kinds only, then the demo's RL (all kinds)",
+        "SFT on the simple and read-only kinds only, then the old demo's RL (gold_f1*reply_facts, all kinds)",
         {"reward": "gold_f1*reply_facts"},
         HEADROOM,
     ),
     "headroom_rl_kinds": (
-        "SFT on the simple and read-only kinds only, then the demo's RL on the chained and recovery kinds",
+        "SFT on the simple and read-only kinds only, then the old demo's RL on the chained and recovery kinds",
         {"reward": "gold_f1*reply_facts", "task_kinds": ("chained", "recovery")},
         HEADROOM,
     ),
@@ -77,7 +77,7 @@ CANDIDATES: dict[str, tuple] = {
 
 
 def warmup_name(over: dict) -> str:
-    """The work-folder name of a warm-up: ``sft`` (the demo's), else ``sft-`` and its changed fields."""
+    """The work-folder name of a warm-up: ``sft`` (every kind), else ``sft-`` and its changed fields."""
     if not over:
         return "sft"
     return "sft-" + "-".join(f"{k}={'+'.join(v) if isinstance(v, tuple) else v}" for k, v in sorted(over.items()))
@@ -194,7 +194,7 @@ def main() -> int:
     lines = [
         f"# RL settings chosen on bank {SPLIT} ({N_TASKS} tasks), never on test",
         "",
-        "A warm-up (the demo's SFT `sft`, or the candidate's own), then the demo's EnvACE step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy evaluation in the real environment, paired against the candidate's own warm-up. "
+        "A warm-up (`sft` on every kind, or the candidate's own), then the demo's EnvACE step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy evaluation in the real environment, paired against the candidate's own warm-up. "
         + "; ".join(f"`{w}` on val: {r['metrics']['success_rate']:.3f}" for w, r in sorted(warmups.items()))
         + ".",
         "",

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def run(*args, timeout=600):
     p = subprocess.run([sys.executable, "-m", "envace.cli", *args], capture_output=True, text=True, timeout=timeout)
@@ -69,8 +71,9 @@ def test_sft_then_eval(tmp_path):
 
 
 def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
-    out = run("demo", "--quick", "--model", "tiny-random", "--eval-tasks", "2", "--out", str(tmp_path))
+    out = run("demo", "--quick", "--untrained", "--model", "tiny-random", "--eval-tasks", "2", "--out", str(tmp_path))
     assert "| after SFT + EnvACE |" in out and "| untrained |" in out
+    assert "gold trajectories of simple, read_only_report tasks" in out and "consistent_f1*consistent_facts" in out
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert {"untrained", "after SFT", "after SFT + EnvACE", "comparison", "times", "hardware", "seed"} <= set(saved)
     assert saved["comparison"]["n_tasks"] == 2 and saved["hardware"]["cores"] >= 1 and saved["times"]["total_s"] > 0
@@ -83,3 +86,38 @@ def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     assert re.match(r"\| untrained \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", row)  # success with its 95% interval
     sft, envace = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("sft", "envace"))
     assert sft["task_ids"] == envace["task_ids"] and len(sft["per_task"]) == 2  # comparable with envace compare
+
+
+def test_the_demo_runs_the_settings_chosen_on_val_and_skips_the_untrained_model_unless_asked(monkeypatch, tmp_path):
+    import types
+
+    import envace.cli as cli
+    import envace.training.sft as sft_mod
+    import envace.training.trainer as trainer_mod
+
+    class Stop(Exception):
+        pass
+
+    evaluated, warmups, trained = [], [], []
+    monkeypatch.setattr(cli, "_eval", lambda model, *a, **kw: evaluated.append(model))
+    monkeypatch.setattr(sft_mod, "sft", lambda cfg: warmups.append(cfg) or types.SimpleNamespace(checkpoint="WARM"))
+    monkeypatch.setattr(trainer_mod, "train", lambda cfg: trained.append(cfg) or (_ for _ in ()).throw(Stop()))
+
+    def demo(*argv):
+        evaluated.clear()
+        args = cli.build_parser().parse_args(["demo", "--model", "tiny-random", "--out", str(tmp_path), *argv])
+        with pytest.raises(Stop):
+            cli.cmd_demo(args)
+
+    demo()
+    assert evaluated == ["WARM"]  # the SFT model only, before EnvACE; no untrained evaluation by default
+    assert warmups[-1].task_kinds == cli.DEMO_SFT_KINDS == ("simple", "read_only_report")
+    assert warmups[-1].steps == 30 and warmups[-1].bf16 == "auto"
+    cfg = trained[-1]
+    assert (cfg.model, cfg.variant, cfg.reward) == ("WARM", "envace", "consistent_f1*consistent_facts")
+    assert (cfg.bf16, cfg.rollout_bf16, cfg.iterations, cfg.batch_tasks) == ("auto", "auto", 4, 2)
+    demo("--untrained", "--sft-kinds", "all", "--reward", "gold_f1")
+    assert evaluated == ["tiny-random", "WARM"]
+    assert warmups[-1].task_kinds is None and trained[-1].reward == "gold_f1"
+    with pytest.raises(ValueError, match="valid kinds"):
+        cli.cmd_demo(cli.build_parser().parse_args(["demo", "--sft-kinds", "chianed", "--out", str(tmp_path)]))

@@ -75,11 +75,26 @@ def _demo_rollout(**kw: Any) -> Any:
     )
 
 
+# The demo's settings, chosen on the bank val split (bench/results/rl_settings.md, never on test): a warm-up on the
+# gold of the simple and read-only kinds only, so the kinds whose later calls need an earlier observation (chained)
+# or that recover from a tool error (recovery) are left for RL, then EnvACE with the world-consistent reward.
+DEMO_SFT_KINDS = ("simple", "read_only_report")
+DEMO_REWARD = "consistent_f1*consistent_facts"
+
+
 def demo_sft_config(
-    model: str, suite: str, out_dir: str, seed: int = 0, steps: int = 30, batch: int = 4, quick: bool = False
+    model: str,
+    suite: str,
+    out_dir: str,
+    seed: int = 0,
+    steps: int = 30,
+    batch: int = 4,
+    quick: bool = False,
+    task_kinds: tuple[str, ...] | None = None,
 ) -> Any:
-    """The demo's SFT warm-up (also the start of bench/rl_settings.py): 256 gold trajectories of ``suite``'s train
-    split, lr 1e-4 for the embedded default (1e-3 for other, e.g. tiny, models), bf16 where it is fast."""
+    """An SFT warm-up of the demo's shape (also the start of bench/rl_settings.py): 256 gold trajectories of
+    ``suite``'s train split (of ``task_kinds`` only, if given; the demo passes :data:`DEMO_SFT_KINDS`), lr 1e-4 for
+    the embedded default (1e-3 for other, e.g. tiny, models), bf16 where it is fast."""
     from .config import SFTConfig
     from .backends.models import DEFAULT_MODEL
 
@@ -87,6 +102,7 @@ def demo_sft_config(
         model=model,
         suite=suite,
         n_tasks=64 if quick else 256,
+        task_kinds=task_kinds,
         steps=2 if quick else steps,
         batch_tasks=batch,
         lr=1e-4 if model == DEFAULT_MODEL else 1e-3,
@@ -107,16 +123,20 @@ def demo_train_config(
     batch: int = 2,
     lr: float = 1e-5,
     quick: bool = False,
+    reward: Any = DEMO_REWARD,
 ) -> Any:
     """The demo's EnvACE step from the warm-up ``model``: ``iterations`` x ``batch`` tasks x 4 rehearsed
-    trajectories, the default reward ``gold_f1*reply_facts``, the demo's rollout settings."""
+    trajectories, ``reward`` (:data:`DEMO_REWARD`), the demo's rollout settings, bf16 rollouts and update where
+    bf16 is fast (float32 elsewhere)."""
     from .config import TrainConfig
 
     return TrainConfig(
         model=model,
         suite=suite,
         variant="envace",
-        reward="gold_f1*reply_facts",
+        reward=reward,
+        bf16="auto",
+        rollout_bf16="auto",
         iterations=1 if quick else iterations,
         batch_tasks=2 if quick else batch,
         lr=lr,
@@ -130,9 +150,10 @@ def demo_train_config(
 
 
 def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
+    """The demo's evaluation (as bench/rl_settings.py's on val): greedy, bf16 generation where bf16 is fast."""
     from .evaluation.budget import evaluate_model
 
-    return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout())
+    return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout(), bf16="auto")
 
 
 def cmd_eval(cfg: Any) -> int:
@@ -368,12 +389,15 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """SFT warm-up, EnvACE training, before/after evaluation on held-out tasks, as a table with intervals and
-    the paired comparison of SFT + EnvACE against SFT. Writes into ``--out``: ``untrained.json``, ``sft.json`` and
-    ``envace.json`` (evaluation results with per-task outcomes; ``envace compare sft.json envace.json`` recomputes
-    the comparison), ``demo_results.json`` (metrics, comparison, stage times, hardware) and ``results.md``."""
+    """SFT warm-up (on :data:`DEMO_SFT_KINDS` by default), EnvACE training (:data:`DEMO_REWARD`), before/after
+    evaluation on held-out tasks, as a table with intervals and the paired comparison of SFT + EnvACE against SFT.
+    Writes into ``--out``: ``sft.json`` and ``envace.json`` (and ``untrained.json`` with ``--untrained``):
+    evaluation results with per-task outcomes (``envace compare sft.json envace.json`` recomputes the comparison);
+    ``demo_results.json`` (metrics, comparison, stage times, hardware) and ``results.md``."""
+    from .config import task_kinds_setting
     from .evaluation.trials import compare_results, format_comparison, load_result, rate_with_ci, save_result
     from .core.precision import hardware_summary
+    from .rewards.agreement import spec_label as reward_label
     from .training.sft import sft
     from .training.trainer import train
 
@@ -388,41 +412,44 @@ def cmd_demo(args: argparse.Namespace) -> int:
         times[name] = round(time.perf_counter() - t0, 1)
         return r
 
+    kinds = None if args.sft_kinds == "all" else task_kinds_setting(args.sft_kinds, "--sft-kinds")
+    n_stages = 5 if args.untrained else 4
     print(f"[demo] model {args.model}; seed {args.seed}; output in {out}", flush=True)
-    print("[demo] 1/4 evaluating the untrained model on held-out tasks", flush=True)
-    before = stage("eval_untrained_s", lambda: _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1))
-    print("[demo] 2/4 SFT warm-up on gold trajectories", flush=True)
-    s = stage(
-        "sft_s",
-        lambda: sft(
-            demo_sft_config(
-                args.model, args.suite, os.path.join(out, "sft"), args.seed, args.sft_steps, args.sft_batch, quick
-            )
-        ),
+    results: dict[str, Any] = {}
+    if args.untrained:
+        print(f"[demo] 1/{n_stages} evaluating the untrained model on held-out tasks", flush=True)
+        results["untrained"] = stage(
+            "eval_untrained_s", lambda: _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1)
+        )
+    print(
+        f"[demo] {n_stages - 3}/{n_stages} SFT warm-up on gold trajectories of "
+        + (", ".join(kinds) + " tasks" if kinds else "every kind"),
+        flush=True,
     )
-    print("[demo] 3/4 evaluating after SFT", flush=True)
-    mid = stage("eval_sft_s", lambda: _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1))
-    print("[demo] 4/4 EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
-    tr = stage(
-        "envace_s",
-        lambda: train(
-            demo_train_config(
-                s.checkpoint,
-                args.suite,
-                os.path.join(out, "train"),
-                args.seed,
-                args.rl_iterations,
-                args.rl_batch,
-                args.rl_lr,
-                quick,
-            )
-        ),
+    scfg = demo_sft_config(
+        args.model, args.suite, os.path.join(out, "sft"), args.seed, args.sft_steps, args.sft_batch, quick, kinds
     )
-    after = stage(
+    s = stage("sft_s", lambda: sft(scfg))
+    print(f"[demo] {n_stages - 2}/{n_stages} evaluating after SFT", flush=True)
+    results["sft"] = stage("eval_sft_s", lambda: _eval(s.checkpoint, args.suite, "test", args.eval_tasks, 1, seed=1))
+    print(f"[demo] {n_stages - 1}/{n_stages} EnvACE training (rehearsal rollouts, role-wise GRPO)", flush=True)
+    tcfg = demo_train_config(
+        s.checkpoint,
+        args.suite,
+        os.path.join(out, "train"),
+        args.seed,
+        args.rl_iterations,
+        args.rl_batch,
+        args.rl_lr,
+        quick,
+        args.reward,
+    )
+    tr = stage("envace_s", lambda: train(tcfg))
+    print(f"[demo] {n_stages}/{n_stages} evaluating after SFT + EnvACE", flush=True)
+    results["envace"] = stage(
         "eval_envace_s",
         lambda: _eval(os.path.join(tr.checkpoint, "policy"), args.suite, "test", args.eval_tasks, 1, seed=1),
     )
-    results = {"untrained": before, "sft": mid, "envace": after}
     for name, res in results.items():  # per-task outcomes, for envace compare
         save_result(res, os.path.join(out, f"{name}.json"))
     comparison = compare_results(
@@ -430,10 +457,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )  # as `envace compare` reads them
     times["total_s"] = round(time.perf_counter() - t_start, 1)
     hardware = hardware_summary()
-    rows = [("untrained", before.metrics), ("after SFT", mid.metrics), ("after SFT + EnvACE", after.metrics)]
+    labels = {"untrained": "untrained", "sft": "after SFT", "envace": "after SFT + EnvACE"}
+    rows = [(labels[name], res.metrics) for name, res in results.items()]
     keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
     lines = [
-        f"Held-out {args.suite} test tasks: {len(mid.per_task)}, greedy, real environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
+        f"Held-out {args.suite} test tasks: {len(results['sft'].per_task)}, greedy, real environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
+        f"SFT: {scfg.steps} steps x {scfg.batch_tasks} gold trajectories of "
+        + (", ".join(kinds) + " tasks" if kinds else "every kind")
+        + f" (lr {scfg.lr:g}); EnvACE: {tcfg.iterations} iterations x {tcfg.batch_tasks} tasks x {tcfg.rollout.group_size}"
+        + f" rehearsed trajectories, reward {reward_label(tcfg.reward)}, lr {tcfg.lr:g}",
         "",
         "| model | " + " | ".join(keys) + " |",
         "|---|" + "---|" * len(keys),
@@ -569,6 +601,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rl-iterations", type=int, default=4)
     d.add_argument("--rl-batch", type=int, default=2, help="tasks per RL iteration (x 4 trajectories each)")
     d.add_argument("--rl-lr", type=float, default=1e-5)
+    d.add_argument(
+        "--sft-kinds",
+        default=",".join(DEMO_SFT_KINDS),
+        help="task kinds whose gold the warm-up sees, comma-separated, or 'all' (default: %(default)s, chosen on val:"
+        " the chained and recovery kinds are left for RL)",
+    )
+    d.add_argument("--reward", default=DEMO_REWARD, help="the EnvACE step's reward spec (default: %(default)s)")
+    d.add_argument("--untrained", action="store_true", help="also evaluate the untrained model first (~2-3 min)")
     d.add_argument("--quick", action="store_true", help="a few steps of everything (smoke run)")
     d.set_defaults(fn=cmd_demo)
 
