@@ -71,6 +71,13 @@ class TrainConfig:
     one that keeps no task is an error."""
     variant: str = "envace"
     """envace | real_env | simulator | per_role | caller_frozen | caller_only (envace.config.VARIANTS)."""
+    real_share: float = 0.0
+    """Share of each group's K trajectories rolled out in the task's real environment instead of rehearsed
+    (Dyna / DreamGym-style grounding, beyond the paper): m = round(real_share * K) real ones (Act rows only) and
+    K - m rehearsed ones (Act and Rehearse rows) form one GRPO group, scored by the same reward. Only for variants
+    whose rollout mode is ``rehearsal`` (envace, caller_frozen, caller_only), and only where the tasks have a real
+    environment; a run with it is an arm of its own, never reported as EnvACE. 0 (default): rehearsal only, as in
+    the paper. Metrics: ``rollout/real_trajectories``, ``reward/real_mean``, ``reward/rehearsed_mean``."""
     advantage: str = "rolewise"
     """Baseline estimator (envace.math.algos.ADVANTAGES): rolewise (paper), rolewise_std, pooled, pooled_std."""
     reward: Any = "consistent_f1*consistent_facts"
@@ -181,6 +188,7 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}"
             )
+        real_share_setting(self.real_share, self.variant, self.rollout.group_size)
 
     @property
     def train_roles(self) -> tuple[str, ...]:
@@ -542,6 +550,27 @@ def report_to_setting(value: Any, where: str) -> tuple[str, ...]:
     except KeyError as e:
         raise ValueError(f"{where}: {e}") from None
     return names
+
+
+def real_share_setting(share: float, variant: str, group_size: int) -> int:
+    """The number of real trajectories per group, ``round(share * group_size)``, of a valid ``TrainConfig.real_share``:
+    0 <= share <= 1, and above 0 only for a variant whose rollout mode is ``rehearsal`` and with at least one real
+    trajectory per group (else a ValueError naming the field and the valid values)."""
+    rehearsing = [n for n in VARIANTS.names() if VARIANTS.get(n).mode == "rehearsal"]
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise ValueError(f"TrainConfig.real_share: bad value {share!r}: expected a number in [0, 1]")
+    if share > 0 and VARIANTS.get(variant).mode != "rehearsal":
+        raise ValueError(
+            f"TrainConfig.real_share={share} needs a variant whose rollout mode is rehearsal "
+            f"({', '.join(rehearsing)}); variant {variant!r} rolls out in mode {VARIANTS.get(variant).mode!r}"
+        )
+    m = round(share * group_size)
+    if share > 0 and m == 0:
+        raise ValueError(
+            f"TrainConfig.real_share={share} gives round({share} * rollout.group_size={group_size}) = 0 real "
+            f"trajectories per group; use real_share >= 1/{group_size} or 0"
+        )
+    return m
 
 
 def task_kinds_setting(value: Any, where: str) -> tuple[str, ...] | None:

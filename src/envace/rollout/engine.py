@@ -374,15 +374,18 @@ class RolloutEngine:
         lv.done = True
 
     # -- the loop ---------------------------------------------------------------------------------------------
-    def run(self, tasks: list[Task], group_prefix: str = "g", desc: str | None = None) -> list[Trajectory]:
+    def run(
+        self, tasks: list[Task], group_prefix: str = "g", desc: str | None = None, first: int = 0
+    ) -> list[Trajectory]:
         """Roll out ``group_size`` trajectories for each task; returns them grouped task by task. A task that needs
         its environment's ``prepare`` first is refused (:func:`envace.envs.require_prepared`). ``desc``: the
-        progress bar's label (default ``rollout[<mode>]``)."""
+        progress bar's label (default ``rollout[<mode>]``). ``first``: the index of each group's first trajectory
+        (ids ``<group>/<first>`` ...), for a group whose other trajectories another engine rolls out."""
         require_prepared(tasks)
         lives = [
             self._start(t, k, f"{group_prefix}{i}:{t.id}")
             for i, t in enumerate(tasks)
-            for k in range(self.cfg.group_size)
+            for k in range(first, first + self.cfg.group_size)
         ]
         desc = desc or f"rollout[{self.cfg.mode}]"
         bar = tqdm(total=len(lives), desc=desc, disable=not self.cfg.progress, leave=False)

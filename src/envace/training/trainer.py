@@ -8,6 +8,8 @@ Departures from the paper / reference code:
   reference, so the ratio starts at ~1; batched vs packed numerics differ by ~1e-6).
 - Rows of one context are packed into one sequence for the update (exact for a causal LM; see envace.training.update).
 - A trajectory whose reward is None (unscored, e.g. a judge failure) is masked out and counted.
+- Beyond the paper (off by default): ``real_share`` rolls out a share of each group in the real environment
+  (Dyna / DreamGym-style grounding, :func:`grounded_rollouts`); the group's baselines then mix both worlds.
 
 Scaling out (envace.training.distributed, docs/scaling.md): under torchrun / accelerate launch each process rolls out
 whole GRPO groups (its share of the B tasks), so the baselines are exact locally; the update's normalizer is
@@ -34,14 +36,22 @@ from ..math import algos
 from ..backends.base import BACKENDS, Backend, SamplingParams
 from ..backends.hf import HFBackend
 from ..core.checkpoint import latest_checkpoint, load_rng, load_state
-from ..config import RESUMABLE_FIELDS, TrainConfig, config_diff, describe_diff, to_dict, with_defaults
+from ..config import (
+    RESUMABLE_FIELDS,
+    TrainConfig,
+    config_diff,
+    describe_diff,
+    real_share_setting,
+    to_dict,
+    with_defaults,
+)
 from .distributed import Dist, SilentLogger, init_distributed
 from ..envs import load_tasks_of_kinds
 from ..core.logging import MetricsLogger, truncate_jsonl
 from ..backends.models import context_length, load_frozen, load_trainable, make_optimizer, model_path
 from ..core.precision import use_bf16
 from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories
-from ..rollout.engine import RolloutEngine
+from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..core.seeding import derive_seed, seed_everything
 from ..core.types import Row, Task, Trajectory, write_jsonl
 from .update import optimizer_step, recompute_old_logprobs
@@ -50,6 +60,8 @@ from ..rollout.variants import VARIANTS, Variant
 ROLE_INDEX = {"act": 0, "rehearse": 1}
 ITERATION_PRIME = 100_003
 """Iteration ``i`` of a run seeded ``s`` rolls out and shuffles its update with ``derive_seed(s, i, prime=ITERATION_PRIME)``."""
+REAL_SALT = 1
+"""With ``real_share``, iteration seed ``s``'s real-environment rollouts are seeded ``derive_seed(s, REAL_SALT)``."""
 
 
 def rows_with_advantages(
@@ -122,6 +134,18 @@ def _summarise(trajs: list[Trajectory], n_unscored: int) -> dict[str, float]:
     return m
 
 
+def _real_share_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """With ``real_share``: how many trajectories of the batch the real environment answered, and the mean reward
+    of the real and of the rehearsed ones (scored trajectories only; 0 where there is none)."""
+    real = [t.reward for t in trajs if t.mode == "real" and t.reward is not None]
+    rehearsed = [t.reward for t in trajs if t.mode != "real" and t.reward is not None]
+    return {
+        "rollout/real_trajectories": float(sum(t.mode == "real" for t in trajs)),
+        "reward/real_mean": float(np.mean(real)) if real else 0.0,
+        "reward/rehearsed_mean": float(np.mean(rehearsed)) if rehearsed else 0.0,
+    }
+
+
 def train(cfg: TrainConfig) -> TrainResult:
     """Run (or resume) role-wise GRPO training as configured (on this process's share under a launcher)."""
     run = setup(cfg)  # models, rollout engines, tasks, reward, logger; the latest checkpoint's state if there is one
@@ -149,6 +173,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {
             f"adv/{k}": v for k, v in adv_m.items()
         }
+        if cfg.real_share > 0:  # the grounded share of the groups
+            metrics |= _real_share_metrics(everyone)
         # 4. one update per trained model on the rows of its roles; the rollout engines get the new weights
         t1 = time.perf_counter()
         metrics |= update(run, rows, adv, it)
@@ -301,13 +327,40 @@ def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, A
 
 def rollout_batch(run: Run, it: int) -> list[Trajectory]:
     """Batch ``it``: B tasks at data position ``it * B`` of the fixed permutation; this process rolls out K
-    trajectories for each of its whole tasks (a GRPO group never spans processes), seeded by iteration and rank."""
+    trajectories for each of its whole tasks (a GRPO group never spans processes), seeded by iteration and rank.
+    With ``real_share`` each group's last m of them run in the real environment (:func:`grounded_rollouts`)."""
     cfg = run.cfg
     batch = [run.tasks[run.order[(it * cfg.batch_tasks + j) % len(run.tasks)]] for j in range(cfg.batch_tasks)]
     rcfg = copy.copy(cfg.rollout)
     rcfg.seed = run.dist.rank_seed(derive_seed(cfg.seed, it, prime=ITERATION_PRIME))
+    prefix = run.dist.group_prefix(f"i{it}-")
+    if cfg.real_share > 0:
+        return grounded_rollouts(run, rcfg, run.dist.shard(batch), prefix, it)
     engine = RolloutEngine(run.engines["policy"], rcfg, **run.helpers)
-    return engine.run(run.dist.shard(batch), group_prefix=run.dist.group_prefix(f"i{it}-"))
+    return engine.run(run.dist.shard(batch), group_prefix=prefix)
+
+
+def grounded_rollouts(run: Run, rcfg: RolloutConfig, tasks: list[Task], prefix: str, it: int) -> list[Trajectory]:
+    """K trajectories for each task as one GRPO group: trajectories 0 .. K-m-1 rehearsed as configured (``rcfg``),
+    K-m .. K-1 in the task's real environment (mode ``real``, Act rows only), m = round(real_share * K); the two
+    engines' seeds are apart (the real one's is the iteration seed with :data:`REAL_SALT` folded in). Returned
+    task by task, the rehearsed ones of each group first."""
+    cfg = run.cfg
+    m = real_share_setting(cfg.real_share, cfg.variant, rcfg.group_size)
+    k = rcfg.group_size
+    real = copy.copy(rcfg)
+    real.mode, real.group_size = "real", m
+    real.seed = run.dist.rank_seed(derive_seed(derive_seed(cfg.seed, it, prime=ITERATION_PRIME), REAL_SALT))
+    trajs: list[Trajectory] = []
+    if m < k:
+        rehearsed = copy.copy(rcfg)
+        rehearsed.group_size = k - m
+        trajs += RolloutEngine(run.engines["policy"], rehearsed, **run.helpers).run(tasks, group_prefix=prefix)
+    trajs += RolloutEngine(run.engines["policy"], real).run(tasks, group_prefix=prefix, first=k - m)
+    groups: dict[str, list[Trajectory]] = {}
+    for t in trajs:  # task by task (the order of the groups' first trajectories), rehearsed before real
+        groups.setdefault(t.group_id, []).append(t)
+    return [t for group in groups.values() for t in group]
 
 
 def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, float]:
