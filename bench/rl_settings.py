@@ -73,6 +73,12 @@ CANDIDATES: dict[str, tuple] = {
         {"reward": "consistent_f1*consistent_facts"},
         HEADROOM,
     ),
+    "headroom_cons_real": (
+        "as headroom_cons, with 1 of each group's 4 trajectories in the real environment (real_share 0.25: beyond"
+        " the paper, an arm of its own, not EnvACE)",
+        {"reward": "consistent_f1*consistent_facts", "real_share": 0.25},
+        HEADROOM,
+    ),
 }
 
 

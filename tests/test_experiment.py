@@ -787,6 +787,42 @@ def test_a_rerun_adds_the_sweep_to_arms_finished_without_it_and_redoes_nothing(t
     assert all(e["per_task"] for e in got["evals"])
 
 
+def test_a_sweep_cut_short_keeps_the_evaluations_it_finished_and_the_rerun_adds_only_the_rest(
+    tiny_experiment, tmp_path, capsys, monkeypatch
+):
+    """Adding the sweep to a finished arm saves results.json after each evaluation: a process killed in the middle
+    (here the second evaluation fails) loses only the evaluation it was in."""
+    import envace.evaluation.budget as budget
+
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "out"
+    shutil.copytree(out, work)
+    res = json.loads((work / "results.json").read_text())
+    full = res["runs"]["envace"]["0"]
+    res["runs"]["envace"]["0"] = {**full, "evals": [e for e in full["evals"] if e["n"] == 0]}
+    (work / "results.json").write_text(json.dumps(res))
+    real, calls = budget.evaluate_at_budget, []
+
+    def dies_on_the_second(*a, **kw):
+        calls.append(kw.get("n"))
+        if len(calls) == 2:
+            raise MemoryError("killed")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(budget, "evaluate_at_budget", dies_on_the_second)
+    with pytest.raises(MemoryError):
+        run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_seeds=[0]"]))
+    kept = json.loads((work / "results.json").read_text())["runs"]["envace"]["0"]["evals"]
+    assert [(e["n"], e["mode"]) for e in kept] == [(e["n"], e["mode"]) for e in full["evals"][:2]]
+    monkeypatch.setattr(budget, "evaluate_at_budget", real)
+    capsys.readouterr()
+    got = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_seeds=[0]"])).results
+    assert "arm envace: done before; adding 2 evaluations of the sweep" in capsys.readouterr().out
+    evals = got["runs"]["envace"]["0"]["evals"]
+    assert [(e["n"], e["mode"]) for e in evals] == [(e["n"], e["mode"]) for e in full["evals"]]
+    assert evals[1] == kept[1]  # the evaluation finished before the cut is kept, not redone
+
+
 def _first_of_group(task, traj, ctx):
     """A reward that differs within every group (a random tiny model never earns a real one), so the update moves."""
     from envace.rewards.functions import RewardResult

@@ -541,10 +541,22 @@ def missing_budgets(cfg: ExperimentConfig, arm: str, seed: int, rec: dict[str, A
 
 
 def add_budgets(
-    cfg: ExperimentConfig, rec: dict[str, Any], seed: int, todo: list[tuple[int, str]], label: str = ""
+    cfg: ExperimentConfig,
+    rec: dict[str, Any],
+    seed: int,
+    todo: list[tuple[int, str]],
+    label: str = "",
+    save: Callable[[], None] | None = None,
 ) -> None:
-    """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place, the same way evaluate_arm does)."""
-    rec["evals"] = evaluate_budgets(cfg, arm_backend(cfg, rec["models"]["policy"]), seed, todo, rec["evals"], label)
+    """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place, the same way evaluate_arm does),
+    calling ``save`` after each one, so a sweep cut short keeps the evaluations it finished."""
+
+    def keep(evals: list[dict[str, Any]]) -> None:
+        rec["evals"] = evals
+        if save is not None:
+            save()
+
+    keep(evaluate_budgets(cfg, arm_backend(cfg, rec["models"]["policy"]), seed, todo, rec["evals"], label, keep))
 
 
 def evaluate_budgets(
@@ -554,10 +566,11 @@ def evaluate_budgets(
     todo: list[tuple[int, str]],
     evals: list[dict[str, Any]],
     label: str = "",
+    on_eval: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """``evals`` extended by the real-environment evaluation of ``policy`` at each (N, mode) of ``todo``, in order
     (the compute-matched plan budget is read from the rehearsal evaluation of the same N, in ``evals`` or done
-    before it in ``todo``)."""
+    before it in ``todo``); ``on_eval`` gets the list so far after each one."""
     from .budget import evaluate_at_budget
     from ..envs import load_tasks
     from .tts import REHEARSAL_MODES, add_token_counts
@@ -611,6 +624,8 @@ def evaluate_budgets(
         evals.append(
             {"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task, **extra}
         )  # per-task outcomes: paired comparisons
+        if on_eval is not None:
+            on_eval(list(evals))
     return evals
 
 
@@ -688,7 +703,7 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
                     continue
                 _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
                 t_add = time.perf_counter()
-                add_budgets(cfg, rec, seed, todo, label)
+                add_budgets(cfg, rec, seed, todo, label, save=lambda: _write_json(path, results))
                 rec["eval_s"] = rec.get("eval_s", 0.0) + time.perf_counter() - t_add
                 _write_json(path, results)
                 continue
