@@ -823,6 +823,20 @@ def test_a_sweep_cut_short_keeps_the_evaluations_it_finished_and_the_rerun_adds_
     assert evals[1] == kept[1]  # the evaluation finished before the cut is kept, not redone
 
 
+def test_a_recorded_model_is_found_under_the_out_dir_when_the_rerun_starts_elsewhere(tmp_path, monkeypatch):
+    from envace.evaluation.experiment import ExperimentConfig, recorded_model
+
+    saved = tmp_path / "new" / "seed2" / "sft" / "checkpoints" / "step-000016" / "policy"
+    saved.mkdir(parents=True)
+    cfg = ExperimentConfig(out_dir=str(tmp_path / "new"))
+    as_recorded = "runs/old-name/seed2/sft/checkpoints/step-000016/policy"  # relative to the first run's directory
+    monkeypatch.chdir(tmp_path)
+    assert recorded_model(cfg, as_recorded) == str(saved)
+    assert recorded_model(cfg, "SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"  # a name stays a name
+    assert recorded_model(cfg, "runs/old-name/seed3/sft/policy") == "runs/old-name/seed3/sft/policy"  # not there
+    assert recorded_model(cfg, str(saved)) == str(saved)
+
+
 def _first_of_group(task, traj, ctx):
     """A reward that differs within every group (a random tiny model never earns a real one), so the update moves."""
     from envace.rewards.functions import RewardResult

@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -556,7 +557,20 @@ def add_budgets(
         if save is not None:
             save()
 
-    keep(evaluate_budgets(cfg, arm_backend(cfg, rec["models"]["policy"]), seed, todo, rec["evals"], label, keep))
+    policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))
+    keep(evaluate_budgets(cfg, policy, seed, todo, rec["evals"], label, keep))
+
+
+def recorded_model(cfg: ExperimentConfig, path: str) -> str:
+    """A model path that results.json records, found again under ``cfg.out_dir``: a record holds the path as the
+    run saw it (relative to its working directory, under its out_dir), so a rerun from another directory, or of a
+    moved out_dir, finds ``<out_dir>/seed<N>/...`` instead. A name, a URL or a path that exists is kept."""
+    if os.path.exists(path):
+        return path
+    m = re.search(r"(?:^|[/\\])(seed\d+[/\\].+)$", path)
+    if m and os.path.exists(moved := os.path.join(cfg.out_dir, m.group(1))):
+        return moved
+    return path
 
 
 def evaluate_budgets(
