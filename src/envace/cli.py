@@ -413,6 +413,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return r
 
     kinds = None if args.sft_kinds == "all" else task_kinds_setting(args.sft_kinds, "--sft-kinds")
+    warmup_tasks = ", ".join(kinds) + " tasks" if kinds else "every kind"
     n_stages = 5 if args.untrained else 4
     print(f"[demo] model {args.model}; seed {args.seed}; output in {out}", flush=True)
     results: dict[str, Any] = {}
@@ -422,8 +423,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             "eval_untrained_s", lambda: _eval(args.model, args.suite, "test", args.eval_tasks, 1, seed=1)
         )
     print(
-        f"[demo] {n_stages - 3}/{n_stages} SFT warm-up on gold trajectories of "
-        + (", ".join(kinds) + " tasks" if kinds else "every kind"),
+        f"[demo] {n_stages - 3}/{n_stages} SFT warm-up on gold trajectories of " + warmup_tasks,
         flush=True,
     )
     scfg = demo_sft_config(
@@ -463,7 +463,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     lines = [
         f"Held-out {args.suite} test tasks: {len(results['sft'].per_task)}, greedy, real environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
         f"SFT: {scfg.steps} steps x {scfg.batch_tasks} gold trajectories of "
-        + (", ".join(kinds) + " tasks" if kinds else "every kind")
+        + warmup_tasks
         + f" (lr {scfg.lr:g}); EnvACE: {tcfg.iterations} iterations x {tcfg.batch_tasks} tasks x {tcfg.rollout.group_size}"
         + f" rehearsed trajectories, reward {reward_label(tcfg.reward)}, lr {tcfg.lr:g}",
         "",

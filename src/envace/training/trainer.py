@@ -332,25 +332,26 @@ def rollout_batch(run: Run, it: int) -> list[Trajectory]:
     cfg = run.cfg
     batch = [run.tasks[run.order[(it * cfg.batch_tasks + j) % len(run.tasks)]] for j in range(cfg.batch_tasks)]
     rcfg = copy.copy(cfg.rollout)
-    rcfg.seed = run.dist.rank_seed(derive_seed(cfg.seed, it, prime=ITERATION_PRIME))
+    it_seed = derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
+    rcfg.seed = run.dist.rank_seed(it_seed)
     prefix = run.dist.group_prefix(f"i{it}-")
     if cfg.real_share > 0:
-        return grounded_rollouts(run, rcfg, run.dist.shard(batch), prefix, it)
+        return grounded_rollouts(run, rcfg, run.dist.shard(batch), prefix, it_seed)
     engine = RolloutEngine(run.engines["policy"], rcfg, **run.helpers)
     return engine.run(run.dist.shard(batch), group_prefix=prefix)
 
 
-def grounded_rollouts(run: Run, rcfg: RolloutConfig, tasks: list[Task], prefix: str, it: int) -> list[Trajectory]:
+def grounded_rollouts(run: Run, rcfg: RolloutConfig, tasks: list[Task], prefix: str, it_seed: int) -> list[Trajectory]:
     """K trajectories for each task as one GRPO group: trajectories 0 .. K-m-1 rehearsed as configured (``rcfg``),
     K-m .. K-1 in the task's real environment (mode ``real``, Act rows only), m = round(real_share * K); the two
-    engines' seeds are apart (the real one's is the iteration seed with :data:`REAL_SALT` folded in). Returned
+    engines' seeds are apart (the real one's is the iteration seed ``it_seed`` with :data:`REAL_SALT` folded in). Returned
     task by task, the rehearsed ones of each group first."""
     cfg = run.cfg
     m = real_share_setting(cfg.real_share, cfg.variant, rcfg.group_size)
     k = rcfg.group_size
     real = copy.copy(rcfg)
     real.mode, real.group_size = "real", m
-    real.seed = run.dist.rank_seed(derive_seed(derive_seed(cfg.seed, it, prime=ITERATION_PRIME), REAL_SALT))
+    real.seed = run.dist.rank_seed(derive_seed(it_seed, REAL_SALT))
     trajs: list[Trajectory] = []
     if m < k:
         rehearsed = copy.copy(rcfg)
