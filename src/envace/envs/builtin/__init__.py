@@ -19,38 +19,60 @@ ood      templates (``ood_*``, never in train/test) and entity names: account, m
 Every task has ``metadata["kind"]`` (:func:`~envace.envs.builtin.common.task_kind`): ``recovery``, ``chained``,
 ``read_only_report`` or ``simple``; every split of every domain has tasks of the first three kinds.
 
+Two kinds of world:
+
+* fresh (``bank``, ``shop``, ``files``): every task draws a new random world that no prompt shows, so a tool's
+  result cannot be predicted from anything learnt on other tasks (Rehearse can only guess a balance).
+* persistent (``bank-world``, ``shop-world``, ``files-world``): the same tools and templates, but every task starts
+  from the record of one of eight customers (:data:`~envace.envs.builtin.common.CUSTOMERS`), the same record each
+  time the customer comes back (shop: one fixed catalog for all), and the user says who they are. Train, val and
+  test tasks are about the same customers (their records can be learnt in training: test holds out requests, not
+  the world); ``ood`` tasks are about four other customers with held-out names (transfer). Reference examples are
+  the customer's own records from other train tasks (an ``ood`` customer, who has none, gets every customer's).
+
 Registered here: environments ``bank``, ``shop``, ``files`` in :data:`~envace.envs.base.ENVS`, and suites
-``bank``, ``shop``, ``files`` and ``builtin`` (the three interleaved) in :data:`~envace.envs.base.SUITES`, all
-with the signature ``loader(spec, split="train", n=None, seed=0) -> list[Task]``.
+``bank``, ``shop``, ``files``, ``builtin`` (the three interleaved), ``bank-world``, ``shop-world``,
+``files-world`` and ``builtin-world`` in :data:`~envace.envs.base.SUITES`, all with the signature
+``loader(spec, split="train", n=None, seed=0) -> list[Task]``.
 """
 
 from __future__ import annotations
 
 from ...core.types import Task
 from ..base import ENVS, SUITES
-from .bank import BANK, BankEnv
+from .bank import BANK, BANK_WORLD, BankEnv
 from .common import DEFAULT_N, KINDS, OOD_SPLIT, SPLITS, Domain, TaskBuilder, ToolEnv, split_indices, task_kind, tool
-from .files import FILES, FilesEnv
-from .shop import SHOP, ShopEnv
+from .files import FILES, FILES_WORLD, FilesEnv
+from .shop import SHOP, SHOP_WORLD, ShopEnv
 
 DOMAINS: dict[str, Domain] = {d.name: d for d in (BANK, SHOP, FILES)}
+WORLD_DOMAINS: dict[str, Domain] = {d.name: d for d in (BANK_WORLD, SHOP_WORLD, FILES_WORLD)}
+"""The persistent suites (``bank-world``, ...): the same tools and templates on the fixed records of a few
+customers that persist across tasks (:class:`~envace.envs.builtin.common.Population`)."""
+MIXES: dict[str, dict[str, Domain]] = {"builtin": DOMAINS, "builtin-world": WORLD_DOMAINS}
+"""The suites that interleave three domains, by name."""
 
 
 def make_task(domain: str, split: str, index: int) -> Task:
-    """Task ``index`` of ``split`` of one domain (``"bank-train-000123"`` is ``make_task("bank", "train", 123)``)."""
-    return DOMAINS[domain].make_task(split, index)
+    """Task ``index`` of ``split`` of one domain or persistent suite (``"bank-train-000123"`` is
+    ``make_task("bank", "train", 123)``, ``"bank-world-test-000007"`` is ``make_task("bank-world", "test", 7)``)."""
+    return (DOMAINS | WORLD_DOMAINS)[domain].make_task(split, index)
 
 
 def load_mix(spec: str = "builtin", split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-    """The three domains interleaved: position k is task k // 3 of domain k % 3 (bank, shop, files); any split."""
-    names = list(DOMAINS)
-    return [DOMAINS[names[k % 3]].make_task(split, k // 3) for k in split_indices(n, seed)]
+    """Three domains interleaved (``builtin``: bank, shop, files; ``builtin-world``: their persistent suites):
+    position k is task k // 3 of domain k % 3; any split."""
+    domains = list(MIXES[spec].values())
+    return [domains[k % 3].make_task(split, k // 3) for k in split_indices(n, seed)]
 
 
 for _name, _domain in DOMAINS.items():
     ENVS.add(_name, _domain.env_cls)
     SUITES.add(_name, _domain.load)
-SUITES.add("builtin", load_mix)
+for _name, _domain in WORLD_DOMAINS.items():
+    SUITES.add(_name, _domain.load)  # tasks name their domain's environment (env "bank"): no ENVS entry of their own
+for _name in MIXES:
+    SUITES.add(_name, load_mix)
 
 __all__ = [
     "BankEnv",
@@ -60,6 +82,7 @@ __all__ = [
     "Domain",
     "TaskBuilder",
     "DOMAINS",
+    "WORLD_DOMAINS",
     "SPLITS",
     "OOD_SPLIT",
     "KINDS",

@@ -15,7 +15,7 @@ import random
 from typing import Any
 
 from ..base import ToolError
-from .common import Domain, GenerationError, TaskBuilder, ToolEnv, cents, money, tool
+from .common import Domain, GenerationError, TaskBuilder, ToolEnv, cents, money, persistent_world, tool
 
 ACCOUNT = {"type": "string", "description": "account name"}
 AMOUNT = {"type": "number", "description": "dollars"}
@@ -197,7 +197,17 @@ def world(
     names_pool: list[str] = NAMES,
     memos: list[str] = MEMOS,
 ) -> dict[str, Any]:
-    """A few accounts with balances (one maybe frozen) and a short card history."""
+    """A few accounts with balances (``frozen`` of them frozen) and a short card history; in a persistent suite the
+    record of a customer with ``n_accounts`` accounts (any number if None), at least ``frozen`` of them frozen."""
+    if (
+        w := persistent_world(
+            rng,
+            lambda w: (
+                n_accounts in (None, len(w["accounts"])) and sum(a["frozen"] for a in w["accounts"].values()) >= frozen
+            ),
+        )
+    ) is not None:
+        return w
     names = rng.sample(names_pool, n_accounts or rng.randint(3, 4))
     accounts = {
         n: {"balance_cents": rng.randrange(40, 900) * 100 + rng.choice([0, 0, 50, rng.randrange(100)]), "frozen": False}
@@ -231,6 +241,16 @@ def draw(rng: random.Random, max_cents: int) -> tuple[float | int, str]:
 def ood_world(rng: random.Random, n_accounts: int | None = None, frozen: int = 0) -> dict[str, Any]:
     """A world of the ood split: held-out account names and memos."""
     return world(rng, n_accounts, frozen, names_pool=OOD_NAMES, memos=OOD_MEMOS)
+
+
+def customer(rng: random.Random, i: int, names_pool: list[str] = NAMES, memos: list[str] = MEMOS) -> dict[str, Any]:
+    """The record of customer ``i`` of ``bank-world``: 3 or 4 accounts (alternately), every fourth customer with one
+    frozen, so that every template finds a customer it fits."""
+    return world(rng, n_accounts=3 + i % 2, frozen=int(i % 4 == 3), names_pool=names_pool, memos=memos)
+
+
+BANK_WORLD = BANK.persistent(customer, lambda rng, i: customer(rng, i, OOD_NAMES, OOD_MEMOS))
+"""``bank-world``: the bank's tools and templates on the persistent records of a few customers."""
 
 
 def plausible(b: TaskBuilder, rng: random.Random, *avoid: str, pool: list[str] = NAMES) -> None:

@@ -301,6 +301,7 @@ class TaskBuilder:
             raise RuntimeError("every user turn needs a gold reply")
         task = self._task(task_id, split)
         task.user_turns = list(self.user_turns)
+        task.user_turns[0] = customer_intro(self.config) + task.user_turns[0]
         task.gold_actions = [list(t) for t in self.gold]
         task.gold_replies = list(self.replies)
         task.expected_outputs = list(self.expected)
@@ -406,6 +407,75 @@ def task_kind(task: Task, env_cls: type[ToolEnv]) -> str:
     return "read_only_report" if read_only and task.expected_outputs else "simple"
 
 
+# ------------------------------------------------------------------------------------------ persistent worlds
+# A world worth rehearsing (METHOD.md section 6): in a persistent suite every task of a split starts from the
+# record of one customer of a small, fixed population, the same record every time that customer comes back, so a
+# tool's result is a deterministic function of a world that persists across tasks plus the changes made earlier in
+# the episode, as a real service's is. Per-task variation comes from which customer, which accounts or items, which
+# request. The fresh suites (``bank``, ...) draw a new random world per task instead: nothing to internalise.
+
+CUSTOMERS: tuple[str, ...] = (
+    "Ana Ortiz",
+    "Ben Carter",
+    "Chloe Nguyen",
+    "David Okafor",
+    "Elena Rossi",
+    "Farid Haddad",
+    "Grace Kim",
+    "Hugo Lambert",
+)
+OOD_CUSTOMERS: tuple[str, ...] = ("Ines Moreau", "Jonas Berg", "Keiko Sato", "Luis Romero")
+"""The population of the persistent suites: train, val and test tasks are about :data:`CUSTOMERS` (whose records
+a model can learn in training), ``ood`` tasks about :data:`OOD_CUSTOMERS`, whom no other split names."""
+
+
+@dataclass
+class Population:
+    """The fixed customers of a persistent suite: member ``i`` is ``draw(rng_i, i)``, drawn once from a seed that
+    depends only on (suite, i), with ``"customer"`` (the member's name) added to its record."""
+
+    name: str
+    customers: tuple[str, ...]
+    draw: Callable[[random.Random, int], dict[str, Any]]
+    _members: list[dict[str, Any]] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def members(self) -> list[dict[str, Any]]:
+        if not self._members:
+            for i, who in enumerate(self.customers):
+                w = self.draw(random.Random(f"{self.name}/customer/{i}"), i)
+                w["customer"] = who
+                self._members.append(w)
+        return self._members
+
+    def pick(self, rng: random.Random, fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """A copy of one member that ``fits`` (chosen with ``rng``); GenerationError when none does."""
+        ok = [m for m in self.members() if fits(m)]
+        if not ok:
+            raise GenerationError(f"no customer of {self.name} fits this template")
+        return copy.deepcopy(rng.choice(ok))
+
+
+class WorldRandom(random.Random):
+    """The random source a template draws from; in a persistent suite it carries the suite's population, which
+    the domain's world function then picks the task's starting record from (:func:`persistent_world`)."""
+
+    population: Population | None = None
+
+
+def persistent_world(rng: random.Random, fits: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    """The starting record of a task: a member of ``rng``'s population that ``fits``, or None in a fresh suite
+    (the world function then draws a new world)."""
+    population = getattr(rng, "population", None)
+    return None if population is None else population.pick(rng, fits)
+
+
+def customer_intro(config: dict[str, Any]) -> str:
+    """How the user of a persistent suite's task says who they are (the first words of the first user turn), so
+    that Act and Rehearse, which sees the conversation, both know whose record the tools read."""
+    who = config.get("customer")
+    return f"Hi, this is {who}. " if who else ""
+
+
 # ------------------------------------------------------------------------------------------ domains and splits
 
 Template = Callable[[random.Random], TaskBuilder]
@@ -425,6 +495,10 @@ class Domain:
     """Entity pools by kind: (names train and test worlds draw from, names only ``ood`` worlds draw from)."""
     entities: Callable[[dict[str, Any]], set[str]] | None = None
     """The entity names (accounts, products, path parts) of a task's initial state, for leak scans."""
+    suite: str = ""
+    """The suite's name when it is not the environment's (``bank-world`` runs ``bank``'s tools)."""
+    populations: tuple[Population, Population] | None = None
+    """A persistent suite's customers: (train / val / test, ``ood``); None: a fresh random world per task."""
 
     _pool_build: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
 
@@ -437,7 +511,26 @@ class Domain:
 
     @property
     def name(self) -> str:
-        return self.env_cls.domain
+        return self.suite or self.env_cls.domain
+
+    def persistent(
+        self,
+        draw: Callable[[random.Random, int], dict[str, Any]],
+        ood_draw: Callable[[random.Random, int], dict[str, Any]],
+    ) -> "Domain":
+        """The persistent twin of this domain, suite ``<name>-world``: the same tools and templates, whose tasks
+        start from the records of :data:`CUSTOMERS` (``ood``: :data:`OOD_CUSTOMERS`), member ``i`` drawn by
+        ``draw(rng, i)`` (``ood_draw``), instead of a fresh world each."""
+        name = f"{self.name}-world"
+        return Domain(
+            self.env_cls,
+            templates=self.templates,
+            held_out=self.held_out,
+            pools=self.pools,
+            entities=self.entities,
+            suite=name,
+            populations=(Population(name, CUSTOMERS, draw), Population(f"{name}/ood", OOD_CUSTOMERS, ood_draw)),
+        )
 
     def template(self, name: str, ood: bool = False) -> Callable[[Template], Template]:
         """Register a template; ``ood=True`` holds it out: only the ``ood`` split draws it."""
@@ -456,7 +549,9 @@ class Domain:
         template yields a task (and, for train/val/test, one whose parameter combination belongs to the split)."""
         names = self.template_names(split)
         for attempt in range(MAX_ATTEMPTS):
-            rng = random.Random(f"{self.name}/{split}/{index}/{attempt}")
+            rng = WorldRandom(f"{self.name}/{split}/{index}/{attempt}")
+            if self.populations is not None:
+                rng.population = self.populations[split == OOD_SPLIT]
             template = rng.choice(names)
             try:
                 b = self.templates.get(template)(rng)
@@ -475,23 +570,39 @@ class Domain:
         task stays raw and its own records go to the pool instead (so pool building never recurses)."""
         collecting = getattr(self._pool_build, "records", None)
         if collecting is not None:
-            collecting.extend(b.own_records(task))
+            collecting.extend((task.env_config.get("customer"), r) for r in b.own_records(task))
         else:
-            task.references = choose_references(task, self.reference_pool())
+            task.references = choose_references(task, self.reference_pool(task.env_config.get("customer")))
         return task
 
-    def reference_pool(self) -> ReferencePool:
-        """The records of the domain's first :data:`POOL_TASKS` train tasks (built once per process)."""
-        return cached_pool(self.name, self._build_pool)
+    def reference_pool(self, customer: str | None = None) -> ReferencePool:
+        """The records of the domain's first :data:`POOL_TASKS` train tasks (built once per process). In a
+        persistent suite, ``customer``'s records only (those of other customers describe another record); a
+        customer no pool task is about (the ``ood`` ones) gets every customer's, which show the tools' formats."""
+        tagged = cached_pool(f"{self.name}/tagged", self._build_pool)
+        if customer is None:
+            return tagged
+        own = cached_pool(f"{self.name}/{customer}", lambda: ReferencePool.from_records(self._records_of(customer)))
+        return own if len(own) else tagged
+
+    def _records_of(self, customer: str) -> list[ReferenceExample]:
+        return [r for who, r in self._pool_records() if who == customer]
+
+    def _pool_records(self) -> list[tuple[str | None, ReferenceExample]]:
+        """(customer, record) of the first :data:`POOL_TASKS` train tasks, in order (built once per process)."""
+        records = getattr(self, "_tagged_records", None)
+        if records is None:
+            self._pool_build.records = []
+            try:
+                for i in range(POOL_TASKS):
+                    self.make_task("train", i)
+                records = self._tagged_records = list(self._pool_build.records)
+            finally:
+                self._pool_build.records = None
+        return records
 
     def _build_pool(self) -> ReferencePool:
-        self._pool_build.records = []
-        try:
-            for i in range(POOL_TASKS):
-                self.make_task("train", i)
-            return ReferencePool.from_records(self._pool_build.records)
-        finally:
-            self._pool_build.records = None
+        return ReferencePool.from_records(r for _, r in self._pool_records())
 
 
 def split_of(key: str) -> str:

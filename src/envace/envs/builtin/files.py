@@ -17,7 +17,7 @@ import random
 from typing import Any
 
 from ..base import ToolError
-from .common import Domain, GenerationError, TaskBuilder, ToolEnv, norm_path, tool
+from .common import Domain, GenerationError, TaskBuilder, ToolEnv, norm_path, persistent_world, tool
 
 PATH = {"type": "string", "description": "absolute path"}
 MAX_MATCHES = 20
@@ -304,7 +304,9 @@ FILES = Domain(
 
 def world(rng: random.Random, ood: bool = False) -> dict[str, Any]:
     """2-4 top-level directories (one maybe nested) and 3-6 files of 1-2 distinct short lines; ``ood``: from
-    the held-out pools."""
+    the held-out pools. In a persistent suite the file tree of one customer."""
+    if (w := persistent_world(rng, lambda w: True)) is not None:
+        return w
     dir_pool, sub_pool, name_pool, line_pool = (
         (OOD_DIRS, OOD_SUBDIRS, OOD_FILE_NAMES, OOD_LINES) if ood else (DIRS, SUBDIRS, FILE_NAMES, LINES)
     )
@@ -320,6 +322,10 @@ def world(rng: random.Random, ood: bool = False) -> dict[str, Any]:
         if p not in files:
             files[p] = "\n".join(lines.pop() for _ in range(rng.randint(1, 2)))
     return {"dirs": sorted(dirs), "files": dict(sorted(files.items()))}
+
+
+FILES_WORLD = FILES.persistent(lambda rng, i: world(rng), lambda rng, i: world(rng, ood=True))
+"""``files-world``: the file tools and templates on the persistent file trees of a few customers."""
 
 
 def dirs(b: TaskBuilder) -> list[str]:

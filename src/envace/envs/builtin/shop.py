@@ -12,10 +12,11 @@ held, refund by product, cancel else refund, order what is left, cancel two, sta
 from __future__ import annotations
 
 import random
+from collections import Counter
 from typing import Any
 
 from ..base import ToolError
-from .common import Domain, GenerationError, TaskBuilder, ToolEnv, money, tool
+from .common import Domain, GenerationError, TaskBuilder, ToolEnv, money, persistent_world, tool
 
 ORDER_ID = {"type": "string", "description": "e.g. O-1001"}
 STATUSES = ["pending", "shipped", "delivered", "cancelled", "refunded"]
@@ -182,15 +183,25 @@ def entities(config: dict[str, Any]) -> set[str]:
 SHOP = Domain(ShopEnv, pools={"products": (PRODUCTS, OOD_PRODUCTS)}, entities=entities)
 
 
-def world(rng: random.Random, statuses: tuple[str, ...] = (), pool: list[str] = PRODUCTS) -> dict[str, Any]:
-    """4-6 products and 2-4 earlier orders; ``statuses`` are guaranteed among the orders' statuses."""
-    names = rng.sample(pool, rng.randint(4, 6))
-    ids = rng.sample(range(100, 1000), len(names))
+def world(
+    rng: random.Random,
+    statuses: tuple[str, ...] = (),
+    pool: list[str] = PRODUCTS,
+    catalog_rng: random.Random | None = None,
+) -> dict[str, Any]:
+    """4-6 products and 2-4 earlier orders; ``statuses`` are guaranteed among the orders' statuses. In a persistent
+    suite the record of a customer with at least those orders; ``catalog_rng`` draws the catalog (the same one for
+    every customer of ``shop-world``), else ``rng``."""
+    if (w := persistent_world(rng, lambda w: _has_statuses(w, statuses))) is not None:
+        return w
+    crng = catalog_rng or rng
+    names = crng.sample(pool, crng.randint(4, 6))
+    ids = crng.sample(range(100, 1000), len(names))
     catalog = {
         f"P-{i}": {
             "name": n,
-            "price_cents": rng.randrange(3, 120) * 100 + rng.choice([0, 50, 99]),
-            "stock": rng.randint(2, 15),
+            "price_cents": crng.randrange(3, 120) * 100 + crng.choice([0, 50, 99]),
+            "stock": crng.randint(2, 15),
         }
         for i, n in zip(ids, names)
     }
@@ -215,6 +226,25 @@ def world(rng: random.Random, statuses: tuple[str, ...] = (), pool: list[str] = 
 def ood_world(rng: random.Random, statuses: tuple[str, ...] = ()) -> dict[str, Any]:
     """A world of the ood split: a catalog of held-out product names."""
     return world(rng, statuses, pool=OOD_PRODUCTS)
+
+
+def _has_statuses(w: dict[str, Any], statuses: tuple[str, ...]) -> bool:
+    have = Counter(o["status"] for o in w["orders"].values())
+    return all(have[st] >= k for st, k in Counter(statuses).items())
+
+
+# the earlier orders every customer of shop-world is guaranteed, by customer index mod 4: each template fits some
+CUSTOMER_ORDERS: tuple[tuple[str, ...], ...] = (("pending", "pending"), ("shipped",), ("delivered",), ("pending",))
+
+
+def customer(rng: random.Random, i: int, pool: list[str] = PRODUCTS, catalog: str = "shop-world") -> dict[str, Any]:
+    """The record of customer ``i`` of ``shop-world``: its orders from the one fixed catalog of the suite (the
+    catalog's stock and prices are the same for every customer; each task still starts from a fresh copy)."""
+    return world(rng, CUSTOMER_ORDERS[i % 4], pool, catalog_rng=random.Random(f"{catalog}/catalog"))
+
+
+SHOP_WORLD = SHOP.persistent(customer, lambda rng, i: customer(rng, i, OOD_PRODUCTS, "shop-world/ood"))
+"""``shop-world``: the shop's tools and templates on one fixed catalog and the orders of a few customers."""
 
 
 def products(b: TaskBuilder) -> list[str]:

@@ -1,0 +1,92 @@
+"""The persistent suites (``bank-world``, ``shop-world``, ``files-world``, ``builtin-world``): every task starts from
+the record of one customer of a fixed population, the same record each time, so a tool's result is a function of
+a world that persists across tasks (METHOD.md section 6, "A world worth rehearsing")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from envace.core.types import dumps
+from envace.envs import load_tasks
+from envace.envs.builtin import DOMAINS, WORLD_DOMAINS, make_task
+from envace.envs.builtin.common import CUSTOMERS, OOD_CUSTOMERS
+
+WORLDS = sorted(WORLD_DOMAINS)
+
+
+def _initial(task) -> str:
+    return dumps(task.env_config)
+
+
+@pytest.mark.parametrize("suite", WORLDS)
+def test_a_customer_starts_every_task_from_the_same_record(suite):
+    records: dict[str, set[str]] = {}
+    for split in ("train", "val", "test"):
+        for t in load_tasks(suite, split, n=40):
+            records.setdefault(t.env_config["customer"], set()).add(_initial(t))
+    assert len(records) >= 6, records.keys()  # the tasks are spread over the population
+    assert all(len(r) == 1 for r in records.values()), {c: len(r) for c, r in records.items()}
+
+
+@pytest.mark.parametrize("suite", WORLDS)
+def test_in_distribution_splits_share_customers_and_ood_has_its_own(suite):
+    seen = {t.env_config["customer"] for s in ("train", "val", "test") for t in load_tasks(suite, s, n=40)}
+    ood = {t.env_config["customer"] for t in load_tasks(suite, "ood", n=40)}
+    assert seen <= set(CUSTOMERS) and ood <= set(OOD_CUSTOMERS)
+    assert not seen & ood
+
+
+@pytest.mark.parametrize("suite", WORLDS)
+def test_the_user_says_who_they_are_and_fresh_suites_do_not(suite):
+    task = load_tasks(suite, "test", n=1)[0]
+    assert task.user_turns[0].startswith(f"Hi, this is {task.env_config['customer']}. ")
+    fresh = load_tasks(suite.removesuffix("-world"), "test", n=1)[0]
+    assert "customer" not in fresh.env_config and not fresh.user_turns[0].startswith("Hi, this is")
+
+
+@pytest.mark.parametrize("suite", WORLDS)
+def test_a_persistent_task_is_a_pure_function_of_its_index(suite):
+    a, b = load_tasks(suite, "test", n=5), load_tasks(suite, "test", n=5)
+    assert [json.dumps(t.to_dict(), sort_keys=True) for t in a] == [json.dumps(t.to_dict(), sort_keys=True) for t in b]
+    assert all(t.id.startswith(f"{suite}-test-") for t in a)
+
+
+@pytest.mark.parametrize("domain", sorted(DOMAINS))
+def test_every_template_of_the_domain_generates_on_the_population(domain):
+    world = WORLD_DOMAINS[f"{domain}-world"]
+    got = {t.metadata["template"] for t in world.load("", "train", n=300)}
+    assert got == set(DOMAINS[domain].template_names("train"))
+    assert {t.metadata["template"] for t in world.load("", "ood", n=120)} == set(DOMAINS[domain].template_names("ood"))
+
+
+@pytest.mark.parametrize("suite", ["bank-world", "shop-world"])
+def test_references_are_the_customers_own_records_of_other_train_tasks(suite):
+    for t in load_tasks(suite, "test", n=30):
+        for r in t.references:
+            assert r.source != t.id and "-train-" in r.source
+            src = make_task(suite, "train", int(r.source.rsplit("-", 1)[1]))
+            assert src.env_config["customer"] == t.env_config["customer"], (t.id, r.source)
+
+
+def test_shop_world_has_one_catalog_for_every_customer():
+    catalogs = {dumps(t.env_config["catalog"]) for t in load_tasks("shop-world", "train", n=60)}
+    assert len(catalogs) == 1
+    assert len({dumps(t.env_config["catalog"]) for t in load_tasks("shop", "train", n=20)}) > 1
+
+
+def test_a_frozen_account_stays_frozen_for_its_customer():
+    """An error rule a model can learn: the same customer's same account fails the same way in every task."""
+    frozen: dict[str, set[str]] = {}
+    for t in load_tasks("bank-world", "train", n=80):
+        names = {n for n, a in t.env_config["accounts"].items() if a["frozen"]}
+        frozen.setdefault(t.env_config["customer"], set()).update(names)
+        assert names == frozen[t.env_config["customer"]]
+    assert any(frozen.values()) and not all(frozen.values())
+
+
+def test_builtin_world_interleaves_the_three_persistent_suites():
+    tasks = load_tasks("builtin-world", "test", n=6)
+    assert [t.id.rsplit("-test-", 1)[0] for t in tasks] == ["bank-world", "shop-world", "files-world"] * 2
+    assert [t.env for t in tasks] == ["bank", "shop", "files"] * 2
