@@ -73,7 +73,9 @@ def test_sft_then_eval(tmp_path):
 def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     out = run("demo", "--quick", "--untrained", "--model", "tiny-random", "--eval-tasks", "2", "--out", str(tmp_path))
     assert "| after SFT + EnvACE |" in out and "| untrained |" in out
-    assert "gold trajectories of simple, read_only_report tasks" in out and "consistent_f1*consistent_facts" in out
+    assert (
+        "gold trajectories of simple, read_only_report tasks" in out and "0.5 grounded + 0.5 gold_f1*reply_facts" in out
+    )
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert {"untrained", "after SFT", "after SFT + EnvACE", "comparison", "times", "hardware", "seed"} <= set(saved)
     assert saved["comparison"]["n_tasks"] == 2 and saved["hardware"]["cores"] >= 1 and saved["times"]["total_s"] > 0
@@ -114,7 +116,7 @@ def test_the_demo_runs_the_settings_chosen_on_val_and_skips_the_untrained_model_
     assert warmups[-1].task_kinds == cli.DEMO_SFT_KINDS == ("simple", "read_only_report")
     assert warmups[-1].steps == 30 and warmups[-1].bf16 == "auto"
     cfg = trained[-1]
-    assert (cfg.model, cfg.variant, cfg.reward) == ("WARM", "envace", "consistent_f1*consistent_facts")
+    assert (cfg.model, cfg.variant, cfg.reward) == ("WARM", "envace", {"grounded": 0.5, "gold_f1*reply_facts": 0.5})
     assert (cfg.bf16, cfg.rollout_bf16, cfg.iterations, cfg.batch_tasks) == ("auto", "auto", 4, 2)
     demo("--untrained", "--sft-kinds", "all", "--reward", "gold_f1")
     assert evaluated == ["tiny-random", "WARM"]

@@ -32,7 +32,11 @@ import sys
 import time
 from typing import Any
 
+import yaml
+
 from . import __version__
+from .rewards.agreement import spec_label
+from .rewards.functions import DEFAULT_REWARD
 
 
 MODEL_HELP = "model name, model folder, or training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter is merged into its base)"
@@ -77,9 +81,16 @@ def _demo_rollout(**kw: Any) -> Any:
 
 # The demo's settings, chosen on the bank val split (bench/results/rl_settings.md, never on test): a warm-up on the
 # gold of the simple and read-only kinds only, so the kinds whose later calls need an earlier observation (chained)
-# or that recover from a tool error (recovery) are left for RL, then EnvACE with the world-consistent reward.
+# or that recover from a tool error (recovery) are left for RL. The reward is the training default, anchored to the
+# real outcome (envace.rewards.functions.DEFAULT_REWARD): the world-consistent reward the demo was tuned with
+# (consistent_f1*consistent_facts, still --reward) pays full reward to trajectories that fail.
 DEMO_SFT_KINDS = ("simple", "read_only_report")
-DEMO_REWARD = "consistent_f1*consistent_facts"
+DEMO_REWARD = DEFAULT_REWARD
+
+
+def _reward_spec(text: str) -> Any:
+    """A ``--reward`` value: a YAML mapping ``{name: weight}`` when it is one, else the spec text itself."""
+    return yaml.safe_load(text) if text.lstrip().startswith("{") else text
 
 
 def demo_sft_config(
@@ -607,7 +618,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="task kinds whose gold the warm-up sees, comma-separated, or 'all' (default: %(default)s, chosen on val:"
         " the chained and recovery kinds are left for RL)",
     )
-    d.add_argument("--reward", default=DEMO_REWARD, help="the EnvACE step's reward spec (default: %(default)s)")
+    d.add_argument(
+        "--reward",
+        default=DEMO_REWARD,
+        type=_reward_spec,
+        help="the EnvACE step's reward spec: a name, a product a*b, or a YAML mapping {name: weight} "
+        f"(default: {spec_label(DEMO_REWARD)})",
+    )
     d.add_argument("--untrained", action="store_true", help="also evaluate the untrained model first (~2-3 min)")
     d.add_argument("--quick", action="store_true", help="a few steps of everything (smoke run)")
     d.set_defaults(fn=cmd_demo)

@@ -24,7 +24,7 @@ from .backends.base import SamplingParams
 from .backends.loaders import LOADERS
 from .core.logging import report_sinks
 from .core.precision import bf16_setting
-from .rewards.functions import JUDGE_MAX_NEW_TOKENS
+from .rewards.functions import DEFAULT_REWARD, JUDGE_MAX_NEW_TOKENS
 from .rollout.engine import RolloutConfig
 from .rollout.variants import VARIANTS
 
@@ -80,13 +80,14 @@ class TrainConfig:
     the paper. Metrics: ``rollout/real_trajectories``, ``reward/real_mean``, ``reward/rehearsed_mean``."""
     advantage: str = "rolewise"
     """Baseline estimator (envace.math.algos.ADVANTAGES): rolewise (paper), rolewise_std, pooled, pooled_std."""
-    reward: Any = "consistent_f1*consistent_facts"
-    """Reward spec (envace.rewards.functions): a name, a product ``"a*b"``, or {term: weight}. Default: the gold read
-    in the trajectory's own (imagined) world: call F1 where a value the task does not state must come from an earlier
-    observation, times the share of the facts the replies state from the observations (a made-up number scores 0).
-    Chosen on the bank val split (docs/rewards.md): from a warm-up that leaves RL something to learn it raised
-    success by +0.150 [+0.060, +0.240] where ``gold_f1*reply_facts`` (the old default) changed it by -0.030; from a
-    full warm-up both are within noise. "grounded" uses the real environment."""
+    reward: Any = field(default_factory=lambda: dict(DEFAULT_REWARD))
+    """Reward spec (envace.rewards.functions): a name, a product ``"a*b"``, or {term: weight}. Default
+    (:data:`DEFAULT_REWARD`): half the real outcome (``grounded``: Act's calls replayed once, at the end, in a fresh
+    real environment of the task; the rollout itself stays environment-free), half ``gold_f1*reply_facts`` (the
+    gold calls, times the share of the real facts the replies state) for partial credit. Full reward only where
+    the real environment's own check succeeds (tests/test_reward_adversarial.py); refused for MCP tasks without
+    ``allow_replay``. Not yet chosen on val against other anchored rewards (docs/rewards.md); the former default
+    ``consistent_f1*consistent_facts`` pays full reward to failing trajectories and is kept for analysis only."""
     iterations: int = 10
     """Training iterations (one batch of B tasks x K trajectories each)."""
     batch_tasks: int = 4

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -41,6 +42,16 @@ def error_obs(kind: str, message: str) -> dict[str, Any]:
     if kind not in ERROR_KINDS:
         raise ValueError(f"unknown error kind {kind!r}; valid: {', '.join(ERROR_KINDS)}")
     return {"error": {"kind": kind, "message": str(message)}}
+
+
+def states_fact(text: str, fact: Any) -> bool:
+    """Whether ``text`` states ``fact`` as a whole value, case-insensitively: not inside a longer number or word
+    (``"99.00"`` is not stated by ``"$999.00"``, nor ``"frozen"`` by ``"unfrozen"``). The one rule of the built-in
+    environments' and MCP tasks' success checks and of the rewards that check reported facts."""
+    f = str(fact).lower()
+    if not f:
+        return True
+    return re.search(rf"(?<![\w.]){re.escape(f)}(?![\w]|[.,]\d)", text.lower()) is not None
 
 
 def is_error_obs(obs: Any) -> bool:

@@ -46,7 +46,7 @@ from typing import Any
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
+from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs, states_fact
 from .base import ENVS, SUITES, EnvStartupError, Environment, Score
 
 
@@ -357,7 +357,7 @@ def check_trajectory(task: Task, traj: Trajectory) -> Score:
         checks.append(ok)
     if task.expected_outputs:
         text = "\n".join(traj.replies()).lower()
-        found = [o.lower() in text for o in task.expected_outputs]
+        found = [states_fact(text, o) for o in task.expected_outputs]
         details["expected_outputs"] = found
         checks.extend(found)
     if not checks:

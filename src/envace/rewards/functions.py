@@ -51,7 +51,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ..backends.base import Backend, SamplingParams
 from ..core.registry import Registry
-from ..core.types import Task, ToolCall, Trajectory, dumps, is_error_obs
+from ..core.types import Task, ToolCall, Trajectory, dumps, is_error_obs, states_fact
 
 
 @dataclass
@@ -172,9 +172,8 @@ def _rule_not_called(rule: dict[str, Any], traj: Trajectory) -> bool:
 
 @RULES.register("reply_contains")
 def _rule_reply_contains(rule: dict[str, Any], traj: Trajectory) -> bool:
-    """Some text reply contains ``rule["text"]`` (case-insensitive)."""
-    needle = str(rule["text"]).lower()
-    return any(needle in r.lower() for r in traj.replies())
+    """Some text reply states ``rule["text"]`` (case-insensitive, as a whole value: :func:`states_fact`)."""
+    return any(states_fact(r, rule["text"]) for r in traj.replies())
 
 
 @RULES.register("max_calls")
@@ -214,10 +213,10 @@ def checklist(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
 
 
 def facts_found(task: Task, traj: Trajectory) -> list[bool]:
-    """For each of the task's expected outputs, whether some text reply contains it (case-insensitive: the rule
+    """For each of the task's expected outputs, whether the text replies state it (:func:`states_fact`: the rule
     the environments' success checks use, envace.envs.builtin / mcp)."""
-    text = "\n".join(traj.replies()).lower()
-    return [str(fact).lower() in text for fact in task.expected_outputs]
+    text = "\n".join(traj.replies())
+    return [states_fact(text, fact) for fact in task.expected_outputs]
 
 
 @REWARDS.register("reply_facts")
@@ -627,6 +626,14 @@ def grounded(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
 # --------------------------------------------------------------------------------------------------------
 
 RewardSpec = str | Sequence[str | Mapping[str, float]] | Mapping[str, float]
+DEFAULT_REWARD: dict[str, float] = {"grounded": 0.5, "gold_f1*reply_facts": 0.5}
+"""The training default: half the real outcome of the trajectory's calls replayed at the end (``grounded``), half
+the gold calls times the real facts stated (partial credit). Full reward only on real success."""
+TRAINING_REWARDS: tuple[RewardSpec, ...] = (DEFAULT_REWARD, "grounded")
+"""Rewards that give less than full reward to every trajectory the real environment's check fails, on the
+adversarial cases and the >= 100 test tasks per built-in suite of tests/test_reward_adversarial.py. Others
+(``gold_f1*reply_facts``: the same calls in an order that fails; ``consistent_*``: an evasive reply) can be
+maximised without doing the task."""
 PRODUCT = "*"  # joins registered reward names into one product term: "gold_f1*reply_facts"
 
 

@@ -49,7 +49,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ...core.registry import Registry
-from ...core.types import ChecklistItem, ReferenceExample, Task, ToolCall, ToolSpec, Trajectory, dumps, is_error_obs
+from ...core.types import (
+    ChecklistItem,
+    ReferenceExample,
+    Task,
+    ToolCall,
+    ToolSpec,
+    Trajectory,
+    dumps,
+    is_error_obs,
+    states_fact,
+)
 from ..base import Environment, Score, ToolError
 from ..references import ReferencePool, cached_pool, choose_references, json_leaves, record_each
 
@@ -144,7 +154,8 @@ class ToolEnv(Environment):
 
     def score(self, traj: Trajectory) -> Score:
         """Success = this env's outcome state equals the one after running the gold actions in a fresh instance of
-        this domain, and every expected output appears (case-insensitively) in the text replies. That reference run
+        this domain, and the text replies state every expected output (case-insensitively, as a whole value:
+        :func:`~envace.core.types.states_fact`). That reference run
         is part of the check, not an execution of the task: it uses the domain class itself, never the registry's
         factory for ``task.env`` (which may wrap the environment, e.g. to count or forward its calls)."""
         gold_env = type(self)(self.task)
@@ -154,7 +165,7 @@ class ToolEnv(Environment):
         gold_env.close()
         diffs = json_diff(want, got)
         text = "\n".join(traj.replies()).lower()
-        missing = [o for o in self.task.expected_outputs if o.lower() not in text]
+        missing = [o for o in self.task.expected_outputs if not states_fact(text, o)]
         success = not diffs and not missing
         details = {
             "state_match": not diffs,
@@ -278,7 +289,7 @@ class TaskBuilder:
             raise RuntimeError("reply() without an open user() turn")
         self.replies.append(text)
         for e in expect:
-            if e.lower() not in text.lower():
+            if not states_fact(text, e):
                 raise RuntimeError(f"gold reply {text!r} does not contain expected output {e!r}")
             if e not in self.expected:
                 self.expected.append(e)
