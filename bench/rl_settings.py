@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import dataclasses  # noqa: E402
 
-from envace.cli import DEMO_SFT_KINDS, _demo_rollout, demo_sft_config, demo_train_config  # noqa: E402
+from envace.cli import HEADROOM_KINDS, _demo_rollout, demo_sft_config, demo_train_config  # noqa: E402
 from envace.config import to_dict  # noqa: E402
 from envace.evaluation.budget import evaluate_model  # noqa: E402
 from envace.evaluation.trials import compare_results, format_comparison, load_result, save_result  # noqa: E402
@@ -41,7 +41,7 @@ from envace.training.trainer import train  # noqa: E402
 SPLIT, N_TASKS, EVAL_SEED = "val", 100, 1
 # the warm-up that leaves RL something to learn (issue 16's "headroom" lever): no gold of the kinds whose later
 # calls need an earlier observation (chained) or that recover from a tool error (recovery)
-HEADROOM = {"task_kinds": DEMO_SFT_KINDS}  # the demo's warm-up since this choice
+HEADROOM = {"task_kinds": HEADROOM_KINDS}  # the demo's warm-up since this choice
 # name -> (what it tries, TrainConfig fields over the demo's RL defaults below[, SFTConfig fields over the demo's])
 CANDIDATES: dict[str, tuple] = {
     "demo": (

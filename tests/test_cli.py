@@ -1,6 +1,7 @@
 """Subprocess smoke runs of the CLI commands with tiny settings (the tiny random model)."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -73,16 +74,18 @@ def test_sft_then_eval(tmp_path):
 def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     out = run("demo", "--quick", "--untrained", "--model", "tiny-random", "--eval-tasks", "2", "--out", str(tmp_path))
     assert "| after SFT + EnvACE |" in out and "| untrained |" in out
-    assert (
-        "gold trajectories of simple, read_only_report tasks" in out and "0.5 grounded + 0.5 gold_f1*reply_facts" in out
-    )
+    assert "gold trajectories of every kind" in out and "0.5 grounded + 0.5 gold_f1*reply_facts" in out
+    assert "Rehearse fidelity on a fixed shadow set: the first 2 test tasks" in out
+    assert "| after SFT + EnvACE | " in out.split("Rehearse fidelity")[1]  # fidelity before and after RL
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert {"untrained", "after SFT", "after SFT + EnvACE", "comparison", "times", "hardware", "seed"} <= set(saved)
     assert saved["comparison"]["n_tasks"] == 2 and saved["hardware"]["cores"] >= 1 and saved["times"]["total_s"] > 0
+    assert set(saved["fidelity"]) == {"after SFT", "after SFT + EnvACE"}
+    assert saved["fidelity"]["after SFT"]["overall"]["n"] >= 0 and "by_state" in saved["fidelity"]["after SFT"]
     assert (
         "paired 95% CI" in out
         and "Hardware:" in out
-        and (tmp_path / "results.md").read_text().startswith("Held-out bank test tasks: 2")
+        and (tmp_path / "results.md").read_text().startswith("Held-out bank-world test tasks: 2")
     )
     row = next(line for line in out.splitlines() if line.startswith("| untrained |"))
     assert re.match(r"\| untrained \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", row)  # success with its 95% interval
@@ -90,36 +93,104 @@ def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     assert sft["task_ids"] == envace["task_ids"] and len(sft["per_task"]) == 2  # comparable with envace compare
 
 
-def test_the_demo_runs_the_settings_chosen_on_val_and_skips_the_untrained_model_unless_asked(monkeypatch, tmp_path):
+def _demo_spies(monkeypatch, stop_training: bool):
+    """The demo with its stages recorded instead of run: evaluations, fidelity runs, warm-ups and RL configs."""
     import types
 
     import envace.cli as cli
+    import envace.evaluation.trials as trials_mod
     import envace.training.sft as sft_mod
     import envace.training.trainer as trainer_mod
 
     class Stop(Exception):
         pass
 
-    evaluated, warmups, trained = [], [], []
-    monkeypatch.setattr(cli, "_eval", lambda model, *a, **kw: evaluated.append(model))
-    monkeypatch.setattr(sft_mod, "sft", lambda cfg: warmups.append(cfg) or types.SimpleNamespace(checkpoint="WARM"))
-    monkeypatch.setattr(trainer_mod, "train", lambda cfg: trained.append(cfg) or (_ for _ in ()).throw(Stop()))
+    seen: dict = {"evaluated": [], "fidelity": [], "warmups": [], "trained": []}
+
+    def train(cfg):
+        seen["trained"].append(cfg)
+        if stop_training:
+            raise Stop()
+        return types.SimpleNamespace(checkpoint=f"RL-{cfg.variant}")
+
+    metrics = dict.fromkeys(
+        ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"], 0.0
+    )
+    result = types.SimpleNamespace(metrics=metrics, per_task=[])
+    summary = {"overall": {"n": 0.0, "exact": 0.0, "leaf_acc": 0.0, "outcome": 0.0}}
+    monkeypatch.setattr(cli, "_eval", lambda model, *a, **kw: seen["evaluated"].append(model) or result)
+    monkeypatch.setattr(cli, "_fidelity", lambda model, suite, n: seen["fidelity"].append((model, suite, n)) or summary)
+    monkeypatch.setattr(
+        sft_mod, "sft", lambda cfg: seen["warmups"].append(cfg) or types.SimpleNamespace(checkpoint="WARM")
+    )
+    monkeypatch.setattr(trainer_mod, "train", train)
+    monkeypatch.setattr(trials_mod, "save_result", lambda res, path: None)
+    monkeypatch.setattr(trials_mod, "load_result", lambda path: os.path.basename(path))
+    monkeypatch.setattr(trials_mod, "compare_results", lambda a, b, names: (a, b))
+    monkeypatch.setattr(trials_mod, "format_comparison", lambda c: "")
+    return cli, Stop, seen
+
+
+def test_the_demo_warms_up_on_every_kind_of_bank_world_and_skips_the_untrained_model_unless_asked(
+    monkeypatch, tmp_path
+):
+    cli, Stop, seen = _demo_spies(monkeypatch, stop_training=True)
 
     def demo(*argv):
-        evaluated.clear()
+        seen["evaluated"].clear()
         args = cli.build_parser().parse_args(["demo", "--model", "tiny-random", "--out", str(tmp_path), *argv])
         with pytest.raises(Stop):
             cli.cmd_demo(args)
 
     demo()
-    assert evaluated == ["WARM"]  # the SFT model only, before EnvACE; no untrained evaluation by default
-    assert warmups[-1].task_kinds == cli.DEMO_SFT_KINDS == ("simple", "read_only_report")
-    assert warmups[-1].steps == 30 and warmups[-1].bf16 == "auto"
-    cfg = trained[-1]
+    assert seen["evaluated"] == ["WARM"]  # the SFT model only, before EnvACE; no untrained evaluation by default
+    assert seen["fidelity"] == [("WARM", "bank-world", 24)]  # Rehearse fidelity before RL, on the shadow set
+    warm = seen["warmups"][-1]
+    assert (warm.suite, warm.task_kinds, warm.steps, warm.bf16) == ("bank-world", None, 30, "auto")
+    cfg = seen["trained"][-1]
     assert (cfg.model, cfg.variant, cfg.reward) == ("WARM", "envace", {"grounded": 0.5, "gold_f1*reply_facts": 0.5})
-    assert (cfg.bf16, cfg.rollout_bf16, cfg.iterations, cfg.batch_tasks) == ("auto", "auto", 4, 2)
-    demo("--untrained", "--sft-kinds", "all", "--reward", "gold_f1")
-    assert evaluated == ["tiny-random", "WARM"]
-    assert warmups[-1].task_kinds is None and trained[-1].reward == "gold_f1"
+    assert (cfg.bf16, cfg.rollout_bf16, cfg.iterations, cfg.batch_tasks, cfg.suite) == (
+        "auto",
+        "auto",
+        4,
+        2,
+        "bank-world",
+    )
+    demo("--untrained", "--sft-kinds", ",".join(cli.HEADROOM_KINDS), "--reward", "gold_f1", "--suite", "bank")
+    assert seen["evaluated"] == ["tiny-random", "WARM"]
+    assert seen["warmups"][-1].task_kinds == ("simple", "read_only_report") and seen["trained"][-1].reward == "gold_f1"
+    assert seen["warmups"][-1].suite == "bank" and seen["trained"][-1].suite == "bank"
     with pytest.raises(ValueError, match="valid kinds"):
         cli.cmd_demo(cli.build_parser().parse_args(["demo", "--sft-kinds", "chianed", "--out", str(tmp_path)]))
+
+
+def test_the_full_demo_trains_each_control_with_envaces_budget_from_the_same_warm_up_and_pairs_it_with_envace(
+    monkeypatch, tmp_path
+):
+    cli, _, seen = _demo_spies(monkeypatch, stop_training=False)
+    args = cli.build_parser().parse_args(["demo", "--full", "--model", "tiny-random", "--out", str(tmp_path)])
+    assert cli.cmd_demo(args) == 0
+    envace, *controls = seen["trained"]
+    assert [c.variant for c in controls] == ["caller_only", "real_env"] and envace.variant == "envace"
+    for c in controls:  # one budget, one warm-up, one reward; only who answers and what is trained differ
+        assert (c.model, c.iterations, c.batch_tasks, c.lr, c.reward, c.seed) == (
+            envace.model,
+            envace.iterations,
+            envace.batch_tasks,
+            envace.lr,
+            envace.reward,
+            envace.seed,
+        )
+        assert c.rollout.group_size == envace.rollout.group_size and c.out_dir != envace.out_dir
+    policies = [os.path.join(f"RL-{v}", "policy") for v in ("envace", "caller_only", "real_env")]
+    assert seen["evaluated"] == ["WARM", *policies]
+    assert [m for m, _, _ in seen["fidelity"]] == ["WARM", *policies]  # fidelity of every trained model
+    saved = json.loads((tmp_path / "demo_results.json").read_text())
+    assert saved["comparisons"] == {
+        "sft_vs_envace": ["sft.json", "envace.json"],
+        "envace_vs_caller_only": ["envace.json", "caller_only.json"],
+        "envace_vs_real_env": ["envace.json", "real_env.json"],
+    }
+    assert (
+        "A = after SFT + EnvACE, B = after SFT + caller-only (Rehearse frozen)" in (tmp_path / "results.md").read_text()
+    )
