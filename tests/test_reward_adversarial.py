@@ -88,3 +88,15 @@ def test_the_gameable_rewards_are_not_the_default():
     assert "evasive reply" in full_on_failure("consistent_f1*consistent_facts", "bank")
     assert "calls reversed" in full_on_failure("gold_f1*reply_facts", "files")  # the same calls, an order that fails
     assert TrainConfig().reward == DEFAULT_REWARD
+
+
+def test_training_with_a_reward_that_has_no_real_anchor_is_warned_in_one_line_and_the_training_rewards_are_not():
+    from envace.rewards.functions import unanchored_note
+
+    for spec in TRAINING_REWARDS:
+        assert unanchored_note(spec) is None, spec
+    for spec in ("consistent_f1*consistent_facts", "gold_f1*reply_facts", {"gold_f1": 1.0, "grounded": 0.0}):
+        note = unanchored_note(spec)
+        assert note is not None and "\n" not in note and "grounded" in note and "reward_audit.md" in note
+    # the gameable specs do earn full reward on failing trajectories (the audit), so the note is never a false alarm
+    assert full_on_failure("gold_f1*reply_facts", "files") and full_on_failure("consistent_f1*consistent_facts", "bank")

@@ -657,6 +657,24 @@ def reward_names(spec: RewardSpec) -> set[str]:
     return {f for term in parse_reward_spec(spec) for f in term_factors(term)}
 
 
+ANCHOR = "grounded"
+"""The reward that reads the real outcome: a spec with a positive-weight term that has it as a factor pays full reward
+only where the real environment's check passes."""
+
+
+def unanchored_note(spec: RewardSpec) -> str | None:
+    """One line saying that ``spec`` has no component anchored to the real outcome (:data:`ANCHOR`), so that a
+    trajectory that fails can earn full reward (``bench/results/reward_audit.md`` counts how often); None when it
+    has one. Training with such a spec is allowed (the paper's comparisons and older runs use them) and warned."""
+    if any(ANCHOR in term_factors(t) and w > 0 for t, w in parse_reward_spec(spec).items()):
+        return None
+    names = ", ".join(sorted(parse_reward_spec(spec)))
+    return (
+        f"envace: reward {names} has no component anchored to the real outcome ({ANCHOR}): a trajectory that fails can"
+        " earn full reward (bench/results/reward_audit.md); the default anchors it"
+    )
+
+
 def parse_reward_spec(spec: RewardSpec) -> dict[str, float]:
     """``"name"`` | ``["a", "b"]`` (weight 1 each) | ``[{"a": 0.5}, {"b": 0.5}]`` | ``{"a": 0.5, "b": 0.5}``
     -> ``{term: weight}``. A term is a registered name or a product ``"a*b"`` of them (:func:`term_factors`);

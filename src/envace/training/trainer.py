@@ -24,6 +24,7 @@ import copy
 import functools
 import importlib
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -50,7 +51,7 @@ from ..envs import load_tasks_of_kinds
 from ..core.logging import MetricsLogger, truncate_jsonl
 from ..backends.models import context_length, load_frozen, load_trainable, make_optimizer, model_path
 from ..core.precision import use_bf16
-from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories
+from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories, unanchored_note
 from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..core.seeding import derive_seed, seed_everything
 from ..core.types import Row, Task, Trajectory, write_jsonl
@@ -571,6 +572,8 @@ def reward_context(cfg: TrainConfig, policy: Backend, dist: Dist) -> RewardConte
         raise ValueError(
             "reward 'checklist_judge' needs a judge: set judge to policy, a local model or an http(s)://.../v1 URL (e.g. --set judge=policy)"
         )
+    if dist.is_main and (note := unanchored_note(cfg.reward)):
+        print(note, file=sys.stderr, flush=True)
     judge = judge_backend(cfg, policy, dist)
     return RewardContext(
         judge=judge,

@@ -1,0 +1,141 @@
+"""Does Rehearse fidelity rise with Rehearse training, on a persistent world and on a fresh one? (issue 27, item 3)
+
+From a warm-up of the demo's shape (30 steps x 4 gold trajectories of every kind, lr 1e-4), two more supervised
+stages train the **Rehearse rows only** (`SFTConfig.roles = [rehearse]`: the real observations of gold
+trajectories of train tasks; 40 steps x 4 each, lr 1e-4, seeds 1 and 2, so each stage draws its own 256 train
+tasks). After the warm-up and after each stage, Rehearse fidelity is measured exactly as `envace demo` measures it
+(`envace.cli._fidelity`: the first 24 test tasks, one trajectory each, Act at T=1.0, rollout seed 1, every rehearsed
+observation scored against the real one). Two suites with the same tools and templates:
+
+- `bank-world`: every task starts from the record of one of eight customers, the same record each time, so a
+  balance, a transaction or a frozen account can be learnt; the warm-up is the demo's own (`runs/demo-world/sft`,
+  written by `envace demo --full --out runs/demo-world`), or trained here when missing.
+- `bank`: a fresh random world per task, which no training can predict beyond the tools' formats and rules.
+
+    python bench/world_learning.py                 # both suites, resumable (a stage whose output exists is kept)
+    python bench/world_learning.py --suites bank-world
+
+Writes docs/results/world-learning/: one fidelity summary per (suite, stage) and summary.md / summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from envace.cli import DEMO_FIDELITY_TASKS, _fidelity, demo_sft_config, fidelity_table  # noqa: E402
+from envace.config import SFTConfig  # noqa: E402
+from envace.core.precision import hardware_summary  # noqa: E402
+from envace.training.sft import sft  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+STAGES = (("r40", 1), ("r80", 2))
+"""The Rehearse-only stages after the warm-up: (name, seed); each trains 40 steps from the one before."""
+REHEARSE_STEPS = 40
+WARMUPS = {"bank-world": "runs/demo-world/sft"}
+"""Warm-ups made elsewhere (the demo's); a suite without one gets a warm-up of the demo's shape here."""
+
+
+def trained(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "DONE"))
+
+
+def mark_done(path: str) -> None:
+    Path(path, "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
+
+
+def warm_up(suite: str, runs: str) -> str:
+    given = WARMUPS.get(suite)
+    if given and os.path.isdir(os.path.join(given, "checkpoints")):  # saved when the warm-up is done
+        return given
+    out = os.path.join(runs, f"{suite}-sft30")
+    if not trained(out):
+        cfg = demo_sft_config(MODEL, suite, out, seed=0)
+        cfg.progress = False
+        sft(cfg)
+        mark_done(out)
+    return out
+
+
+def rehearse_stage(start: str, suite: str, out: str, seed: int) -> str:
+    if not trained(out):
+        sft(
+            SFTConfig(
+                model=start,
+                suite=suite,
+                roles=("rehearse",),
+                steps=REHEARSE_STEPS,
+                batch_tasks=4,
+                lr=1e-4,
+                bf16="auto",
+                seed=seed,
+                out_dir=out,
+                tensorboard=False,
+                progress=False,
+            )
+        )
+        mark_done(out)
+    return out
+
+
+def measure(model: str, suite: str, path: Path) -> dict:
+    if path.exists():
+        return json.loads(path.read_text())["summary"]
+    t0 = time.perf_counter()
+    summary = _fidelity(model, suite, DEMO_FIDELITY_TASKS)
+    path.write_text(
+        json.dumps(
+            {"model": model, "suite": suite, "seconds": round(time.perf_counter() - t0), "summary": summary}, indent=1
+        )
+    )
+    return summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--suites", nargs="+", default=["bank-world", "bank"])
+    p.add_argument("--out", default="docs/results/world-learning")
+    p.add_argument("--runs", default="runs/world-learning")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, results = [], {}
+    for suite in args.suites:
+        model = warm_up(suite, args.runs)
+        stages = [("warm-up (SFT 30 x 4, both roles)", model)]
+        for i, (name, seed) in enumerate(STAGES):
+            model = rehearse_stage(model, suite, os.path.join(args.runs, f"{suite}-{name}"), seed)
+            stages.append((f"+ {REHEARSE_STEPS * (i + 1)} steps x 4, Rehearse rows only", model))
+        for i, (label, path) in enumerate(stages):
+            summary = measure(path, suite, out / f"{suite}-{i}.json")
+            rows.append((f"`{suite}`: {label}", summary))
+            results[f"{suite}/{i}"] = {"label": label, "model": path, "summary": summary}
+            print(
+                f"{suite} {label}: exact {summary['overall']['exact']:.3f} (n={int(summary['overall']['n'])})",
+                flush=True,
+            )
+    lines = [
+        "Rehearse fidelity on the first 24 test tasks of each suite, one trajectory each (Act at T=1.0, seed 1), every",
+        "rehearsed observation against the real one; exact = canonical JSON equal, 95% Wilson interval over observations.",
+        "`python bench/world_learning.py`",
+        "",
+        *fidelity_table(rows),
+        "",
+        f"Hardware: {hardware_summary()['cpu']}",
+    ]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    (out / "summary.json").write_text(json.dumps(results, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
