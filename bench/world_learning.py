@@ -2,8 +2,8 @@
 
 From a warm-up of the demo's shape (30 steps x 4 gold trajectories of every kind, lr 1e-4), two more supervised
 stages train the **Rehearse rows only** (`SFTConfig.roles = [rehearse]`: the real observations of gold
-trajectories of train tasks; 40 steps x 4 each, lr 1e-4, seeds 1 and 2, so each stage draws its own 256 train
-tasks). After the warm-up and after each stage, Rehearse fidelity is measured exactly as `envace demo` measures it
+trajectories of train tasks; `--steps` (40) x 4 each, lr 1e-4, stage i with seed i, so each draws its own 256
+train tasks). After the warm-up and after each stage, Rehearse fidelity is measured exactly as `envace demo` measures it
 (`envace.cli._fidelity`: the first 24 test tasks, one trajectory each, Act at T=1.0, rollout seed 1, every rehearsed
 observation scored against the real one). Two suites with the same tools and templates:
 
@@ -38,9 +38,8 @@ from envace.core.precision import hardware_summary  # noqa: E402
 from envace.training.sft import sft  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
-STAGES = (("r40", 1), ("r80", 2))
-"""The Rehearse-only stages after the warm-up: (name, seed); each trains 40 steps from the one before."""
 REHEARSE_STEPS = 40
+"""Optimizer steps (x 4 gold trajectories) of each Rehearse-only stage; stage i (from 1) has seed i."""
 WARMUPS = {"bank-world": "runs/demo-world/sft"}
 """Warm-ups made elsewhere (the demo's); a suite without one gets a warm-up of the demo's shape here."""
 
@@ -66,14 +65,14 @@ def warm_up(suite: str, runs: str) -> str:
     return out
 
 
-def rehearse_stage(start: str, suite: str, out: str, seed: int) -> str:
+def rehearse_stage(start: str, suite: str, out: str, seed: int, steps: int) -> str:
     if not trained(out):
         sft(
             SFTConfig(
                 model=start,
                 suite=suite,
                 roles=("rehearse",),
-                steps=REHEARSE_STEPS,
+                steps=steps,
                 batch_tasks=4,
                 lr=1e-4,
                 bf16="auto",
@@ -105,6 +104,8 @@ def main() -> None:
     p.add_argument("--suites", nargs="+", default=["bank-world", "bank"])
     p.add_argument("--out", default="docs/results/world-learning")
     p.add_argument("--runs", default="runs/world-learning")
+    p.add_argument("--stages", type=int, default=2, help="Rehearse-only stages after the warm-up")
+    p.add_argument("--steps", type=int, default=REHEARSE_STEPS, help="optimizer steps of each stage")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -112,9 +113,10 @@ def main() -> None:
     for suite in args.suites:
         model = warm_up(suite, args.runs)
         stages = [("warm-up (SFT 30 x 4, both roles)", model)]
-        for i, (name, seed) in enumerate(STAGES):
-            model = rehearse_stage(model, suite, os.path.join(args.runs, f"{suite}-{name}"), seed)
-            stages.append((f"+ {REHEARSE_STEPS * (i + 1)} steps x 4, Rehearse rows only", model))
+        for i in range(1, args.stages + 1):
+            name = f"{suite}-r{args.steps * i}"
+            model = rehearse_stage(model, suite, os.path.join(args.runs, name), seed=i, steps=args.steps)
+            stages.append((f"+ {args.steps * i} steps x 4, Rehearse rows only", model))
         for i, (label, path) in enumerate(stages):
             summary = measure(path, suite, out / f"{suite}-{i}.json")
             rows.append((f"`{suite}`: {label}", summary))
