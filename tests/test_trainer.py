@@ -295,6 +295,37 @@ def test_the_rollout_correction_is_on_where_the_sampler_is_not_the_trainer(tmp_p
     assert 0.0 <= m["mismatch/kl"] < 0.1 and 0.0 <= m["mismatch/clipped_share"] < 0.1
 
 
+def test_mismatch_metrics_of_two_processes_are_those_of_the_whole_batch():
+    """Each process holds its own rows; the merged mismatch/* (token-weighted means, max of the maxima: the largest
+    ratio, e**2, is process 1's) equal one process's over all rows."""
+    from envace.training.distributed import Dist
+    from envace.training.trainer import mismatch_metrics
+
+    rows = [_row(f"t{i}", [1, 2], list(range(n))) for i, n in enumerate((3, 1, 4, 2))]
+    for r, old in zip(rows, ([-1.0, -2.0, -0.5], [-0.1], [-3.0, -1.0, -1.0, -2.0], [-0.7, -0.2])):
+        r.old_logprobs = old
+    sampler = [[-1.5, -1.0, -0.5], [-0.1], [-2.0, -1.5, -3.0, -2.0], [-0.2, -0.9]]
+
+    class Gathered(Dist):
+        world_size = 2
+
+        def __init__(self, other=None):
+            super().__init__()
+            self.other, self.sent = other, None
+
+        def all_gather(self, obj):
+            self.sent = obj
+            return [obj, self.other]
+
+    second = Gathered({})
+    mismatch_metrics(rows[2:], sampler[2:], 2.0, second)  # what process 1 sends
+    merged = mismatch_metrics(rows[:2], sampler[:2], 2.0, Gathered(second.sent))
+    whole = mismatch_metrics(rows, sampler, 2.0, Dist())
+    assert merged == pytest.approx(whole) and whole["mismatch/clipped_share"] == pytest.approx(2 / 10)
+    assert whole["mismatch/ratio_max"] == pytest.approx(math.exp(2.0)) and whole["mismatch/kl"] > 0
+    assert mismatch_metrics([], [], 2.0, Dist()) == {}
+
+
 def test_tis_cap_round_trips_through_yaml_and_the_command_line(tmp_path):
     import yaml
 
