@@ -14,6 +14,7 @@ from envace.math.algos import (
     kl_k3,
     loss_normalizer,
     policy_loss,
+    rollout_correction,
     sft_loss,
     token_logprobs,
 )
@@ -249,8 +250,8 @@ def test_micro_batch_losses_with_the_batch_normalizer_sum_to_the_full_batch_loss
     assert naive != pytest.approx(full.item(), abs=1e-3)
 
 
-def _loop_policy_loss(logp, old, adv, mask, eps, eps_high, agg):
-    """Readable reference: one token at a time."""
+def _loop_policy_loss(logp, old, adv, mask, eps, eps_high, agg, weights=None):
+    """Readable reference: one token at a time (each token's loss times ``weights[i, t]`` when given)."""
     row_means, tok_sum, n_tok = [], 0.0, 0
     for i in range(logp.shape[0]):
         s, n = 0.0, 0
@@ -260,7 +261,7 @@ def _loop_policy_loss(logp, old, adv, mask, eps, eps_high, agg):
             rho = math.exp(logp[i, t].item() - old[i, t].item())
             a = adv[i].item()
             obj = min(rho * a, min(max(rho, 1 - eps), 1 + eps_high) * a)
-            s += -obj
+            s += -obj * (1.0 if weights is None else weights[i, t].item())
             n += 1
         tok_sum += s
         n_tok += n
@@ -282,6 +283,11 @@ def test_vectorised_policy_loss_matches_the_loop_reference(agg):
         mask = torch.rand(rows, T, generator=g) > 0.3
         loss, _ = policy_loss(logp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28, agg=agg)
         assert loss.item() == pytest.approx(_loop_policy_loss(logp, old, adv, mask, 0.2, 0.28, agg), abs=1e-10)
+        sampler = old + 0.5 * torch.randn(rows, T, generator=g, dtype=torch.float64)
+        w, _ = rollout_correction(old, sampler, mask, cap=2.0)
+        loss, _ = policy_loss(logp, old, adv, mask, clip_eps=0.2, clip_eps_high=0.28, agg=agg, is_weights=w)
+        ref = _loop_policy_loss(logp, old, adv, mask, 0.2, 0.28, agg, weights=(sampler - old).neg().exp().clamp(max=2))
+        assert loss.item() == pytest.approx(ref, abs=1e-10)
 
 
 def test_policy_loss_rejects_mismatched_shapes():
@@ -296,6 +302,71 @@ def test_aggregate_rejects_a_non_positive_normalizer_and_unknown_names():
         aggregate(torch.ones(1, 2), torch.ones(1, 2), "token_mean", normalizer=0.0)
     with pytest.raises(UnknownNameError, match="seq_mean, token_mean"):
         aggregate(torch.ones(1, 2), torch.ones(1, 2), "sum")
+
+
+# ---------------------------------------------------------------------------------------------- rollout correction
+
+
+def _mismatch_case():
+    """The tokens of :func:`_clip_case`, sampled by a policy other than pi_old: r = pi_old / pi_sampler is
+    4 and 0.8 on row 0, 1 and 0.5 on row 1; the masked third token's sampler log-prob is wild."""
+    logp, old, adv, mask = _clip_case()
+    sampler = torch.log(torch.tensor([[0.05, 0.5, 1e-9], [0.2, 0.8, 1e-9]]))
+    return logp, old, adv, mask, sampler
+
+
+def test_rollout_correction_changes_nothing_when_sampler_and_trainer_agree():
+    logp, old, adv, mask = _clip_case()
+    w, m = rollout_correction(old, old.clone(), mask, cap=2.0)
+    assert torch.equal(w, torch.ones_like(w))
+    assert m == {"kl": 0.0, "clipped_share": 0.0, "ratio_mean": 1.0, "ratio_max": 1.0, "n_tokens": 4.0}
+    plain_logp = logp.detach().clone().requires_grad_(True)
+    plain, _ = policy_loss(plain_logp, old, adv, mask)
+    corrected, _ = policy_loss(logp, old, adv, mask, is_weights=w)
+    assert corrected.item() == plain.item() == pytest.approx(0.15, abs=1e-6)  # the hand value of the clip case
+    plain.backward()
+    corrected.backward()
+    assert torch.equal(logp.grad, plain_logp.grad)
+
+
+def test_truncated_importance_weights_hand_values_and_gradients():
+    """Weights min(r, 2): row 0 [2, 0.8], row 1 [1, 0.5]; the clip case's per-token losses [-1.2, -0.5] and
+    [1.5, 0.8] become [-2.4, -0.4] and [1.5, 0.4]; the gradients of the unclipped tokens are scaled by w."""
+    logp, old, adv, mask, sampler = _mismatch_case()
+    w, m = rollout_correction(old, sampler, mask, cap=2.0)
+    assert w.tolist() == [pytest.approx([2.0, 0.8, 1.0]), pytest.approx([1.0, 0.5, 1.0])]  # 1 on padding
+    loss, pm = policy_loss(logp, old, adv, mask, clip_eps=0.2, is_weights=w)
+    assert loss.item() == pytest.approx((-2.4 - 0.4 + 1.5 + 0.4) / 4, abs=1e-6)  # -0.225
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([0.0, -0.5 * 0.8 / 4, 0.0, 1.5 / 4, 0.0, 0.0], abs=1e-6)
+    assert pm["clip_frac"] == pytest.approx(0.5)  # the PPO clip is the trainer's business, unchanged
+    # k3 of KL(sampler || old), r - 1 - ln r: 4 -> 3 - ln 4; 0.8 -> -0.2 - ln 0.8; 1 -> 0; 0.5 -> -0.5 + ln 2
+    assert m["kl"] == pytest.approx((1.6137056 + 0.0231436 + 0.0 + 0.1931472) / 4, abs=1e-6)
+    assert m["clipped_share"] == pytest.approx(0.25) and m["n_tokens"] == 4.0
+    assert m["ratio_mean"] == pytest.approx((4 + 0.8 + 1 + 0.5) / 4) and m["ratio_max"] == pytest.approx(4.0)
+
+
+def test_the_cap_bounds_the_weights_and_counts_what_it_cut():
+    _, old, _, mask, sampler = _mismatch_case()
+    for cap, w00, share in ((1.0, 1.0, 0.25), (2.0, 2.0, 0.25), (5.0, 4.0, 0.0), (math.inf, 4.0, 0.0)):
+        w, m = rollout_correction(old, sampler, mask, cap=cap)
+        assert w[0, 0].item() == pytest.approx(w00) and w.max().item() <= cap
+        assert w[0, 1].item() == pytest.approx(0.8) and m["clipped_share"] == pytest.approx(share)
+    for cap in (0.5, 0.0, float("nan")):
+        with pytest.raises(ValueError, match="cap"):
+            rollout_correction(old, sampler, mask, cap=cap)
+
+
+def test_the_weights_carry_no_gradient():
+    logp, old, adv, mask, sampler = _mismatch_case()
+    old_g = old.clone().requires_grad_(True)
+    w, _ = rollout_correction(old_g, sampler, mask, cap=2.0)
+    assert not w.requires_grad
+    w_g = w.clone().requires_grad_(True)
+    policy_loss(logp, old, adv, mask, is_weights=w_g)[0].backward()
+    assert w_g.grad is None and logp.grad is not None
+    with pytest.raises(ValueError, match="is_weights"):
+        policy_loss(logp, old, adv, mask, is_weights=w[:, :2])
 
 
 # ---------------------------------------------------------------------------------------------- KL, SFT, log-probs

@@ -1,5 +1,6 @@
 """Trainer: masks by role, one step changes the parameters, every variant runs, kill and resume continues."""
 
+import math
 import os
 import signal
 import subprocess
@@ -234,6 +235,110 @@ def test_bf16_rollouts_decode_through_packed_weights_while_the_update_stays_floa
     res = train(cfg)
     m = read_metrics(res.out_dir)[-1]
     assert m["step"] == 1 and m["act/rows"] > 0
+
+
+def _rewarded_and_perturbed(monkeypatch, shift):
+    """Trajectories rewarded 0, 1, 0, 1, ... (an update with signal), whose recorded sampler log-probs are lowered
+    by ``shift`` on every other completion token: a sampler that is not the trainer, ratio e**shift there."""
+    import envace.training.trainer as trainer
+
+    rollout, score = trainer.rollout_batch, trainer.score_trajectories
+
+    def perturbed(run, it):
+        trajs = rollout(run, it)
+        for t in trajs:
+            for r in t.rows:
+                r.old_logprobs = [lp - shift * (j % 2) for j, lp in enumerate(r.old_logprobs)]
+        return trajs
+
+    def rewarded(tasks, trajs, *a, **kw):
+        score(tasks, trajs, *a, **kw)
+        for i, t in enumerate(trajs):
+            t.reward = float(i % 2)
+
+    monkeypatch.setattr(trainer, "rollout_batch", perturbed)
+    monkeypatch.setattr(trainer, "score_trajectories", rewarded)
+
+
+def test_a_perturbed_sampler_moves_the_mismatch_metrics_and_through_the_correction_the_weights(tmp_path, monkeypatch):
+    """Float32 rollouts with recompute_old_logprobs: the sampler is the trainer (mismatch ~0). Lowering the recorded
+    log-probs by 1 on every other token shows up in mismatch/* and, with the correction on, changes the trained
+    weights; with it off (tis_cap None) the sampler's numbers never reach the loss: the weights are bit-equal."""
+    from safetensors.torch import load_file
+
+    def run(name, shift, tis_cap):
+        _rewarded_and_perturbed(monkeypatch, shift)
+        res = train(_tiny_cfg(tmp_path / name, "envace", recompute_old_logprobs=True, tis_cap=tis_cap))
+        monkeypatch.undo()
+        return res.metrics[-1], load_file(os.path.join(res.checkpoint, "policy", "model.safetensors"))
+
+    (same, w_same), (moved, w_moved) = run("same", 0.0, 2.0), run("moved", 1.0, 2.0)
+    (_, w_off), (moved_off, w_moved_off) = run("off", 0.0, None), run("moved_off", 1.0, None)
+    assert same["adv/adv_abs_mean"] > 0 and same["loss/policy/grad_norm"] > 0
+    assert same["mismatch/kl"] < 1e-5 and same["mismatch/clipped_share"] == 0.0
+    assert same["mismatch/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    # every other token at r = e > 2: k3 = e - 2 there, about half of the tokens clipped
+    assert 0.25 < moved["mismatch/kl"] < (math.e - 2) / 2 + 1e-3 and 0.3 < moved["mismatch/clipped_share"] <= 0.5
+    assert moved["mismatch/ratio_max"] == pytest.approx(math.e, rel=1e-3)
+    assert moved_off["mismatch/kl"] == pytest.approx(moved["mismatch/kl"])  # logged without the correction too
+    assert any(not torch.equal(w_same[k], w_moved[k]) for k in w_same)
+    assert all(torch.equal(w_off[k], w_moved_off[k]) for k in w_off)
+
+
+def test_the_rollout_correction_is_on_where_the_sampler_is_not_the_trainer(tmp_path):
+    """Float32 rollouts and update: nothing recomputed, no mismatch/* logged; bf16 rollouts, float32 update: the old
+    log-probs are recomputed, so the correction (default cap 2) applies and the mismatch is logged."""
+    assert TrainConfig().tis_cap == 2.0
+    assert not [k for k in train(_tiny_cfg(tmp_path / "f32", "envace")).metrics[-1] if k.startswith("mismatch/")]
+    m = train(_tiny_cfg(tmp_path / "bf16", "envace", rollout_bf16=True)).metrics[-1]
+    assert {"mismatch/kl", "mismatch/clipped_share", "mismatch/ratio_mean", "mismatch/ratio_max"} <= set(m)
+    assert 0.0 <= m["mismatch/kl"] < 0.1 and 0.0 <= m["mismatch/clipped_share"] < 0.1
+
+
+def test_mismatch_metrics_of_two_processes_are_those_of_the_whole_batch():
+    """Each process holds its own rows; the merged mismatch/* (token-weighted means, max of the maxima: the largest
+    ratio, e**2, is process 1's) equal one process's over all rows."""
+    from envace.training.distributed import Dist
+    from envace.training.trainer import mismatch_metrics
+
+    rows = [_row(f"t{i}", [1, 2], list(range(n))) for i, n in enumerate((3, 1, 4, 2))]
+    for r, old in zip(rows, ([-1.0, -2.0, -0.5], [-0.1], [-3.0, -1.0, -1.0, -2.0], [-0.7, -0.2])):
+        r.old_logprobs = old
+    sampler = [[-1.5, -1.0, -0.5], [-0.1], [-2.0, -1.5, -3.0, -2.0], [-0.2, -0.9]]
+
+    class Gathered(Dist):
+        world_size = 2
+
+        def __init__(self, other=None):
+            super().__init__()
+            self.other, self.sent = other, None
+
+        def all_gather(self, obj):
+            self.sent = obj
+            return [obj, self.other]
+
+    second = Gathered({})
+    mismatch_metrics(rows[2:], sampler[2:], 2.0, second)  # what process 1 sends
+    merged = mismatch_metrics(rows[:2], sampler[:2], 2.0, Gathered(second.sent))
+    whole = mismatch_metrics(rows, sampler, 2.0, Dist())
+    assert merged == pytest.approx(whole) and whole["mismatch/clipped_share"] == pytest.approx(2 / 10)
+    assert whole["mismatch/ratio_max"] == pytest.approx(math.exp(2.0)) and whole["mismatch/kl"] > 0
+    assert mismatch_metrics([], [], 2.0, Dist()) == {}
+
+
+def test_tis_cap_round_trips_through_yaml_and_the_command_line(tmp_path):
+    import yaml
+
+    from envace.config import from_dict, to_dict
+
+    cfg = TrainConfig(tis_cap=3.5)
+    assert from_dict(TrainConfig, yaml.safe_load(yaml.safe_dump(to_dict(cfg)))) == cfg
+    p = tmp_path / "c.yaml"
+    p.write_text("tis_cap: null\n")
+    assert load_config(TrainConfig, str(p), []).tis_cap is None
+    assert load_config(TrainConfig, str(p), ["tis_cap=4"]).tis_cap == 4.0
+    with pytest.raises(ValueError, match="tis_cap"):
+        load_config(TrainConfig, None, ["tis_cap=0.5"])
 
 
 def test_update_parts_cover_every_row_once_per_epoch_and_default_to_one_step_in_order():

@@ -121,7 +121,8 @@ class TrainConfig:
     """bf16 rollouts on their own: true, false, ``auto`` (as for ``bf16``) or None (as ``bf16``). On CPU a Llama
     model's decode steps then run on packed bf16 weights (envace.backends.fastdecode; ~1.5-2x faster decode on a CPU
     with AVX-512-BF16), prefill under bf16 autocast. The sampler's log-probs then differ from a float32 trainer's by ~0.014 nats per token on average
-    (docs/benchmarks.md), so ``recompute_old_logprobs`` is on by default when the update runs in float32."""
+    (docs/benchmarks.md), so ``recompute_old_logprobs`` (and with it ``tis_cap``) is on by default when the update
+    runs in float32."""
     simulator_model: str | None = None
     """Frozen model for the simulator variant (None: the initial model ``model``, loaded fresh, also on resume; an
     http(s)://.../v1 URL: a model served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""
@@ -145,6 +146,14 @@ class TrainConfig:
     """Recompute the rows' old log-probs with the trainer's model before each update instead of trusting the
     sampler's (costs one forward without grad). None: only where the sampler's numbers are not the trainer's: a
     separate engine (vllm: untempered log-probs from other kernels) or ``rollout_bf16`` differing from ``bf16``."""
+    tis_cap: float | None = 2.0
+    """Truncated importance sampling against the train-inference mismatch, the cap C: where the old log-probs are
+    recomputed (``recompute_old_logprobs``, on by default where sampler and trainer differ) each token's policy
+    loss is multiplied by ``min(pi_old / pi_sampler, C)`` from the sampler's own log-probs, without grad (verl's
+    token-level rollout correction, whose threshold defaults to 2; TRL's ``vllm_importance_sampling_cap``; SkyRL's
+    TIS). None: no correction. Either way a recomputing run logs ``mismatch/kl`` (k3), ``mismatch/clipped_share``
+    (tokens whose ratio exceeds C) and ``mismatch/ratio_mean`` / ``ratio_max`` each iteration. At least 1. The
+    sampler's log-probs must be of the distribution the trainer computes (tempered), as the HF backend's are."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     out_dir: str = "runs/train"
     """Where metrics, trajectories and checkpoints go."""
@@ -185,6 +194,8 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig: update_epochs >= 1 and mini_batches >= 1 are required (got {self.update_epochs}, {self.mini_batches})"
             )
+        if self.tis_cap is not None and not self.tis_cap >= 1.0:
+            raise ValueError(f"TrainConfig.tis_cap: must be None or >= 1, got {self.tis_cap}")
         if self.resume not in RESUME_POLICIES:
             raise ValueError(
                 f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}"

@@ -13,6 +13,9 @@ Pieces:
   ``"pooled_std"``. Every estimator has the signature of :func:`rolewise_advantages`.
 - The PPO-clipped surrogate :func:`policy_loss` over all completion tokens of a batch, aggregated by an
   entry of :data:`AGGREGATIONS` (``"token_mean"``, the reference setting, or ``"seq_mean"``).
+- :func:`rollout_correction`: truncated importance weights ``min(pi_old / pi_sampler, C)`` per token against the
+  train-inference mismatch (a bf16 or vLLM sampler, a float32 trainer), passed to :func:`policy_loss` as
+  ``is_weights``, and how far the two policies are apart.
 - :func:`kl_k3`, the per-token low-variance estimator of KL(pi_theta || pi_ref), off by default in training.
 - :func:`sft_loss` (negative log-likelihood) for the SFT warm-up and :func:`token_logprobs`.
 
@@ -29,6 +32,9 @@ Departures from the paper / reference code, all documented where they happen:
   whose rows all share one reward (or that holds one row) gets advantage 0, never ``0 / 0``.
 - The log-ratio ``logp - old_logp`` is clamped to [-20, 20] before ``exp`` (as verl does) so a stale or
   corrupt old log-prob cannot overflow; at such ratios the clip bound is active anyway for A > 0.
+- Beyond the paper: where the sampler is not the trainer, pi_old is the trainer's recomputation and each token's
+  loss is multiplied by the truncated weight of :func:`rollout_correction` (token-level TIS, as verl's rollout
+  correction, TRL's ``vllm_importance_sampling_correction`` and SkyRL do).
 """
 
 from __future__ import annotations
@@ -280,8 +286,9 @@ def policy_loss(
     clip_eps_high: float | None = None,
     agg: str = "token_mean",
     normalizer: float | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    """The PPO-clipped surrogate, to *minimise*: ``-min(rho * A, clip(rho, 1 - eps, 1 + eps_high) * A)``.
+    """The PPO-clipped surrogate, to *minimise*: ``-w * min(rho * A, clip(rho, 1 - eps, 1 + eps_high) * A)``.
 
     Args:
         logp: (rows, T) log pi_theta of the completion tokens (with grad).
@@ -292,6 +299,8 @@ def policy_loss(
             a larger value is DAPO's "clip-higher").
         agg: a name in :data:`AGGREGATIONS`.
         normalizer: the divisor of the aggregation (see the module docstring); None: this batch's own.
+        is_weights: (rows, T) ``w``, the rollout correction's truncated importance weights
+            (:func:`rollout_correction`; used without grad); None: 1 on every token.
 
     Returns:
         loss (), and metrics over the unmasked tokens of this batch: ``clip_frac`` (share of tokens where
@@ -306,6 +315,8 @@ def policy_loss(
         raise ValueError(f"adv must be ({logp.shape[0]},), got {tuple(adv.shape)}")
     if tuple(mask.shape) != tuple(logp.shape):
         raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(logp.shape)}")
+    if is_weights is not None and tuple(is_weights.shape) != tuple(logp.shape):
+        raise ValueError(f"is_weights shape {tuple(is_weights.shape)} != logp shape {tuple(logp.shape)}")
     hi = clip_eps if clip_eps_high is None else clip_eps_high
     m = mask.to(torch.bool)  # (rows, T)
     log_ratio = torch.where(m, logp - old_logp.detach(), torch.zeros_like(logp))  # (rows, T) 0 on padding
@@ -315,6 +326,8 @@ def policy_loss(
     unclipped = -a * ratio  # (rows, T)
     clipped = -a * ratio.clamp(1.0 - clip_eps, 1.0 + hi)  # (rows, T)
     per_token = torch.maximum(unclipped, clipped)  # (rows, T) pessimistic bound of the surrogate
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(logp.dtype)  # (rows, T) sampler -> trainer correction
     loss = aggregate(per_token, m, agg, normalizer)
     with torch.no_grad():
         mf = m.to(logp.dtype)
@@ -327,6 +340,53 @@ def policy_loss(
             "n_tokens": n_tok,
         }
     return loss, metrics
+
+
+def rollout_correction(
+    old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Token-level truncated importance sampling (TIS) against the train-inference mismatch.
+
+    The tokens were sampled from the rollout engine's policy (bf16, vLLM's kernels), not from pi_old as the
+    trainer computes it (float32); ``w = min(pi_old / pi_sampler, cap)`` per token re-weights each token's
+    policy-gradient loss towards pi_old (pass it to :func:`policy_loss` as ``is_weights``). Truncating bounds
+    the variance at a small bias (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy
+    RL training"; verl's ``rollout_is_threshold`` defaults to 2).
+
+    Args:
+        old_logp: (rows, T) log pi_old, the trainer's recomputation (no grad).
+        sampler_logp: (rows, T) the sampler's own log-probs of the same tokens.
+        mask: (rows, T) bool/float, 1 on completion tokens.
+        cap: C >= 1, the largest weight (``math.inf``: no truncation).
+
+    Returns:
+        w (rows, T) without grad (1 on padding), and metrics over the unmasked tokens: ``kl`` (k3 estimate of
+        KL(pi_sampler || pi_old) = E_sampler[(r - 1) - log r], r = pi_old / pi_sampler), ``clipped_share``
+        (share of tokens with r > cap), ``ratio_mean`` and ``ratio_max`` of r before truncation, ``n_tokens``.
+    """
+    if old_logp.shape != sampler_logp.shape or tuple(mask.shape) != tuple(old_logp.shape) or old_logp.dim() != 2:
+        raise ValueError(
+            "old_logp, sampler_logp and mask must all be (rows, T), got "
+            f"{tuple(old_logp.shape)}, {tuple(sampler_logp.shape)} and {tuple(mask.shape)}"
+        )
+    if not cap >= 1.0:
+        raise ValueError(f"cap must be >= 1, got {cap}")
+    with torch.no_grad():
+        m = mask.to(torch.bool)  # (rows, T)
+        log_r = torch.where(m, old_logp - sampler_logp, torch.zeros_like(old_logp))  # (rows, T) 0 on padding
+        log_r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        r = log_r.exp()  # (rows, T) pi_old / pi_sampler
+        w = r.clamp(max=cap)  # (rows, T)
+        mf = m.to(r.dtype)
+        n_tok = float(mf.sum())
+        metrics = {
+            "kl": float(masked_mean((r - 1.0) - log_r, mf)),
+            "clipped_share": float(masked_mean((r > cap).to(r.dtype), mf)),
+            "ratio_mean": float(masked_mean(r, mf)),
+            "ratio_max": float(r[m].max()) if n_tok else 0.0,
+            "n_tokens": n_tok,
+        }
+    return w, metrics
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:

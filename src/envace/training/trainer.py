@@ -5,7 +5,10 @@ which models the variant trains and who plays Rehearse come from its entry (enva
 
 Departures from the paper / reference code:
 - Old log-probs are the sampling log-probs recorded by the backend (one update epoch per batch, as in the
-  reference, so the ratio starts at ~1; batched vs packed numerics differ by ~1e-6).
+  reference, so the ratio starts at ~1; batched vs packed numerics differ by ~1e-6) -- unless the sampler is not
+  the trainer (bf16 rollouts and a float32 update, a vLLM engine): then the trainer recomputes them, and each
+  token's loss is weighted by min(pi_old / pi_sampler, tis_cap) from the sampler's own log-probs (truncated
+  importance sampling, as verl / TRL / SkyRL do; ``mismatch/*`` logs the gap).
 - Rows of one context are packed into one sequence for the update (exact for a causal LM; see envace.training.update).
 - A trajectory whose reward is None (unscored, e.g. a judge failure) is masked out and counted.
 - Beyond the paper (off by default): ``real_share`` rolls out a share of each group in the real environment
@@ -23,6 +26,7 @@ import contextlib
 import copy
 import functools
 import importlib
+import math
 import os
 import sys
 import time
@@ -55,7 +59,7 @@ from ..rewards.functions import RewardContext, make_reward, reward_names, score_
 from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..core.seeding import derive_seed, seed_everything
 from ..core.types import Row, Task, Trajectory, write_jsonl
-from .update import optimizer_step, recompute_old_logprobs
+from .update import optimizer_step, pad_rows, recompute_old_logprobs
 from ..rollout.variants import VARIANTS, Variant
 
 ROLE_INDEX = {"act": 0, "rehearse": 1}
@@ -367,17 +371,20 @@ def grounded_rollouts(run: Run, rcfg: RolloutConfig, tasks: list[Task], prefix: 
 
 def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, float]:
     """One update of every trained model on the rows its roles route to it (``variant.model_of``): old log-probs
-    recomputed where the sampler's are not the trainer's, then ``update_epochs`` x ``mini_batches`` optimizer steps
-    (the KL reference applies to the policy only); the rollout engines then get the new weights. Every process
-    steps every model, with its rows (maybe none). Returns the ``loss/<model>/...`` metrics of the last step that
-    updated the model (a part can be empty when there are fewer rows than mini-batches), or
-    ``loss/<model>/micro_batches: 0`` when none did."""
+    recomputed where the sampler's are not the trainer's (the sampler's own kept for the rollout correction,
+    ``tis_cap``), then ``update_epochs`` x ``mini_batches`` optimizer steps (the KL reference applies to the policy
+    only); the rollout engines then get the new weights. Every process steps every model, with its rows (maybe
+    none). Returns the ``loss/<model>/...`` metrics of the last step that updated the model (a part can be empty
+    when there are fewer rows than mini-batches), or ``loss/<model>/micro_batches: 0`` when none did; where the
+    old log-probs were recomputed, the batch's ``mismatch/...`` (:func:`mismatch_metrics`)."""
     cfg, dist, temps = run.cfg, run.dist, run.temps
     metrics: dict[str, float] = {}
+    recompute = recomputes_old_logprobs(cfg, dist.device)  # the rollout engine's log-probs are not the trainer's
+    sampler = [list(r.old_logprobs) for r in rows]  # the sampler's own, kept for the rollout correction
     for name, model in run.models.items():
         mine = [i for i, r in enumerate(rows) if run.variant.model_of(r.role) == name]
         sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
-        if recomputes_old_logprobs(cfg, dist.device):  # the rollout engine's log-probs are not the trainer's
+        if recompute:
             recompute_old_logprobs(
                 model,
                 sub_rows,
@@ -392,11 +399,12 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
             len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
         ):
             p_rows, p_adv = [sub_rows[i] for i in part], sub_adv[part]
+            p_sampler = [sampler[mine[i]] for i in part] if recompute and cfg.tis_cap is not None else None
             um = optimizer_step(
                 model,
                 run.optimizers[name],
                 p_rows,
-                _grpo_loss(model, p_rows, p_adv, cfg, ref, temps),
+                _grpo_loss(p_rows, p_adv, cfg, ref, temps, p_sampler),
                 agg=cfg.loss_agg,
                 micro_batch_tokens=cfg.micro_batch_tokens,
                 temperatures=temps,
@@ -410,9 +418,26 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
             if updated or not last:
                 last = um
         metrics |= {f"loss/{name}/{k}": v for k, v in last.items()}  # the last optimizer step's that updated
+    if recompute:  # how far the sampler was from the trainer on this batch
+        metrics |= mismatch_metrics(rows, sampler, cfg.tis_cap, dist)
     for name, engine in run.engines.items():  # new weights: hf drops its kept caches, vllm loads them
         engine.sync_weights(dist.weights(run.models[name]))
     return metrics
+
+
+def mismatch_metrics(rows: list[Row], sampler: list[list[float]], cap: float | None, dist: Dist) -> dict[str, float]:
+    """``mismatch/*`` of :func:`envace.math.algos.rollout_correction` over the completion tokens of every process's
+    ``rows``: the trainer's old log-probs (``row.old_logprobs``) against the sampler's (``sampler[i]`` of row i)."""
+    sums: dict[str, float] = {}
+    if rows:
+        old, mask = pad_rows([torch.tensor(r.old_logprobs, dtype=torch.float32) for r in rows])  # (rows, T)
+        smp, _ = pad_rows([torch.tensor(s, dtype=torch.float32) for s in sampler])  # (rows, T)
+        _, m = algos.rollout_correction(old, smp, mask, math.inf if cap is None else cap)
+        n = m.pop("n_tokens")
+        sums = {k: (v if k.endswith("_max") else v * n) for k, v in m.items()} | {"n_tokens": n}
+    sums = dist.merge_metrics(sums)
+    n = sums.pop("n_tokens", 0.0) or 1.0
+    return {f"mismatch/{k}": (v if k.endswith("_max") else v / n) for k, v in sums.items()}
 
 
 def update_parts(n_rows: int, epochs: int, mini_batches: int, seed: int) -> list[tuple[int, list[int]]]:
@@ -608,22 +633,28 @@ def _check_context(trajs: list[Trajectory], cfg: TrainConfig) -> None:
 
 
 def _grpo_loss(
-    model: Any,
     rows: list[Row],
     adv: torch.Tensor,
     cfg: TrainConfig,
     ref_model: Reference | None,
     temps: dict[str, float],
+    sampler: list[list[float]] | None = None,
 ):
-    """The loss of one micro-batch: clipped surrogate (+ optional k3 KL to the reference)."""
-    from .update import pack_rows, pad_rows
+    """The loss of one micro-batch: clipped surrogate (+ optional k3 KL to the reference). ``sampler[i]``: the
+    sampler's own log-probs of row i where the old ones are the trainer's; each token's surrogate is then weighted
+    by the rollout correction (truncated at ``cfg.tis_cap``). None: no correction."""
+    from .update import pack_rows
 
     def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
-        old, _ = pad_rows(
-            [torch.tensor(rows[i].old_logprobs, dtype=torch.float32, device=logp.device) for i in idxs]
-        )  # (n, T)
+        def padded(lists: list[list[float]]) -> torch.Tensor:  # (n, T) like logp
+            return pad_rows([torch.tensor(lists[i], dtype=torch.float32, device=logp.device) for i in idxs])[0]
+
+        old = padded([r.old_logprobs for r in rows])  # (n, T)
+        w = None if sampler is None else algos.rollout_correction(old, padded(sampler), mask, cfg.tis_cap)[0]
         a = adv[idxs].to(logp.device)  # (n,)
-        loss, m = algos.policy_loss(logp, old, a, mask, clip_eps=cfg.clip_eps, agg=cfg.loss_agg, normalizer=normalizer)
+        loss, m = algos.policy_loss(
+            logp, old, a, mask, clip_eps=cfg.clip_eps, agg=cfg.loss_agg, normalizer=normalizer, is_weights=w
+        )
         if ref_model is not None and cfg.kl_coef > 0:
             sub = [rows[i] for i in idxs]
             ref_lp = ref_model.logprobs(pack_rows(sub), sub, temps)
