@@ -91,10 +91,17 @@ def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     assert re.match(r"\| untrained \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", row)  # success with its 95% interval
     sft, envace = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("sft", "envace"))
     assert sft["task_ids"] == envace["task_ids"] and len(sft["per_task"]) == 2  # comparable with envace compare
+    import envace.cli as cli
+
+    quick_warmup = cli.demo_sft_config("tiny-random", "bank-world", str(tmp_path / "sft"), quick=True)
+    assert cli.finished_warmup(quick_warmup) == str(tmp_path / "sft" / "checkpoints" / "step-000002" / "policy")
+    quick_warmup.lr *= 2  # another setting: not the same warm-up
+    assert cli.finished_warmup(quick_warmup) is None
 
 
 def _demo_spies(monkeypatch, stop_training: bool):
-    """The demo with its stages recorded instead of run: evaluations, fidelity runs, warm-ups and RL configs."""
+    """The demo with its stages recorded instead of run: evaluations, fidelity runs, warm-ups and RL configs; an
+    evaluation's saved result names the model it evaluated (``tag``)."""
     import types
 
     import envace.cli as cli
@@ -113,20 +120,23 @@ def _demo_spies(monkeypatch, stop_training: bool):
             raise Stop()
         return types.SimpleNamespace(checkpoint=f"RL-{cfg.variant}")
 
-    metrics = dict.fromkeys(
-        ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"], 0.0
-    )
-    result = types.SimpleNamespace(metrics=metrics, per_task=[])
+    keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
+
+    def evaluate(model, *a, **kw):
+        seen["evaluated"].append(model)
+        row = {"task_id": "t0", "successes": [True]}
+        return types.SimpleNamespace(
+            to_dict=lambda _: {"tag": model, "metrics": dict.fromkeys(keys, 0.0), "per_task": [row]}
+        )
+
     summary = {"overall": {"n": 0.0, "exact": 0.0, "leaf_acc": 0.0, "outcome": 0.0}}
-    monkeypatch.setattr(cli, "_eval", lambda model, *a, **kw: seen["evaluated"].append(model) or result)
+    monkeypatch.setattr(cli, "_eval", evaluate)
     monkeypatch.setattr(cli, "_fidelity", lambda model, suite, n: seen["fidelity"].append((model, suite, n)) or summary)
     monkeypatch.setattr(
         sft_mod, "sft", lambda cfg: seen["warmups"].append(cfg) or types.SimpleNamespace(checkpoint="WARM")
     )
     monkeypatch.setattr(trainer_mod, "train", train)
-    monkeypatch.setattr(trials_mod, "save_result", lambda res, path: None)
-    monkeypatch.setattr(trials_mod, "load_result", lambda path: os.path.basename(path))
-    monkeypatch.setattr(trials_mod, "compare_results", lambda a, b, names: (a, b))
+    monkeypatch.setattr(trials_mod, "compare_results", lambda a, b, names: (a["tag"], b["tag"]))
     monkeypatch.setattr(trials_mod, "format_comparison", lambda c: "")
     return cli, Stop, seen
 
@@ -187,9 +197,9 @@ def test_the_full_demo_trains_each_control_with_envaces_budget_from_the_same_war
     assert [m for m, _, _ in seen["fidelity"]] == ["WARM", *policies]  # fidelity of every trained model
     saved = json.loads((tmp_path / "demo_results.json").read_text())
     assert saved["comparisons"] == {
-        "sft_vs_envace": ["sft.json", "envace.json"],
-        "envace_vs_caller_only": ["envace.json", "caller_only.json"],
-        "envace_vs_real_env": ["envace.json", "real_env.json"],
+        "sft_vs_envace": ["WARM", policies[0]],
+        "envace_vs_caller_only": policies[:2],
+        "envace_vs_real_env": [policies[0], policies[2]],
     }
     assert (
         "A = after SFT + EnvACE, B = after SFT + caller-only (Rehearse frozen)" in (tmp_path / "results.md").read_text()

@@ -176,6 +176,19 @@ def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 
     return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout(), bf16="auto")
 
 
+def finished_warmup(cfg: Any) -> str | None:
+    """The policy of a warm-up that ``cfg`` already trained (its final checkpoint under ``cfg.out_dir``, saved with
+    this very config), so that a rerun of the demo into the same folder goes on from there; else None."""
+    from .config import to_dict
+    from .core.checkpoint import latest_checkpoint, load_state
+
+    ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "checkpoints"))
+    if ckpt is None:
+        return None
+    same = load_state(ckpt).get("config") == json.loads(json.dumps(to_dict(cfg), default=str))
+    return os.path.join(ckpt, "policy") if same and os.path.isdir(os.path.join(ckpt, "policy")) else None
+
+
 def _fidelity(model: str, suite: str, n: int, seed: int = 1) -> dict[str, Any]:
     """Rehearse fidelity of ``model`` on the demo's shadow set (the first ``n`` test tasks, one trajectory each, the
     demo's rollout settings): :func:`envace.evaluation.fidelity.aggregate`'s summary."""
@@ -462,7 +475,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     :data:`DEMO_CONTROLS` with the same budget from the same warm-up and pairs each with EnvACE.
     Writes into ``--out``: ``sft.json``, ``envace.json`` (and ``untrained.json`` with ``--untrained``, one
     ``<control>.json`` each with ``--full``): evaluation results with per-task outcomes (``envace compare sft.json
-    envace.json`` recomputes the comparison); ``fidelity.json`` (the summaries); ``demo_results.json`` (metrics,
+    envace.json`` recomputes the comparison); ``stages.json`` (what each evaluation was made with, and its fidelity
+    summary: a rerun into the same folder reuses them, and a finished warm-up or RL run); ``demo_results.json`` (metrics,
     comparisons, fidelity, stage times, hardware) and ``results.md``."""
     from .config import task_kinds_setting
     from .evaluation.trials import compare_results, format_comparison, load_result, rate_with_ci, save_result
@@ -492,10 +506,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     def say(what: str) -> None:
         print(f"[demo] {next(at)}/{n_stages} {what}", flush=True)
 
+    stages_path = os.path.join(out, "stages.json")
+    reused: list[str] = []  # stages an earlier run into this folder made: not timed here
+    done: dict[str, Any] = {}
+    if os.path.isfile(stages_path):  # a rerun into the same --out reuses every evaluation made with the same settings
+        with open(stages_path, encoding="utf-8") as f:
+            done = json.load(f)
+
     def evaluate(name: str, model: str) -> None:
-        results[name] = stage(f"eval_{name}_s", lambda: _eval(model, args.suite, "test", args.eval_tasks, 1, seed=1))
-        if n_fid and name != "untrained":
-            fidelity[name] = stage(f"fidelity_{name}_s", lambda: _fidelity(model, args.suite, n_fid))
+        key = {"model": model, "suite": args.suite, "eval_tasks": args.eval_tasks, "fidelity_tasks": n_fid}
+        path = os.path.join(out, f"{name}.json")
+        if done.get(name, {}).get("key") == key and os.path.isfile(path):
+            print(f"[demo] reusing {path} (evaluated before with the same settings)", flush=True)
+            reused.append(f"eval_{name}")
+        else:
+            res = stage(f"eval_{name}_s", lambda: _eval(model, args.suite, "test", args.eval_tasks, 1, seed=1))
+            save_result(res, path)  # per-task outcomes, for envace compare
+            fid = None
+            if n_fid and name != "untrained":
+                fid = stage(f"fidelity_{name}_s", lambda: _fidelity(model, args.suite, n_fid))
+            done[name] = {"key": key, "fidelity": fid}
+            os.makedirs(out, exist_ok=True)
+            with open(stages_path, "w", encoding="utf-8") as f:
+                json.dump(done, f, indent=1)
+        results[name] = load_result(path)
+        if done[name]["fidelity"] is not None:
+            fidelity[name] = done[name]["fidelity"]
 
     print(f"[demo] model {args.model}; suite {args.suite}; seed {args.seed}; output in {out}", flush=True)
     results: dict[str, Any] = {}
@@ -507,13 +543,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     scfg = demo_sft_config(
         args.model, args.suite, os.path.join(out, "sft"), args.seed, args.sft_steps, args.sft_batch, quick, kinds
     )
-    s = stage("sft_s", lambda: sft(scfg))
+    warm = finished_warmup(scfg)
+    if warm:
+        print(f"[demo] reusing the warm-up {warm} (trained before with the same settings)", flush=True)
+        reused.append("sft")
+    else:
+        warm = stage("sft_s", lambda: sft(scfg)).checkpoint
     say("evaluating after SFT (success, then Rehearse fidelity)")
-    evaluate("sft", s.checkpoint)
+    evaluate("sft", warm)
 
     def rl(variant: str) -> str:
         cfg = demo_train_config(
-            s.checkpoint,
+            warm,
             args.suite,
             os.path.join(out, "train" if variant == "envace" else f"train-{variant}"),
             args.seed,
@@ -525,7 +566,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             variant=variant,
         )
         tcfgs[variant] = cfg
-        return os.path.join(stage(f"{variant}_s", lambda: train(cfg)).checkpoint, "policy")
+        return os.path.join(stage(f"{variant}_s", lambda: train(cfg)).checkpoint, "policy")  # resumes a finished run
 
     tcfgs: dict[str, Any] = {}
     say("EnvACE training (rehearsal rollouts, role-wise GRPO)")
@@ -535,10 +576,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for variant in controls:
         say(f"control: {DEMO_CONTROLS[variant]} with the same budget from the same warm-up, then its evaluation")
         evaluate(variant, rl(variant))
-    for name, res in results.items():  # per-task outcomes, for envace compare
-        save_result(res, os.path.join(out, f"{name}.json"))
-    with open(os.path.join(out, "fidelity.json"), "w", encoding="utf-8") as f:
-        json.dump(fidelity, f, indent=1)
     labels = {
         "untrained": "untrained",
         "sft": "after SFT",
@@ -546,18 +583,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
         **{v: f"after SFT + {DEMO_CONTROLS[v]}" for v in controls},
     }
     comparisons = {  # as `envace compare` reads them
-        f"{a}_vs_{b}": compare_results(
-            *(load_result(os.path.join(out, f"{n}.json")) for n in (a, b)), names=(labels[a][6:], labels[b][6:])
-        )
+        f"{a}_vs_{b}": compare_results(results[a], results[b], names=(labels[a][6:], labels[b][6:]))
         for a, b in [("sft", "envace"), *(("envace", v) for v in controls)]
     }
     times["total_s"] = round(time.perf_counter() - t_start, 1)
     hardware = hardware_summary()
-    rows = [(labels[name], res.metrics) for name, res in results.items()]
+    rows = [(labels[name], res["metrics"]) for name, res in results.items()]
     keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
     tcfg = tcfgs["envace"]
     lines = [
-        f"Held-out {args.suite} test tasks: {len(results['sft'].per_task)}, greedy, real environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
+        f"Held-out {args.suite} test tasks: {len(results['sft']['per_task'])}, greedy, real environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
         f"SFT: {scfg.steps} steps x {scfg.batch_tasks} gold trajectories of "
         + warmup_tasks
         + f" (lr {scfg.lr:g}); EnvACE: {tcfg.iterations} iterations x {tcfg.batch_tasks} tasks x {tcfg.rollout.group_size}"
@@ -584,7 +619,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     lines += [
         "",
         f"Hardware: {hardware['cpu']} ({hardware['cores']} cores, torch CPU capability {hardware['torch_cpu_capability']}; SFT bf16: {hardware['bf16_decision']})",
-        "Time: " + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items()),
+        "Time: "
+        + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items())
+        + (f" (reused from an earlier run into {out}, not timed here: {', '.join(reused)})" if reused else ""),
     ]
     print()
     print("\n".join(lines))
