@@ -228,3 +228,19 @@ def test_sft_memory_attempts_is_off_by_default_and_adds_noted_gold_when_on(tmp_p
     assert seen[0] is None and len(seen[1]) == 2 and all(v.startswith(LESSONS_HEADER) for v in seen[1].values())
     with pytest.raises(ValueError, match="memory_attempts"):
         SFTConfig(memory_attempts=-1)
+
+
+def test_cli_eval_writes_the_rehearsal_records_it_is_asked_for(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "records.jsonl"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "envace.cli", "eval", "--model", "tiny-random", "--suite", "bank", "-n", "1"]
+    cmd += ["--tts-n", "1", "--max-steps", "2", "--max-new-tokens", "8", "--tts-records", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (rec,) = load_records(str(out))
+    assert rec.memory_mode == "lessons" and rec.memory.startswith(LESSONS_HEADER) and rec.final is not None
+    assert rec.memory in rec.final.messages[0].content and rec.final.rows == []
