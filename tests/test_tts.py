@@ -496,6 +496,8 @@ def test_plan_baseline_calls_no_tool_and_imagines_no_result_before_the_single_re
         assert "## Plan 1 (nothing executed, no tool results)" in tokenizer.decode(rec.reflect_rows[0].prompt_ids)
         assert rec.memory and rec.memory in rec.final.messages[0].content and rec.final.mode == "real"
         assert "plan 1 (private; no tool called)" in format_record(rec)
+        if memory == "lessons":  # no tool result exists, and the notes say so
+            assert rec.memory.startswith("Lessons from private plans") and "Your plans:\n- 1: 1. call" in rec.memory
     assert [e[1] for e in after if e[0] == "real"] == [t.flat_gold()[0].key() for t in tasks]
     assert not REHEARSAL_MODES.get("plan").imagined and REHEARSAL_MODES.get("parallel").imagined
 

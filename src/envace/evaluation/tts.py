@@ -70,7 +70,7 @@ from ..chat.prompts import ChatFormat, render_tools, serialize_messages
 from ..core.registry import Registry
 from ..chat.parsing import tool_format_for
 from ..rollout.engine import RolloutConfig, RolloutEngine, format_trajectory
-from ..rollout.memory import cap_tokens, distill
+from ..rollout.memory import LESSONS_HEADER, cap_tokens, distill
 from ..core.seeding import derive_seed
 from ..core.types import JSONable, Row, Task, Trajectory
 
@@ -510,7 +510,8 @@ def _transcript_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
 
 
 def _lessons(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
-    return distill(rec.attempts, ctx.tools, rec.reflections, rec.plans)
+    header = LESSONS_HEADER if ctx.mode.imagined else ctx.mode.concat_header  # plans: no tool result exists
+    return distill(rec.attempts, ctx.tools, rec.reflections, rec.plans, header=header)
 
 
 def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:

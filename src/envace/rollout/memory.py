@@ -101,6 +101,7 @@ def distill(
     max_errors: int = 4,
     value_chars: int = 160,
     text_chars: int = 200,
+    header: str = LESSONS_HEADER,
 ) -> str:
     """Short notes from self-rehearsed ``attempts`` (and their ``reflections``, or ``plans`` of a plan-only budget).
 
@@ -129,7 +130,7 @@ def distill(
     many = len(attempts) > 1
     worked = [e for e in found.values() if e["ok"] is not None]
     failed = [e for e in found.values() if e["ok"] is None]
-    lines = [LESSONS_HEADER]
+    lines = [header]
     if worked:
         lines.append("Calls that worked, in the order made:")
         for e in worked[:max_calls]:
