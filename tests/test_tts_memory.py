@@ -160,6 +160,16 @@ def test_the_older_formats_still_show_transcripts_to_sequential_attempts(tokeniz
     assert "## Attempt 1" in system and bank[0].flat_gold()[0].key() in system
 
 
+def test_the_metrics_count_the_final_run_s_tool_calls(tokenizer, bank):
+    """The symptom of issue 29 (the final Act answers without a call) is a metric, not a guess."""
+    from envace.evaluation.tts import evaluate_with_tts
+
+    m = evaluate_with_tts(ScriptedBackend(tokenizer, scripted(bank)), bank, tcfg(n=1)).metrics
+    assert (
+        m["tts/final_tool_calls"] == 1.0 and m["tts/final_no_call_rate"] == 0.0 and m["tts/attempt_tool_calls"] == 1.0
+    )
+
+
 def test_records_without_rows_keep_what_the_model_saw(tokenizer, bank, tmp_path):
     recs = run_tts(ScriptedBackend(tokenizer, scripted(bank)), bank, tcfg(n=2, mode="sequential"))
     path = tmp_path / "deep" / "records.jsonl"

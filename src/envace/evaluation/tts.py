@@ -745,6 +745,8 @@ def tts_metrics(records: list[RehearsalRecord]) -> dict[str, float]:
         "tts/attempt_truncated_rate": sum(r.counters.get("rehearsal/truncated_attempts", 0) for r in records)
         / attempts,
         "tts/attempt_tool_calls": sum(r.counters.get("rehearsal/act/tool_calls", 0) for r in records) / attempts,
+        "tts/final_tool_calls": mean("final/act/tool_calls"),
+        "tts/final_no_call_rate": sum(r.counters.get("final/act/tool_calls", 0) == 0 for r in records) / n,
         "tts/attempt_tokens_per_task": sum(attempt_tokens(r) for r in records) / n,
         "tts/attempt_tokens_per_attempt": sum(attempt_tokens(r) for r in records) / attempts,
         "tts/rehearsal_tokens_per_task": sum(private_tokens(r) for r in records) / n,
