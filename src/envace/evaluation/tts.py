@@ -42,10 +42,12 @@ needs episodes played before it can run at all, BFCL's memory questions with ``w
 by :func:`envace.evaluation.trials.prepare`, before any attempt: those episodes are the task's setup, played in their
 own real environments, and the attempts, like the real run, start from what they left.)
 
-**Where things go in prompts.** Reflections, earlier attempts (sequential) and m_x reach Act through the
+**Where things go in prompts.** The notes on earlier attempts (sequential) and m_x reach Act through the
 "Notes from private rehearsal" block of its system prompt (:func:`envace.chat.prompts.act_system`), so N=0 (no
-memory) is exactly plain acting. Reflect and Memory run in their own chats, like Rehearse. Transcripts are
-:func:`envace.chat.prompts.serialize_messages` of the attempt's Act chat, marked as imagined.
+memory) is exactly plain acting. Reflect and Memory run in their own chats, like Rehearse, and see transcripts:
+:func:`envace.chat.prompts.serialize_messages` of the attempt's Act chat, marked as imagined (with ``lessons``,
+Act never does). :func:`save_records` writes the records as JSON lines, without token ids on request, so a
+reader sees what the model was told.
 
 **Caps.** Every variable part is capped in tokens (an attempt transcript, the sequential notes block, a whole
 Reflect / Memory prompt, m_x); each cut is recorded in :attr:`RehearsalRecord.cuts` with the text removed.
