@@ -625,6 +625,7 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
         if name.endswith(".png"):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[experiment] [8/8] seed 0 arm caller_only" in stdout and "report:" in stdout
+    assert "memory format `concat`" in (out / "report.md").read_text()  # the TTS setting the numbers came from
     res = json.loads((out / "results.json").read_text())
     assert res["arms"] == list(ALL_ARMS)
     from envace.core.checkpoint import latest_checkpoint, load_state
