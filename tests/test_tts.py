@@ -289,8 +289,9 @@ def test_memory_length_bound_is_respected_and_cuts_are_recorded(tokenizer, tasks
             )
         elif memory == "concat":  # each reflection got an equal share, then the whole was capped
             assert [c.attempt for c in rec.cuts if c.where == "reflection"] == [0, 1]
-        else:  # the lessons come first: the cut takes the reflections' end
+        else:  # the lessons come first: the cut drops whole lines from the end
             assert len(cut) == 1 and rec.memory.startswith(LESSONS_HEADER) and "note599" not in rec.memory
+            assert rec.memory + "\n" + cut[0].cut_text == rec.memory_raw and "tokens cut" not in rec.memory
         assert rec.memory in rec.final.messages[0].content  # Act saw exactly m_x
     # long transcripts and prompts are capped too: a tiny transcript cap cuts every attempt
     recs = rehearse(be, tasks[:1], dataclasses.replace(cfg, transcript_max_tokens=24, prompt_max_tokens=48))
@@ -310,6 +311,11 @@ def test_cap_tokens_keeps_head_tail_or_middle_within_the_budget(tokenizer):
         kept, cut = cap_tokens(text, 32, fmt, keep)
         assert len(fmt.encode(kept)) <= 32 and kept.startswith(start) and kept.endswith(end)
         assert cut["tokens_before"] == len(fmt.encode(text)) and cut["cut_text"]
+    lines = "\n".join(f"line {i} " + "w " * 5 for i in range(20))
+    kept, cut = cap_tokens(lines, 32, fmt, "lines")  # whole lines only
+    assert (
+        len(fmt.encode(kept)) <= 32 and kept and lines.startswith(kept + "\n") and cut["cut_text"].startswith("line ")
+    )
 
 
 def test_every_record_is_complete_and_round_trips_through_json(tokenizer, tasks, tmp_path):

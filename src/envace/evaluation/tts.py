@@ -500,6 +500,8 @@ class MemoryFormat:
     build: Callable[[_Rehearsal, list[Task], list[RehearsalRecord]], None]
     notes: Callable[[_Rehearsal, RehearsalRecord], str]
     doc: str
+    keep: str = "head"
+    """How m_x is cut to memory_max_tokens (cap_tokens): head, or lines (whole lines, never half a call)."""
 
 
 MEMORY_FORMATS: Registry[MemoryFormat] = Registry("memory format")
@@ -518,7 +520,7 @@ def _lessons(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
 
 def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
     """The lessons of the earlier attempts (no transcript), capped from the end (the calls come first)."""
-    return ctx.cap(rec, "notes", rec.n_done, _lessons(ctx, rec), ctx.cfg.notes_max_tokens, "head")
+    return ctx.cap(rec, "notes", rec.n_done, _lessons(ctx, rec), ctx.cfg.notes_max_tokens, "lines")
 
 
 def _memory_lessons(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
@@ -567,6 +569,7 @@ MEMORY_FORMATS.add(
         _lesson_notes,
         "rule-based lessons (rollout.memory.distill): the calls made, in Act's tool format, with their rehearsed "
         "values; the calls that erred; the reflections cut to a line. No transcript, for m_x and sequential notes",
+        keep="lines",
     ),
 )
 MEMORY_FORMATS.add(
@@ -613,7 +616,9 @@ def rehearse(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[Rehears
         MEMORY_FORMATS.get(cfg.memory).build(ctx, tasks, recs)
     for rec in recs:
         rec.memory = (
-            ctx.cap(rec, "memory", None, rec.memory_raw, cfg.memory_max_tokens, "head") if rec.memory_raw else ""
+            ctx.cap(rec, "memory", None, rec.memory_raw, cfg.memory_max_tokens, MEMORY_FORMATS.get(cfg.memory).keep)
+            if rec.memory_raw
+            else ""
         )
         _count_rehearsal(rec, ctx.fmt)
         rec.timing["rehearsal_s"] = time.perf_counter() - t0  # the phase is batched: shared wall time

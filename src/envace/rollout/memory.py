@@ -61,14 +61,22 @@ def in_tool_format(text: str, tools: ToolFormat) -> str:
 def cap_tokens(text: str, max_tokens: int, fmt: ChatFormat, keep: str = "head") -> tuple[str, dict[str, Any] | None]:
     """Cut ``text`` to at most ``max_tokens`` tokens (counted as ``fmt.encode`` counts them, marker included).
 
-    keep: head (cut the end) | tail (cut the start) | middle (keep both ends, cut the middle). Returns the kept
+    keep: head (cut the end) | tail (cut the start) | middle (keep both ends, cut the middle) | lines (drop whole
+    lines from the end, no marker: notes never end in half a call). Returns the kept
     text and None, or ``{"tokens_before", "tokens_after", "cut_text"}`` when something was cut.
     """
-    if keep not in ("head", "tail", "middle"):
-        raise ValueError(f"keep must be head, tail or middle, got {keep!r}")
+    if keep not in ("head", "tail", "middle", "lines"):
+        raise ValueError(f"keep must be head, tail, middle or lines, got {keep!r}")
     ids = fmt.encode(text)
     if len(ids) <= max_tokens:
         return text, None
+    if keep == "lines":  # whole lines from the end: never half a call
+        lines = text.split("\n")
+        while lines and len(fmt.encode("\n".join(lines))) > max_tokens:
+            lines.pop()
+        kept = "\n".join(lines)
+        n_kept = len(fmt.encode(kept)) if kept else 0
+        return kept, {"tokens_before": len(ids), "tokens_after": n_kept, "cut_text": text[len(kept) :].lstrip("\n")}
     budget = max_tokens - len(fmt.encode(f" [... {len(ids)} tokens cut ...] ")) - 1
     while True:
         budget = max(0, budget)
@@ -173,7 +181,8 @@ def rehearsal_lessons(
     tools = tool_format_for(policy.tokenizer, cfg.tool_format)
     fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
     return {
-        t.id: cap_tokens(distill(trajs[i * n : (i + 1) * n], tools), max_tokens, fmt)[0] for i, t in enumerate(tasks)
+        t.id: cap_tokens(distill(trajs[i * n : (i + 1) * n], tools), max_tokens, fmt, "lines")[0]
+        for i, t in enumerate(tasks)
     }
 
 
