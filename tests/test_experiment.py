@@ -625,6 +625,7 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
         if name.endswith(".png"):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[experiment] [8/8] seed 0 arm caller_only" in stdout and "report:" in stdout
+    assert "memory format `concat`" in (out / "report.md").read_text()  # the TTS setting the numbers came from
     res = json.loads((out / "results.json").read_text())
     assert res["arms"] == list(ALL_ARMS)
     from envace.core.checkpoint import latest_checkpoint, load_state
@@ -652,6 +653,10 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
                 [1, 1] if e["n"] == 0 else [1]
             )  # tts_tasks: 1 of the 2
             assert e["per_task"][0]["task_id"].startswith("bank-test-")
+            if e["n"] > 0:  # what the model was told, one JSON line per task
+                lines = open(e["records"], encoding="utf-8").read().splitlines()
+                assert e["records"].endswith(f"seed0/{arm}-N1-{e['mode']}.jsonl") and len(lines) == 1
+                assert json.loads(lines[0])["memory_mode"] == "concat"
             for r in e["per_task"]:  # generated tokens per task, rehearsal included
                 assert r["gen_tokens"] == r["private_tokens"] + r["real_tokens"] and r["real_tokens"] > 0
                 assert (r["attempt_tokens"] > 0 and r["private_tokens"] > r["attempt_tokens"]) == (e["n"] > 0)

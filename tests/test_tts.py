@@ -17,6 +17,7 @@ from envace.envs import ENVS, load_tasks, make_env
 from envace.evaluation.trials import EvalResult, evaluate
 from envace.chat.prompts import REHEARSE_SYSTEM
 from envace.rollout.engine import RolloutConfig, RolloutEngine
+from envace.rollout.memory import LESSONS_HEADER
 from envace.evaluation.tts import (
     MEMORY_SYSTEM,
     PLAN_MEMORY_SYSTEM,
@@ -118,7 +119,7 @@ def tcfg(**kw):
 @pytest.mark.parametrize("n", [0, 1, 2, 3])
 def test_firewall_no_real_env_before_the_single_real_execution(tokenizer, tasks, mode, n):
     be = ScriptedBackend(tokenizer, scripted(tasks))
-    recs = run_tts(be, tasks, tcfg(n=n, mode=mode, memory="model" if n % 2 else "concat"))
+    recs = run_tts(be, tasks, tcfg(n=n, mode=mode, memory=("lessons", "model", "concat")[n % 3]))
     first_env = EVENTS.index(("env",))
     before, after = EVENTS[:first_env], EVENTS[first_env:]
     assert not any(e[0] == "real" for e in before)
@@ -242,9 +243,10 @@ def test_zero_budget_equals_plain_acting(tiny, tasks):
         assert r.success == bool(e.reward)
 
 
-def test_sequential_attempt_sees_earlier_attempts_and_reflections(tokenizer, tasks):
+@pytest.mark.parametrize("memory", ["model", "concat"])
+def test_sequential_attempt_sees_earlier_attempts_and_reflections_in_the_transcript_formats(tokenizer, tasks, memory):
     be = ScriptedBackend(tokenizer, scripted(tasks))
-    recs = rehearse(be, tasks, tcfg(n=3, mode="sequential"))
+    recs = rehearse(be, tasks, tcfg(n=3, mode="sequential", memory=memory))
     for rec in recs:
         assert rec.reflections == [f"reflection on attempt {k}: call it again" for k in (1, 2, 3)]
         for n, traj in enumerate(rec.attempts):
@@ -261,7 +263,7 @@ def test_sequential_attempt_sees_earlier_attempts_and_reflections(tokenizer, tas
             assert "## Attempt" not in prompt and "Notes from private rehearsal" not in prompt
 
 
-@pytest.mark.parametrize("memory", ["model", "concat"])
+@pytest.mark.parametrize("memory", ["lessons", "model", "concat"])
 def test_memory_length_bound_is_respected_and_cuts_are_recorded(tokenizer, tasks, memory):
     long = " ".join(f"note{i}" for i in range(600))
     be = ScriptedBackend(tokenizer, scripted(tasks, memory_text=long, reflection=long))
@@ -285,8 +287,11 @@ def test_memory_length_bound_is_respected_and_cuts_are_recorded(tokenizer, tasks
                 and cut[0].tokens_after <= 64
                 and "note599" in cut[0].cut_text
             )
-        else:  # each reflection got an equal share, then the whole was capped
+        elif memory == "concat":  # each reflection got an equal share, then the whole was capped
             assert [c.attempt for c in rec.cuts if c.where == "reflection"] == [0, 1]
+        else:  # the lessons come first: the cut drops whole lines from the end
+            assert len(cut) == 1 and rec.memory.startswith(LESSONS_HEADER) and "note599" not in rec.memory
+            assert rec.memory + "\n" + cut[0].cut_text == rec.memory_raw and "tokens cut" not in rec.memory
         assert rec.memory in rec.final.messages[0].content  # Act saw exactly m_x
     # long transcripts and prompts are capped too: a tiny transcript cap cuts every attempt
     recs = rehearse(be, tasks[:1], dataclasses.replace(cfg, transcript_max_tokens=24, prompt_max_tokens=48))
@@ -306,6 +311,11 @@ def test_cap_tokens_keeps_head_tail_or_middle_within_the_budget(tokenizer):
         kept, cut = cap_tokens(text, 32, fmt, keep)
         assert len(fmt.encode(kept)) <= 32 and kept.startswith(start) and kept.endswith(end)
         assert cut["tokens_before"] == len(fmt.encode(text)) and cut["cut_text"]
+    lines = "\n".join(f"line {i} " + "w " * 5 for i in range(20))
+    kept, cut = cap_tokens(lines, 32, fmt, "lines")  # whole lines only
+    assert (
+        len(fmt.encode(kept)) <= 32 and kept and lines.startswith(kept + "\n") and cut["cut_text"].startswith("line ")
+    )
 
 
 def test_every_record_is_complete_and_round_trips_through_json(tokenizer, tasks, tmp_path):
@@ -379,7 +389,7 @@ def test_tasks_in_flight_rehearses_that_many_tasks_at_a_time_and_keeps_every_rec
 def test_config_rejects_what_would_break_the_method():
     with pytest.raises(KeyError, match="parallel, plan, sequential"):
         TTSConfig(mode="magic")
-    with pytest.raises(KeyError, match="concat, model"):
+    with pytest.raises(KeyError, match="concat, lessons, model"):
         TTSConfig(memory="magic")
     with pytest.raises(ValueError, match="rehearsal"):
         TTSConfig(rollout=RolloutConfig(mode="real"))
@@ -464,7 +474,7 @@ def test_cli_rehearse_prints_attempts_reflections_memory_and_the_real_run(tmp_pa
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
-@pytest.mark.parametrize("memory", ["model", "concat"])
+@pytest.mark.parametrize("memory", ["lessons", "model", "concat"])
 def test_plan_baseline_calls_no_tool_and_imagines_no_result_before_the_single_real_run(tokenizer, tasks, n, memory):
     be = ScriptedBackend(tokenizer, scripted(tasks))
     recs = run_tts(be, tasks, tcfg(n=n, mode="plan", memory=memory))
@@ -492,6 +502,8 @@ def test_plan_baseline_calls_no_tool_and_imagines_no_result_before_the_single_re
         assert "## Plan 1 (nothing executed, no tool results)" in tokenizer.decode(rec.reflect_rows[0].prompt_ids)
         assert rec.memory and rec.memory in rec.final.messages[0].content and rec.final.mode == "real"
         assert "plan 1 (private; no tool called)" in format_record(rec)
+        if memory == "lessons":  # no tool result exists, and the notes say so
+            assert rec.memory.startswith("Lessons from private plans") and "Your plans:\n- 1: 1. call" in rec.memory
     assert [e[1] for e in after if e[0] == "real"] == [t.flat_gold()[0].key() for t in tasks]
     assert not REHEARSAL_MODES.get("plan").imagined and REHEARSAL_MODES.get("parallel").imagined
 

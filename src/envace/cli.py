@@ -11,7 +11,7 @@
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]
     envace export FILE... [--real-only] [--gold --suite S --split train -n 100] --out records.jsonl   OpenAI / HF chat records
-    envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory model|concat]
+    envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory lessons|model|concat]
     envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
 
 sft, train, eval, fidelity, experiment, rollout, rehearse, serve and export are each configured by one typed dataclass
@@ -241,6 +241,7 @@ def cmd_eval(cfg: Any) -> int:
     from .config import to_dict
     from .evaluation.budget import evaluate_model
     from .evaluation.trials import save_result
+    from .evaluation.tts import save_records
     from .rollout.engine import RolloutConfig, rehearse_sampling
 
     rc = RolloutConfig(
@@ -273,6 +274,9 @@ def cmd_eval(cfg: Any) -> int:
     if cfg.out:
         save_result(res, cfg.out, config=to_dict(cfg), with_trajectories=cfg.trajectories)
         print(f"wrote {cfg.out}")
+    if cfg.tts_records and getattr(res, "records", None):
+        save_records(cfg.tts_records, res.records, with_rows=False)
+        print(f"wrote {len(res.records)} rehearsal records to {cfg.tts_records}")
     return 0
 
 
@@ -797,7 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(e, "samples", "--samples", "-k", type=int)
     _flag(e, "tts_n", "--tts-n", type=int)
     _flag(e, "tts_mode", "--tts-mode", metavar="parallel|sequential")
-    _flag(e, "tts_memory", "--tts-memory", metavar="model|concat")
+    _flag(e, "tts_memory", "--tts-memory", metavar="lessons|model|concat")
+    _flag(e, "tts_records", "--tts-records", metavar="FILE.jsonl")
     _flag(e, "temperature", "--temperature", type=float)
     _flag(e, "max_steps", "--max-steps", type=int)
     _flag(e, "max_new_tokens", "--max-new-tokens", type=int)
@@ -908,7 +913,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(h, "index", "--index", type=int)
     _flag(h, "n", "-N", type=int)
     _flag(h, "mode", "--mode", metavar="parallel|sequential")
-    _flag(h, "memory", "--memory", metavar="model|concat")
+    _flag(h, "memory", "--memory", metavar="lessons|model|concat")
     _flag(h, "memory_max_tokens", "--memory-max-tokens", type=int)
     _flag(h, "max_steps", "--max-steps", type=int)
     _flag(h, "max_new_tokens", "--max-new-tokens", type=int)

@@ -248,6 +248,12 @@ class SFTConfig:
     """Where the gold chats' tools are listed, as ``RolloutConfig.native_tools``."""
     thinking: bool | None = None
     """As ``RolloutConfig.thinking``."""
+    memory_attempts: int = 0
+    """Rehearsal notes in the warm-up (issue 29), off at 0. N > 0: the starting model rehearses each training task N
+    times (rehearsal mode, no environment), the attempts are distilled into test-time scaling's ``lessons`` memory
+    (envace.rollout.memory.rehearsal_lessons), and each task gets a second gold trajectory whose Act prompts carry
+    those notes (targets unchanged), so the model meets notes in training before it meets them at test time. The
+    notes come only from the model's own rehearsals, never from the gold. Costs N rehearsed rollouts per task."""
     out_dir: str = "runs/sft"
     seed: int = 0
     tensorboard: bool = True
@@ -266,8 +272,8 @@ class SFTConfig:
         self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
         self.report_to = report_to_setting(self.report_to, "SFTConfig.report_to")
         self.task_kinds = task_kinds_setting(self.task_kinds, "SFTConfig.task_kinds")
-        if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0:
-            raise ValueError("steps >= 0, batch_tasks >= 1 and lr > 0 are required")
+        if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0 or self.memory_attempts < 0:
+            raise ValueError("steps >= 0, batch_tasks >= 1, lr > 0 and memory_attempts >= 0 are required")
 
     @property
     def sinks(self) -> tuple[str, ...]:
@@ -328,8 +334,12 @@ class EvalConfig(ChatIO):
     """Test-time rehearsal budget N: private attempts before each real trial (0: none)."""
     tts_mode: str = "parallel"
     """How the rehearsal attempts run: parallel | sequential."""
-    tts_memory: str = "model"
-    """How the attempts become the memory of the real trial: model (the model writes notes) | concat."""
+    tts_memory: str = "lessons"
+    """Memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons (rule-based notes, calls in Act's tool format,
+    no transcript) | model (the model writes notes from transcripts) | concat (the reflections)."""
+    tts_records: str | None = None
+    """With tts_n > 0: write one JSON line per task here (attempts, reflections, memory as Act saw it, the real
+    run; envace.evaluation.tts.save_records, without token ids)."""
     temperature: float | None = None
     """Act temperature of the real trials (None: 0 for one sample, else 0.7)."""
     max_steps: int = 8
@@ -450,8 +460,8 @@ class RehearseConfig(ChatIO):
     """Rehearsal budget N: attempts before the real run (0: plain acting)."""
     mode: str = "parallel"
     """How the attempts run: parallel | sequential."""
-    memory: str = "model"
-    """How the attempts become the memory: model (the model writes notes) | concat."""
+    memory: str = "lessons"
+    """Memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | model | concat (as ``EvalConfig.tts_memory``)."""
     memory_max_tokens: int = 256
     """Most tokens of the memory."""
     max_steps: int = 6

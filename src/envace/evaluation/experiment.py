@@ -170,8 +170,8 @@ class ExperimentConfig:
     """Generate in bf16 in the evaluations, fidelity rollouts and RL rollouts (HFBackend bf16; TrainConfig.rollout_bf16,
     the update stays float32): true, false or ``auto`` (envace.core.precision). ~1.8x faster generation on a CPU with
     AVX-512-BF16 (docs/benchmarks.md); SFT is unchanged."""
-    tts_memory: str = "model"
-    """How the rehearsal memory is made (envace.evaluation.tts.MEMORY_BUILDERS): model | concat."""
+    tts_memory: str = "lessons"
+    """The rehearsal memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | model | concat."""
     tts_max_new_tokens: int = 160
     """Token limit of each reflection and memory generation."""
     tts_tasks_in_flight: int | None = None
@@ -191,7 +191,7 @@ class ExperimentConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        from .tts import MEMORY_BUILDERS, REHEARSAL_MODES
+        from .tts import MEMORY_FORMATS, REHEARSAL_MODES
 
         self.arms = tuple(self.arms)
         self.tts_arms = tuple(self.tts_arms)
@@ -207,7 +207,7 @@ class ExperimentConfig:
             ARMS.get(a)  # raises, listing the valid arms
         for m in self.tts_modes:
             REHEARSAL_MODES.get(m)
-        MEMORY_BUILDERS.get(self.tts_memory)
+        MEMORY_FORMATS.get(self.tts_memory)
         if any(not REHEARSAL_MODES.get(m).imagined for m in self.tts_modes) and PLAN_MATCHES not in self.tts_modes:
             raise ValueError(
                 f"tts_modes {list(self.tts_modes)}: a compute-matched baseline needs {PLAN_MATCHES!r} too (its token budget is measured there)"
@@ -521,7 +521,7 @@ def evaluate_arm(
 ) -> dict[str, Any]:
     """Real-environment evaluation at every (N, mode) of :func:`budgets`, then rehearsal fidelity; JSON-able."""
     policy = arm_backend(cfg, models.policy)
-    evals = evaluate_budgets(cfg, policy, seed, budgets(cfg, arm, seed), [], label)
+    evals = evaluate_budgets(cfg, policy, seed, budgets(cfg, arm, seed), [], label, arm=arm or "policy")
     out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
     if cfg.fidelity_tasks > 0:
         _say(f"{label}: rehearsal fidelity on {cfg.fidelity_tasks} tasks x {cfg.fidelity_samples} (shadow mode)")
@@ -548,6 +548,7 @@ def add_budgets(
     todo: list[tuple[int, str]],
     label: str = "",
     save: Callable[[], None] | None = None,
+    arm: str = "policy",
 ) -> None:
     """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place, the same way evaluate_arm does),
     calling ``save`` after each one, so a sweep cut short keeps the evaluations it finished."""
@@ -558,7 +559,7 @@ def add_budgets(
             save()
 
     policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))
-    keep(evaluate_budgets(cfg, policy, seed, todo, rec["evals"], label, keep))
+    keep(evaluate_budgets(cfg, policy, seed, todo, rec["evals"], label, keep, arm=arm))
 
 
 def recorded_model(cfg: ExperimentConfig, path: str) -> str:
@@ -581,13 +582,16 @@ def evaluate_budgets(
     evals: list[dict[str, Any]],
     label: str = "",
     on_eval: Callable[[list[dict[str, Any]]], None] | None = None,
+    arm: str = "policy",
 ) -> list[dict[str, Any]]:
     """``evals`` extended by the real-environment evaluation of ``policy`` at each (N, mode) of ``todo``, in order
     (the compute-matched plan budget is read from the rehearsal evaluation of the same N, in ``evals`` or done
-    before it in ``todo``); ``on_eval`` gets the list so far after each one."""
+    before it in ``todo``); ``on_eval`` gets the list so far after each one. At N > 0 the rehearsal records (what
+    the model was told: attempts, reflections, memory, the real run; no token ids) go to
+    ``<out_dir>/tts_records/seed<seed>/<arm>-N<n>-<mode>.jsonl``, named in the evaluation's ``records``."""
     from .budget import evaluate_at_budget
     from ..envs import load_tasks
-    from .tts import REHEARSAL_MODES, add_token_counts
+    from .tts import REHEARSAL_MODES, add_token_counts, save_records
 
     evals = list(evals)
     tasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.eval_tasks, seed=0)  # the same held-out tasks for every seed
@@ -635,6 +639,9 @@ def evaluate_budgets(
             add_token_counts(
                 res.per_task, res.trajectories
             )  # (N > 0: envace.evaluation.tts counts them, rehearsal included)
+        if getattr(res, "records", None):
+            extra["records"] = os.path.join(cfg.out_dir, "tts_records", f"seed{seed}", f"{arm}-N{n}-{mode}.jsonl")
+            save_records(extra["records"], res.records, with_rows=False)
         evals.append(
             {"n": n, "mode": mode, "metrics": res.metrics, "per_task": res.per_task, **extra}
         )  # per-task outcomes: paired comparisons
@@ -717,7 +724,7 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
                     continue
                 _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
                 t_add = time.perf_counter()
-                add_budgets(cfg, rec, seed, todo, label, save=lambda: _write_json(path, results))
+                add_budgets(cfg, rec, seed, todo, label, save=lambda: _write_json(path, results), arm=arm)
                 rec["eval_s"] = rec.get("eval_s", 0.0) + time.perf_counter() - t_add
                 _write_json(path, results)
                 continue

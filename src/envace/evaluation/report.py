@@ -926,7 +926,8 @@ def _config_summary(c: dict[str, Any]) -> str:
         f"model `{c.get('model')}`, suite `{c.get('suite')}`, seeds {list(c.get('seeds', []))}; SFT {c.get('sft_steps')} steps; "
         f"RL {c.get('iterations')} iterations x B={c.get('batch_tasks')} x K={c.get('group_size')} (lr {c.get('lr')}, reward {c.get('reward')}); "
         f"evaluation on {c.get('eval_tasks')} `{c.get('eval_split')}` tasks x {c.get('eval_samples')} trials (T={c.get('eval_temperature')}), "
-        f"rehearsal budgets N={list(c.get('tts_budgets', []))} ({', '.join(c.get('tts_modes', []))}); fidelity on "
+        f"rehearsal budgets N={list(c.get('tts_budgets', []))} ({', '.join(c.get('tts_modes', []))}; memory format "
+        f"`{c.get('tts_memory')}`); fidelity on "
         f"{c.get('fidelity_tasks')} tasks x {c.get('fidelity_samples')}."
     )
 

@@ -7,13 +7,19 @@ runs the task **once** for real:
 1. **Attempts** are rehearsal-mode rollouts (:class:`envace.rollout.engine.RolloutEngine`, mode ``rehearsal``): the
    policy's Rehearse role imagines every tool result. ``parallel``: the N attempts of all tasks are one
    rollout batch (group_size=N). ``sequential``: N batches of one attempt per task; attempt n's Act system
-   prompt carries attempts 1..n-1 and their reflections.
+   prompt carries notes on attempts 1..n-1 (their lessons, or in the older formats their transcripts and
+   reflections: step 3).
 2. **Reflection** (role ``reflect``): after each attempt, one generation in its own chat (:data:`REFLECT_SYSTEM`;
    the task + the attempt transcript) says what worked, what failed, what to change.
-3. **Memory** (role ``memory``): ``model`` distills all attempts and reflections in one generation
-   (:data:`MEMORY_SYSTEM`); ``concat`` is the deterministic alternative that concatenates the reflections
-   (each gets an equal share of the budget). An empty model memory falls back to ``concat`` and is counted.
-   Either way m_x is capped at ``memory_max_tokens`` tokens.
+3. **Memory**, in the memory format ``TTSConfig.memory`` (:data:`MEMORY_FORMATS`): ``lessons`` (the default)
+   distills the attempts by rule (:func:`envace.rollout.memory.distill`): the calls made, each written in Act's
+   own tool format with the value its rehearsed observation returned, the calls that erred, the reflections cut
+   to a line; no dialogue is pasted, because the 135M model copied the ``name({json})`` calls of pasted
+   transcripts and stopped calling tools (issue 29). ``model`` distills all attempts and reflections in one
+   Memory-role generation (:data:`MEMORY_SYSTEM`); ``concat`` concatenates the reflections (an equal share of
+   the budget each). An empty model memory falls back to ``concat`` and is counted. m_x is capped at
+   ``memory_max_tokens`` tokens. The format also says what a sequential attempt sees of the earlier ones:
+   their lessons (``lessons``) or their transcripts and reflections (``model``, ``concat``: as before).
 4. **The real execution**: :func:`envace.evaluation.trials.evaluate` (real mode, memory={task.id: m_x}) runs each task
    once against its real environment and scores it.
 
@@ -36,10 +42,12 @@ needs episodes played before it can run at all, BFCL's memory questions with ``w
 by :func:`envace.evaluation.trials.prepare`, before any attempt: those episodes are the task's setup, played in their
 own real environments, and the attempts, like the real run, start from what they left.)
 
-**Where things go in prompts.** Reflections, earlier attempts (sequential) and m_x reach Act through the
+**Where things go in prompts.** The notes on earlier attempts (sequential) and m_x reach Act through the
 "Notes from private rehearsal" block of its system prompt (:func:`envace.chat.prompts.act_system`), so N=0 (no
-memory) is exactly plain acting. Reflect and Memory run in their own chats, like Rehearse. Transcripts are
-:func:`envace.chat.prompts.serialize_messages` of the attempt's Act chat, marked as imagined.
+memory) is exactly plain acting. Reflect and Memory run in their own chats, like Rehearse, and see transcripts:
+:func:`envace.chat.prompts.serialize_messages` of the attempt's Act chat, marked as imagined (with ``lessons``,
+Act never does). :func:`save_records` writes the records as JSON lines, without token ids on request, so a
+reader sees what the model was told.
 
 **Caps.** Every variable part is capped in tokens (an attempt transcript, the sequential notes block, a whole
 Reflect / Memory prompt, m_x); each cut is recorded in :attr:`RehearsalRecord.cuts` with the text removed.
@@ -53,6 +61,7 @@ itself (so the final run of N=0 is token for token the plain run with that seed)
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable
@@ -61,7 +70,9 @@ from ..backends.base import Backend, SamplingParams
 from .trials import EvalResult, evaluate, prepare, prepare_metrics
 from ..chat.prompts import ChatFormat, render_tools, serialize_messages
 from ..core.registry import Registry
+from ..chat.parsing import tool_format_for
 from ..rollout.engine import RolloutConfig, RolloutEngine, format_trajectory
+from ..rollout.memory import LESSONS_HEADER, cap_tokens, distill
 from ..core.seeding import derive_seed
 from ..core.types import JSONable, Row, Task, Trajectory
 
@@ -127,9 +138,12 @@ class TTSConfig:
     """parallel: N independent attempts | sequential: attempt n sees attempts < n and their reflections
     (paper, tau2 + BFCL: parallel +4.2, sequential +2.4 over the trained policy) | plan: the compute-matched
     baseline, N plans without any tool result (module docstring); see REHEARSAL_MODES."""
-    memory: str = "model"
-    """How m_x is made: model (a Memory-role generation distills attempts and reflections) | concat
-    (deterministic: the reflections concatenated, each with an equal share of memory_max_tokens)."""
+    memory: str = "lessons"
+    """The memory format (MEMORY_FORMATS): what m_x and a sequential attempt's notes are. lessons (rule-based,
+    envace.rollout.memory.distill: the calls made, written in Act's tool format, their rehearsed values, the
+    errors, the reflections cut to a line; never a transcript) | model (a Memory-role generation distills the
+    transcripts and reflections) | concat (the reflections concatenated, an equal share of memory_max_tokens
+    each). model and concat show sequential attempts the earlier transcripts (the format before issue 29)."""
     memory_max_tokens: int = 256
     """Token cap of m_x as Act sees it; what is cut is recorded. Longer memory = longer real-run context."""
     transcript_max_tokens: int = 768
@@ -167,7 +181,7 @@ class TTSConfig:
         REHEARSAL_MODES.get(self.mode)  # unknown names raise, listing the valid ones
         if self.tasks_in_flight is not None and self.tasks_in_flight < 1:
             raise ValueError(f"TTSConfig.tasks_in_flight must be >= 1 or None, got {self.tasks_in_flight}")
-        MEMORY_BUILDERS.get(self.memory)
+        MEMORY_FORMATS.get(self.memory)
         if self.n < 0:
             raise ValueError(f"n must be >= 0, got {self.n}")
         for name in ("memory_max_tokens", "transcript_max_tokens", "notes_max_tokens", "prompt_max_tokens"):
@@ -256,39 +270,6 @@ RECORD_FIELDS = tuple(f.name for f in fields(RehearsalRecord))
 
 
 # --------------------------------------------------------------------------------------------------------
-# Token caps
-# --------------------------------------------------------------------------------------------------------
-
-
-def cap_tokens(text: str, max_tokens: int, fmt: ChatFormat, keep: str = "head") -> tuple[str, dict[str, Any] | None]:
-    """Cut ``text`` to at most ``max_tokens`` tokens (counted as ``fmt.encode`` counts them, marker included).
-
-    keep: head (cut the end) | tail (cut the start) | middle (keep both ends, cut the middle). Returns the kept
-    text and None, or ``{"tokens_before", "tokens_after", "cut_text"}`` when something was cut.
-    """
-    if keep not in ("head", "tail", "middle"):
-        raise ValueError(f"keep must be head, tail or middle, got {keep!r}")
-    ids = fmt.encode(text)
-    if len(ids) <= max_tokens:
-        return text, None
-    budget = max_tokens - len(fmt.encode(f" [... {len(ids)} tokens cut ...] ")) - 1
-    while True:
-        budget = max(0, budget)
-        h = {"head": budget, "tail": 0, "middle": (budget + 1) // 2}[keep]
-        t = budget - h
-        head_ids, tail_ids, cut_ids = ids[:h], ids[len(ids) - t :] if t else [], ids[h : len(ids) - t]
-        marker = f" [... {len(cut_ids)} tokens cut ...] "
-        kept = (fmt.tokenizer.decode(head_ids) + marker + fmt.tokenizer.decode(tail_ids)).strip()
-        n_kept = len(fmt.encode(kept))
-        if n_kept <= max_tokens or budget == 0:
-            break
-        budget -= max(1, n_kept - max_tokens)
-    if n_kept > max_tokens:  # not even the marker fits
-        kept, n_kept = "", 0
-    return kept, {"tokens_before": len(ids), "tokens_after": n_kept, "cut_text": fmt.tokenizer.decode(cut_ids)}
-
-
-# --------------------------------------------------------------------------------------------------------
 # The rehearsal phase (no environment anywhere below this line until the real phase)
 # --------------------------------------------------------------------------------------------------------
 
@@ -314,6 +295,7 @@ class _Rehearsal:
         self.cfg = cfg
         self.mode = REHEARSAL_MODES.get(cfg.mode)
         self.fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.rollout.chat_format, cfg.rollout.thinking)
+        self.tools = tool_format_for(policy.tokenizer, cfg.rollout.tool_format)  # Act's own (as the engine's)
         self._calls = 0
         self._transcripts: dict[tuple[str, int], str] = {}
 
@@ -398,9 +380,8 @@ class _Rehearsal:
         return text
 
     def notes(self, rec: RehearsalRecord) -> str:
-        """The notes block a sequential attempt sees: every earlier attempt and its reflection."""
-        body = "\n\n".join(self.attempt_block(rec, k) for k in range(rec.n_done))
-        return NOTES_HEADER + "\n\n" + self.cap(rec, "notes", rec.n_done, body, self.cfg.notes_max_tokens, "tail")
+        """The notes block a sequential attempt sees of the attempts before it (the memory format's)."""
+        return MEMORY_FORMATS.get(self.cfg.memory).notes(self, rec)
 
     def prompt(
         self, rec: RehearsalRecord, where: str, attempt: int | None, system: str, task: Task, body: str, ask: str
@@ -510,17 +491,48 @@ def _concat(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
     return "\n".join(lines)
 
 
-# A memory builder sets ``memory_raw`` / ``memory_source`` (and ``memory_row``) of every record with attempts.
-MEMORY_BUILDERS: Registry[Callable[[_Rehearsal, list[Task], list[RehearsalRecord]], None]] = Registry("memory builder")
+@dataclass(frozen=True)
+class MemoryFormat:
+    """What the private attempts become where Act sees them (the "memory format", ``TTSConfig.memory``):
+    ``build(ctx, tasks, records)`` sets ``memory_raw`` / ``memory_source`` (and ``memory_row``) of every record
+    with attempts; ``notes(ctx, record)`` is the notes block a sequential attempt sees of the attempts before it."""
+
+    build: Callable[[_Rehearsal, list[Task], list[RehearsalRecord]], None]
+    notes: Callable[[_Rehearsal, RehearsalRecord], str]
+    doc: str
+    keep: str = "head"
+    """How m_x is cut to memory_max_tokens (cap_tokens): head, or lines (whole lines, never half a call)."""
 
 
-@MEMORY_BUILDERS.register("concat")
+MEMORY_FORMATS: Registry[MemoryFormat] = Registry("memory format")
+
+
+def _transcript_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
+    """Every earlier attempt's transcript and reflection (the format before issue 29)."""
+    body = "\n\n".join(ctx.attempt_block(rec, k) for k in range(rec.n_done))
+    return NOTES_HEADER + "\n\n" + ctx.cap(rec, "notes", rec.n_done, body, ctx.cfg.notes_max_tokens, "tail")
+
+
+def _lessons(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
+    header = LESSONS_HEADER if ctx.mode.imagined else ctx.mode.concat_header  # plans: no tool result exists
+    return distill(rec.attempts, ctx.tools, rec.reflections, rec.plans, header=header)
+
+
+def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
+    """The lessons of the earlier attempts (no transcript), capped from the end (the calls come first)."""
+    return ctx.cap(rec, "notes", rec.n_done, _lessons(ctx, rec), ctx.cfg.notes_max_tokens, "lines")
+
+
+def _memory_lessons(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
+    for rec in recs:
+        rec.memory_raw, rec.memory_source = _lessons(ctx, rec), "lessons"
+
+
 def _memory_concat(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
     for rec in recs:
         rec.memory_raw, rec.memory_source = _concat(ctx, rec), "concat"
 
 
-@MEMORY_BUILDERS.register("model")
 def _memory_model(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
     prompts = []
     for task, rec in zip(tasks, recs):
@@ -550,6 +562,34 @@ def _memory_model(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord
             rec.memory_raw, rec.memory_source = _concat(ctx, rec), "concat_fallback"
 
 
+MEMORY_FORMATS.add(
+    "lessons",
+    MemoryFormat(
+        _memory_lessons,
+        _lesson_notes,
+        "rule-based lessons (rollout.memory.distill): the calls made, in Act's tool format, with their rehearsed "
+        "values; the calls that erred; the reflections cut to a line. No transcript, for m_x and sequential notes",
+        keep="lines",
+    ),
+)
+MEMORY_FORMATS.add(
+    "model",
+    MemoryFormat(
+        _memory_model,
+        _transcript_notes,
+        "a Memory-role generation distills the transcripts and reflections; sequential notes are transcripts",
+    ),
+)
+MEMORY_FORMATS.add(
+    "concat",
+    MemoryFormat(
+        _memory_concat,
+        _transcript_notes,
+        "the reflections concatenated (an equal share each); sequential notes are transcripts",
+    ),
+)
+
+
 def task_header(task: Task) -> str:
     """The task as Reflect and Memory see it: the agent's instructions, the user turns and the tool names."""
     users = "\n".join(f"User turn {i + 1}: {u.strip()}" for i, u in enumerate(task.user_turns))
@@ -573,10 +613,12 @@ def rehearse(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[Rehears
     ]
     if cfg.n > 0 and tasks:
         ctx.mode.run(ctx, tasks, recs)
-        MEMORY_BUILDERS.get(cfg.memory)(ctx, tasks, recs)
+        MEMORY_FORMATS.get(cfg.memory).build(ctx, tasks, recs)
     for rec in recs:
         rec.memory = (
-            ctx.cap(rec, "memory", None, rec.memory_raw, cfg.memory_max_tokens, "head") if rec.memory_raw else ""
+            ctx.cap(rec, "memory", None, rec.memory_raw, cfg.memory_max_tokens, MEMORY_FORMATS.get(cfg.memory).keep)
+            if rec.memory_raw
+            else ""
         )
         _count_rehearsal(rec, ctx.fmt)
         rec.timing["rehearsal_s"] = time.perf_counter() - t0  # the phase is batched: shared wall time
@@ -710,6 +752,8 @@ def tts_metrics(records: list[RehearsalRecord]) -> dict[str, float]:
         "tts/attempt_truncated_rate": sum(r.counters.get("rehearsal/truncated_attempts", 0) for r in records)
         / attempts,
         "tts/attempt_tool_calls": sum(r.counters.get("rehearsal/act/tool_calls", 0) for r in records) / attempts,
+        "tts/final_tool_calls": mean("final/act/tool_calls"),
+        "tts/final_no_call_rate": sum(r.counters.get("final/act/tool_calls", 0) == 0 for r in records) / n,
         "tts/attempt_tokens_per_task": sum(attempt_tokens(r) for r in records) / n,
         "tts/attempt_tokens_per_attempt": sum(attempt_tokens(r) for r in records) / attempts,
         "tts/rehearsal_tokens_per_task": sum(private_tokens(r) for r in records) / n,
@@ -746,10 +790,25 @@ def format_record(rec: RehearsalRecord) -> str:
     return "\n".join(out)
 
 
-def save_records(path: str, records: list[RehearsalRecord]) -> None:
+def record_dict(rec: RehearsalRecord, with_rows: bool = True) -> dict[str, Any]:
+    """``rec`` as a JSON object; ``with_rows=False`` drops the token-id rows (of attempts, plans, reflections, the
+    memory and the real run), keeping every text a reader needs: the chats (Act's system prompts hold the notes
+    and m_x as shown), the steps, the reflections, the memory, the counters."""
+    d = rec.to_dict()
+    if not with_rows:
+        for t in d["attempts"] + ([d["final"]] if d["final"] else []):
+            t["rows"] = []
+        d["plan_rows"], d["reflect_rows"], d["memory_row"] = [], [], None
+    return d
+
+
+def save_records(path: str, records: list[RehearsalRecord], with_rows: bool = True) -> None:
+    """One JSON line per record (:func:`record_dict`); the folder is made if needed."""
+    if os.path.dirname(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for r in records:
-            f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
+            f.write(json.dumps(record_dict(r, with_rows), ensure_ascii=False) + "\n")
 
 
 def load_records(path: str) -> list[RehearsalRecord]:
@@ -764,7 +823,8 @@ __all__ = [
     "Cut",
     "TTSEvalResult",
     "REHEARSAL_MODES",
-    "MEMORY_BUILDERS",
+    "MEMORY_FORMATS",
+    "MemoryFormat",
     "REFLECT_SYSTEM",
     "MEMORY_SYSTEM",
     "PLAN_SYSTEM",
@@ -783,6 +843,7 @@ __all__ = [
     "tts_metrics",
     "format_record",
     "save_records",
+    "record_dict",
     "load_records",
     "task_header",
 ]

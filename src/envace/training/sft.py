@@ -5,6 +5,12 @@ backend in place of the model: Act answers with the task's gold calls (one per s
 Rehearse answers with what the *real* environment returned for that call. The rows therefore have exactly the
 contexts that training and inference use: Act rows are trained on gold actions and final replies, Rehearse rows
 on real observations.
+
+With ``SFTConfig.memory_attempts`` N > 0 each task also gets a gold trajectory whose Act system prompt carries
+rehearsal notes, as test-time scaling's final run does: the starting model rehearses the task N times (no
+environment) and :func:`envace.rollout.memory.rehearsal_lessons` distills them. The targets stay the gold, so
+the rows teach acting well with notes that may be wrong; the notes never contain the gold (only the model's own
+calls and imagined observations).
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from ..backends.models import load_trainable, make_optimizer
 from ..chat.parsing import ToolFormat, format_observation, tool_format_for
 from ..core.precision import use_bf16
 from ..chat.prompts import ChatFormat
-from ..rollout.engine import RolloutConfig, RolloutEngine
+from ..rollout.engine import RolloutConfig, RolloutEngine, rehearse_sampling
+from ..rollout.memory import rehearsal_lessons
+from ..backends.hf import HFBackend
 from ..core.seeding import seed_everything
 from ..core.types import Row, Task, Trajectory
 
@@ -108,9 +116,11 @@ def gold_trajectories(
     tool_format: str | None = None,
     thinking: bool | None = None,
     native_tools: bool = True,
+    memory: dict[str, str] | None = None,
 ) -> list[Trajectory]:
     """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine. The formats
-    (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given."""
+    (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given. ``memory`` (task id ->
+    notes) puts notes into the Act system prompt of those tasks, as ``RolloutEngine(memory=...)`` does at test time."""
     n_steps = max((sum(len(g) for g in t.gold_actions) + len(t.user_turns) for t in tasks), default=1)
     cfg = rollout or RolloutConfig(
         mode="rehearsal",
@@ -130,7 +140,23 @@ def gold_trajectories(
         tools=tool_format_for(tokenizer, cfg.tool_format),
         end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id,
     )
-    return RolloutEngine(teacher, cfg).run(tasks, group_prefix="gold")
+    return RolloutEngine(teacher, cfg, memory=memory).run(tasks, group_prefix="gold-notes" if memory else "gold")
+
+
+def lesson_rollout(cfg: SFTConfig) -> RolloutConfig:
+    """The attempts of ``SFTConfig.memory_attempts``: Act sampled at T=1, at most 4 steps of 96 new tokens."""
+    return RolloutConfig(
+        mode="rehearsal",
+        max_steps=4,
+        seed=cfg.seed,
+        act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=96),
+        rehearse=rehearse_sampling(96),
+        chat_format=cfg.chat_format,
+        tool_format=cfg.tool_format,
+        thinking=cfg.thinking,
+        native_tools=cfg.native_tools,
+        progress=cfg.progress,
+    )
 
 
 @dataclass
@@ -157,6 +183,17 @@ def sft(cfg: SFTConfig) -> SFTResult:
         thinking=cfg.thinking,
         native_tools=cfg.native_tools,
     )
+    if cfg.memory_attempts:  # the starting model's own rehearsals, distilled; then the same gold, with the notes
+        notes = rehearsal_lessons(HFBackend(model, tok), tasks, lesson_rollout(cfg), cfg.memory_attempts)
+        trajs += gold_trajectories(
+            tok,
+            tasks,
+            chat_format=cfg.chat_format,
+            tool_format=cfg.tool_format,
+            thinking=cfg.thinking,
+            native_tools=cfg.native_tools,
+            memory=notes,
+        )
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
     logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))
     rng = np.random.default_rng(cfg.seed)

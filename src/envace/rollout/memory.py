@@ -1,0 +1,189 @@
+"""Rehearsal lessons: what self-rehearsed attempts of a task found, distilled by rule into short notes for Act.
+
+A small model copies what its context shows. Pasting earlier imagined dialogues into Act's prompt (calls written
+``name({json})``, as transcripts write them) taught the 135M model to answer in that syntax, which parses as a
+reply, not a call (issue 29). :func:`distill` therefore writes no dialogue: it lists the distinct calls the
+attempts made, each written in Act's own tool format (``ToolFormat.render``), with the value its rehearsed
+observation returned, the calls whose rehearsed observation was an error (to avoid), malformed calls and attempts
+that called nothing, then the model's reflections, each cut to a line, with any ``name({json})`` in them rewritten
+in the tool format. Every section is bounded (items, characters); the caller caps the whole in tokens.
+
+Only rehearsed observations may reach the notes: an observation whose source is the real environment raises
+(a memory shown before the real run must never carry what the real world returned; METHOD.md section 6).
+:func:`rehearsal_lessons` rolls out the attempts (rehearsal mode: no environment) and distills them, for
+training rows whose Act prompt carries such notes (envace.training.sft).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from typing import Any, Sequence
+
+from ..backends.base import Backend
+from ..chat.parsing import ToolFormat, tool_format_for
+from ..chat.prompts import ChatFormat
+from ..core.types import Task, ToolCall, Trajectory, dumps, is_error_obs
+from .engine import RolloutConfig, RolloutEngine
+
+LESSONS_HEADER = "What your private rehearsals found (tool results were imagined; check them in the real run):"
+REAL_SOURCES = ("real",)
+"""Observation sources that are the real environment's answer: never allowed in rehearsal notes."""
+_CALL_TEXT = re.compile(r"([A-Za-z_][\w.\-]*)\(\{")
+
+
+def clip(text: str, max_chars: int) -> str:
+    """``text`` on one line, at most ``max_chars`` characters (an ellipsis marks a cut)."""
+    one = " ".join(text.split())
+    return one if len(one) <= max_chars else one[: max(0, max_chars - 3)].rstrip() + "..."
+
+
+def in_tool_format(text: str, tools: ToolFormat) -> str:
+    """``text`` with every ``name({json})`` (a transcript's way of writing a call) rewritten as ``tools`` writes
+    that call; anything that does not decode as a JSON object followed by ``)`` is left as it is."""
+    out, i = [], 0
+    decoder = json.JSONDecoder()
+    for m in _CALL_TEXT.finditer(text):
+        if m.start() < i:
+            continue
+        try:
+            args, end = decoder.raw_decode(text, m.end() - 1)
+        except ValueError:
+            continue
+        if not isinstance(args, dict) or text[end : end + 1] != ")":
+            continue
+        out += [text[i : m.start()], tools.render([ToolCall(m.group(1), args)])]
+        i = end + 1
+    return "".join(out) + text[i:]
+
+
+def cap_tokens(text: str, max_tokens: int, fmt: ChatFormat, keep: str = "head") -> tuple[str, dict[str, Any] | None]:
+    """Cut ``text`` to at most ``max_tokens`` tokens (counted as ``fmt.encode`` counts them, marker included).
+
+    keep: head (cut the end) | tail (cut the start) | middle (keep both ends, cut the middle) | lines (drop whole
+    lines from the end, no marker: notes never end in half a call). Returns the kept
+    text and None, or ``{"tokens_before", "tokens_after", "cut_text"}`` when something was cut.
+    """
+    if keep not in ("head", "tail", "middle", "lines"):
+        raise ValueError(f"keep must be head, tail, middle or lines, got {keep!r}")
+    ids = fmt.encode(text)
+    if len(ids) <= max_tokens:
+        return text, None
+    if keep == "lines":  # whole lines from the end: never half a call
+        lines = text.split("\n")
+        while lines and len(fmt.encode("\n".join(lines))) > max_tokens:
+            lines.pop()
+        kept = "\n".join(lines)
+        n_kept = len(fmt.encode(kept)) if kept else 0
+        return kept, {"tokens_before": len(ids), "tokens_after": n_kept, "cut_text": text[len(kept) :].lstrip("\n")}
+    budget = max_tokens - len(fmt.encode(f" [... {len(ids)} tokens cut ...] ")) - 1
+    while True:
+        budget = max(0, budget)
+        h = {"head": budget, "tail": 0, "middle": (budget + 1) // 2}[keep]
+        t = budget - h
+        head_ids, tail_ids, cut_ids = ids[:h], ids[len(ids) - t :] if t else [], ids[h : len(ids) - t]
+        marker = f" [... {len(cut_ids)} tokens cut ...] "
+        kept = (fmt.tokenizer.decode(head_ids) + marker + fmt.tokenizer.decode(tail_ids)).strip()
+        n_kept = len(fmt.encode(kept))
+        if n_kept <= max_tokens or budget == 0:
+            break
+        budget -= max(1, n_kept - max_tokens)
+    if n_kept > max_tokens:  # not even the marker fits
+        kept, n_kept = "", 0
+    return kept, {"tokens_before": len(ids), "tokens_after": n_kept, "cut_text": fmt.tokenizer.decode(cut_ids)}
+
+
+def _seen(entry: dict[str, Any], k: int) -> None:
+    if k not in entry["attempts"]:
+        entry["attempts"].append(k)
+
+
+def distill(
+    attempts: Sequence[Trajectory],
+    tools: ToolFormat,
+    reflections: Sequence[str] = (),
+    plans: Sequence[str] = (),
+    *,
+    max_calls: int = 6,
+    max_errors: int = 4,
+    value_chars: int = 160,
+    text_chars: int = 200,
+    header: str = LESSONS_HEADER,
+) -> str:
+    """Short notes from self-rehearsed ``attempts`` (and their ``reflections``, or ``plans`` of a plan-only budget).
+
+    Sections, in order (a head cut drops the last first): calls that got a non-error observation, in the order
+    first made, each rendered by ``tools`` with its observation (at most ``max_calls``, ``value_chars`` each) and,
+    over several attempts, how many made it; calls whose every observation was an error, with the error (at most
+    ``max_errors``); malformed calls and attempts without a call; the plans and reflections (``text_chars`` each).
+    Raises ValueError on an observation from the real environment (:data:`REAL_SOURCES`).
+    """
+    found: dict[str, dict[str, Any]] = {}  # call key -> {call, ok, err, attempts}, in first-made order
+    malformed, silent = 0, []
+    for k, traj in enumerate(attempts):
+        for step in traj.steps:
+            malformed += step.parse_error is not None
+            for call, obs, src in zip(step.calls, step.observations, step.sources):
+                if src in REAL_SOURCES:
+                    raise ValueError(f"attempt {k + 1} of {traj.task_id}: a real observation cannot go into notes")
+                e = found.setdefault(call.key(), {"call": call, "ok": None, "err": None, "attempts": []})
+                _seen(e, k)
+                if is_error_obs(obs):
+                    e["err"] = e["err"] or obs["error"]
+                elif e["ok"] is None:
+                    e["ok"] = obs
+        if not traj.calls():
+            silent.append(k + 1)
+    many = len(attempts) > 1
+    worked = [e for e in found.values() if e["ok"] is not None]
+    failed = [e for e in found.values() if e["ok"] is None]
+    lines = [header]
+    if worked:
+        lines.append("Calls that worked, in the order made:")
+        for e in worked[:max_calls]:
+            times = f" ({len(e['attempts'])} of {len(attempts)} attempts)" if many else ""
+            lines.append(f"- {tools.render([e['call']])} returned {clip(dumps(e['ok']), value_chars)}{times}")
+    if failed:
+        lines.append("Calls to avoid (they returned an error):")
+        for e in failed[:max_errors]:
+            err = f"{e['err'].get('kind', 'error')}: {e['err'].get('message', '')}"
+            lines.append(f"- {tools.render([e['call']])} -> {clip(err, value_chars)}")
+    if malformed:
+        lines.append(f"- {malformed} malformed call(s): write a call exactly as {tools.call}.")
+    if silent:
+        which = ", ".join(map(str, silent)) if many else "The attempt"
+        lines.append(f"- {'Attempts ' + which if many else which} called no tool.")
+    if not found and not malformed and not plans:
+        lines.append("- No tool was called.")
+    for label, texts in (("Your plans", plans), ("Your reflections", reflections)):
+        kept = [clip(in_tool_format(t, tools), text_chars) for t in texts if t.strip()]
+        if kept:
+            lines.append(f"{label}:")
+            lines += [f"- {i + 1}: {t}" for i, t in enumerate(kept)]
+    return "\n".join(lines)
+
+
+def rehearsal_lessons(
+    policy: Backend, tasks: list[Task], rollout: RolloutConfig, n: int, max_tokens: int = 256
+) -> dict[str, str]:
+    """Task id -> :func:`distill` of ``n`` self-rehearsed attempts of the task by ``policy`` (no reflections), cut
+    to ``max_tokens`` tokens as test-time scaling cuts m_x (``TTSConfig.memory_max_tokens``).
+
+    ``rollout`` is forced to rehearsal mode without shadow: the attempts never touch a real environment."""
+    if n < 1:
+        raise ValueError(f"rehearsal_lessons needs n >= 1 attempts, got {n}")
+    cfg = replace(rollout, mode="rehearsal", shadow=False, group_size=n)
+    engine = RolloutEngine(policy, cfg)
+    if engine.observer.needs_env:
+        raise RuntimeError("rehearsal attempts must not use a real environment")
+    trajs = engine.run(tasks, group_prefix="lessons")
+    tools = tool_format_for(policy.tokenizer, cfg.tool_format)
+    fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
+    return {
+        t.id: cap_tokens(distill(trajs[i * n : (i + 1) * n], tools), max_tokens, fmt, "lines")[0]
+        for i, t in enumerate(tasks)
+    }
+
+
+__all__ = ["LESSONS_HEADER", "REAL_SOURCES", "cap_tokens", "clip", "in_tool_format", "distill", "rehearsal_lessons"]
