@@ -1,10 +1,13 @@
 """Rollouts on envace's HF engine (float32) and on vLLM (in process, CPU or GPU), side by side in one run.
 
-Two workloads, each run by both engines one after the other:
+Three workloads, each run by both engines one after the other:
 
 - ``rehearsal``: the rollout benchmark, ``RolloutEngine`` in rehearsal mode on B tasks x K trajectories (Act
-  samples freely at T=1, Rehearse at T=0.6 / top-p 0.8). The engines sample different tokens, so their work
-  differs a little: compare tokens/s and trajectories/s, and the rows each produced.
+  samples freely at T=1, Rehearse at T=0.6 / top-p 0.8). The untrained model rarely calls a tool, so this is
+  mostly Act; the engines sample different tokens, so their work differs a little: compare tokens/s and
+  trajectories/s, and the rows each produced.
+- ``rehearse_gold_act``: the same tasks with Act scripted to the gold calls (``per_role`` mode: a scripted Act,
+  the engine under test plays Rehearse), so that every call is rehearsed by the engine.
 - ``act_prompts``: the same fixed prompts (the first Act prompt of every trajectory of the HF rollout) in one
   ``generate`` call, T=1, ``--max-new`` tokens at most: the same work for both engines.
 
@@ -18,6 +21,7 @@ Usage: python bench/vllm_rollout.py [--tasks 8] [--group 8] [--out bench/results
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import statistics
 
@@ -27,6 +31,7 @@ from common import HFBackend, Timer, write_result
 import torch
 
 from envace.backends.base import SamplingParams
+from envace.backends.scripted import ScriptedBackend
 from envace.backends.models import DEFAULT_MODEL, load, model_path
 from envace.backends.vllm import VLLMBackend, vllm_probe
 from envace.core.precision import hardware_summary
@@ -49,6 +54,34 @@ def rollout(be, tasks, cfg) -> tuple[dict, list]:
         "trajectories_per_s": round(len(trajs) / t.s, 3),
         "rows": {role: sum(r.role == role for r in rows) for role in ("act", "rehearse")},
     }, trajs
+
+
+def gold_act(tasks):
+    """Act as a script: the task's gold calls, one per step, then a reply."""
+    by_user = {t.user_turns[0]: t for t in tasks}
+
+    def respond(prompt: str) -> str:
+        task = next(t for u, t in by_user.items() if u in prompt)
+        n, gold = prompt.count("<|im_start|>tool"), task.flat_gold()
+        return gold[n].to_text() if n < len(gold) else "Done: all requested actions are complete."
+
+    return respond
+
+
+def rehearse_only(be, tasks, cfg) -> dict:
+    """Scripted Act, ``be`` as the Rehearse role: the rollout's rows are all Rehearse generations of ``be``."""
+    before = be.stats["generated_tokens"]
+    scripted = ScriptedBackend(be.tokenizer, gold_act(tasks))
+    with Timer() as t:
+        trajs = RolloutEngine(scripted, dataclasses.replace(cfg, mode="per_role"), rehearser=be).run(tasks)
+    gen = be.stats["generated_tokens"] - before
+    return {
+        "seconds": round(t.s, 2),
+        "generated_tokens": gen,
+        "tokens_per_s": round(gen / t.s, 1),
+        "trajectories_per_s": round(len(trajs) / t.s, 3),
+        "rehearse_rows": sum(r.role == "rehearse" for tr in trajs for r in tr.rows),
+    }
 
 
 def fixed_prompts(be, prompts, params) -> dict:
@@ -90,12 +123,14 @@ def main() -> None:
     hf_rollout, hf_trajs = rollout(hf, tasks, cfg)
     prompts = [tr.rows[0].prompt_ids for tr in hf_trajs]
     hf_fixed = fixed_prompts(hf, prompts, act)
+    hf_rehearse = rehearse_only(hf, tasks, cfg)
 
     with Timer() as start:
         vl = VLLMBackend(str(model_path(DEFAULT_MODEL)), tok)
         vl.generate([tok.encode("Hello")], act.with_(max_new_tokens=4))  # warm-up
     vl_rollout, vl_trajs = rollout(vl, tasks, cfg)
     vl_fixed = fixed_prompts(vl, prompts, act)
+    vl_rehearse = rehearse_only(vl, tasks, cfg)
 
     result = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -110,6 +145,7 @@ def main() -> None:
         },
         "vllm_startup_seconds": round(start.s, 1),
         "rehearsal": {"hf_float32": hf_rollout, "vllm": vl_rollout},
+        "rehearse_gold_act": {"hf_float32": hf_rehearse, "vllm": vl_rehearse},
         "act_prompts": {
             "prompts": len(prompts),
             "prompt_tokens_mean": round(statistics.fmean(map(len, prompts)), 1),
@@ -122,6 +158,7 @@ def main() -> None:
                 vl_rollout["trajectories_per_s"] / hf_rollout["trajectories_per_s"], 2
             ),
             "act_prompts_tokens_per_s": round(vl_fixed["tokens_per_s"] / hf_fixed["tokens_per_s"], 2),
+            "rehearse_gold_act_tokens_per_s": round(vl_rehearse["tokens_per_s"] / hf_rehearse["tokens_per_s"], 2),
         },
         "vllm_act_logprobs_vs_float32_recompute": logprob_gap(model, vl_trajs, cfg),
         "vllm_prefix_cache": {k: vl.stats[k] for k in ("prompt_tokens", "cached_tokens")},
