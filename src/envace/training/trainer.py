@@ -40,6 +40,7 @@ from tqdm.auto import tqdm
 from ..math import algos
 from ..backends.base import BACKENDS, Backend, SamplingParams
 from ..backends.hf import HFBackend
+from ..backends.vllm import VllmProbe, engine_for
 from ..core.checkpoint import latest_checkpoint, load_rng, load_state
 from ..config import (
     RESUMABLE_FIELDS,
@@ -473,24 +474,26 @@ def recomputes_old_logprobs(cfg: TrainConfig, device: Any = None) -> bool:
     return cfg.rollout_backend != "hf" or rollout_bf16(cfg, device) != update_bf16(cfg, device)
 
 
-def rollout_backend(cfg: TrainConfig, model: Any, tok: Any, dist: Dist) -> Backend:
+def rollout_backend(
+    cfg: TrainConfig, model: Any, tok: Any, dist: Dist, probe: Callable[[], VllmProbe] | None = None
+) -> Backend:
     """The engine that rolls out with ``model``'s weights. ``hf`` generates with the model object itself; any
     other name in BACKENDS (``vllm``) is a separate engine, started from the base model's files, that receives
-    the weights through ``sync_weights``."""
-    if cfg.rollout_backend == "hf":
+    the weights through ``sync_weights``. ``vllm`` where vLLM cannot run (``probe``, default
+    envace.backends.vllm.vllm_probe) is the ``hf`` engine, said in one line."""
+    name = engine_for(cfg.rollout_backend, probe)
+    if name == "hf":
         if dist.shards_parameters:
             raise ValueError(
                 "rollout_backend 'hf' cannot generate with FSDP-sharded weights; set rollout_backend: vllm (or use DDP)"
             )
         return HFBackend(model, tok, bf16=rollout_bf16(cfg, dist.device))
-    if cfg.rollout_backend not in BACKENDS:
+    if name not in BACKENDS:
         try:
-            importlib.import_module(f"envace.backends.{cfg.rollout_backend}")  # registers it
+            importlib.import_module(f"envace.backends.{name}")  # registers it
         except ModuleNotFoundError:
             pass  # BACKENDS.get below lists the valid names
-    return BACKENDS.get(cfg.rollout_backend)(
-        model=str(model_path(cfg.model)), tokenizer=tok, **cfg.rollout_backend_options
-    )
+    return BACKENDS.get(name)(model=str(model_path(cfg.model)), tokenizer=tok, **cfg.rollout_backend_options)
 
 
 def check_resume(cfg: TrainConfig, ckpt: str) -> None:
