@@ -412,7 +412,7 @@ def test_smollm2_chat_template_ignores_tool_calls_so_raw_content_renders_envaces
     rendered = tokenizer.apply_chat_template(raw["messages"], tools=raw["tools"], tokenize=False)
     assert rendered == "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in traj.messages)
     text = trajectory_record(traj, world="real", system="task")
-    with pytest.raises(Exception, match="content"):  # the assistant messages that only call tools have content null
+    with pytest.raises(Exception, match="content|NoneType"):  # assistant messages that only call tools: content null
         tokenizer.apply_chat_template(text["messages"], tools=text["tools"], tokenize=False)
     filled = [dict(m, content=m["content"] or "") for m in text["messages"]]
     rendered = tokenizer.apply_chat_template(filled, tools=text["tools"], tokenize=False)

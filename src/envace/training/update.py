@@ -188,12 +188,11 @@ def completion_logprobs(
         elif direct_head:
             logits = model(input_ids=ids).logits[sb, st]
         else:
-            keep = torch.zeros_like(ids, dtype=torch.bool)  # (P, S) positions whose logits are needed
-            keep[sb, st] = True
-            flat = sb * S + st  # (N,) the model returns the kept positions in row-major order
-            logits = model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits[
-                torch.searchsorted(flat.sort().values, flat)
-            ]
+            # a 1-D tensor of sequence positions is the form of logits_to_keep every transformers 5.x reads (a (P, S)
+            # mask is not: 5.19 indexes hidden_states[:, mask, :] and fails)
+            cols = torch.unique(st)  # (C,) sorted positions whose logits some row needs
+            logits = model(input_ids=ids, use_cache=False, logits_to_keep=cols).logits  # (P, C, V)
+            logits = logits[sb, torch.searchsorted(cols, st)]  # (N, V)
     logits = logits.float()
     temps = torch.cat([torch.full((n,), t, device=dev) for (_, n, t) in owner]) if owner else torch.ones(0, device=dev)
     logits = logits / temps[:, None]
