@@ -118,7 +118,7 @@ def _demo_spies(monkeypatch, stop_training: bool):
         seen["trained"].append(cfg)
         if stop_training:
             raise Stop()
-        return types.SimpleNamespace(checkpoint=f"RL-{cfg.variant}")
+        return types.SimpleNamespace(checkpoint=f"RL-{cfg.variant}", metrics=[{"step": 1}])
 
     keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
 

@@ -570,7 +570,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             variant=variant,
         )
         tcfgs[variant] = cfg
-        return os.path.join(stage(f"{variant}_s", lambda: train(cfg)).checkpoint, "policy")  # resumes a finished run
+        res = stage(f"{variant}_s", lambda: train(cfg))  # resumes a run an earlier demo started or finished
+        if not res.metrics:  # no iteration ran here: a finished run, resumed
+            reused.append(variant)
+            times.pop(f"{variant}_s")
+        return os.path.join(res.checkpoint, "policy")
 
     tcfgs: dict[str, Any] = {}
     say("EnvACE training (rehearsal rollouts, role-wise GRPO)")
