@@ -175,25 +175,13 @@ def sft(cfg: SFTConfig) -> SFTResult:
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
-    trajs = gold_trajectories(
-        tok,
-        tasks,
-        chat_format=cfg.chat_format,
-        tool_format=cfg.tool_format,
-        thinking=cfg.thinking,
-        native_tools=cfg.native_tools,
+    io = dict(
+        chat_format=cfg.chat_format, tool_format=cfg.tool_format, thinking=cfg.thinking, native_tools=cfg.native_tools
     )
+    trajs = gold_trajectories(tok, tasks, **io)
     if cfg.memory_attempts:  # the starting model's own rehearsals, distilled; then the same gold, with the notes
         notes = rehearsal_lessons(HFBackend(model, tok), tasks, lesson_rollout(cfg), cfg.memory_attempts)
-        trajs += gold_trajectories(
-            tok,
-            tasks,
-            chat_format=cfg.chat_format,
-            tool_format=cfg.tool_format,
-            thinking=cfg.thinking,
-            native_tools=cfg.native_tools,
-            memory=notes,
-        )
+        trajs += gold_trajectories(tok, tasks, **io, memory=notes)
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
     logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))
     rng = np.random.default_rng(cfg.seed)
