@@ -403,14 +403,15 @@ def _finish_tokenizer(tokenizer: Any, max_positions: int) -> None:
     _ensure_pad_token(tokenizer)
 
 
-def tiny_model(tokenizer: Any) -> LlamaForCausalLM:
-    """The :data:`TINY_MODEL` weights: the same on every call (seeded), and the global RNG is left untouched."""
+def tiny_model(tokenizer: Any, **shape: Any) -> LlamaForCausalLM:
+    """The :data:`TINY_MODEL` weights: the same on every call (seeded), and the global RNG is left untouched.
+    ``shape`` overrides fields of :data:`TINY_CONFIG` (e.g. a head size an engine's kernels support)."""
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **TINY_CONFIG,
+        **{**TINY_CONFIG, **shape},
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
