@@ -666,9 +666,10 @@ def unanchored_note(spec: RewardSpec) -> str | None:
     """One line saying that ``spec`` has no component anchored to the real outcome (:data:`ANCHOR`), so that a
     trajectory that fails can earn full reward (``bench/results/reward_audit.md`` counts how often); None when it
     has one. Training with such a spec is allowed (the paper's comparisons and older runs use them) and warned."""
-    if any(ANCHOR in term_factors(t) and w > 0 for t, w in parse_reward_spec(spec).items()):
+    terms = parse_reward_spec(spec)
+    if any(ANCHOR in term_factors(t) and w > 0 for t, w in terms.items()):
         return None
-    names = ", ".join(sorted(parse_reward_spec(spec)))
+    names = ", ".join(sorted(terms))
     return (
         f"envace: reward {names} has no component anchored to the real outcome ({ANCHOR}): a trajectory that fails can"
         " earn full reward (bench/results/reward_audit.md); the default anchors it"
