@@ -781,7 +781,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--full",
         action="store_true",
         help="also train the controls with the same budget from the same warm-up: caller-only (Rehearse frozen) and"
-        " real-env GRPO, each evaluated and paired with EnvACE (about 2 x 10 more minutes)",
+        " real-env GRPO, each evaluated and paired with EnvACE (each as long as the EnvACE step and its evaluation)",
     )
     d.add_argument("--untrained", action="store_true", help="also evaluate the untrained model first (~2-3 min)")
     d.add_argument("--quick", action="store_true", help="a few steps of everything (smoke run)")
