@@ -56,7 +56,8 @@ def engine(small):
     cfg = TrainConfig(
         model=folder,
         rollout_backend="vllm",
-        rollout_backend_options={"cpu_kv_cache_gib": 0.25, "max_model_len": 4096},
+        # float32 on every CPU: where bf16 is fast, "auto" would pick it and the log-prob tolerances assume float32
+        rollout_backend_options={"cpu_kv_cache_gib": 0.25, "max_model_len": 4096, "dtype": "float32"},
         progress=False,
         tensorboard=False,
     )
