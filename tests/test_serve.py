@@ -443,6 +443,17 @@ def test_streamable_holds_back_what_may_still_become_a_stop_string_or_a_call():
     assert streamable("caf\ufffd", []) == "caf" and streamable("plain text ", []) == "plain text "
 
 
+def test_a_participant_name_on_user_assistant_and_system_messages_is_accepted_and_not_rendered():
+    """Multi-agent frameworks name the participants (OpenAI accepts ``name`` on these roles)."""
+    plain = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Paris?"},
+        {"role": "assistant", "content": "Sunny."},
+    ]
+    named = [dict(m, name=n) for m, n in zip(plain, ["rules", "alice_1", "weather-bot"])]
+    assert act_messages(named, [ToolSpec.from_dict(WEATHER)]) == act_messages(plain, [ToolSpec.from_dict(WEATHER)])
+
+
 def test_act_messages_render_tools_calls_and_results_as_act_does():
     spec = ToolSpec.from_dict(WEATHER)
     msgs = [
@@ -467,7 +478,9 @@ def test_act_messages_render_tools_calls_and_results_as_act_does():
     )  # no system message: an empty prompt
     for bad, param in [
         (msgs[:3] + [dict(msgs[3], tool_call_id="c2")], "messages[3].tool_call_id"),
-        ([dict(msgs[1], name="bob")], "messages[0].name"),
+        ([dict(msgs[1], name="bob smith")], "messages[0].name"),  # OpenAI's pattern: no spaces
+        ([dict(msgs[1], name=7)], "messages[0].name"),
+        (msgs[:3] + [dict(msgs[3], name="get_weather")], "messages[3].name"),  # tool messages carry no name
         (
             [
                 msgs[2]

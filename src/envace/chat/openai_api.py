@@ -28,6 +28,7 @@ Every problem with a request is a :class:`RequestError` naming the offending fie
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any, Collection
 
@@ -40,6 +41,9 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 MESSAGE_KEYS = {"role", "content", "tool_calls", "tool_call_id"}
 EMPTY_ONLY_KEYS = {"name", "refusal", "annotations", "audio", "function_call", "reasoning_content"}
 """Message keys OpenAI clients send back with a reply message: accepted when empty (null, "", []), else refused."""
+NAMED_ROLES = {"system", "developer", "user", "assistant"}
+"""Roles whose messages may carry a participant ``name`` (multi-agent frameworks send it; OpenAI accepts it there)."""
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class RequestError(Exception):
@@ -142,6 +146,18 @@ def _calls(value: Any, where: str) -> list[tuple[str, ToolCall]]:
     return out
 
 
+def _check_name(m: dict, where: str) -> None:
+    """A participant ``name`` (as OpenAI: letters, digits, ``_`` and ``-``, 1-64 of them) on the roles that take one.
+    It is accepted and not shown to the model: envace's chats, like most chat templates, have no place for it."""
+    name = m.get("name")
+    if m["role"] in NAMED_ROLES and name not in (None, "") and not (
+        isinstance(name, str) and NAME_PATTERN.fullmatch(name)
+    ):
+        raise RequestError(
+            f"{where}.name must be 1-64 letters, digits, underscores or hyphens (got {name!r})", f"{where}.name"
+        )
+
+
 def act_messages(
     messages: Any, tools: list[ToolSpec], fmt: ToolFormat = HERMES, tool_list: bool = True
 ) -> list[Message]:
@@ -157,7 +173,10 @@ def act_messages(
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise RequestError(f"{where} must be an object with role {', '.join(ROLES)}", f"{where}.role")
         role = ROLES[m["role"]]
+        _check_name(m, where)
         for k, v in m.items():
+            if k == "name" and m["role"] in NAMED_ROLES:
+                continue
             allowed = (
                 k in MESSAGE_KEYS
                 and (k != "tool_calls" or role == "assistant")
