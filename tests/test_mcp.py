@@ -259,3 +259,49 @@ def test_asyncios_warning_about_an_already_reaped_server_is_dropped_and_its_othe
         log.warning("Unknown child process pid %d, will report returncode 255", 13434)
         log.warning("Executing <Task> took 0.2 seconds")
     assert [r.getMessage() for r in caplog.records] == ["Executing <Task> took 0.2 seconds"]
+
+
+def _tasks_file(tmp_path, tasks, **top) -> str:
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps({"command": COMMAND, **top, "tasks": tasks}))
+    return f"mcp:{path}"
+
+
+def _play(task, calls, reply):
+    """Run ``calls`` on a fresh server of ``task``, then reply; (observations, score, faults)."""
+    env = make_env(task)
+    try:
+        obs = [env.call(c) for c in calls]
+        steps = [Step(user_turn=0, action_text="", calls=[c], observations=[o]) for c, o in zip(calls, obs)]
+        steps.append(Step(user_turn=0, action_text=reply, reply=reply))
+        return obs, env.score(Trajectory(id="t", task_id=task.id, group_id="g", mode="real", steps=steps)), env.faults
+    finally:
+        env.close()
+
+
+def test_a_gold_call_answered_by_an_error_does_not_count_as_done(tmp_path):
+    gold = [{"name": "increment", "arguments": {"by": 1}}, {"name": "read_note", "arguments": {"title": "t"}}]
+    (task,) = load_tasks(_tasks_file(tmp_path, [{"id": "read", "user_turns": ["x"], "gold_actions": [gold]}]), "all")
+    obs, score, _ = _play(task, task.flat_gold(), "done")
+    assert obs[1]["error"]["kind"] == "tool_error"  # no note titled 't': the gold call ran and failed
+    assert not score.success and score.details["gold_calls_in_order"] is False
+
+
+def test_after_a_server_crash_calls_say_it_exited_and_none_counts_as_done(tmp_path):
+    gold = [{"name": "increment", "arguments": {"by": 1}}, {"name": "increment", "arguments": {"by": 2}}]
+    spec = _tasks_file(
+        tmp_path,
+        [{"id": "count", "user_turns": ["x"], "gold_actions": [gold], "expected_outputs": ["3"]}],
+        env={"MCP_TEST_CRASHABLE": "1"},
+    )
+    (task,) = load_tasks(spec, "all")
+    first, second = task.flat_gold()
+    obs, score, faults = _play(task, [first, ToolCall("crash", {"code": 3}), second], "The counter is at 3.")
+    assert obs[0] == {"result": 1}
+    for o in obs[1:]:  # the crashing call itself, and a gold call made after the crash
+        assert o["error"]["kind"] == "tool_exception", o
+        message = o["error"]["message"]
+        assert "the MCP server exited (exit code 3)" in message and "crashing on purpose" in message, message
+        assert "ClosedResourceError" not in message
+    assert not score.success and score.details["gold_calls_in_order"] is False
+    assert faults == {"tool_exception": 2}
