@@ -305,3 +305,42 @@ def test_after_a_server_crash_calls_say_it_exited_and_none_counts_as_done(tmp_pa
         assert "ClosedResourceError" not in message
     assert not score.success and score.details["gold_calls_in_order"] is False
     assert faults == {"tool_exception": 2}
+
+
+def _ended(pid: int, within_s: float) -> bool:
+    """Whether process ``pid`` is gone or a zombie (an orphan's zombie waits for an init that may never reap it)."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+CLIENT_STUCK_IN_A_CALL = """
+import sys
+from envace.envs.mcp import MCPClient
+client = MCPClient(sys.argv[1])
+print(client.call_tool("server_pid", {})["result"], flush=True)
+client.call_tool("block", {"seconds": 60}, timeout_s=120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_server_stuck_in_a_call_dies_when_its_client_is_killed_9():
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT_STUCK_IN_A_CALL, COMMAND], stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    server = int(client.stdout.readline())
+    try:
+        time.sleep(0.5)  # the block call is under way: the server reads nothing more, its stdin's end included
+        client.kill()
+        client.wait(10)
+        assert _ended(server, within_s=5.0), "the MCP server outlived its killed client"
+    finally:
+        if not _ended(server, 0):
+            os.kill(server, 9)
