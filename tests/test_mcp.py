@@ -344,3 +344,111 @@ def test_a_server_stuck_in_a_call_dies_when_its_client_is_killed_9():
     finally:
         if not _ended(server, 0):
             os.kill(server, 9)
+
+
+def _servers_alive() -> list[int]:
+    """The pids of this process's children running the test server (zombies left out)."""
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if int(ppid) == os.getpid() and state != "Z" and str(SERVER).encode() in cmdline:
+            alive.append(int(pid))
+    return alive
+
+
+def _count_tasks(tmp_path, n, **top):
+    tasks = [
+        {"id": f"count{i}", "user_turns": ["What is the counter?"], "gold_actions": [[{"name": "get_count"}]]}
+        for i in range(n)
+    ]
+    return load_tasks(_tasks_file(tmp_path, tasks, **top), "all")
+
+
+def _call_then_reply(call: ToolCall, seen: list[int]):
+    """A scripted policy: ``call``, then a reply; records how many test servers are alive at each generation."""
+
+    def respond(prompt: str) -> str:
+        seen.append(len(_servers_alive()))
+        return call.to_text() if prompt.count("<|im_start|>tool") == 0 else "The counter is 0."
+
+    return respond
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts servers in /proc")
+@pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
+def test_a_rollout_keeps_at_most_max_alive_servers_and_closes_each_when_its_trajectory_ends(
+    tokenizer, tmp_path, schedule
+):
+    from envace.backends.scripted import ScriptedBackend
+    from envace.rollout.engine import RolloutConfig, RolloutEngine
+
+    class Streaming(ScriptedBackend):
+        streams = True  # the base class's generate_stream: the engine's continuous schedule
+
+    tasks = _count_tasks(tmp_path, 3, max_alive=2)
+    seen: list[int] = []
+    backend = (Streaming if schedule == "continuous" else ScriptedBackend)(
+        tokenizer, _call_then_reply(ToolCall("get_count", {}), seen)
+    )
+    cfg = RolloutConfig(mode="real", group_size=1, max_steps=3, schedule=schedule)
+    trajs = RolloutEngine(backend, cfg).run(tasks)
+    assert [t.task_id for t in trajs] == ["count0", "count1", "count2"]
+    assert all(t.env_outcome["success"] for t in trajs)
+    assert max(seen) == 2, seen  # two at once (the bound, reached), never three
+    assert _servers_alive() == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts servers in /proc")
+def test_a_rollout_stopped_by_an_exception_closes_every_server(tokenizer, tmp_path):
+    from envace.backends.scripted import ScriptedBackend
+    from envace.rollout.engine import RolloutConfig, RolloutEngine
+
+    seen: list[int] = []
+    policy = _call_then_reply(ToolCall("get_count", {}), seen)
+
+    def respond(prompt: str) -> str:
+        if len(seen) == 3:
+            raise RuntimeError("the backend died")
+        return policy(prompt)
+
+    with pytest.raises(RuntimeError, match="the backend died") as err:
+        RolloutEngine(ScriptedBackend(tokenizer, respond), RolloutConfig(mode="real", group_size=2)).run(
+            _count_tasks(tmp_path, 2)
+        )
+    assert max(seen) == 4  # every trajectory had its server when the backend failed
+    assert _servers_alive() == [], "servers outlived the failed rollout"
+    del err
+
+
+def test_mcp_faults_are_counted_in_the_evaluation_metrics_table_and_saved_result(tokenizer, tmp_path):
+    from envace.backends.scripted import ScriptedBackend
+    from envace.evaluation.trials import evaluate, save_result
+    from envace.rollout.engine import RolloutConfig
+
+    gold = [{"name": "increment", "arguments": {"by": 1}}]
+    spec = _tasks_file(
+        tmp_path,
+        [{"id": "hang_then_crash", "user_turns": ["x"], "gold_actions": [gold]}],
+        env={"MCP_TEST_CRASHABLE": "1"},
+        call_timeout_s=0.5,
+    )
+    calls = [ToolCall("slow", {"seconds": 5}), ToolCall("crash", {"code": 3}), ToolCall("increment", {"by": 1})]
+
+    def respond(prompt: str) -> str:
+        n = prompt.count("<|im_start|>tool")
+        return calls[n].to_text() if n < len(calls) else "done"
+
+    res = evaluate(ScriptedBackend(tokenizer, respond), load_tasks(spec, "all"), rollout=RolloutConfig(max_steps=5))
+    assert res.metrics["env/timeout"] == 1 and res.metrics["env/tool_exception"] == 2
+    assert res.metrics["env/non_json"] == 0 and res.metrics["success_rate"] == 0.0
+    table = dict(line.split(None, 1) for line in res.table().splitlines())
+    assert table["env/timeout"] == "1" and table["env/tool_exception"] == "2"
+    save_result(res, str(tmp_path / "out.json"))
+    saved = json.loads((tmp_path / "out.json").read_text())["metrics"]
+    assert saved["env/timeout"] == 1 and saved["env/tool_exception"] == 2

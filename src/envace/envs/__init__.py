@@ -7,6 +7,7 @@ import importlib
 from ..core.registry import UnknownNameError
 from .base import (
     ENVS,
+    FAULT_KINDS,
     SUITES,
     SUMMARIES,
     USERS,
@@ -22,6 +23,7 @@ from .base import (
     Environment,
     Score,
     ToolError,
+    alive_bound,
     call_with_timeout,
     check_env,
     load_tasks,
@@ -84,6 +86,7 @@ def ensure_registered(spec: str) -> None:
 
 __all__ = [
     "ENVS",
+    "FAULT_KINDS",
     "SUITES",
     "SUMMARIES",
     "USERS",
@@ -99,6 +102,7 @@ __all__ = [
     "Environment",
     "Score",
     "ToolError",
+    "alive_bound",
     "call_with_timeout",
     "check_env",
     "ensure_registered",

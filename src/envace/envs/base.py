@@ -28,6 +28,9 @@ from ..core.registry import Registry
 from ..core.types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs, is_error_obs
 
 MAX_OBS_CHARS = 20_000  # observations larger than this become a too_large error
+FAULT_KINDS: tuple[str, ...] = ("tool_exception", "timeout", "non_json", "too_large")
+"""What :attr:`Environment.faults` counts: a tool that raised (or a server that exited), one that did not return
+in time, a result that is not JSON, one too large to show."""
 
 
 class ToolError(Exception):
@@ -71,6 +74,11 @@ class Environment(ABC):
     """Whether running calls again in a fresh instance has no effect outside this process, so that scoring may
     replay a trajectory that no real environment ran (a rehearsed one, :func:`replay`). False where tools reach
     the world (MCP servers): such a replay then needs the task's explicit opt-in ``env_config["allow_replay"]``."""
+
+    max_alive: int | None = None
+    """How many instances a rollout keeps alive at once (None: no bound). Set where an instance is costly (an MCP
+    server process): a trajectory then starts when another one's environment has closed (a task may set its own
+    with ``env_config["max_alive"]``; :func:`alive_bound`)."""
 
     @classmethod
     def prepare(cls, tasks: list[Task], play: Play) -> list[Task]:
@@ -226,6 +234,20 @@ def make_env(task: Task) -> Environment:
     ensure_registered(task.env)
     require_prepared([task])
     return ENVS.get(task.env.split(":", 1)[0])(task)
+
+
+def alive_bound(task: Task) -> int | None:
+    """How many environments of ``task``'s kind a rollout keeps alive at once: the task's
+    ``env_config["max_alive"]``, else its environment's :attr:`Environment.max_alive` (None: no bound)."""
+    from . import ensure_registered
+
+    bound = task.env_config.get("max_alive")
+    if bound is None:
+        ensure_registered(task.env)
+        bound = getattr(ENVS.get(task.env.split(":", 1)[0]), "max_alive", None)
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+        raise ValueError(f"task {task.id!r}: max_alive must be an integer >= 1, got {bound!r}")
+    return bound
 
 
 def unprepared(task: Task) -> str | None:

@@ -19,6 +19,11 @@ appears in the trajectory's replies. A call that finds its server gone says how 
 signal) and the last lines of its stderr. The server process dies with envace, even on ``kill -9``
 (:mod:`envace.envs.mcp_stdio`).
 
+**One server per trajectory, a few at a time.** Each trajectory gets a fresh server, started when the trajectory
+starts and closed as soon as it ends; a rollout keeps at most ``MCPEnv.max_alive`` (:data:`MAX_SERVERS`; a tasks
+file may set ``"max_alive"``) alive at once, the other trajectories waiting for one to end
+(``envace.rollout.engine``), and closes every one still open when it stops early.
+
 The server's state is not visible from outside, so :meth:`MCPEnv.state` is the command and the history of
 calls with their observations (what the environment knows), which is what determinism checks compare.
 
@@ -64,6 +69,7 @@ logging.getLogger("asyncio").addFilter(_not_a_reaped_child)
 STARTUP_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
+MAX_SERVERS = 4  # MCPEnv.max_alive: servers a rollout keeps alive at once, one per running trajectory
 EXIT_WAIT_S = 2.0  # how long a call that lost its server waits for the server's exit status
 SPLITS: tuple[str, ...] = ("train", "test", "all")
 EXPLORE_PROMPT = (
@@ -339,6 +345,7 @@ class MCPEnv(Environment):
     """One task against a fresh MCP server subprocess."""
 
     replay_safe = False  # the server's tools may reach the world: a replay needs env_config["allow_replay"]
+    max_alive = MAX_SERVERS  # servers alive at once in a rollout (a tasks file may set "max_alive")
 
     def __init__(self, task: Task):
         super().__init__(task)
@@ -439,7 +446,7 @@ def tasks_from_file(path: str) -> list[Task]:
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     command = doc["command"]
-    server_cfg = {k: doc[k] for k in ("env", "cwd", "call_timeout_s", "allow_replay") if k in doc}
+    server_cfg = {k: doc[k] for k in ("env", "cwd", "call_timeout_s", "allow_replay", "max_alive") if k in doc}
     tools: list[ToolSpec] | None = None
     out = []
     for i, d in enumerate(doc["tasks"]):
