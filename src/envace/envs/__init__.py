@@ -10,6 +10,7 @@ from .base import (
     FAULT_KINDS,
     SUITES,
     SUMMARIES,
+    TASK_AT,
     USERS,
     UNEXECUTED,
     UNPREPARED,
@@ -38,6 +39,7 @@ from .base import (
     replay_allowed,
     ReplayNotAllowedError,
     suite_summary,
+    task_at,
 )
 
 # Modules that register environments / suites, by name prefix. Optional adapters are imported lazily so that
@@ -89,6 +91,7 @@ __all__ = [
     "FAULT_KINDS",
     "SUITES",
     "SUMMARIES",
+    "TASK_AT",
     "USERS",
     "UNEXECUTED",
     "UNPREPARED",
@@ -119,4 +122,5 @@ __all__ = [
     "ReplayNotAllowedError",
     "MissingExtraError",
     "suite_summary",
+    "task_at",
 ]

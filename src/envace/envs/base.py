@@ -204,6 +204,11 @@ ENVS: Registry[Callable[[Task], Environment]] = Registry("environment")
 SUITES: Registry[Callable[..., list[Task]]] = Registry("task suite")
 
 
+# name -> task_at(spec, split, index) -> Task: a suite's task ``index`` of its stable order, built alone (the generated
+# built-in suites, whose end is far off); :func:`task_at` loads the whole split of any other suite and indexes it.
+TASK_AT: Registry[Callable[[str, str, int], Task]] = Registry("task indexer")
+
+
 # name -> summary(per-task rows of an evaluation, suite spec) -> {"title", "text", ...}: a benchmark's own report of
 # an evaluation of its tasks (BFCL's leaderboard table), shown after the metrics and saved with the result.
 SUMMARIES: Registry[Callable[[Sequence[dict[str, Any]], str], dict[str, Any]]] = Registry("suite summary")
@@ -316,6 +321,31 @@ def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int 
     ensure_registered(spec)
     tasks = SUITES.get(spec.split(":", 1)[0])(spec, split=split, n=n, seed=seed)
     return REFERENCE_MODES.get(mode)(tasks) if mode else tasks
+
+
+def task_at(spec: str, split: str, index: int) -> Task:
+    """Task ``index`` (0-based) of a suite's split in the suite's own stable order, the order of
+    ``load_tasks(spec, split)`` (a seeded sample of fewer tasks is another order). An index past the end (or below
+    0) is a one-line error that says how many tasks there are; a generated built-in suite builds only that task."""
+    from . import ensure_registered
+    from .references import REFERENCE_MODES, split_spec
+
+    base, mode = split_spec(spec)
+    ensure_registered(base)
+    name = base.split(":", 1)[0]
+    if index < 0:
+        raise ValueError(f"task index {index} of suite {spec!r} is negative; the first task is 0")
+    if name in TASK_AT:
+        task = TASK_AT.get(name)(base, split, index)
+    else:
+        tasks = SUITES.get(name)(base, split=split, n=None, seed=0)
+        if index >= len(tasks):
+            last = f" (0..{len(tasks) - 1})" if tasks else ""
+            raise ValueError(
+                f"task index {index} is past the end of suite {spec!r} split {split!r}: it has {len(tasks)} tasks{last}"
+            )
+        task = tasks[index]
+    return REFERENCE_MODES.get(mode)([task])[0] if mode else task
 
 
 KIND_GROWTH = 64  # load_tasks_of_kinds loads at most KIND_GROWTH * n tasks to find n of the asked kinds
