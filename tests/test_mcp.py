@@ -292,7 +292,7 @@ def test_after_a_server_crash_calls_say_it_exited_and_none_counts_as_done(tmp_pa
     spec = _tasks_file(
         tmp_path,
         [{"id": "count", "user_turns": ["x"], "gold_actions": [gold], "expected_outputs": ["3"]}],
-        env={"MCP_TEST_CRASHABLE": "1"},
+        env={"MCP_TEST_HAZARDS": "1"},
     )
     (task,) = load_tasks(spec, "all")
     first, second = task.flat_gold()
@@ -324,7 +324,7 @@ def _ended(pid: int, within_s: float) -> bool:
 CLIENT_STUCK_IN_A_CALL = """
 import sys
 from envace.envs.mcp import MCPClient
-client = MCPClient(sys.argv[1])
+client = MCPClient(sys.argv[1], env={"MCP_TEST_HAZARDS": "1"})
 print(client.call_tool("server_pid", {})["result"], flush=True)
 client.call_tool("block", {"seconds": 60}, timeout_s=120)
 """
@@ -435,7 +435,7 @@ def test_mcp_faults_are_counted_in_the_evaluation_metrics_table_and_saved_result
     spec = _tasks_file(
         tmp_path,
         [{"id": "hang_then_crash", "user_turns": ["x"], "gold_actions": [gold]}],
-        env={"MCP_TEST_CRASHABLE": "1"},
+        env={"MCP_TEST_HAZARDS": "1"},
         call_timeout_s=0.5,
     )
     calls = [ToolCall("slow", {"seconds": 5}), ToolCall("crash", {"code": 3}), ToolCall("increment", {"by": 1})]
