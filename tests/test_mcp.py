@@ -259,3 +259,196 @@ def test_asyncios_warning_about_an_already_reaped_server_is_dropped_and_its_othe
         log.warning("Unknown child process pid %d, will report returncode 255", 13434)
         log.warning("Executing <Task> took 0.2 seconds")
     assert [r.getMessage() for r in caplog.records] == ["Executing <Task> took 0.2 seconds"]
+
+
+def _tasks_file(tmp_path, tasks, **top) -> str:
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps({"command": COMMAND, **top, "tasks": tasks}))
+    return f"mcp:{path}"
+
+
+def _play(task, calls, reply):
+    """Run ``calls`` on a fresh server of ``task``, then reply; (observations, score, faults)."""
+    env = make_env(task)
+    try:
+        obs = [env.call(c) for c in calls]
+        steps = [Step(user_turn=0, action_text="", calls=[c], observations=[o]) for c, o in zip(calls, obs)]
+        steps.append(Step(user_turn=0, action_text=reply, reply=reply))
+        return obs, env.score(Trajectory(id="t", task_id=task.id, group_id="g", mode="real", steps=steps)), env.faults
+    finally:
+        env.close()
+
+
+def test_a_gold_call_answered_by_an_error_does_not_count_as_done(tmp_path):
+    gold = [{"name": "increment", "arguments": {"by": 1}}, {"name": "read_note", "arguments": {"title": "t"}}]
+    (task,) = load_tasks(_tasks_file(tmp_path, [{"id": "read", "user_turns": ["x"], "gold_actions": [gold]}]), "all")
+    obs, score, _ = _play(task, task.flat_gold(), "done")
+    assert obs[1]["error"]["kind"] == "tool_error"  # no note titled 't': the gold call ran and failed
+    assert not score.success and score.details["gold_calls_in_order"] is False
+
+
+def test_after_a_server_crash_calls_say_it_exited_and_none_counts_as_done(tmp_path):
+    gold = [{"name": "increment", "arguments": {"by": 1}}, {"name": "increment", "arguments": {"by": 2}}]
+    spec = _tasks_file(
+        tmp_path,
+        [{"id": "count", "user_turns": ["x"], "gold_actions": [gold], "expected_outputs": ["3"]}],
+        env={"MCP_TEST_HAZARDS": "1"},
+    )
+    (task,) = load_tasks(spec, "all")
+    first, second = task.flat_gold()
+    obs, score, faults = _play(task, [first, ToolCall("crash", {"code": 3}), second], "The counter is at 3.")
+    assert obs[0] == {"result": 1}
+    for o in obs[1:]:  # the crashing call itself, and a gold call made after the crash
+        assert o["error"]["kind"] == "tool_exception", o
+        message = o["error"]["message"]
+        assert "the MCP server exited (exit code 3)" in message and "crashing on purpose" in message, message
+        assert "ClosedResourceError" not in message
+    assert not score.success and score.details["gold_calls_in_order"] is False
+    assert faults == {"tool_exception": 2}
+
+
+def _ended(pid: int, within_s: float) -> bool:
+    """Whether process ``pid`` is gone or a zombie (an orphan's zombie waits for an init that may never reap it)."""
+    deadline = time.time() + within_s
+    while time.time() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+CLIENT_STUCK_IN_A_CALL = """
+import sys
+from envace.envs.mcp import MCPClient
+client = MCPClient(sys.argv[1], env={"MCP_TEST_HAZARDS": "1"})
+print(client.call_tool("server_pid", {})["result"], flush=True)
+client.call_tool("block", {"seconds": 60}, timeout_s=120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_server_stuck_in_a_call_dies_when_its_client_is_killed_9():
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT_STUCK_IN_A_CALL, COMMAND], stdout=subprocess.PIPE, text=True, env=os.environ
+    )
+    server = int(client.stdout.readline())
+    try:
+        time.sleep(0.5)  # the block call is under way: the server reads nothing more, its stdin's end included
+        client.kill()
+        client.wait(10)
+        assert _ended(server, within_s=5.0), "the MCP server outlived its killed client"
+    finally:
+        if not _ended(server, 0):
+            os.kill(server, 9)
+
+
+def _servers_alive() -> list[int]:
+    """The pids of this process's children running the test server (zombies left out)."""
+    alive = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if int(ppid) == os.getpid() and state != "Z" and str(SERVER).encode() in cmdline:
+            alive.append(int(pid))
+    return alive
+
+
+def _count_tasks(tmp_path, n, **top):
+    tasks = [
+        {"id": f"count{i}", "user_turns": ["What is the counter?"], "gold_actions": [[{"name": "get_count"}]]}
+        for i in range(n)
+    ]
+    return load_tasks(_tasks_file(tmp_path, tasks, **top), "all")
+
+
+def _call_then_reply(call: ToolCall, seen: list[int]):
+    """A scripted policy: ``call``, then a reply; records how many test servers are alive at each generation."""
+
+    def respond(prompt: str) -> str:
+        seen.append(len(_servers_alive()))
+        return call.to_text() if prompt.count("<|im_start|>tool") == 0 else "The counter is 0."
+
+    return respond
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts servers in /proc")
+@pytest.mark.parametrize("schedule", ["lockstep", "continuous"])
+def test_a_rollout_keeps_at_most_max_alive_servers_and_closes_each_when_its_trajectory_ends(
+    tokenizer, tmp_path, schedule
+):
+    from envace.backends.scripted import ScriptedBackend
+    from envace.rollout.engine import RolloutConfig, RolloutEngine
+
+    class Streaming(ScriptedBackend):
+        streams = True  # the base class's generate_stream: the engine's continuous schedule
+
+    tasks = _count_tasks(tmp_path, 3, max_alive=2)
+    seen: list[int] = []
+    backend = (Streaming if schedule == "continuous" else ScriptedBackend)(
+        tokenizer, _call_then_reply(ToolCall("get_count", {}), seen)
+    )
+    cfg = RolloutConfig(mode="real", group_size=1, max_steps=3, schedule=schedule)
+    trajs = RolloutEngine(backend, cfg).run(tasks)
+    assert [t.task_id for t in trajs] == ["count0", "count1", "count2"]
+    assert all(t.env_outcome["success"] for t in trajs)
+    assert max(seen) == 2, seen  # two at once (the bound, reached), never three
+    assert _servers_alive() == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts servers in /proc")
+def test_a_rollout_stopped_by_an_exception_closes_every_server(tokenizer, tmp_path):
+    from envace.backends.scripted import ScriptedBackend
+    from envace.rollout.engine import RolloutConfig, RolloutEngine
+
+    seen: list[int] = []
+    policy = _call_then_reply(ToolCall("get_count", {}), seen)
+
+    def respond(prompt: str) -> str:
+        if len(seen) == 3:
+            raise RuntimeError("the backend died")
+        return policy(prompt)
+
+    with pytest.raises(RuntimeError, match="the backend died") as err:
+        RolloutEngine(ScriptedBackend(tokenizer, respond), RolloutConfig(mode="real", group_size=2)).run(
+            _count_tasks(tmp_path, 2)
+        )
+    assert max(seen) == 4  # every trajectory had its server when the backend failed
+    assert _servers_alive() == [], "servers outlived the failed rollout"
+    del err
+
+
+def test_mcp_faults_are_counted_in_the_evaluation_metrics_table_and_saved_result(tokenizer, tmp_path):
+    from envace.backends.scripted import ScriptedBackend
+    from envace.evaluation.trials import evaluate, save_result
+    from envace.rollout.engine import RolloutConfig
+
+    gold = [{"name": "increment", "arguments": {"by": 1}}]
+    spec = _tasks_file(
+        tmp_path,
+        [{"id": "hang_then_crash", "user_turns": ["x"], "gold_actions": [gold]}],
+        env={"MCP_TEST_HAZARDS": "1"},
+        call_timeout_s=0.5,
+    )
+    calls = [ToolCall("slow", {"seconds": 5}), ToolCall("crash", {"code": 3}), ToolCall("increment", {"by": 1})]
+
+    def respond(prompt: str) -> str:
+        n = prompt.count("<|im_start|>tool")
+        return calls[n].to_text() if n < len(calls) else "done"
+
+    res = evaluate(ScriptedBackend(tokenizer, respond), load_tasks(spec, "all"), rollout=RolloutConfig(max_steps=5))
+    assert res.metrics["env/timeout"] == 1 and res.metrics["env/tool_exception"] == 2
+    assert res.metrics["env/non_json"] == 0 and res.metrics["success_rate"] == 0.0
+    table = dict(line.split(None, 1) for line in res.table().splitlines())
+    assert table["env/timeout"] == "1" and table["env/tool_exception"] == "2"
+    save_result(res, str(tmp_path / "out.json"))
+    saved = json.loads((tmp_path / "out.json").read_text())["metrics"]
+    assert saved["env/timeout"] == 1 and saved["env/tool_exception"] == 2

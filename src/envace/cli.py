@@ -418,15 +418,13 @@ def cmd_rehearse(cfg: Any) -> int:
     """Test-time scaling on one task: N private attempts + reflections -> memory -> one real execution."""
     from .backends.base import SamplingParams
     from .backends.hf import HFBackend
-    from .envs import load_tasks
+    from .envs import task_at
     from .backends.models import load
     from .rollout.engine import RolloutConfig, rehearse_sampling
     from .evaluation.tts import TTSConfig, format_record, run_tts
 
+    task = task_at(cfg.suite, cfg.split, cfg.index)  # the suite's own order; past its end: an error before the model
     m, tok = load(cfg.model)
-    tasks = load_tasks(cfg.suite, cfg.split, n=cfg.index + 1, seed=cfg.seed)
-    if cfg.index >= len(tasks):
-        raise ValueError(f"suite {cfg.suite!r} split {cfg.split!r} has only {len(tasks)} tasks")
     gen = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
     rc = RolloutConfig(
         **cfg.chat_io(),
@@ -447,7 +445,7 @@ def cmd_rehearse(cfg: Any) -> int:
         rollout=rc,
         final_act=gen.with_(temperature=0.0),
     )
-    rec = run_tts(HFBackend(m, tok), [tasks[cfg.index]], tts)[0]
+    rec = run_tts(HFBackend(m, tok), [task], tts)[0]
     print(format_record(rec))
     if cfg.out:
         with open(cfg.out, "w", encoding="utf-8") as f:

@@ -456,7 +456,8 @@ class RehearseConfig(ChatIO):
     split: str = "test"
     """Split of the suite."""
     index: int = 0
-    """Which task of the suite / split."""
+    """Which task of the suite / split, in the suite's own order (``envace tasks``'s; 0: the first), whatever the
+    seed; past the end: an error."""
     n: int = 2
     """Rehearsal budget N: attempts before the real run (0: plain acting)."""
     mode: str = "parallel"
@@ -472,7 +473,7 @@ class RehearseConfig(ChatIO):
     temperature: float = 1.0
     """Act sampling temperature of the attempts (the real run is greedy)."""
     seed: int = 0
-    """Seed of the task sample and of the sampling."""
+    """Seed of the sampling (the task is chosen by ``index`` alone)."""
     out: str | None = None
     """Write the full record as JSON here."""
 

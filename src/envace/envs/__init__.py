@@ -7,8 +7,10 @@ import importlib
 from ..core.registry import UnknownNameError
 from .base import (
     ENVS,
+    FAULT_KINDS,
     SUITES,
     SUMMARIES,
+    TASK_AT,
     USERS,
     UNEXECUTED,
     UNPREPARED,
@@ -22,6 +24,7 @@ from .base import (
     Environment,
     Score,
     ToolError,
+    alive_bound,
     call_with_timeout,
     check_env,
     load_tasks,
@@ -36,6 +39,7 @@ from .base import (
     replay_allowed,
     ReplayNotAllowedError,
     suite_summary,
+    task_at,
 )
 
 # Modules that register environments / suites, by name prefix. Optional adapters are imported lazily so that
@@ -84,8 +88,10 @@ def ensure_registered(spec: str) -> None:
 
 __all__ = [
     "ENVS",
+    "FAULT_KINDS",
     "SUITES",
     "SUMMARIES",
+    "TASK_AT",
     "USERS",
     "UNEXECUTED",
     "UNPREPARED",
@@ -99,6 +105,7 @@ __all__ = [
     "Environment",
     "Score",
     "ToolError",
+    "alive_bound",
     "call_with_timeout",
     "check_env",
     "ensure_registered",
@@ -115,4 +122,5 @@ __all__ = [
     "ReplayNotAllowedError",
     "MissingExtraError",
     "suite_summary",
+    "task_at",
 ]

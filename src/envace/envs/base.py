@@ -28,6 +28,9 @@ from ..core.registry import Registry
 from ..core.types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs, is_error_obs
 
 MAX_OBS_CHARS = 20_000  # observations larger than this become a too_large error
+FAULT_KINDS: tuple[str, ...] = ("tool_exception", "timeout", "non_json", "too_large")
+"""What :attr:`Environment.faults` counts: a tool that raised (or a server that exited), one that did not return
+in time, a result that is not JSON, one too large to show."""
 
 
 class ToolError(Exception):
@@ -71,6 +74,11 @@ class Environment(ABC):
     """Whether running calls again in a fresh instance has no effect outside this process, so that scoring may
     replay a trajectory that no real environment ran (a rehearsed one, :func:`replay`). False where tools reach
     the world (MCP servers): such a replay then needs the task's explicit opt-in ``env_config["allow_replay"]``."""
+
+    max_alive: int | None = None
+    """How many instances a rollout keeps alive at once (None: no bound). Set where an instance is costly (an MCP
+    server process): a trajectory then starts when another one's environment has closed (a task may set its own
+    with ``env_config["max_alive"]``; :func:`alive_bound`)."""
 
     @classmethod
     def prepare(cls, tasks: list[Task], play: Play) -> list[Task]:
@@ -196,6 +204,11 @@ ENVS: Registry[Callable[[Task], Environment]] = Registry("environment")
 SUITES: Registry[Callable[..., list[Task]]] = Registry("task suite")
 
 
+# name -> task_at(spec, split, index) -> Task: a suite's task ``index`` of its stable order, built alone (the generated
+# built-in suites, whose end is far off); :func:`task_at` loads the whole split of any other suite and indexes it.
+TASK_AT: Registry[Callable[[str, str, int], Task]] = Registry("task indexer")
+
+
 # name -> summary(per-task rows of an evaluation, suite spec) -> {"title", "text", ...}: a benchmark's own report of
 # an evaluation of its tasks (BFCL's leaderboard table), shown after the metrics and saved with the result.
 SUMMARIES: Registry[Callable[[Sequence[dict[str, Any]], str], dict[str, Any]]] = Registry("suite summary")
@@ -226,6 +239,20 @@ def make_env(task: Task) -> Environment:
     ensure_registered(task.env)
     require_prepared([task])
     return ENVS.get(task.env.split(":", 1)[0])(task)
+
+
+def alive_bound(task: Task) -> int | None:
+    """How many environments of ``task``'s kind a rollout keeps alive at once: the task's
+    ``env_config["max_alive"]``, else its environment's :attr:`Environment.max_alive` (None: no bound)."""
+    from . import ensure_registered
+
+    bound = task.env_config.get("max_alive")
+    if bound is None:
+        ensure_registered(task.env)
+        bound = getattr(ENVS.get(task.env.split(":", 1)[0]), "max_alive", None)
+    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+        raise ValueError(f"task {task.id!r}: max_alive must be an integer >= 1, got {bound!r}")
+    return bound
 
 
 def unprepared(task: Task) -> str | None:
@@ -294,6 +321,31 @@ def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int 
     ensure_registered(spec)
     tasks = SUITES.get(spec.split(":", 1)[0])(spec, split=split, n=n, seed=seed)
     return REFERENCE_MODES.get(mode)(tasks) if mode else tasks
+
+
+def task_at(spec: str, split: str, index: int) -> Task:
+    """Task ``index`` (0-based) of a suite's split in the suite's own stable order, the order of
+    ``load_tasks(spec, split)`` (a seeded sample of fewer tasks is another order). An index past the end (or below
+    0) is a one-line error that says how many tasks there are; a generated built-in suite builds only that task."""
+    from . import ensure_registered
+    from .references import REFERENCE_MODES, split_spec
+
+    base, mode = split_spec(spec)
+    ensure_registered(base)
+    name = base.split(":", 1)[0]
+    if index < 0:
+        raise ValueError(f"task index {index} of suite {spec!r} is negative; the first task is 0")
+    if name in TASK_AT:
+        task = TASK_AT.get(name)(base, split, index)
+    else:
+        tasks = SUITES.get(name)(base, split=split, n=None, seed=0)
+        if index >= len(tasks):
+            last = f" (0..{len(tasks) - 1})" if tasks else ""
+            raise ValueError(
+                f"task index {index} is past the end of suite {spec!r} split {split!r}: it has {len(tasks)} tasks{last}"
+            )
+        task = tasks[index]
+    return REFERENCE_MODES.get(mode)([task])[0] if mode else task
 
 
 KIND_GROWTH = 64  # load_tasks_of_kinds loads at most KIND_GROWTH * n tasks to find n of the asked kinds

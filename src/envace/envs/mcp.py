@@ -13,8 +13,16 @@ Suites: ``load_tasks("mcp:<command line>")`` gives one "explore" task (the serve
 success check); ``load_tasks("mcp:<tasks.json>")`` reads tasks from a JSON file
 ``{"command": "<command line>", "tasks": [{"id": ..., "user_turns": [...], "gold_actions": [[...]],
 "expected_outputs": [...], "split": ...}, ...]}`` (missing tools are taken from the server). Such tasks are
-scored by a generic check: the gold calls appear in order among the trajectory's calls and every expected
-output appears in its replies.
+scored by a generic check: the gold calls appear in order among the calls the server ran that returned
+without an error (an error answer, a crashed server's included, never counts as done) and every expected output
+appears in the trajectory's replies. A call that finds its server gone says how the server ended (exit code or
+signal) and the last lines of its stderr. The server process dies with envace, even on ``kill -9``
+(:mod:`envace.envs.mcp_stdio`).
+
+**One server per trajectory, a few at a time.** Each trajectory gets a fresh server, started when the trajectory
+starts and closed as soon as it ends; a rollout keeps at most ``MCPEnv.max_alive`` (:data:`MAX_SERVERS`; a tasks
+file may set ``"max_alive"``) alive at once, the other trajectories waiting for one to end
+(``envace.rollout.engine``), and closes every one still open when it stops early.
 
 The server's state is not visible from outside, so :meth:`MCPEnv.state` is the command and the history of
 calls with their observations (what the environment knows), which is what determinism checks compare.
@@ -41,13 +49,13 @@ import logging
 import tempfile
 import threading
 import weakref
-from typing import Any
+from typing import Any, Sequence
 
-from mcp import ClientSession, StdioServerParameters
-from mcp.client.stdio import stdio_client
+from mcp import ClientSession
 
 from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs, states_fact
 from .base import ENVS, SUITES, EnvStartupError, Environment, Score
+from .mcp_stdio import exit_reason, stdio_process
 
 
 def _not_a_reaped_child(record: logging.LogRecord) -> bool:
@@ -61,6 +69,8 @@ logging.getLogger("asyncio").addFilter(_not_a_reaped_child)
 STARTUP_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 30.0
 CLOSE_TIMEOUT_S = 10.0
+MAX_SERVERS = 4  # MCPEnv.max_alive: servers a rollout keeps alive at once, one per running trajectory
+EXIT_WAIT_S = 2.0  # how long a call that lost its server waits for the server's exit status
 SPLITS: tuple[str, ...] = ("train", "test", "all")
 EXPLORE_PROMPT = (
     "Explore the tools of this server: call them to learn what they do and what they return, "
@@ -152,9 +162,10 @@ def _shutdown(
 class MCPClient:
     """A synchronous facade over an MCP ``ClientSession`` to one stdio server.
 
-    One owner task, on an event loop in a daemon thread, enters ``stdio_client`` and ``ClientSession`` and
-    waits until :meth:`close` (anyio needs the same task to enter and leave them); calls are submitted to
-    that loop and waited on with a timeout."""
+    One owner task, on an event loop in a daemon thread, enters the transport (:func:`.mcp_stdio.stdio_process`)
+    and ``ClientSession`` and waits until :meth:`close` (anyio needs the same task to enter and leave them); calls
+    are submitted to that loop and waited on with a timeout. A call that fails because the server has exited says
+    so: how it ended (exit code or signal) and the last lines of its stderr."""
 
     def __init__(
         self,
@@ -167,6 +178,7 @@ class MCPClient:
         self.argv = parse_command(command)
         self.call_timeout_s = call_timeout_s
         self.session: ClientSession | None = None
+        self.process: Any = None  # the server's anyio Process once started (its pid, its return code)
         self.tools_raw: list[Any] = []
         self._errfile = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         self._loop = asyncio.new_event_loop()
@@ -174,8 +186,7 @@ class MCPClient:
         self._thread.start()
         self._closing: asyncio.Event | None = None
         self._ready: concurrent.futures.Future = concurrent.futures.Future()
-        params = StdioServerParameters(command=self.argv[0], args=self.argv[1:], env=env, cwd=cwd)
-        self._owner = asyncio.run_coroutine_threadsafe(self._own(params), self._loop)
+        self._owner = asyncio.run_coroutine_threadsafe(self._own(env, cwd), self._loop)
         self._finalizer = weakref.finalize(self, _shutdown, self._loop, self._thread, None, None, self._errfile)
         try:
             self._ready.result(startup_timeout_s)
@@ -192,10 +203,11 @@ class MCPClient:
             self, _shutdown, self._loop, self._thread, self._closing, self._owner, self._errfile
         )
 
-    async def _own(self, params: StdioServerParameters) -> None:
+    async def _own(self, env: dict[str, str] | None, cwd: str | None) -> None:
         self._closing = asyncio.Event()
         try:
-            async with stdio_client(params, errlog=self._errfile) as (read, write):
+            async with stdio_process(self.argv, env, cwd, self._errfile) as (read, write, process):
+                self.process = process
                 async with ClientSession(read, write) as session:
                     await session.initialize()
                     self.tools_raw = list((await session.list_tools()).tools)
@@ -222,7 +234,27 @@ class MCPClient:
 
     @property
     def alive(self) -> bool:
-        return self.session is not None and not self._owner.done()
+        exited = self.process is not None and self.process.returncode is not None
+        return self.session is not None and not self._owner.done() and not exited
+
+    def returncode(self, wait_s: float = 0.0) -> int | None:
+        """The server's return code once it has exited (waiting up to ``wait_s`` for it), else None."""
+        process = self.process
+        if process is None or process.returncode is not None or wait_s <= 0 or self._loop.is_closed():
+            return None if process is None else process.returncode
+        waiting = asyncio.run_coroutine_threadsafe(asyncio.wait_for(process.wait(), wait_s), self._loop)
+        try:
+            waiting.result(wait_s + 1.0)
+        except BaseException:  # noqa: BLE001 - still running (or the loop is gone): no return code
+            waiting.cancel()
+        return process.returncode
+
+    def exited_note(self, wait_s: float = 0.0) -> str | None:
+        """``the MCP server exited (exit code 3); its stderr ends: ...`` once it has, else None."""
+        code = self.returncode(wait_s)
+        if code is None:
+            return None
+        return f"the MCP server exited ({exit_reason(code)}); its stderr ends: {_one_line(self._stderr_tail()) or '(nothing)'}"
 
     def tool_specs(self) -> list[ToolSpec]:
         return [
@@ -238,8 +270,8 @@ class MCPClient:
         """Call a tool and return an observation (JSON value or error observation); never raises."""
         timeout_s = self.call_timeout_s if timeout_s is None else timeout_s
         session = self.session
-        if session is None or self._owner.done():
-            return error_obs("tool_exception", "the MCP server is not running")
+        if session is None or self._owner.done() or not self.alive:
+            return error_obs("tool_exception", self.exited_note() or "the MCP server is not running")
         fut = asyncio.run_coroutine_threadsafe(
             session.call_tool(name, arguments, read_timeout_seconds=datetime.timedelta(seconds=timeout_s)), self._loop
         )
@@ -250,6 +282,10 @@ class MCPClient:
             return error_obs("timeout", f"tool {name!r} did not return within {timeout_s:g}s")
         except Exception as e:  # noqa: BLE001 - protocol errors (bad request, server gone, read timeout)
             msg = str(getattr(getattr(e, "error", None), "message", "") or e)
+            gone = type(e).__name__ in _CLOSED or "connection closed" in msg.lower()
+            exited = self.exited_note(EXIT_WAIT_S if gone else 0.0)
+            if exited is not None:
+                return error_obs("tool_exception", f"tool {name!r} failed: {exited}")
             if "timed out" in msg.lower() or "timeout" in type(e).__name__.lower():
                 return error_obs("timeout", f"tool {name!r} did not return within {timeout_s:g}s")
             return error_obs("tool_exception", f"{type(e).__name__}: {msg[:300]}")
@@ -309,6 +345,7 @@ class MCPEnv(Environment):
     """One task against a fresh MCP server subprocess."""
 
     replay_safe = False  # the server's tools may reach the world: a replay needs env_config["allow_replay"]
+    max_alive = MAX_SERVERS  # servers alive at once in a rollout (a tasks file may set "max_alive")
 
     def __init__(self, task: Task):
         super().__init__(task)
@@ -325,6 +362,13 @@ class MCPEnv(Environment):
     def tools(self) -> list[ToolSpec]:
         return self.task.tools or self.client.tool_specs()
 
+    def call(self, call: ToolCall) -> Any:
+        ran = len(self.history)
+        obs = super().call(call)
+        if len(self.history) > ran:  # it reached the server: keep what the agent was answered (too_large ...)
+            self.history[-1]["observation"] = obs
+        return obs
+
     def _execute(self, call: ToolCall) -> Any:
         obs = self.client.call_tool(call.name, call.arguments)
         if is_error_obs(obs) and obs["error"]["kind"] in ("timeout", "tool_exception"):
@@ -335,8 +379,12 @@ class MCPEnv(Environment):
     def state(self) -> dict[str, Any]:
         return {"command": shlex.join(self.client.argv), "history": json.loads(json.dumps(self.history, default=str))}
 
+    def done_calls(self) -> list[ToolCall]:
+        """The calls this server ran that returned without an error, in order."""
+        return [ToolCall.from_dict(h["call"]) for h in self.history if not is_error_obs(h["observation"])]
+
     def score(self, traj: Trajectory) -> Score:
-        return check_trajectory(self.task, traj)
+        return check_trajectory(self.task, self.done_calls(), traj.replies())
 
     def close(self) -> None:
         self.client.close()
@@ -345,18 +393,20 @@ class MCPEnv(Environment):
 ENVS.add("mcp", MCPEnv)
 
 
-def check_trajectory(task: Task, traj: Trajectory) -> Score:
-    """Generic success check: gold calls in order among the trajectory's calls; expected outputs in replies."""
+def check_trajectory(task: Task, done: Sequence[ToolCall], replies: Sequence[str]) -> Score:
+    """Generic success check: the gold calls in order among the calls ``done`` (those that ran on the server and
+    returned without an error: a call answered by an error, a crashed server's included, never counts);
+    expected outputs stated in the ``replies``."""
     details: dict[str, Any] = {}
     checks: list[bool] = []
     gold = task.flat_gold()
     if gold:
-        calls = iter(c.key() for c in traj.calls())
+        calls = iter(c.key() for c in done)
         ok = all(g.key() in calls for g in gold)  # subsequence test (consumes the iterator)
         details["gold_calls_in_order"] = ok
         checks.append(ok)
     if task.expected_outputs:
-        text = "\n".join(traj.replies()).lower()
+        text = "\n".join(replies).lower()
         found = [states_fact(text, o) for o in task.expected_outputs]
         details["expected_outputs"] = found
         checks.extend(found)
@@ -396,7 +446,7 @@ def tasks_from_file(path: str) -> list[Task]:
     with open(path, encoding="utf-8") as f:
         doc = json.load(f)
     command = doc["command"]
-    server_cfg = {k: doc[k] for k in ("env", "cwd", "call_timeout_s", "allow_replay") if k in doc}
+    server_cfg = {k: doc[k] for k in ("env", "cwd", "call_timeout_s", "allow_replay", "max_alive") if k in doc}
     tools: list[ToolSpec] | None = None
     out = []
     for i, d in enumerate(doc["tasks"]):

@@ -18,6 +18,9 @@ Metrics (keys of :attr:`EvalResult.metrics`):
 - ``format_valid_rate``: fraction of Act generations that parsed (a tool call or a text reply).
 - ``steps_per_traj``, ``tool_calls_per_traj``, ``act_tokens_per_traj`` (generated Act tokens),
   ``context_tokens_per_traj`` (length of the final Act context), ``truncated_rate``, ``wall_s``.
+- ``env/<fault>`` for each of ``envace.envs.FAULT_KINDS`` (``env/tool_exception``, ``env/timeout``, ...): how
+  many calls the real environments answered with that fault, over all trials (an MCP server that crashed or
+  hung shows here, not only in the trajectories).
 - ``domain/<env>/success_rate`` per environment of the task set, and ``kind/<kind>/success_rate`` per task
   kind when tasks carry ``metadata["kind"]``; ``n_tasks``.
 - Every success rate (and pass^k) ``key`` has its 95% interval over tasks in ``key/ci_lo`` and ``key/ci_hi``:
@@ -56,7 +59,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..backends.base import Backend
-from ..envs import Play, prepare_tasks
+from ..envs import FAULT_KINDS, Play, prepare_tasks
 from ..rewards.functions import REWARDS, call_prf, score_trajectories, tool_name_prf
 from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..math.stats import fmt_p, fmt_rate, paired_comparison, rate_interval
@@ -212,12 +215,20 @@ def summarize(
         "truncated_rate": _mean([t.truncated is not None for t in trajs]),
         "wall_s": float(wall_s),
     }
+    m |= fault_counts(trajs)
     for group in ("domain", "kind"):
         for name in sorted({str(p[group]) for p in per_task if group in p}):
             rows = [p["successes"] for p in per_task if str(p.get(group)) == name]
             m[f"{group}/{name}/success_rate"] = _mean([s for r in rows for s in r])
             _with_ci(m, f"{group}/{name}/success_rate", rows)
     return m
+
+
+def fault_counts(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """``env/<fault>``: calls answered with each fault (every one of FAULT_KINDS, 0 included, and any other
+    ``env/`` counter), summed over the trajectories."""
+    keys = {f"env/{k}" for k in FAULT_KINDS} | {k for t in trajs for k in t.counters if k.startswith("env/")}
+    return {k: float(sum(t.counters.get(k, 0) for t in trajs)) for k in sorted(keys)}
 
 
 def player(policy: Backend, rollout: RolloutConfig, played: list[Trajectory]) -> Play:

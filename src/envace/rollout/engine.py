@@ -50,7 +50,7 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from ..backends.base import Backend, Request, SamplingParams
-from ..envs import USERS, Environment, UserSimulator, final_outcome, make_env, require_prepared
+from ..envs import USERS, Environment, UserSimulator, alive_bound, final_outcome, make_env, require_prepared
 from ..envs.references import cache_lookup
 from ..chat.parsing import (
     OBS_CLOSE,
@@ -271,13 +271,78 @@ def _simulator(policy: Backend, simulator: Backend | None = None, **kw: Any) -> 
     return SimulatorObserver(simulator)
 
 
+class _Runs:
+    """The trajectories of one :meth:`RolloutEngine.run`: started in order, each as soon as its environment kind
+    has room (:func:`envace.envs.alive_bound`; none needed without a real environment), ended as it finishes."""
+
+    def __init__(self, engine: "RolloutEngine", slots: list[tuple[Task, int, str]]):
+        self.engine = engine
+        self.waiting = list(slots)  # (task, k, group id) not started yet, in order
+        self.lives: list[_Live] = []  # started, in order
+        self.ended: set[int] = set()  # id() of the ended ones
+        self.alive: dict[str, int] = {}  # environment kind -> environments open
+        self.needs_env = engine.observer.needs_env or engine.cfg.shadow
+
+    def _kind(self, task: Task) -> tuple[str, int | None]:
+        return task.env.split(":", 1)[0], alive_bound(task) if self.needs_env else None
+
+    def admit(self) -> list[_Live]:
+        """Start every waiting trajectory whose environment kind is below its bound, in order; return them."""
+        started, waiting = [], self.waiting
+        self.waiting = []
+        for task, k, group_id in waiting:
+            kind, bound = self._kind(task)
+            if bound is not None and self.alive.get(kind, 0) >= bound:
+                self.waiting.append((task, k, group_id))
+                continue
+            self.alive[kind] = self.alive.get(kind, 0) + 1
+            started.append(self.engine._start(task, k, group_id))
+            self.lives.append(started[-1])
+        return started
+
+    def running(self) -> list[_Live]:
+        """The started trajectories not ended yet, in order."""
+        return [lv for lv in self.lives if id(lv) not in self.ended]
+
+    def end(self, lv: _Live) -> None:
+        self.ended.add(id(lv))
+        kind, _ = self._kind(lv.task)
+        self.alive[kind] -= 1
+        self.engine._end(lv)
+
+    def settle(self, bar: Any) -> list[_Live]:
+        """End the trajectories that are done (after the context guard) and start waiting ones in their place,
+        until every running one has a next Act generation; return those (none: the run is over)."""
+        while True:
+            running = self.running()
+            for lv in running:
+                if not lv.done:
+                    self.engine._guard(lv)
+            done = [lv for lv in running if lv.done]
+            for lv in done:
+                self.end(lv)
+                bar.update(1)
+            if not done and not self.admit():
+                return running
+
+    def close(self) -> None:
+        """Close the environment of every trajectory started and not ended (a run stopped by an exception)."""
+        for lv in self.running():
+            self.ended.add(id(lv))
+            if lv.env is not None:
+                try:
+                    lv.env.close()
+                except Exception:  # noqa: BLE001 - the others are closed all the same; the run's error stands
+                    pass
+
+
 OBSERVERS.add("per_role", _per_role)
 OBSERVERS.add("simulator", _simulator)
 
-# name -> fn(engine, lives, progress bar): drives the live trajectories to the end (see RolloutConfig.schedule)
+# name -> fn(engine, runs, progress bar): drives the trajectories of a run (_Runs) to the end (see RolloutConfig.schedule)
 SCHEDULES: Registry[Callable[..., None]] = Registry("rollout schedule")
-SCHEDULES.add("lockstep", lambda engine, lives, bar: engine._run_lockstep(lives, bar))
-SCHEDULES.add("continuous", lambda engine, lives, bar: engine._run_continuous(lives, bar))
+SCHEDULES.add("lockstep", lambda engine, runs, bar: engine._run_lockstep(runs, bar))
+SCHEDULES.add("continuous", lambda engine, runs, bar: engine._run_continuous(runs, bar))
 
 
 @functools.lru_cache(maxsize=4)
@@ -332,21 +397,26 @@ class RolloutEngine:
             traj.tools = list(task.tools)
         rsys = rehearse_system(task)
         env = make_env(task) if self.observer.needs_env or self.cfg.shadow else None
-        # the user acts in the real environment only where Act's calls do (never in a shadow copy); its side is
-        # recorded in the trajectory (Trajectory.user_steps), never as rows
-        user = USERS.get(self.cfg.user)(
-            task, env=env if self.observer.needs_env else None, traj=traj, backend=self.user_backend
-        )
-        lv = _Live(
-            task=task,
-            traj=traj,
-            act_ids=self.fmt.opening(system, task.tools if self.native_tools else None),
-            reh_ids=self.fmt.message("system", rsys, first=True),
-            reh_messages=[{"role": "system", "content": rsys}],
-            user=user,
-            env=env,
-        )
-        self._next_user_turn(lv)
+        try:
+            # the user acts in the real environment only where Act's calls do (never in a shadow copy); its side is
+            # recorded in the trajectory (Trajectory.user_steps), never as rows
+            user = USERS.get(self.cfg.user)(
+                task, env=env if self.observer.needs_env else None, traj=traj, backend=self.user_backend
+            )
+            lv = _Live(
+                task=task,
+                traj=traj,
+                act_ids=self.fmt.opening(system, task.tools if self.native_tools else None),
+                reh_ids=self.fmt.message("system", rsys, first=True),
+                reh_messages=[{"role": "system", "content": rsys}],
+                user=user,
+                env=env,
+            )
+            self._next_user_turn(lv)
+        except BaseException:  # no trajectory holds the environment yet: close it here
+            if env is not None:
+                env.close()
+            raise
         return lv
 
     def _next_user_turn(self, lv: _Live) -> None:
@@ -380,27 +450,43 @@ class RolloutEngine:
         """Roll out ``group_size`` trajectories for each task; returns them grouped task by task. A task that needs
         its environment's ``prepare`` first is refused (:func:`envace.envs.require_prepared`). ``desc``: the
         progress bar's label (default ``rollout[<mode>]``). ``first``: the index of each group's first trajectory
-        (ids ``<group>/<first>`` ...), for a group whose other trajectories another engine rolls out."""
+        (ids ``<group>/<first>`` ...), for a group whose other trajectories another engine rolls out.
+
+        Where trajectories need real environments (real mode, shadow), at most ``envace.envs.alive_bound(task)``
+        of one kind are alive at once (MCP servers: ``MCPEnv.max_alive``): a trajectory starts when one of its kind
+        has ended. Each environment is closed as soon as its trajectory ends, and every one still open is closed
+        when the run stops early (an exception, Ctrl-C)."""
         require_prepared(tasks)
-        lives = [
-            self._start(t, k, f"{group_prefix}{i}:{t.id}")
+        slots = [
+            (t, k, f"{group_prefix}{i}:{t.id}")
             for i, t in enumerate(tasks)
             for k in range(first, first + self.cfg.group_size)
         ]
+        runs = _Runs(self, slots)
         desc = desc or f"rollout[{self.cfg.mode}]"
-        bar = tqdm(total=len(lives), desc=desc, disable=not self.cfg.progress, leave=False)
+        bar = tqdm(total=len(slots), desc=desc, disable=not self.cfg.progress, leave=False)
         schedule = self.cfg.schedule if self.cfg.schedule != "continuous" or self.can_stream() else "lockstep"
-        SCHEDULES.get(schedule)(self, lives, bar)
-        bar.close()
-        self._release(lives)  # (each was released when it ended; this catches any that a schedule did not)
-        for lv in lives:
-            if lv.env is not None:
-                # the outcome is checked in the environment the calls ran in, so scoring never runs them again
-                lv.traj.env_outcome = final_outcome(lv.env, lv.traj)
-                for kind, n in lv.env.faults.items():  # tool exceptions, timeouts, ... are counted, not silent
-                    lv.traj.count(f"env/{kind}", n)
-                lv.env.close()
-        return [lv.traj for lv in lives]
+        try:
+            SCHEDULES.get(schedule)(self, runs, bar)
+            for lv in runs.running():  # (each ended as it finished; this catches any that a schedule did not)
+                runs.end(lv)
+        finally:
+            bar.close()
+            runs.close()
+        return [lv.traj for lv in runs.lives]
+
+    def _end(self, lv: _Live) -> None:
+        """A finished trajectory: its kept contexts dropped; in its real environment, its own success check and
+        fault counts recorded (so scoring never runs its calls again), then the environment closed."""
+        self._release([lv])
+        if lv.env is None:
+            return
+        try:
+            lv.traj.env_outcome = final_outcome(lv.env, lv.traj)
+            for kind, n in lv.env.faults.items():  # tool exceptions, timeouts, ... are counted, not silent
+                lv.traj.count(f"env/{kind}", n)
+        finally:
+            lv.env.close()
 
     def _release(self, lives: list[_Live]) -> None:
         """Drop the backends' kept contexts (keys/values) of these trajectories: called as soon as each one is done,
@@ -457,27 +543,15 @@ class RolloutEngine:
         return obs, changed_fields(before, lv.env.state())
 
     # -- lockstep: all live trajectories' Act in one batch, then their observations call index by call index -----
-    def _run_lockstep(self, lives: list[_Live], bar: Any) -> None:
-        finished = sum(lv.done for lv in lives)
-        while True:
-            live = [lv for lv in lives if not lv.done]
-            for lv in live:
-                self._guard(lv)
-            live = [lv for lv in live if not lv.done]
-            if not live:
-                break
+    def _run_lockstep(self, runs: _Runs, bar: Any) -> None:
+        while live := runs.settle(bar):
             self._act(live)
             self._observe([lv for lv in live if lv.calls])
             for lv in live:
                 self._close_step(lv)
-            self._release([lv for lv in live if lv.done])
-            now = sum(lv.done for lv in lives)
-            bar.update(now - finished)
-            finished = now
-        bar.update(sum(lv.done for lv in lives) - finished)
 
     # -- continuous: each trajectory's next generation joins the running batch as soon as its last one is done ---
-    def _run_continuous(self, lives: list[_Live], bar: Any) -> None:
+    def _run_continuous(self, runs: _Runs, bar: Any) -> None:
         def on_done(req: Request, g: Any) -> list[Request]:
             lv, kind = req.tag
             if kind == "act":
@@ -485,14 +559,23 @@ class RolloutEngine:
             else:
                 self._record(lv, lv.calls[len(lv.results)], *self.observer.receive(self, lv, req.prompt, g))
             nxt = self._next_request(lv)
-            if lv.done:
-                self._release([lv])
-            bar.update(int(lv.done))
-            return [nxt] if nxt is not None else []
+            return ([nxt] if nxt is not None else []) + (self._start_requests(runs, bar) if lv.done else [])
 
-        first = [self._next_request(lv) for lv in lives]
-        bar.update(sum(lv.done for lv in lives))
-        self.policy.generate_stream([r for r in first if r is not None], on_done, seed=derive_seed(self.cfg.seed, 1))
+        self.policy.generate_stream(self._start_requests(runs, bar), on_done, seed=derive_seed(self.cfg.seed, 1))
+
+    def _start_requests(self, runs: _Runs, bar: Any) -> list[Request]:
+        """End the trajectories that are done and start waiting ones in their place: the first requests of those
+        started (a trajectory done before its first generation is ended at once, and another one started)."""
+        out: list[Request] = []
+        while True:
+            for lv in runs.running():
+                if lv.done:
+                    runs.end(lv)
+                    bar.update(1)
+            started = runs.admit()
+            if not started:
+                return out
+            out += [r for r in (self._next_request(lv) for lv in started) if r is not None]
 
     def _next_request(self, lv: _Live) -> Request | None:
         """Advance one trajectory as far as it goes without a model: answer the current step's calls that need no

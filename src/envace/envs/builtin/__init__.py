@@ -38,10 +38,24 @@ Registered here: environments ``bank``, ``shop``, ``files`` in :data:`~envace.en
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ...core.types import Task
-from ..base import ENVS, SUITES
+from ..base import ENVS, SUITES, TASK_AT
 from .bank import BANK, BANK_WORLD, BankEnv
-from .common import DEFAULT_N, KINDS, OOD_SPLIT, SPLITS, Domain, TaskBuilder, ToolEnv, split_indices, task_kind, tool
+from .common import (
+    DEFAULT_N,
+    INDEX_SPACE,
+    KINDS,
+    OOD_SPLIT,
+    SPLITS,
+    Domain,
+    TaskBuilder,
+    ToolEnv,
+    split_indices,
+    task_kind,
+    tool,
+)
 from .files import FILES, FILES_WORLD, FilesEnv
 from .shop import SHOP, SHOP_WORLD, ShopEnv
 
@@ -62,8 +76,24 @@ def make_task(domain: str, split: str, index: int) -> Task:
 def load_mix(spec: str = "builtin", split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
     """Three domains interleaved (``builtin``: bank, shop, files; ``builtin-world``: their persistent suites):
     position k is task k // 3 of domain k % 3; any split."""
+    return [mix_task(spec, split, k) for k in split_indices(n, seed)]
+
+
+def mix_task(spec: str, split: str, k: int) -> Task:
+    """Position ``k`` of a mix (:func:`load_mix`): task k // 3 of domain k % 3."""
     domains = list(MIXES[spec].values())
-    return [domains[k % 3].make_task(split, k // 3) for k in split_indices(n, seed)]
+    return domains[k % 3].make_task(split, k // 3)
+
+
+def indexer(make: Callable[[str, str, int], Task], end: int) -> Callable[[str, str, int], Task]:
+    """A generated suite's ``TASK_AT`` entry: ``make(spec, split, index)`` for an index below ``end``."""
+
+    def task_at(spec: str, split: str, index: int) -> Task:
+        if not 0 <= index < end:
+            raise ValueError(f"task index {index} is past the end of suite {spec!r}: its indices are 0..{end - 1}")
+        return make(spec, split, index)
+
+    return task_at
 
 
 for _name, _domain in DOMAINS.items():
@@ -71,8 +101,11 @@ for _name, _domain in DOMAINS.items():
     SUITES.add(_name, _domain.load)
 for _name, _domain in WORLD_DOMAINS.items():
     SUITES.add(_name, _domain.load)  # tasks name their domain's environment (env "bank"): no ENVS entry of their own
+for _name, _domain in (DOMAINS | WORLD_DOMAINS).items():
+    TASK_AT.add(_name, indexer(lambda spec, split, i, d=_domain: d.make_task(split, i), INDEX_SPACE))
 for _name in MIXES:
     SUITES.add(_name, load_mix)
+    TASK_AT.add(_name, indexer(mix_task, 3 * INDEX_SPACE))
 
 __all__ = [
     "BankEnv",
