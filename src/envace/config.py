@@ -62,8 +62,10 @@ class TrainConfig:
     suite: str = "builtin"
     """Task suite for training (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
     n_train_tasks: int | None = None
-    """How many training tasks to load (None: as many as the run visits, at least 64); with ``task_kinds``, how
-    many of those kinds."""
+    """How many training tasks to load, the pool the batches walk through in seeded epochs (envace.training.trainer.
+    task_stream: no task twice before the pool is used up); None: the train split's default set (the built-in suites'
+    2,000 tasks, every task of the others). With ``task_kinds``, how many of those kinds. The pool and its order never
+    depend on ``iterations``, so a resumed or extended run continues the same task stream."""
     task_kinds: tuple[str, ...] | None = None
     """Train only on tasks of these kinds (``metadata["kind"]`` of the built-in suites, envace.envs.builtin.KINDS:
     recovery, chained, read_only_report, simple), e.g. the kinds an SFT warm-up left unsolved; None: every kind.

@@ -70,6 +70,32 @@ REAL_SALT = 1
 """With ``real_share``, iteration seed ``s``'s real-environment rollouts are seeded ``derive_seed(s, REAL_SALT)``."""
 
 
+def task_stream(n_tasks: int, seed: int, start: int, count: int) -> list[int]:
+    """Which of a pool of ``n_tasks`` training tasks stand at positions ``start .. start + count - 1`` of a run's task
+    stream (batch ``it`` is positions ``it * B ..``). Epoch ``e`` (positions ``e * n_tasks ..``) is a permutation of the
+    pool seeded ``seed`` for the first epoch (the fixed order of before) and ``derive_seed(seed, e)`` after. A position's
+    task depends on (n_tasks, seed, position) only, never on ``iterations``: a resumed or extended run continues the
+    stream where it stopped, and no task comes twice before the pool is used up."""
+    perms: dict[int, list[int]] = {}
+
+    def at(p: int) -> int:
+        e = p // n_tasks
+        if e not in perms:
+            perms[e] = np.random.default_rng(derive_seed(seed, e) if e else seed).permutation(n_tasks).tolist()
+        return perms[e][p % n_tasks]
+
+    return [at(p) for p in range(start, start + count)]
+
+
+def train_tasks(cfg: TrainConfig) -> list[Task]:
+    """The pool a run draws its batches from (:func:`task_stream`): the first ``n_train_tasks`` tasks of the train
+    split (of ``task_kinds``), or (None) the split's whole default set (``load_tasks(..., n=None)``: the built-in
+    suites' 2,000, every task of the others). It does not depend on ``iterations``, so extending a run keeps it."""
+    return load_tasks_of_kinds(
+        cfg.suite, "train", cfg.n_train_tasks, cfg.seed, cfg.task_kinds, "TrainConfig.task_kinds"
+    )
+
+
 def rows_with_advantages(
     trajs: list[Trajectory], estimator: str, roles: tuple[str, ...]
 ) -> tuple[list[Row], torch.Tensor, dict[str, float]]:
@@ -220,8 +246,7 @@ class Run:
     """The RolloutEngine keywords of the variant's mode: who answers Act's calls besides the policy (rehearser, simulator)."""
     ref: Reference | None
     tasks: list[Task]
-    order: list[int]
-    """The fixed permutation of ``tasks`` that batches walk through."""
+    """The pool of training tasks (:func:`train_tasks`); batches walk through it along :func:`task_stream`."""
     reward_fn: Any
     ctx: RewardContext
     start: int
@@ -233,6 +258,11 @@ class Run:
     @property
     def tasks_by_id(self) -> dict[str, Task]:
         return {t.id: t for t in self.tasks}
+
+    def batch(self, it: int) -> list[Task]:
+        """The B tasks of iteration ``it``: positions ``it * B .. (it + 1) * B - 1`` of the task stream."""
+        b = self.cfg.batch_tasks
+        return [self.tasks[i] for i in task_stream(len(self.tasks), self.cfg.seed, it * b, b)]
 
     @property
     def traj_log(self) -> str:
@@ -258,8 +288,9 @@ class Run:
 def setup(cfg: TrainConfig) -> Run:
     """Everything the loop needs, resumed from the latest checkpoint in ``cfg.out_dir`` if there is one: the
     variant's trained models (:func:`trained_model`) with their optimizers and rollout engines, its helpers and
-    the KL reference (:func:`frozen_models`: the initial model, also on resume), the training tasks in a fixed
-    order, the reward, the logger. The order of the loads is the order the random state sees them."""
+    the KL reference (:func:`frozen_models`: the initial model, also on resume), the pool of training tasks
+    (:func:`train_tasks`, walked along :func:`task_stream`), the reward, the logger. The order of the loads is the
+    order the random state sees them."""
     dist = init_distributed(cfg.device)  # one process unless started by torchrun / accelerate launch
     os.makedirs(cfg.out_dir, exist_ok=True)
     ckpt_root = os.path.join(cfg.out_dir, "checkpoints")
@@ -284,9 +315,7 @@ def setup(cfg: TrainConfig) -> Run:
     helpers = variant.rehearser.helpers(
         lambda helper, role: (engines | frozen)[helper]
     )  # a trained helper's engine, or the frozen one
-    n_tasks = cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks)  # what the run will visit, at least
-    tasks = load_tasks_of_kinds(cfg.suite, "train", n_tasks, cfg.seed, cfg.task_kinds, "TrainConfig.task_kinds")
-    order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
+    tasks = train_tasks(cfg)  # the same pool whatever `iterations` is: an extended run continues the stream
     reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, engines["policy"], dist)
     start = 0
     if ckpt:
@@ -311,7 +340,6 @@ def setup(cfg: TrainConfig) -> Run:
         helpers,
         ref,
         tasks,
-        order,
         reward_fn,
         ctx,
         start,
@@ -332,11 +360,11 @@ def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, A
 
 
 def rollout_batch(run: Run, it: int) -> list[Trajectory]:
-    """Batch ``it``: B tasks at data position ``it * B`` of the fixed permutation; this process rolls out K
-    trajectories for each of its whole tasks (a GRPO group never spans processes), seeded by iteration and rank.
+    """Batch ``it``: B tasks at data position ``it * B`` of the task stream (:meth:`Run.batch`); this process rolls
+    out K trajectories for each of its whole tasks (a GRPO group never spans processes), seeded by iteration and rank.
     With ``real_share`` each group's last m of them run in the real environment (:func:`grounded_rollouts`)."""
     cfg = run.cfg
-    batch = [run.tasks[run.order[(it * cfg.batch_tasks + j) % len(run.tasks)]] for j in range(cfg.batch_tasks)]
+    batch = run.batch(it)
     rcfg = copy.copy(cfg.rollout)
     it_seed = derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
     rcfg.seed = run.dist.rank_seed(it_seed)
