@@ -54,6 +54,7 @@ from ..config import (
 from .distributed import Dist, SilentLogger, init_distributed
 from ..envs import load_tasks_of_kinds
 from ..core.logging import MetricsLogger, truncate_jsonl
+from ..core.paths import check_writable_dir
 from ..backends.models import context_length, load_frozen, load_trainable, make_optimizer, model_path
 from ..core.precision import use_bf16
 from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories, unanchored_note
@@ -189,42 +190,46 @@ def train(cfg: TrainConfig) -> TrainResult:
         initial=run.start,
         total=cfg.iterations,
     )
-    for it in bar:
-        t0 = time.perf_counter()
-        # 1. K trajectories for each of this process's tasks of batch ``it``, in the variant's rollout mode
-        trajs = rollout_batch(run, it)
-        t_roll = time.perf_counter() - t0
-        # 2. rewards (shared by both roles of a trajectory); the whole batch for the logs and metrics
-        score_trajectories(run.tasks_by_id, trajs, run.reward_fn, run.ctx)
-        everyone = run.dist.gather_trajectories(trajs)  # the whole batch (light copies); `trajs` itself on one process
-        _check_context(everyone, cfg)
-        run.log_trajectories(everyone, it)
-        # 3. advantages per (group, role) from this process's whole groups
-        rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
-        _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
-        metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {
-            f"adv/{k}": v for k, v in adv_m.items()
-        }
-        if cfg.real_share > 0:  # the grounded share of the groups
-            metrics |= _real_share_metrics(everyone)
-        # 4. one update per trained model on the rows of its roles; the rollout engines get the new weights
-        t1 = time.perf_counter()
-        metrics |= update(run, rows, adv, it)
-        # 5. log and checkpoint
-        step = it + 1
-        metrics |= {
-            "perf/rollout_s": t_roll,
-            "perf/update_s": time.perf_counter() - t1,
-            "perf/iteration_s": time.perf_counter() - t0,
-            "perf/gen_tokens": run.dist.sum(run.engines["policy"].stats["generated_tokens"]),
-        }
-        run.logger.log(step, metrics)
-        result.metrics.append({"step": step, **metrics})
-        bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
-        if step % cfg.save_every == 0 or step == cfg.iterations:
-            result.checkpoint = run.save(step)
-        result.step = step
-    run.logger.close()
+    try:  # an interrupted run (Ctrl-C) still closes its progress bar and logs; the CLI says where it resumes
+        for it in bar:
+            t0 = time.perf_counter()
+            # 1. K trajectories for each of this process's tasks of batch ``it``, in the variant's rollout mode
+            trajs = rollout_batch(run, it)
+            t_roll = time.perf_counter() - t0
+            # 2. rewards (shared by both roles of a trajectory); the whole batch for the logs and metrics
+            score_trajectories(run.tasks_by_id, trajs, run.reward_fn, run.ctx)
+            # the whole batch (light copies); `trajs` itself on one process
+            everyone = run.dist.gather_trajectories(trajs)
+            _check_context(everyone, cfg)
+            run.log_trajectories(everyone, it)
+            # 3. advantages per (group, role) from this process's whole groups
+            rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
+            _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
+            metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {
+                f"adv/{k}": v for k, v in adv_m.items()
+            }
+            if cfg.real_share > 0:  # the grounded share of the groups
+                metrics |= _real_share_metrics(everyone)
+            # 4. one update per trained model on the rows of its roles; the rollout engines get the new weights
+            t1 = time.perf_counter()
+            metrics |= update(run, rows, adv, it)
+            # 5. log and checkpoint
+            step = it + 1
+            metrics |= {
+                "perf/rollout_s": t_roll,
+                "perf/update_s": time.perf_counter() - t1,
+                "perf/iteration_s": time.perf_counter() - t0,
+                "perf/gen_tokens": run.dist.sum(run.engines["policy"].stats["generated_tokens"]),
+            }
+            run.logger.log(step, metrics)
+            result.metrics.append({"step": step, **metrics})
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
+            if step % cfg.save_every == 0 or step == cfg.iterations:
+                result.checkpoint = run.save(step)
+            result.step = step
+    finally:
+        bar.close()
+        run.logger.close()
     result.checkpoint = result.checkpoint or latest_checkpoint(run.ckpt_root)
     return result
 
@@ -290,9 +295,11 @@ def setup(cfg: TrainConfig) -> Run:
     variant's trained models (:func:`trained_model`) with their optimizers and rollout engines, its helpers and
     the KL reference (:func:`frozen_models`: the initial model, also on resume), the pool of training tasks
     (:func:`train_tasks`, walked along :func:`task_stream`), the reward, the logger. The order of the loads is the
-    order the random state sees them."""
+    order the random state sees them. ``out_dir`` and the tasks are checked before any model loads, and ``out_dir``
+    is made only once nothing of the setup can fail: a bad suite or path leaves no empty run folder."""
     dist = init_distributed(cfg.device)  # one process unless started by torchrun / accelerate launch
-    os.makedirs(cfg.out_dir, exist_ok=True)
+    check_writable_dir(cfg.out_dir, "out_dir")
+    tasks = train_tasks(cfg)  # the same pool whatever `iterations` is: an extended run continues the stream
     ckpt_root = os.path.join(cfg.out_dir, "checkpoints")
     ckpt = latest_checkpoint(ckpt_root)
     if ckpt:
@@ -315,13 +322,13 @@ def setup(cfg: TrainConfig) -> Run:
     helpers = variant.rehearser.helpers(
         lambda helper, role: (engines | frozen)[helper]
     )  # a trained helper's engine, or the frozen one
-    tasks = train_tasks(cfg)  # the same pool whatever `iterations` is: an extended run continues the stream
     reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, engines["policy"], dist)
     start = 0
     if ckpt:
         start = int(load_state(ckpt)["step"])
         dist.load_optimizers(ckpt, models, optimizers)
         load_rng(ckpt)
+    os.makedirs(cfg.out_dir, exist_ok=True)
     if dist.is_main:  # rank 0 writes the logs
         logger: Any = MetricsLogger(cfg.out_dir, cfg.sinks, resume_step=start if ckpt else None, config=to_dict(cfg))
         # like the metrics: iterations past the checkpoint are redone, so their trajectories (and a torn tail) go
