@@ -27,7 +27,6 @@ from common import HFBackend, forced_backend, gold_act_script, write_result
 
 import envace.training.trainer as trainer_mod
 from envace.config import TrainConfig
-from envace.envs import load_tasks
 from envace.backends.models import DEFAULT_MODEL
 from envace.rollout.engine import RolloutConfig
 
@@ -47,9 +46,7 @@ def main() -> None:
         original = trainer_mod.rollout_backend
 
         def scripted_rollout_backend(cfg, model, tok, dist):
-            tasks = load_tasks(
-                cfg.suite, "train", n=cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks), seed=cfg.seed
-            )
+            tasks = trainer_mod.train_tasks(cfg)
             return Forced(
                 model, tok, bf16=trainer_mod.rollout_bf16(cfg), act_script=gold_act_script({t.id: t for t in tasks})
             )

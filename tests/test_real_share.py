@@ -122,7 +122,7 @@ def test_zero_real_share_rolls_out_exactly_the_rehearsal_batch_of_before(tmp_pat
     def with_reference(run, it):  # both as rolled out, before scoring and the update
         trajs = batch(run, it)
         now.extend(t.to_dict() for t in trajs)
-        tasks = [run.tasks[run.order[(it * run.cfg.batch_tasks + j) % len(run.tasks)]] for j in range(2)]
+        tasks = [run.tasks[i] for i in trainer.task_stream(len(run.tasks), run.cfg.seed, it * 2, 2)]
         rcfg = copy.copy(run.cfg.rollout)
         rcfg.seed = derive_seed(run.cfg.seed, it, prime=trainer.ITERATION_PRIME)
         ref = RolloutEngine(run.engines["policy"], rcfg).run(tasks, group_prefix=f"i{it}-")

@@ -141,3 +141,139 @@ def test_bad_yaml_file_and_non_mapping_file(capsys, tmp_path):
     lst.write_text("- a\n- b\n")
     assert main(["train", "--config", str(lst)]) == 2
     assert "must hold a mapping" in _one_line_error(capsys.readouterr().err, "train")
+
+
+# ------------------------------------------------------------------------------------------------ issue 32, item 8
+
+NO_MODEL = (
+    "/nonexistent/model-dir"  # loading it would fail with "not found": a check that must come first names its own
+)
+
+
+def _listening_port():
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1)
+    return sock
+
+
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        (["train", "--config", "{folder}"], ["is a folder", "YAML file"]),
+        (["compare", "{folder}", "{file}"], ["is a folder", "envace eval --out"]),
+        (["compare", "{file}", "missing.json"], ["'missing.json': no such file", "envace eval --out"]),
+        (["serve", "--model", NO_MODEL, "--port", "99999"], ["ServeConfig.port", "99999", "0 (any free one) to 65535"]),
+        (["serve", "--model", NO_MODEL, "--port", "-5"], ["ServeConfig.port", "-5", "to 65535"]),
+        (["serve", "--model", NO_MODEL, "--port", "{busy}"], ["cannot listen on 127.0.0.1:{busy}", "in use"]),
+        (["eval", "--model", NO_MODEL, "--suite", "nosuch"], ["unknown environment or task suite 'nosuch'", "bank"]),
+        (["eval", "--model", NO_MODEL, "-n", "0"], ["EvalConfig.n: bad value 0: at least 1"]),
+        (["eval", "--model", NO_MODEL, "--samples", "0"], ["EvalConfig.samples: bad value 0: at least 1"]),
+        (
+            ["eval", "--model", NO_MODEL, "--suite", "bank", "--out", "{file}/r.json"],
+            ["--out", "is a file, not a folder"],
+        ),
+        (["eval", "--model", NO_MODEL, "--suite", "bank", "--out", "{folder}"], ["--out", "is a folder"]),
+        (["eval", "--model", NO_MODEL, "--tts-records", "{file}/x/r.jsonl"], ["--tts-records", "is a file"]),
+        (["fidelity", "--model", NO_MODEL, "--suite", "nosuch"], ["unknown environment or task suite 'nosuch'"]),
+        (["rollout", "--model", NO_MODEL, "--suite", "nosuch"], ["unknown environment or task suite 'nosuch'"]),
+        (["rollout", "--model", NO_MODEL, "--out", "{file}/t.jsonl"], ["--out", "is a file, not a folder"]),
+        (["train", "--set", f"model={NO_MODEL}", "--set", "suite=nosuch"], ["unknown environment or task suite"]),
+        (["train", "--set", f"model={NO_MODEL}", "--set", "out_dir={file}/run"], ["out_dir", "is a file"]),
+    ],
+    ids=[
+        "config is a folder",
+        "compare a folder",
+        "compare a missing file",
+        "port above 65535",
+        "negative port",
+        "port in use",
+        "eval unknown suite",
+        "eval -n 0",
+        "eval --samples 0",
+        "eval --out under a file",
+        "eval --out a folder",
+        "eval --tts-records under a file",
+        "fidelity unknown suite",
+        "rollout unknown suite",
+        "rollout --out under a file",
+        "train unknown suite",
+        "train out_dir under a file",
+    ],
+)
+def test_bad_paths_ports_suites_and_counts_fail_in_one_line_before_a_model_loads(
+    argv, words, capsys, tmp_path, monkeypatch
+):
+    """Each is refused with exit code 2 and one line naming what is wrong (and what is valid) before any model is
+    loaded (the model is missing: loading it first would fail with "not found" instead) -- and so before an
+    evaluation runs: a bad ``--out`` no longer loses the results it was meant to hold."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("{}")
+    busy = _listening_port()
+    with busy:
+        subst = {"folder": str(tmp_path / "folder"), "file": str(tmp_path / "file"), "busy": busy.getsockname()[1]}
+        argv = [a.format(**subst) for a in argv]
+        if argv[0] == "train" and not any(a.startswith("out_dir=") for a in argv):
+            argv += ["--set", f"out_dir={tmp_path / 'run'}"]
+        assert main(argv) == 2
+    line = _one_line_error(capsys.readouterr().err, argv[0])
+    for w in words:
+        assert w.format(**subst) in line, (w, line)
+    assert "not found" not in line
+    assert not (tmp_path / "run").exists()  # train: no empty run folder left behind
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]  # nothing written anywhere
+
+
+def test_ctrl_c_in_eval_ends_with_one_line_and_exit_code_130(capsys, tmp_path, monkeypatch):
+    import envace.evaluation.budget as budget
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(budget, "evaluate_model", interrupted)
+    out = tmp_path / "r.json"
+    try:
+        code = main(["eval", "--model", "tiny-random", "--suite", "bank", "-n", "1", "--out", str(out)])
+    except KeyboardInterrupt:  # not caught: fail this test rather than stop the whole session
+        pytest.fail("main() let KeyboardInterrupt through")
+    assert code == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        "envace eval: interrupted; no result was written (an evaluation does not resume); run it again"
+    ]
+    assert not out.exists()
+
+
+def test_ctrl_c_in_train_says_where_the_run_resumes_with_exit_code_130(tmp_path):
+    """SIGINT to a real ``envace train`` after its first checkpoint: no KeyboardInterrupt traceback, one last line
+    naming the step and checkpoint the same command resumes from, exit code 130."""
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    argv = [*TINY, "--set", "iterations=100000", "--set", "save_every=1", "--set", "n_train_tasks=4"]
+    argv += ["--set", "progress=true", "--set", f"out_dir={out}"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "envace.cli", "train", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+    )
+    latest = out / "checkpoints" / "latest"
+    deadline = time.monotonic() + 180
+    while not latest.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert latest.exists(), proc.communicate(timeout=5)[1][-3000:] if proc.poll() is not None else "no checkpoint"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert last.startswith("envace train: interrupted; the same command resumes it from step "), err[-3000:]
+    step = int(last.split("from step ")[1].split()[0])
+    assert step >= 1 and str(out / "checkpoints" / f"step-{step:06d}") in last
+    assert (out / "checkpoints" / f"step-{step:06d}").is_dir()

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import numpy as np
 import torch
 
 import envace.training.trainer as trainer
@@ -208,3 +209,48 @@ def test_cli_train_prints_a_one_line_error_for_a_changed_config(tmp_path):
     assert (
         lines[0].startswith("envace train: error: ") and "lr: 0.001 -> 0.003" in lines[0] and "resume=force" in lines[0]
     )
+
+
+# ------------------------------------------------------------------------------------------------ issue 32, item 6
+
+
+def test_the_task_stream_of_a_longer_run_begins_with_the_stream_of_a_shorter_one():
+    """The task at each position of the stream depends on the pool size, the seed and the position only: the order
+    for iterations 0..n is a prefix of the order for more iterations, and any window of it is that part of it."""
+    for n, seed in [(1, 0), (5, 3), (64, 0), (80, 7)]:
+        full = trainer.task_stream(n, seed, 0, 3 * n + 2)
+        for k in (0, 1, n, 2 * n + 1):
+            assert trainer.task_stream(n, seed, 0, k) == full[:k]
+        assert trainer.task_stream(n, seed, n - 1, n + 2) == full[n - 1 : 2 * n + 1]
+        for e in range(3):  # every epoch visits each task of the pool once
+            assert sorted(full[e * n : (e + 1) * n]) == list(range(n))
+    assert trainer.task_stream(64, 0, 0, 64) == np.random.default_rng(0).permutation(64).tolist()  # as before
+    assert trainer.task_stream(64, 0, 64, 64) != trainer.task_stream(64, 0, 0, 64)  # a new shuffle each epoch
+
+
+def _task_ids_by_iteration(out) -> dict[int, list[str]]:
+    ids: dict[int, list[str]] = {}
+    with open(os.path.join(out, "trajectories.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            rec = json.loads(line)
+            ids.setdefault(rec["iteration"], []).append(rec["task_id"])
+    return ids
+
+
+def test_an_extended_run_goes_on_with_new_tasks_as_a_fresh_run_of_that_length(tmp_path):
+    """Raising ``iterations`` on resume continues the same task stream: a run of one iteration of 40 tasks,
+    extended to two, trains on 80 different tasks, those of a fresh two-iteration run (the pool used to be sized by
+    ``iterations``, max(64, iterations x batch_tasks), so the extension reshuffled it and re-trained seen tasks)."""
+    rc = RolloutConfig(
+        group_size=1,
+        max_steps=1,
+        act=SamplingParams(max_new_tokens=2),
+        rehearse=SamplingParams(max_new_tokens=2, stop=["</observation>"]),
+    )
+    kw = dict(batch_tasks=40, n_train_tasks=None, rollout=rc)
+    train(_cfg(tmp_path / "extended", iterations=1, **kw))
+    train(_cfg(tmp_path / "extended", iterations=2, **kw))
+    train(_cfg(tmp_path / "fresh", iterations=2, **kw))
+    extended, fresh = _task_ids_by_iteration(tmp_path / "extended"), _task_ids_by_iteration(tmp_path / "fresh")
+    assert sorted(extended) == [0, 1] and len(set(extended[0]) | set(extended[1])) == 80
+    assert extended == fresh

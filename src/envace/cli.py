@@ -244,6 +244,7 @@ def cmd_eval(cfg: Any) -> int:
     from .evaluation.tts import save_records
     from .rollout.engine import RolloutConfig, rehearse_sampling
 
+    check_outputs({"--out": cfg.out, "--tts-records": cfg.tts_records})  # before the evaluation, not after it
     rc = RolloutConfig(
         **cfg.chat_io(),
         max_steps=cfg.max_steps,
@@ -284,6 +285,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """Paired comparison of two saved ``envace eval --out`` results: refused unless suite, split and tasks match."""
     from .evaluation.trials import compare_results, format_comparison, load_result
 
+    for path in (args.a, args.b):
+        check_input_file(path, "a saved evaluation result (a JSON file written by envace eval --out)")
     c = compare_results(
         load_result(args.a), load_result(args.b), names=(args.a, args.b), resamples=args.resamples, seed=args.seed
     )
@@ -310,9 +313,10 @@ def cmd_fidelity(cfg: Any) -> int:
     from .evaluation.fidelity import measure_fidelity
     from .rollout.engine import RolloutConfig, format_trajectory, rehearse_sampling
 
+    check_outputs({"--out": cfg.out})
+    tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)  # a bad suite fails before a model loads
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
     extra = _helpers(cfg)
-    tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
     rc = RolloutConfig(
         **cfg.chat_io(),
         mode=cfg.mode,
@@ -354,8 +358,9 @@ def cmd_rollout(cfg: Any) -> int:
     from .rollout.engine import RolloutConfig, RolloutEngine, format_trajectory, rehearse_sampling
     from .core.types import write_jsonl
 
+    check_outputs({"--out": cfg.out})
+    tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)  # a bad suite fails before a model loads
     m, tok = load(cfg.model)
-    tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)
     rc = RolloutConfig(
         **cfg.chat_io(),
         mode=cfg.mode,
@@ -458,6 +463,7 @@ def cmd_serve(cfg: Any) -> int:
     """An OpenAI-compatible server (/v1/chat/completions, /v1/completions, /v1/models, /health) over a backend."""
     from .serving.serve import serve
 
+    check_listen(cfg.host, cfg.port)  # a port in use or a bad host fails before the model loads
     serve(cfg)
     return 0
 
@@ -651,6 +657,75 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     return 0
+
+
+def check_outputs(paths: dict[str, str | None]) -> None:
+    """Raise ``ValueError`` naming the option unless a file can be written at each given path (None: not asked for),
+    so that a bad ``--out`` fails before the work whose result it would hold (envace.core.paths)."""
+    from .core.paths import check_writable_file
+
+    for option, path in paths.items():
+        if path:
+            check_writable_file(path, option)
+
+
+def check_input_file(path: str, what: str) -> None:
+    """Raise ``ValueError`` unless ``path`` is a file (a missing path or a folder is named, with what was expected)."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path!r} is a folder, not {what}")
+    if not os.path.isfile(path):
+        raise ValueError(f"{path!r}: no such file; expected {what}")
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise ``ValueError`` unless a server can listen on (host, port): bound and closed at once, with the options of
+    envace.serving.serve.EnvaceServer.bind (port 0: any free one, always possible)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except (OSError, OverflowError) as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e}") from None
+
+
+def _train_interrupted(cfg: Any) -> str:
+    """Where an interrupted ``envace train`` resumes: its latest checkpoint, if it saved one."""
+    from .core.checkpoint import latest_checkpoint, load_state
+
+    ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "checkpoints"))
+    if ckpt is None:
+        return (
+            f"no checkpoint in {cfg.out_dir} yet (one every save_every={cfg.save_every} iterations); "
+            "the same command starts the run over"
+        )
+    return f"the same command resumes it from step {load_state(ckpt)['step']} ({ckpt})"
+
+
+# command -> fn(its config or parsed arguments) -> what the one line after Ctrl-C says besides "interrupted"
+INTERRUPTED: dict[str, Any] = {
+    "train": _train_interrupted,
+    "eval": lambda cfg: "no result was written (an evaluation does not resume); run it again",
+    "demo": lambda args: f"the same command into --out {args.out} reuses the stages it finished",
+}
+
+
+def interrupted_line(cmd: str, cfg: Any) -> str:
+    """The one line an interrupted command ends with: ``envace <cmd>: interrupted`` and, where the command knows,
+    where it can resume (:data:`INTERRUPTED`; ``cfg`` None: interrupted before its config was made)."""
+    note = INTERRUPTED.get(cmd)
+    return f"envace {cmd}: interrupted" + (f"; {note(cfg)}" if note and cfg is not None else "")
+
+
+def error_line(cmd: str, e: BaseException) -> str:
+    """``envace <cmd>: error: <message>`` on one line (an OSError as its reason and file name)."""
+    if isinstance(e, OSError) and e.strerror:
+        text = f"{e.strerror}: {e.filename!r}" if e.filename else e.strerror
+    else:
+        text = str(e)
+    return f"envace {cmd}: error: " + " ".join(text.splitlines())
 
 
 def _bf16_arg(value: str) -> bool | str:
@@ -953,15 +1028,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT, as a shell reports it)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse and run one command. A configured command gets its config (``--print-config``: printed instead),
-    the others the parsed arguments; a bad config, name, model or server ends it with one line and exit code 2."""
+    the others the parsed arguments; a bad config, name, path, model or server ends it with one line and exit code
+    2, Ctrl-C with one line that says where the run can resume (:func:`interrupted_line`) and exit code 130."""
     from .backends.base import BackendError
     from .envs.base import EnvStartupError
 
     args = build_parser().parse_args(argv)
+    cfg: Any = None
     try:
         if getattr(args, "config_class", None) is None:
+            cfg = args
             return args.fn(args)
         cfg = command_config(args)
         if args.print_config:
@@ -970,8 +1052,11 @@ def main(argv: list[str] | None = None) -> int:
             print(config_yaml(cfg), end="")
             return 0
         return args.fn(cfg)
-    except (ValueError, KeyError, FileNotFoundError, ImportError, EnvStartupError, BackendError) as e:
-        print(f"envace {args.cmd}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(interrupted_line(args.cmd, cfg), file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except (ValueError, KeyError, OSError, ImportError, EnvStartupError, BackendError) as e:
+        print(error_line(args.cmd, e), file=sys.stderr)
         return 2
 
 

@@ -11,6 +11,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import os
 import re
 import textwrap
 import types
@@ -62,8 +63,10 @@ class TrainConfig:
     suite: str = "builtin"
     """Task suite for training (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
     n_train_tasks: int | None = None
-    """How many training tasks to load (None: as many as the run visits, at least 64); with ``task_kinds``, how
-    many of those kinds."""
+    """How many training tasks to load, the pool the batches walk through in seeded epochs (envace.training.trainer.
+    task_stream: no task twice before the pool is used up); None: the train split's default set (the built-in suites'
+    2,000 tasks, every task of the others). With ``task_kinds``, how many of those kinds. The pool and its order never
+    depend on ``iterations``, so a resumed or extended run continues the same task stream."""
     task_kinds: tuple[str, ...] | None = None
     """Train only on tasks of these kinds (``metadata["kind"]`` of the built-in suites, envace.envs.builtin.KINDS:
     recovery, chained, read_only_report, simple), e.g. the kinds an SFT warm-up left unsolved; None: every kind.
@@ -360,6 +363,7 @@ class EvalConfig(ChatIO):
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)  # an unknown name lists the valid ones
         self.bf16 = bf16_setting(self.bf16, "EvalConfig.bf16")
+        check_minimums(self, n=1, samples=1, tts_n=0, max_steps=1, max_new_tokens=1)
 
 
 @dataclass
@@ -405,6 +409,7 @@ class FidelityConfig(ChatIO):
 
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)
+        check_minimums(self, n=1, k=1, max_steps=1, max_new_tokens=1, show=0)
 
 
 @dataclass
@@ -441,6 +446,9 @@ class RolloutBatchConfig(ChatIO):
     """Print this many trajectories."""
     out: str = "trajectories.jsonl"
     """Where the trajectories go (JSON lines; an existing file is replaced)."""
+
+    def __post_init__(self) -> None:
+        check_minimums(self, n=1, k=1, max_steps=1, max_new_tokens=1, show=0)
 
 
 @dataclass
@@ -515,6 +523,8 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         self.bf16 = bf16_setting(self.bf16, "ServeConfig.bf16")
+        if not 0 <= self.port <= MAX_PORT:
+            raise ValueError(f"ServeConfig.port: bad value {self.port!r}: a port is 0 (any free one) to {MAX_PORT}")
         if self.max_batch < 1 or self.batch_wait_ms < 0 or self.stream_segment_tokens < 0:
             raise ValueError(
                 "ServeConfig: max_batch >= 1, batch_wait_ms >= 0 and stream_segment_tokens >= 0 are required"
@@ -563,6 +573,17 @@ class ExportConfig:
         SYSTEM.get(self.system)
         if self.n < 1:
             raise ValueError(f"ExportConfig.n: bad value {self.n!r}: at least one task")
+
+
+MAX_PORT = 65535
+
+
+def check_minimums(cfg: Any, **least: int) -> None:
+    """Raise ``ValueError`` naming the first field of ``cfg`` below its least value (``n=1``: at least one task)."""
+    for name, low in least.items():
+        value = getattr(cfg, name)
+        if value < low:
+            raise ValueError(f"{type(cfg).__name__}.{name}: bad value {value!r}: at least {low}")
 
 
 def report_to_setting(value: Any, where: str) -> tuple[str, ...]:
@@ -749,6 +770,8 @@ def load_config(
     fill the rest. An unknown field anywhere is an error that lists the valid ones."""
     d: dict[str, Any] = {}
     if path:
+        if os.path.isdir(path):
+            raise ValueError(f"config file {path!r} is a folder; give a YAML file of config fields")
         with open(path, encoding="utf-8") as f:
             d = _yaml(f.read(), path) or {}
         if not isinstance(d, dict):

@@ -80,8 +80,8 @@ def evaluate_model(
     from ..backends.loaders import open_backend
     from ..envs import load_tasks, suite_summary
 
+    tasks = load_tasks(suite, split, n=n, seed=seed)  # first: a bad suite or split fails before a model loads
     policy = open_backend(model, backend, backend_options, bf16=bf16)
-    tasks = load_tasks(suite, split, n=n, seed=seed)
     base = rollout or RolloutConfig(act=SamplingParams(max_new_tokens=160))
     final_act = base.act.with_(temperature=(0.0 if samples == 1 else 0.7) if temperature is None else temperature)
     rc = dataclasses.replace(base, seed=seed, progress=progress)

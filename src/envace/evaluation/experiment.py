@@ -136,7 +136,7 @@ class ExperimentConfig:
     reward: Any = "gold_f1"
     """RL reward spec (envace.rewards.functions); "grounded" would put the real environment in every arm's loop."""
     train_tasks: int | None = None
-    """Training tasks to draw batches from (None: the suite's default)."""
+    """Training tasks to draw batches from (None: max(64, iterations x batch_tasks), as many as a run visits)."""
     train_options: dict = field(default_factory=dict)
     """Further :class:`envace.config.TrainConfig` fields, the same for every RL arm, e.g. ``{update_epochs: 2,
     mini_batches: 2, bf16: auto, kl_coef: 0.001}`` (not those the experiment sets itself: model, suite, variant,
@@ -257,8 +257,8 @@ class ArmModels:
 
 
 def rl_train_tasks(cfg: ExperimentConfig) -> int:
-    """The training-task pool of every RL arm and of sft_more (the trainer's own default, fixed here so that the
-    fidelity segments and sft_more draw from the very same pool)."""
+    """The training-task pool of every RL arm and of sft_more: at least as many tasks as a run visits, fixed here so
+    that sft_more draws from the very same pool as the RL arms."""
     return cfg.train_tasks or max(64, cfg.iterations * cfg.batch_tasks)
 
 

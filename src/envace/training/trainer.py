@@ -54,6 +54,7 @@ from ..config import (
 from .distributed import Dist, SilentLogger, init_distributed
 from ..envs import load_tasks_of_kinds
 from ..core.logging import MetricsLogger, truncate_jsonl
+from ..core.paths import check_writable_dir
 from ..backends.models import context_length, load_frozen, load_trainable, make_optimizer, model_path
 from ..core.precision import use_bf16
 from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories, unanchored_note
@@ -68,6 +69,32 @@ ITERATION_PRIME = 100_003
 """Iteration ``i`` of a run seeded ``s`` rolls out and shuffles its update with ``derive_seed(s, i, prime=ITERATION_PRIME)``."""
 REAL_SALT = 1
 """With ``real_share``, iteration seed ``s``'s real-environment rollouts are seeded ``derive_seed(s, REAL_SALT)``."""
+
+
+def task_stream(n_tasks: int, seed: int, start: int, count: int) -> list[int]:
+    """Which of a pool of ``n_tasks`` training tasks stand at positions ``start .. start + count - 1`` of a run's task
+    stream (batch ``it`` is positions ``it * B ..``). Epoch ``e`` (positions ``e * n_tasks ..``) is a permutation of the
+    pool seeded ``seed`` for the first epoch (the fixed order of before) and ``derive_seed(seed, e)`` after. A position's
+    task depends on (n_tasks, seed, position) only, never on ``iterations``: a resumed or extended run continues the
+    stream where it stopped, and no task comes twice before the pool is used up."""
+    perms: dict[int, list[int]] = {}
+
+    def at(p: int) -> int:
+        e = p // n_tasks
+        if e not in perms:
+            perms[e] = np.random.default_rng(derive_seed(seed, e) if e else seed).permutation(n_tasks).tolist()
+        return perms[e][p % n_tasks]
+
+    return [at(p) for p in range(start, start + count)]
+
+
+def train_tasks(cfg: TrainConfig) -> list[Task]:
+    """The pool a run draws its batches from (:func:`task_stream`): the first ``n_train_tasks`` tasks of the train
+    split (of ``task_kinds``), or (None) the split's whole default set (``load_tasks(..., n=None)``: the built-in
+    suites' 2,000, every task of the others). It does not depend on ``iterations``, so extending a run keeps it."""
+    return load_tasks_of_kinds(
+        cfg.suite, "train", cfg.n_train_tasks, cfg.seed, cfg.task_kinds, "TrainConfig.task_kinds"
+    )
 
 
 def rows_with_advantages(
@@ -163,42 +190,46 @@ def train(cfg: TrainConfig) -> TrainResult:
         initial=run.start,
         total=cfg.iterations,
     )
-    for it in bar:
-        t0 = time.perf_counter()
-        # 1. K trajectories for each of this process's tasks of batch ``it``, in the variant's rollout mode
-        trajs = rollout_batch(run, it)
-        t_roll = time.perf_counter() - t0
-        # 2. rewards (shared by both roles of a trajectory); the whole batch for the logs and metrics
-        score_trajectories(run.tasks_by_id, trajs, run.reward_fn, run.ctx)
-        everyone = run.dist.gather_trajectories(trajs)  # the whole batch (light copies); `trajs` itself on one process
-        _check_context(everyone, cfg)
-        run.log_trajectories(everyone, it)
-        # 3. advantages per (group, role) from this process's whole groups
-        rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
-        _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
-        metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {
-            f"adv/{k}": v for k, v in adv_m.items()
-        }
-        if cfg.real_share > 0:  # the grounded share of the groups
-            metrics |= _real_share_metrics(everyone)
-        # 4. one update per trained model on the rows of its roles; the rollout engines get the new weights
-        t1 = time.perf_counter()
-        metrics |= update(run, rows, adv, it)
-        # 5. log and checkpoint
-        step = it + 1
-        metrics |= {
-            "perf/rollout_s": t_roll,
-            "perf/update_s": time.perf_counter() - t1,
-            "perf/iteration_s": time.perf_counter() - t0,
-            "perf/gen_tokens": run.dist.sum(run.engines["policy"].stats["generated_tokens"]),
-        }
-        run.logger.log(step, metrics)
-        result.metrics.append({"step": step, **metrics})
-        bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
-        if step % cfg.save_every == 0 or step == cfg.iterations:
-            result.checkpoint = run.save(step)
-        result.step = step
-    run.logger.close()
+    try:  # an interrupted run (Ctrl-C) still closes its progress bar and logs; the CLI says where it resumes
+        for it in bar:
+            t0 = time.perf_counter()
+            # 1. K trajectories for each of this process's tasks of batch ``it``, in the variant's rollout mode
+            trajs = rollout_batch(run, it)
+            t_roll = time.perf_counter() - t0
+            # 2. rewards (shared by both roles of a trajectory); the whole batch for the logs and metrics
+            score_trajectories(run.tasks_by_id, trajs, run.reward_fn, run.ctx)
+            # the whole batch (light copies); `trajs` itself on one process
+            everyone = run.dist.gather_trajectories(trajs)
+            _check_context(everyone, cfg)
+            run.log_trajectories(everyone, it)
+            # 3. advantages per (group, role) from this process's whole groups
+            rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
+            _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
+            metrics = _summarise(everyone, sum(t.reward is None for t in everyone)) | {
+                f"adv/{k}": v for k, v in adv_m.items()
+            }
+            if cfg.real_share > 0:  # the grounded share of the groups
+                metrics |= _real_share_metrics(everyone)
+            # 4. one update per trained model on the rows of its roles; the rollout engines get the new weights
+            t1 = time.perf_counter()
+            metrics |= update(run, rows, adv, it)
+            # 5. log and checkpoint
+            step = it + 1
+            metrics |= {
+                "perf/rollout_s": t_roll,
+                "perf/update_s": time.perf_counter() - t1,
+                "perf/iteration_s": time.perf_counter() - t0,
+                "perf/gen_tokens": run.dist.sum(run.engines["policy"].stats["generated_tokens"]),
+            }
+            run.logger.log(step, metrics)
+            result.metrics.append({"step": step, **metrics})
+            bar.set_postfix(reward=f"{metrics['reward/mean']:.2f}")
+            if step % cfg.save_every == 0 or step == cfg.iterations:
+                result.checkpoint = run.save(step)
+            result.step = step
+    finally:
+        bar.close()
+        run.logger.close()
     result.checkpoint = result.checkpoint or latest_checkpoint(run.ckpt_root)
     return result
 
@@ -220,8 +251,7 @@ class Run:
     """The RolloutEngine keywords of the variant's mode: who answers Act's calls besides the policy (rehearser, simulator)."""
     ref: Reference | None
     tasks: list[Task]
-    order: list[int]
-    """The fixed permutation of ``tasks`` that batches walk through."""
+    """The pool of training tasks (:func:`train_tasks`); batches walk through it along :func:`task_stream`."""
     reward_fn: Any
     ctx: RewardContext
     start: int
@@ -233,6 +263,11 @@ class Run:
     @property
     def tasks_by_id(self) -> dict[str, Task]:
         return {t.id: t for t in self.tasks}
+
+    def batch(self, it: int) -> list[Task]:
+        """The B tasks of iteration ``it``: positions ``it * B .. (it + 1) * B - 1`` of the task stream."""
+        b = self.cfg.batch_tasks
+        return [self.tasks[i] for i in task_stream(len(self.tasks), self.cfg.seed, it * b, b)]
 
     @property
     def traj_log(self) -> str:
@@ -258,10 +293,13 @@ class Run:
 def setup(cfg: TrainConfig) -> Run:
     """Everything the loop needs, resumed from the latest checkpoint in ``cfg.out_dir`` if there is one: the
     variant's trained models (:func:`trained_model`) with their optimizers and rollout engines, its helpers and
-    the KL reference (:func:`frozen_models`: the initial model, also on resume), the training tasks in a fixed
-    order, the reward, the logger. The order of the loads is the order the random state sees them."""
+    the KL reference (:func:`frozen_models`: the initial model, also on resume), the pool of training tasks
+    (:func:`train_tasks`, walked along :func:`task_stream`), the reward, the logger. The order of the loads is the
+    order the random state sees them. ``out_dir`` and the tasks are checked before any model loads, and ``out_dir``
+    is made only once nothing of the setup can fail: a bad suite or path leaves no empty run folder."""
     dist = init_distributed(cfg.device)  # one process unless started by torchrun / accelerate launch
-    os.makedirs(cfg.out_dir, exist_ok=True)
+    check_writable_dir(cfg.out_dir, "out_dir")
+    tasks = train_tasks(cfg)  # the same pool whatever `iterations` is: an extended run continues the stream
     ckpt_root = os.path.join(cfg.out_dir, "checkpoints")
     ckpt = latest_checkpoint(ckpt_root)
     if ckpt:
@@ -284,15 +322,13 @@ def setup(cfg: TrainConfig) -> Run:
     helpers = variant.rehearser.helpers(
         lambda helper, role: (engines | frozen)[helper]
     )  # a trained helper's engine, or the frozen one
-    n_tasks = cfg.n_train_tasks or max(64, cfg.iterations * cfg.batch_tasks)  # what the run will visit, at least
-    tasks = load_tasks_of_kinds(cfg.suite, "train", n_tasks, cfg.seed, cfg.task_kinds, "TrainConfig.task_kinds")
-    order = np.random.default_rng(cfg.seed).permutation(len(tasks)).tolist()
     reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, engines["policy"], dist)
     start = 0
     if ckpt:
         start = int(load_state(ckpt)["step"])
         dist.load_optimizers(ckpt, models, optimizers)
         load_rng(ckpt)
+    os.makedirs(cfg.out_dir, exist_ok=True)
     if dist.is_main:  # rank 0 writes the logs
         logger: Any = MetricsLogger(cfg.out_dir, cfg.sinks, resume_step=start if ckpt else None, config=to_dict(cfg))
         # like the metrics: iterations past the checkpoint are redone, so their trajectories (and a torn tail) go
@@ -311,7 +347,6 @@ def setup(cfg: TrainConfig) -> Run:
         helpers,
         ref,
         tasks,
-        order,
         reward_fn,
         ctx,
         start,
@@ -332,11 +367,11 @@ def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, A
 
 
 def rollout_batch(run: Run, it: int) -> list[Trajectory]:
-    """Batch ``it``: B tasks at data position ``it * B`` of the fixed permutation; this process rolls out K
-    trajectories for each of its whole tasks (a GRPO group never spans processes), seeded by iteration and rank.
+    """Batch ``it``: B tasks at data position ``it * B`` of the task stream (:meth:`Run.batch`); this process rolls
+    out K trajectories for each of its whole tasks (a GRPO group never spans processes), seeded by iteration and rank.
     With ``real_share`` each group's last m of them run in the real environment (:func:`grounded_rollouts`)."""
     cfg = run.cfg
-    batch = [run.tasks[run.order[(it * cfg.batch_tasks + j) % len(run.tasks)]] for j in range(cfg.batch_tasks)]
+    batch = run.batch(it)
     rcfg = copy.copy(cfg.rollout)
     it_seed = derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
     rcfg.seed = run.dist.rank_seed(it_seed)
