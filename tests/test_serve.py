@@ -75,6 +75,7 @@ def test_models_and_health_name_the_served_model(url, client):
     assert httpx.get(url.removesuffix("/v1") + "/health", trust_env=False).json() == {"status": "ok"}
     missing = httpx.get(url + "/nowhere", trust_env=False)
     assert missing.status_code == 404 and "routes" in missing.json()["error"]["message"]
+    assert missing.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_plain_chat_answers_like_the_local_backend(client, tiny):
@@ -156,7 +157,7 @@ def test_a_bad_completion_field_and_an_unanswerable_tool_message_are_400s_naming
     assert e.value.body["param"] == "messages[1].tool_call_id"
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
-    assert e.value.body["param"] == "model"
+    assert e.value.body["param"] == "model" and e.value.body["type"] == "invalid_request_error"  # as OpenAI's 404
 
 
 def test_concurrent_requests_are_all_answered_as_they_are_one_at_a_time(client):

@@ -3,7 +3,8 @@ evaluation, and log-probs that match the trainer's recomputation before and afte
 
 Skipped, with the probe's reason, where vLLM cannot run (not installed, a broken wheel, no kernels for this CPU);
 ``-m "not vllm"`` deselects them locally (they start one engine, ~30 s on 2 cores). The model is a small random-init
-Llama with the SmolLM2 tokenizer whose head size (64) vLLM's CPU attention supports (``tiny-random``'s 16 is not).
+Llama with the SmolLM2 tokenizer whose head size (64) vLLM's CPU attention supports (``tiny-random``'s 16 is not):
+conftest's ``small_folder``.
 """
 
 import copy
@@ -31,22 +32,17 @@ pytestmark = [
     pytest.mark.skipif(not PROBE.runs, reason=f"vLLM cannot run here: {PROBE.problem}"),
 ]
 
-SMALL = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)
-"""The tiny model's shape with head size 64 (vLLM's CPU kernels have none for the tiny model's 16)."""
 # float32 on both sides, other kernels: rounding of the logits' log-sum-exp, well under what a weight change moves
 LP_REL, LP_ELEM = 1e-4, 1e-4
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory, tokenizer):
-    """(folder, float32 model, tokenizer): a seeded random-init Llama saved as a Hugging Face folder."""
-    from envace.backends.models import load, tiny_model
+def small(small_folder):
+    """(folder, float32 model, tokenizer): the seeded random-init Llama of conftest's ``small_folder``, loaded."""
+    from envace.backends.models import load
 
-    folder = tmp_path_factory.mktemp("small-llama")
-    tiny_model(tokenizer, **SMALL).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    model, tok = load(str(folder))
-    return str(folder), model, tok
+    model, tok = load(small_folder)
+    return small_folder, model, tok
 
 
 @pytest.fixture(scope="module")

@@ -337,7 +337,6 @@ class EnvaceServer:
                 f"model {name!r} is not served here; this server serves {self.cfg.model_name!r}",
                 "model",
                 404,
-                "not_found_error",
             )
         return body
 
@@ -634,11 +633,7 @@ class EnvaceServer:
     async def _http_error(self, request: Request, e: Exception) -> Response:
         assert isinstance(e, HTTPException)
         what = {404: "no route", 405: "method not allowed:"}.get(e.status_code, str(e.detail))
-        return _error(
-            e.status_code,
-            f"{what} {request.method} {request.url.path}; routes: {ROUTES}",
-            kind="not_found_error" if e.status_code == 404 else "invalid_request_error",
-        )
+        return _error(e.status_code, f"{what} {request.method} {request.url.path}; routes: {ROUTES}")
 
     # -- running -------------------------------------------------------------------------------------------
     def bind(self, host: str = "127.0.0.1", port: int = 8000) -> str:
