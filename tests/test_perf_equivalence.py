@@ -119,6 +119,32 @@ def test_kept_sessions_are_reused_after_rows_finish_at_different_steps(tiny):
     _same(reuse, whole)
 
 
+def test_kept_contexts_past_their_memory_budget_are_dropped_oldest_first_with_the_same_tokens(tiny):
+    """max_kept_gib bounds the contexts kept between calls: the least recently used go first, and a session whose
+    context was dropped is encoded whole again, to the same tokens."""
+    model, tok = tiny
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    prompts = _prompts(tok, 3)
+    free = HFBackend(model, tok, share_prefixes=False, max_kept_gib=None)
+    first = free.generate(prompts, params, ["a", "b", "c"])
+    one = max(k.kv.numel() * k.kv.element_size() for k in free._kept.values())
+    tight = HFBackend(model, tok, share_prefixes=False, max_kept_gib=1.5 * one / 2**30)  # room for one context
+    for p, s in zip(prompts, ["a", "b", "c"]):  # one call each: "c" is the most recent
+        tight.generate([p], params, [s])
+    assert list(tight._kept) == ["c"] and tight.stats["kept_dropped"] == 2
+    assert tight._kept_bytes == sum(k.kv.numel() * k.kv.element_size() for k in tight._kept.values())
+    nxt = [p + g.token_ids + tok.encode(" ok") for p, g in zip(prompts, first)]
+    again_free = free.generate(nxt, params, ["a", "b", "c"])
+    again_tight = [tight.generate([p], params, [s])[0] for p, s in zip(nxt, ["a", "b", "c"])]
+    _same(again_tight, again_free)
+    assert [g.cached_tokens > 0 for g in again_tight] == [False, False, False]  # "c" was dropped by "a" and "b"
+    assert all(g.cached_tokens > 0 for g in again_free)
+    tight.release(["c", "b", "a"])
+    assert tight._kept_bytes == 0 and not tight._kept
+    with pytest.raises(ValueError, match="max_kept_gib"):
+        HFBackend(model, tok, max_kept_gib=0)
+
+
 class _RowsSeen(HFBackend):
     """HFBackend that records how many sequences every admission into the running batch prefilled, and the running
     rows of every decode step."""

@@ -70,6 +70,10 @@ class _Kept:
     kv: torch.Tensor  # (layers, 2, H, len(ids), D)
 
 
+def _nbytes(k: _Kept) -> int:
+    return k.kv.numel() * k.kv.element_size()
+
+
 class HFBackend(Backend):
     """Generation with a transformers causal LM (CPU or GPU), optionally under bf16 autocast.
 
@@ -88,8 +92,12 @@ class HFBackend(Backend):
     of 1.3k-token contexts of SmolLM2-135M take 4.7 GB in float32. The follow-up generations of running
     trajectories go before requests not started yet, so the contexts kept between turns follow the running
     trajectories too.
+    ``max_kept_gib``: memory budget of the contexts kept between calls (``keep_sessions``): past it the least
+    recently used are dropped (a dropped context is encoded again when its session comes back: the same tokens,
+    more work). Without a bound, 64 trajectories of the demo's rollouts (an Act and a Rehearse context each, ~1.5k
+    tokens) kept ~9 GB of float32 keys/values of SmolLM2-135M; None: no bound.
     ``stats`` counts prompt tokens, those served from kept sessions or shared prefixes, generated tokens, forwards
-    and decode steps (forwards that feed one token per running sequence).
+    and decode steps (forwards that feed one token per running sequence), and kept contexts dropped for memory.
     """
 
     streams = True
@@ -106,6 +114,7 @@ class HFBackend(Backend):
         cascade: bool = True,
         max_kv_gib: float | None = 2.0,
         max_prefill_gib: float | None = 1.0,
+        max_kept_gib: float | None = 4.0,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -122,7 +131,11 @@ class HFBackend(Backend):
         if max_prefill_gib is not None and max_prefill_gib <= 0:
             raise ValueError(f"max_prefill_gib must be > 0 or None, got {max_prefill_gib}")
         self.max_prefill_bytes = None if max_prefill_gib is None else max_prefill_gib * 2**30
-        self._kept: dict[str, _Kept] = {}
+        if max_kept_gib is not None and max_kept_gib <= 0:
+            raise ValueError(f"max_kept_gib must be > 0 or None, got {max_kept_gib}")
+        self.max_kept_bytes = None if max_kept_gib is None else max_kept_gib * 2**30
+        self._kept: dict[str, _Kept] = {}  # least recently used first
+        self._kept_bytes = 0
         self._prefixes: list[_Kept] = []  # shared prompt prefixes (LRU), dropped with release_all / sync_weights
         self.share_prefixes = share_prefixes
         self.min_shared_prefix = 32
@@ -139,6 +152,7 @@ class HFBackend(Backend):
             "generated_tokens": 0,
             "forward_calls": 0,
             "decode_steps": 0,
+            "kept_dropped": 0,
         }
 
     # -- public API ---------------------------------------------------------------------------------------
@@ -196,11 +210,26 @@ class HFBackend(Backend):
 
     def release(self, sessions: Sequence[str]) -> None:
         for s in sessions:
-            self._kept.pop(s, None)
+            self._drop_kept(s)
 
     def release_all(self) -> None:
         self._kept.clear()
+        self._kept_bytes = 0
         self._prefixes.clear()
+
+    def _keep(self, session: str, kept: _Kept) -> None:
+        """Keep ``session``'s context, then drop the least recently used others past ``max_kept_gib``."""
+        self._drop_kept(session)
+        self._kept[session] = kept
+        self._kept_bytes += _nbytes(kept)
+        while self.max_kept_bytes is not None and self._kept_bytes > self.max_kept_bytes and len(self._kept) > 1:
+            self._drop_kept(next(iter(self._kept)))
+            self.stats["kept_dropped"] += 1
+
+    def _drop_kept(self, session: str) -> None:
+        k = self._kept.pop(session, None)
+        if k is not None:
+            self._kept_bytes -= _nbytes(k)
 
     def sync_weights(self, model: Any) -> None:
         if model is not self.model:
@@ -225,7 +254,10 @@ class HFBackend(Backend):
     def _kept_for(self, prompt: list[int], session: str | None) -> "_Kept | None":
         """The kept context of ``session`` if ``prompt`` extends it (it can then be reused), else None."""
         k = self._kept.get(session) if (session is not None and self.keep_sessions) else None
-        return k if k is not None and _extends(prompt, k.ids) else None
+        if k is None or not _extends(prompt, k.ids):
+            return None
+        self._kept[session] = self._kept.pop(session)  # most recently used last
+        return k
 
     def _forward(self, input_ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         """Last-position logits (B, V) of ``input_ids`` (B, T) fed into a slab ``cache`` after its used columns."""
@@ -351,7 +383,7 @@ class HFBackend(Backend):
             for i in done:
                 row = st.rows[i]
                 if self.keep_sessions and row.req.session is not None:  # prompt + completion minus its last token
-                    self._kept[row.req.session] = _Kept(ids=row.req.prompt + row.toks[:-1], kv=st.row_kv(i))
+                    self._keep(row.req.session, _Kept(ids=row.req.prompt + row.toks[:-1], kv=st.row_kv(i)))
                 self.stats["generated_tokens"] += len(row.toks)
                 text = self.tokenizer.decode(row.toks, skip_special_tokens=True)
                 g = Generation(
