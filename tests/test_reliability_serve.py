@@ -1,0 +1,78 @@
+"""``envace serve`` stays responsive (issue 32, items 1-3), on a real server on loopback over tiny-random: a long
+request, streamed or not, does not hold back a short one sent after it (both run in one continuous batch); a request
+whose client goes away stops generating at once; a body far beyond the context is refused before it is tokenized,
+and tokenizing a body never stalls the other clients."""
+
+import json
+import socket
+import threading
+import time
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from envace.backends.hf import HFBackend
+from envace.serving.serve import ServerConfig, serving
+
+CONTEXT = 8192  # tiny-random's
+
+
+@pytest.fixture()
+def live(tiny):
+    """(server, its HFBackend): a fresh backend per test, so its stats count this test's tokens only."""
+    model, tok = tiny
+    backend = HFBackend(model, tok)
+    with serving(backend, ServerConfig(model_name="tiny", context_length=CONTEXT)) as server:
+        yield server, backend
+
+
+def _until(cond, what, timeout=60.0):
+    """Wait for ``cond()`` (a generous deadline: only a hang fails it)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def _post(url, path, body, timeout=120):
+    return httpx.post(url + path, json=body, timeout=timeout, trust_env=False)
+
+
+def _completion(prompt, max_tokens, stream=False):
+    return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+
+
+def _raw_post(url, path, body):
+    """A POST on a raw socket (so the test decides when the client goes away); returns the socket."""
+    u = urlsplit(url)
+    data = json.dumps(body).encode()
+    s = socket.create_connection((u.hostname, u.port), timeout=60)
+    head = f"POST {u.path}{path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
+    s.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    return s
+
+
+# -- 1. head-of-line blocking ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("long_stream", [False, True])
+def test_a_short_request_sent_while_a_long_one_generates_ends_first(live, long_stream):
+    server, backend = live
+    ended: list[str] = []
+    answers: dict[str, httpx.Response] = {}
+
+    def ask(name, body):
+        answers[name] = _post(server.url, "/completions", body)
+        ended.append(name)
+
+    long = threading.Thread(target=ask, args=("long", _completion("a long story", 200, long_stream)))
+    long.start()
+    _until(lambda: backend.stats["decode_steps"] > 0, "the long request to generate")
+    ask("short", _completion("short", 4))
+    long.join(120)
+    assert ended == ["short", "long"]
+    assert answers["short"].json()["usage"]["completion_tokens"] == 4
+    assert server.worker.stats["streams"] == 1  # the short one joined the long one's running batch
+    if not long_stream:
+        assert answers["long"].json()["usage"]["completion_tokens"] == 200  # it did not end early either
