@@ -76,3 +76,36 @@ def test_a_short_request_sent_while_a_long_one_generates_ends_first(live, long_s
     assert server.worker.stats["streams"] == 1  # the short one joined the long one's running batch
     if not long_stream:
         assert answers["long"].json()["usage"]["completion_tokens"] == 200  # it did not end early either
+
+
+# -- 2. abandoned requests ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_client_disconnects_mid_generation_stops_generating(live, stream):
+    server, backend = live
+    max_tokens = 2000
+    s = _raw_post(server.url, "/completions", _completion("tell me everything", max_tokens, stream))
+    _until(lambda: backend.stats["decode_steps"] > 5, "the request to generate")
+    got = b""
+    while stream and b"data: " not in got:  # the stream has begun
+        got += s.recv(65536)
+    s.close()
+    _until(lambda: server.worker.stats["aborted"] + server.worker.stats["pieces"] * (not stream) > 0, "its end")
+    assert server.worker.stats["aborted"] == 1
+    assert backend.stats["generated_tokens"] < max_tokens / 4  # stopped soon after the client went away
+    ok = _post(server.url, "/completions", _completion("next", 4))  # and the server goes on
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_request_abandoned_by_a_client_timeout_stops_generating(live):
+    server, backend = live
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            server.url + "/completions",
+            json=_completion("tell me everything", 2000),
+            timeout=httpx.Timeout(30, read=0.5),
+            trust_env=False,
+        )
+    _until(lambda: server.worker.stats["aborted"] + server.worker.stats["pieces"] > 0, "its end")
+    assert server.worker.stats["aborted"] == 1 and backend.stats["generated_tokens"] < 500

@@ -32,8 +32,12 @@ name, prompt + max_tokens within the context) and errors are JSON ``{"error": {"
 "code"}}`` with a 4xx/5xx status.
 
 Generation: one :class:`~envace.backends.worker.GenerationWorker` thread owns the backend; concurrent requests join
-its running continuous-batching stream (a seeded request runs alone, so its result does not depend on what else
-is running). Streaming: with a backend that has ``streams`` (HF), a streamed request is generated in pieces of
+its running continuous-batching stream at its next decode step, whatever is running, streamed or not (a seeded
+request runs alone, so its result does not depend on what else is running: it waits for the running requests, and
+later ones wait for it). A request whose client goes away (disconnects, times out) is cancelled: its generation
+stops at the next decode step.
+
+Streaming: with a backend that has ``streams`` (HF), a streamed request is generated in pieces of
 ``stream_segment_tokens`` and each piece's new text is sent when it ends; with any other backend the text comes in
 one chunk at the end. Text that may yet turn out to be part of a stop string (or, with tools, of a
 ``<tool_call>`` block, and trailing whitespace before one) is held back until it is known not to be, so the
@@ -227,6 +231,12 @@ def streamable(text: str, holds: Sequence[str], hold_space: bool = False) -> str
     return text.rstrip() if hold_space else text
 
 
+async def _until_gone(request: Request) -> None:
+    """Return once the client of ``request`` (whose body has been read) has disconnected."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def cut_stop(g: Generation, stop: list[str], include: bool) -> tuple[str, str | None]:
     """(text, the stop string that ended it or None): OpenAI leaves the stop string out, vLLM can keep it."""
     if g.finish_reason != "stop":
@@ -324,10 +334,10 @@ class EnvaceServer:
         )
 
     async def chat(self, request: Request) -> Response:
-        return await self._answer(self.parse_chat(await self._body(request)), chat=True)
+        return await self._answer(self.parse_chat(await self._body(request)), request, chat=True)
 
     async def completions(self, request: Request) -> Response:
-        return await self._answer(self.parse_completion(await self._body(request)), chat=False)
+        return await self._answer(self.parse_completion(await self._body(request)), request, chat=False)
 
     async def _body(self, request: Request) -> dict[str, Any]:
         body = await _json_body(request)
@@ -436,8 +446,10 @@ class EnvaceServer:
         return out
 
     # -- generation ----------------------------------------------------------------------------------------
-    async def _updates(self, req: GenRequest) -> AsyncIterator[Update]:
-        """Every update of the request's sequences (prompt i's choice j is sequence i * n + j), until all are done."""
+    async def _updates(self, req: GenRequest, request: Request) -> AsyncIterator[Update]:
+        """Every update of the request's sequences (prompt i's choice j is sequence i * n + j), until all are done.
+        The job is cancelled as soon as the client goes away (the backend then stops generating it) or stops
+        reading the updates."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
         job = Job(
@@ -451,6 +463,8 @@ class EnvaceServer:
         except RuntimeError as e:
             raise RequestError(str(e), status=503, kind="server_error") from None
         left = len(job.prompts)
+        watch = asyncio.ensure_future(_until_gone(request))
+        watch.add_done_callback(lambda w: w.cancelled() or setattr(job, "cancelled", True))
         try:
             while left:
                 u = await queue.get()
@@ -459,18 +473,19 @@ class EnvaceServer:
                 left -= u.done
                 yield u
         finally:
+            watch.cancel()
             if left:
                 job.cancelled = True
 
-    async def _answer(self, req: GenRequest, chat: bool) -> Response:
+    async def _answer(self, req: GenRequest, request: Request, chat: bool) -> Response:
         if req.stream:
             return StreamingResponse(
-                self._sse(req, chat),
+                self._sse(req, request, chat),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         gens: dict[int, Generation] = {}
-        async for u in self._updates(req):
+        async for u in self._updates(req, request):
             if u.done and u.generation is not None:
                 gens[u.index] = u.generation
         out = [gens[k] for k in range(len(gens))]
@@ -560,7 +575,7 @@ class EnvaceServer:
         p, c = sum(len(x) for x in req.prompts), sum(len(g.token_ids) for g in gens)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    async def _sse(self, req: GenRequest, chat: bool) -> AsyncIterator[str]:
+    async def _sse(self, req: GenRequest, request: Request, chat: bool) -> AsyncIterator[str]:
         """The streamed answer: per choice, the text as it becomes sure (see :func:`streamable`), its tool calls
         and finish reason at the end; with each text chunk the log-probs (and token ids) of the tokens since the last."""
         obj, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
@@ -581,7 +596,7 @@ class EnvaceServer:
                 ]
             )
         try:
-            async for u in self._updates(req):
+            async for u in self._updates(req, request):
                 k, g = u.index, u.generation
                 assert g is not None
                 if u.done:
