@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from envace.backends.hf import HFBackend
-from envace.serving.serve import ServerConfig, serving
+from envace.serving.serve import ServerConfig, fewest_tokens, longest_token, serving
 
 CONTEXT = 8192  # tiny-random's
 
@@ -109,3 +109,58 @@ def test_a_request_abandoned_by_a_client_timeout_stops_generating(live):
         )
     _until(lambda: server.worker.stats["aborted"] + server.worker.stats["pieces"] > 0, "its end")
     assert server.worker.stats["aborted"] == 1 and backend.stats["generated_tokens"] < 500
+
+
+# -- 3. huge bodies ---------------------------------------------------------------------------------------------
+
+
+def test_fewest_tokens_bounds_the_token_count_from_below(tokenizer):
+    longest = longest_token(tokenizer)
+    assert longest is not None and longest >= len("<|im_start|>")
+    for text in ["", "hello", "word " * 3000, "#" * 5000, "\n" + " " * 999, "héllo wörld 🙂" * 50]:
+        assert fewest_tokens(len(text), longest) <= len(tokenizer.encode(text))
+    assert fewest_tokens(10, None) == 0 and fewest_tokens(10, 3) == 4
+
+
+@pytest.mark.parametrize("endpoint", ["/completions", "/chat/completions"])
+def test_a_body_far_beyond_the_context_is_refused_before_it_is_tokenized(live, endpoint, monkeypatch):
+    server, _ = live
+    tokenized: list[int] = []
+    encode, render = server.tokenizer.encode, server.fmt.render
+    monkeypatch.setattr(
+        server.tokenizer, "encode", lambda text, **kw: tokenized.append(len(text)) or encode(text, **kw)
+    )
+    monkeypatch.setattr(server.fmt, "render", lambda ms, **kw: tokenized.append(len(ms)) or render(ms, **kw))
+    text = "word " * 1_000_000  # 5 MB: 1 M tokens
+    body = {"prompt": text} if endpoint == "/completions" else {"messages": [{"role": "user", "content": text}]}
+    r = _post(server.url, endpoint, {"model": "tiny", "max_tokens": 8} | body)
+    assert r.status_code == 400 and "context length" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == ("prompt" if endpoint == "/completions" else "messages")
+    assert tokenized == []  # refused on its length alone
+
+
+def test_health_answers_while_a_body_is_being_tokenized(live, monkeypatch):
+    server, _ = live
+    entered, release = threading.Event(), threading.Event()
+    encode = server.tokenizer.encode
+
+    def slow_encode(text, **kw):  # a tokenization that lasts until the test has seen /health answered
+        entered.set()
+        release.wait(30)
+        return encode(text, **kw)
+
+    monkeypatch.setattr(server.tokenizer, "encode", slow_encode)
+    answer: dict[str, httpx.Response] = {}
+    asking = threading.Thread(
+        target=lambda: answer.setdefault("r", _post(server.url, "/completions", _completion("hi", 2)))
+    )
+    asking.start()
+    assert entered.wait(30)
+    try:
+        health = httpx.get(server.url.removesuffix("/v1") + "/health", timeout=20, trust_env=False)
+        still_tokenizing = not release.is_set() and "r" not in answer
+    finally:
+        release.set()
+        asking.join(60)
+    assert health.json() == {"status": "ok"} and still_tokenizing
+    assert answer["r"].status_code == 200
