@@ -150,8 +150,10 @@ def _check_name(m: dict, where: str) -> None:
     """A participant ``name`` (as OpenAI: letters, digits, ``_`` and ``-``, 1-64 of them) on the roles that take one.
     It is accepted and not shown to the model: envace's chats, like most chat templates, have no place for it."""
     name = m.get("name")
-    if m["role"] in NAMED_ROLES and name not in (None, "") and not (
-        isinstance(name, str) and NAME_PATTERN.fullmatch(name)
+    if (
+        m["role"] in NAMED_ROLES
+        and name not in (None, "")
+        and not (isinstance(name, str) and NAME_PATTERN.fullmatch(name))
     ):
         raise RequestError(
             f"{where}.name must be 1-64 letters, digits, underscores or hyphens (got {name!r})", f"{where}.name"
