@@ -47,7 +47,7 @@ class Generation:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" (a stop string), "eos" (end-of-turn token), or "length" (max_new_tokens)
+    finish_reason: str  # "stop" (a stop string), "eos" (end-of-turn token), "length" (max_new_tokens), "abort"
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from a kept KV cache instead of being encoded again
 
@@ -62,10 +62,16 @@ class Request:
     params: SamplingParams
     session: str | None = None
     tag: Any = None
+    cancelled: Callable[[], bool] | None = None
+    """Asked between decode steps (``HFBackend``): once it returns True the request ends where it is, finish_reason
+    "abort" (its client has gone: ``envace serve``). None: never cancelled."""
 
 
 OnDone = Callable[[Request, Generation], Sequence[Request]]
 """Called as each request of a stream finishes; returns the follow-up requests, which join the stream."""
+
+Poll = Callable[[], Sequence[Request]]
+"""Called between the steps of a stream: the requests that arrived since (``envace serve``'s new clients), which join."""
 
 
 class BackendError(RuntimeError):
@@ -88,17 +94,25 @@ class Backend(ABC):
     """True if :meth:`generate_stream` admits requests into a running batch (continuous batching); rollouts then
     let every trajectory advance as soon as its own generation is done instead of waiting for the batch."""
 
-    def generate_stream(self, requests: Sequence[Request], on_done: OnDone, seed: int | None = None) -> None:
-        """Run ``requests`` and every follow-up ``on_done`` returns, until none is left.
+    def generate_stream(
+        self, requests: Sequence[Request], on_done: OnDone, seed: int | None = None, poll: Poll | None = None
+    ) -> None:
+        """Run ``requests``, every follow-up ``on_done`` returns and every request ``poll`` hands in, until none is
+        left.
 
         Default (backends without continuous batching): rounds of :meth:`generate`, one call per distinct sampling
-        setting of the pending requests, call ``n`` of the stream seeded ``seed * 1_000_003 + n``."""
+        setting of the pending requests, call ``n`` of the stream seeded ``seed * 1_000_003 + n``; ``poll`` is
+        asked before each round, and a cancelled request is not generated (it ends at once, "abort")."""
         pending, n = list(requests), 0
-        while pending:
+        while pending := pending + list(poll() if poll else []):
             groups: dict[str, list[Request]] = {}
+            follow: list[Request] = []
             for r in pending:
-                groups.setdefault(r.params.sampling_key(), []).append(r)
-            pending = []
+                if r.cancelled is not None and r.cancelled():
+                    follow += on_done(r, Generation([], [], "", "abort", prompt_tokens=len(r.prompt)))
+                else:
+                    groups.setdefault(r.params.sampling_key(), []).append(r)
+            pending = follow
             for rs in groups.values():
                 n += 1
                 params = rs[0].params.with_(seed=None if seed is None else derive_seed(seed, n))

@@ -37,7 +37,7 @@ import torch
 from ..core.precision import use_bf16
 from ..math.prefixes import common_prefix, prefix_runs
 from ..chat.prompts import ChatFormat
-from .base import BACKENDS, Backend, Generation, OnDone, Request, SamplingParams
+from .base import BACKENDS, Backend, Generation, OnDone, Poll, Request, SamplingParams
 from .fastdecode import decoder_for
 from .sampling import draw, sample_grouped, sample_next
 
@@ -172,12 +172,16 @@ class HFBackend(Backend):
         )
         return [out[i] for i in range(len(prompts))]
 
-    def generate_stream(self, requests: Sequence[Request], on_done: OnDone, seed: int | None = None) -> None:
+    def generate_stream(
+        self, requests: Sequence[Request], on_done: OnDone, seed: int | None = None, poll: Poll | None = None
+    ) -> None:
         """Continuous batching: requests join the running batch as soon as they arrive (their new tokens are
         prefilled, with session reuse and shared prefixes), every running sequence advances one token per forward,
-        and a finished one leaves at once (``on_done`` may hand back follow-ups, which join at the next step).
-        Sequences live right-aligned in one preallocated slab (see :class:`~envace.backends.kvcache._Stream`)."""
-        self._stream(list(requests), on_done, seed)
+        and a finished one leaves at once (``on_done`` may hand back follow-ups, and ``poll``, asked before every
+        step, new requests: both join at the next step; a request whose ``cancelled`` says so leaves at the next
+        step, "abort"). Sequences live right-aligned in one preallocated slab (see
+        :class:`~envace.backends.kvcache._Stream`)."""
+        self._stream(list(requests), on_done, seed, poll)
 
     def kv_bytes_per_token(self) -> int:
         """Bytes of one token's keys and values over all layers, at the widest dtype a cache here uses (float32)."""
@@ -338,23 +342,26 @@ class HFBackend(Backend):
         return "length" if len(toks) >= params.max_new_tokens else ""
 
     # -- the decode loop ------------------------------------------------------------------------------------
-    def _stream(self, requests: list[Request], on_done: OnDone, seed: int | None) -> None:
+    def _stream(self, requests: list[Request], on_done: OnDone, seed: int | None, poll: Poll | None = None) -> None:
         """Run a stream under one generator seeded with ``seed`` (None: a fresh random seed)."""
         gen = torch.Generator(device=self.device)  # on the logits' device: draws are made there
         gen.manual_seed(seed if seed is not None else torch.seed() % (2**63))
         if self._decoder is not None:
             self._decoder.refresh()  # the weights may have changed since the last call
         with torch.no_grad(), self._autocast():
-            self._run_stream(requests, on_done, gen)
+            self._run_stream(requests, on_done, gen, poll)
 
-    def _run_stream(self, pending: list[Request], on_done: OnDone, gen: torch.Generator) -> None:
-        """Admit pending requests while there is room, sample one token per running row, hand finished rows to
-        ``on_done`` (their follow-ups go first in the queue), feed the others' tokens: until nothing is left."""
+    def _run_stream(
+        self, pending: list[Request], on_done: OnDone, gen: torch.Generator, poll: Poll | None = None
+    ) -> None:
+        """Take what ``poll`` hands in, admit pending requests while there is room, sample one token per running row,
+        hand finished (or cancelled) rows to ``on_done`` (their follow-ups go first in the queue), feed the others'
+        tokens: until nothing is left."""
         from .kvcache import _Stream
 
         st = _Stream(self._n_layers(), self.device, torch.float32 if self._decoder is not None else None)
         logits: torch.Tensor | None = None  # next-token logits of st.rows, in row order
-        while pending or st.rows:
+        while (pending := pending + list(poll() if poll else [])) or st.rows:
             room = self._stream_room(st, pending)
             if pending and room > 0:
                 room = self._prefill_fit([r.prompt for r in pending[:room]], [r.session for r in pending[:room]])
@@ -376,7 +383,7 @@ class HFBackend(Backend):
             for i, row in enumerate(st.rows):
                 row.toks.append(tok_l[i])
                 row.lps.append(lp_l[i])
-                row.finish = self._finish_reason(row.toks, row.req.params)
+                row.finish = self._finish_reason(row.toks, row.req.params) or _aborted(row.req)
                 if row.finish:
                     done.append(i)
             follow: list[Request] = []
@@ -460,6 +467,11 @@ class HFBackend(Backend):
             self.stats["shared_prefix_tokens"] += n
             for b in members:
                 kept[b] = pf
+
+
+def _aborted(req: Request) -> str:
+    """ "abort" if ``req`` has been cancelled (its client has gone), else ""."""
+    return "abort" if req.cancelled is not None and req.cancelled() else ""
 
 
 @BACKENDS.register("hf")

@@ -7,12 +7,14 @@ not block: ``envace serve`` hands each one to its event loop).
 
 How jobs share the backend:
 
-- The worker runs the queued jobs as one :meth:`Backend.generate_stream`. Whenever a sequence of the running
-  stream finishes, ``on_done`` pulls every job queued since and hands its prompts to the stream as follow-ups:
-  requests arriving concurrently join the running batch instead of waiting for it to end. (``HFBackend`` admits
-  new requests only through ``on_done``: a newcomer waits until some running sequence, or a segment of one, ends.)
-  A backend without continuous batching (``streams`` False) runs the base class's rounds of ``generate``, one call
-  per sampling setting, fed the same way.
+- The worker runs the queued jobs as one :meth:`Backend.generate_stream`. Its ``poll`` pulls every job queued
+  since the last step and hands its prompts to the stream: requests arriving concurrently join the running batch
+  at its next decode step (``HFBackend``), whatever the running ones are, instead of waiting for them to end. A
+  backend without continuous batching (``streams`` False) runs the base class's rounds of ``generate``, one call
+  per sampling setting, polled between rounds.
+- Cancelling: a job's ``cancelled`` flag (set when its client goes away) ends its sequences at the next decode
+  step (``HFBackend``; finish_reason "abort", counted in ``stats["aborted"]``), or before their next round or
+  piece; a queued job that is cancelled never starts.
 - The first job of an idle worker waits ``wait_s`` for others to start with it (one prefill, one batch).
 - A seeded job runs alone, in a stream of its own seeded with its seed: its result does not depend on what else is
   running (inside a shared stream the generator's draws and the batch would). It waits for the running stream to
@@ -56,7 +58,7 @@ class Update:
 @dataclass
 class Job:
     """Prompts (token ids) generated with one sampling setting; ``emit`` gets every :class:`Update`. Set
-    ``cancelled`` (any thread) to stop it at its next segment end (its sequences then end as they are, ``length``)."""
+    ``cancelled`` (any thread) to stop it at the backend's next step (its sequences then end as they are, "abort")."""
 
     prompts: list[list[int]]
     params: SamplingParams
@@ -90,7 +92,11 @@ class _Seq:
             params=self.job.params.with_(max_new_tokens=n),
             session=self.session,
             tag=self,
+            cancelled=self.cancelled,
         )
+
+    def cancelled(self) -> bool:
+        return self.job.cancelled
 
     def generation(self) -> Generation:
         return Generation(
@@ -124,7 +130,7 @@ class GenerationWorker:
         self._queue: deque[Job] = deque()
         self._cv = threading.Condition()
         self._closed = False
-        self.stats = {"streams": 0, "jobs": 0, "pieces": 0, "failures": 0}
+        self.stats = {"streams": 0, "jobs": 0, "pieces": 0, "failures": 0, "aborted": 0}
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -210,17 +216,20 @@ class GenerationWorker:
                 self._finish(s, running)
             else:
                 _emit(s.job, Update(s.index, s.generation(), False))
-            if seed is None:
-                with self._cv:
-                    new = self._pull()
-                for job in new:
-                    out += start(job)
             return out
+
+        def poll() -> list[Request]:
+            """The jobs queued since the last step join (not a seeded stream's: it runs alone)."""
+            if seed is not None or not self._queue:  # the lock is taken only when something is queued
+                return []
+            with self._cv:
+                new = self._pull()
+            return [r for job in new for r in start(job)]
 
         requests = [r for job in jobs for r in start(job)]
         self.stats["streams"] += 1
         try:
-            self.backend.generate_stream(requests, on_done, seed)
+            self.backend.generate_stream(requests, on_done, seed, poll)
         except Exception as e:  # noqa: BLE001 - handed to every waiting job (the server answers 500); the worker lives on
             self.stats["failures"] += 1
             for job, seqs in running.values():
@@ -245,11 +254,14 @@ class GenerationWorker:
                 del s.toks[cut + 1 :], s.lps[cut + 1 :]
                 finish = "stop"
         s.text = self.backend.tokenizer.decode(s.toks, skip_special_tokens=True)
-        more = finish == "length" and len(s.toks) < s.job.params.max_new_tokens and not s.job.cancelled
+        more = finish == "length" and len(s.toks) < s.job.params.max_new_tokens
+        if more and s.job.cancelled:
+            more, finish = False, "abort"
         s.finish = "" if more else finish
         return more
 
     def _finish(self, s: _Seq, running: dict[int, tuple[Job, list[_Seq]]]) -> None:
+        self.stats["aborted"] += int(s.finish == "abort")
         if s.session:
             self._release([s.session])
         _emit(s.job, Update(s.index, s.generation(), True))

@@ -32,8 +32,14 @@ name, prompt + max_tokens within the context) and errors are JSON ``{"error": {"
 "code"}}`` with a 4xx/5xx status.
 
 Generation: one :class:`~envace.backends.worker.GenerationWorker` thread owns the backend; concurrent requests join
-its running continuous-batching stream (a seeded request runs alone, so its result does not depend on what else
-is running). Streaming: with a backend that has ``streams`` (HF), a streamed request is generated in pieces of
+its running continuous-batching stream at its next decode step, whatever is running, streamed or not (a seeded
+request runs alone, so its result does not depend on what else is running: it waits for the running requests, and
+later ones wait for it). A request whose client goes away (disconnects, times out) is cancelled: its generation
+stops at the next decode step. A body is decoded, validated and tokenized on a parse thread, never on the event
+loop, and a prompt whose length in characters alone cannot fit the context is refused before it is tokenized
+(:func:`fewest_tokens`).
+
+Streaming: with a backend that has ``streams`` (HF), a streamed request is generated in pieces of
 ``stream_segment_tokens`` and each piece's new text is sent when it ends; with any other backend the text comes in
 one chunk at the end. Text that may yet turn out to be part of a stop string (or, with tools, of a
 ``<tool_call>`` block, and trailing whitespace before one) is held back until it is known not to be, so the
@@ -51,6 +57,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
@@ -227,6 +234,29 @@ def streamable(text: str, holds: Sequence[str], hold_space: bool = False) -> str
     return text.rstrip() if hold_space else text
 
 
+def longest_token(tokenizer: Any) -> int | None:
+    """The most characters one token of ``tokenizer`` spells (its longest vocabulary entry, added tokens included:
+    byte-level BPE spells each byte as one character, SentencePiece a space as one), or None where the vocabulary
+    cannot be listed."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError, TypeError):
+        return None
+    return max(map(len, vocab), default=0) or None
+
+
+def fewest_tokens(chars: int, token_chars: int | None) -> int:
+    """The fewest tokens a text of ``chars`` characters can take when no token spells more than ``token_chars``
+    of them (0 where that is unknown: no bound)."""
+    return -(-chars // token_chars) if token_chars else 0
+
+
+async def _until_gone(request: Request) -> None:
+    """Return once the client of ``request`` (whose body has been read) has disconnected."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def cut_stop(g: Generation, stop: list[str], include: bool) -> tuple[str, str | None]:
     """(text, the stop string that ended it or None): OpenAI leaves the stop string out, vLLM can keep it."""
     if g.finish_reason != "stop":
@@ -244,7 +274,8 @@ def _error(status: int, message: str, param: str | None = None, kind: str = "inv
     )
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def _read_body(request: Request) -> bytes:
+    """The request's body, refused (413) past :data:`MAX_BODY_BYTES` as soon as it is known to be."""
     n = request.headers.get("content-length")
     if n is not None:
         if not n.isdigit():
@@ -256,10 +287,15 @@ async def _json_body(request: Request) -> dict[str, Any]:
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
             raise RequestError(f"the body exceeds {MAX_BODY_BYTES} bytes", status=413)
+    return bytes(raw)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object (a 400 for anything else)."""
     if not raw:
         raise RequestError("the request has no JSON body")
     try:
-        body = json.loads(bytes(raw))
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise RequestError(f"the body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
@@ -283,6 +319,8 @@ class EnvaceServer:
         self.native_tools = self.fmt is not None and self.fmt.uses_native_tools(True)  # as the rollout's default
         self.tools = tool_format_for(self.tokenizer)  # how the model writes calls (as the rollout chooses it)
         self.vocab_size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
+        self.token_chars = longest_token(self.tokenizer)
+        self._parser = ThreadPoolExecutor(1, thread_name_prefix="envace-parse")  # bodies are tokenized here
         self.worker = GenerationWorker(backend, cfg.batch_wait_s)
         self.url: str | None = None
         self._socket: socket.socket | None = None
@@ -324,13 +362,19 @@ class EnvaceServer:
         )
 
     async def chat(self, request: Request) -> Response:
-        return await self._answer(self.parse_chat(await self._body(request)), chat=True)
+        return await self._answer(await self._parsed(request, self.parse_chat), request, chat=True)
 
     async def completions(self, request: Request) -> Response:
-        return await self._answer(self.parse_completion(await self._body(request)), chat=False)
+        return await self._answer(await self._parsed(request, self.parse_completion), request, chat=False)
 
-    async def _body(self, request: Request) -> dict[str, Any]:
-        body = await _json_body(request)
+    async def _parsed(self, request: Request, parse: Callable[[dict[str, Any]], GenRequest]) -> GenRequest:
+        """The request's body, read here, then decoded, validated and tokenized on the parse thread: never on the
+        event loop, which meanwhile goes on serving the other clients."""
+        raw = await _read_body(request)
+        return await asyncio.get_running_loop().run_in_executor(self._parser, lambda: parse(self._body(raw)))
+
+    def _body(self, raw: bytes) -> dict[str, Any]:
+        body = json_object(raw)
         name = body.get("model")
         if name is not None and name != self.cfg.model_name:
             raise RequestError(
@@ -357,10 +401,25 @@ class EnvaceServer:
             seed=_integer(body, "seed", None, -(1 << 63), (1 << 63) - 1),
         )
 
+    def _check_chars(self, chars: int, params: SamplingParams, param: str) -> None:
+        """Refuse, before tokenizing it, a prompt of ``chars`` characters that cannot fit the context (a 400), by
+        the fewest tokens it can be (:func:`fewest_tokens`): a 5 MB body is not tokenized to be refused."""
+        n, least = self.cfg.context_length, fewest_tokens(chars, self.token_chars)
+        if n is not None and least + params.max_new_tokens > n:
+            raise RequestError(
+                f"'{param}': the prompt ({chars} characters: at least {least} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})",
+                param,
+            )
+
     def _request(
-        self, body: dict[str, Any], prompts: list[list[int]], param: str, logprobs: bool, tools: list[str] | None = None
+        self,
+        body: dict[str, Any],
+        params: SamplingParams,
+        prompts: list[list[int]],
+        param: str,
+        logprobs: bool,
+        tools: list[str] | None = None,
     ) -> GenRequest:
-        params = self.sampling(body)
         n = self.cfg.context_length
         for p in prompts:
             if not p:
@@ -393,12 +452,14 @@ class EnvaceServer:
         check_fields(body, CHAT_FIELDS, "/v1/chat/completions")
         if self.fmt is None:
             raise RequestError(f"this model has no chat format ({self._no_chat}); use /v1/completions", "messages")
+        params = self.sampling(body)
         specs = tool_specs(body.get("tools"))
         parse = parses_calls(body.get("tool_choice"), specs)
         messages = act_messages(body.get("messages"), specs, self.tools, tool_list=not self.native_tools)
+        self._check_chars(sum(len(m.content) for m in messages), params, "messages")
         prompt = self.fmt.render(messages, add_generation_prompt=True, tools=specs if self.native_tools else None)
         return self._request(
-            body, [prompt], "messages", _flag(body, "logprobs"), [s.name for s in specs] if parse else None
+            body, params, [prompt], "messages", _flag(body, "logprobs"), [s.name for s in specs] if parse else None
         )
 
     def parse_completion(self, body: dict[str, Any]) -> GenRequest:
@@ -409,9 +470,10 @@ class EnvaceServer:
                 f"'logprobs' must be 0 (the sampled tokens' log-probs; the backend gives no alternatives) or null, got {lp!r}",
                 "logprobs",
             )
-        return self._request(body, self._prompts(body.get("prompt")), "prompt", lp is not None)
+        params = self.sampling(body)
+        return self._request(body, params, self._prompts(body.get("prompt"), params), "prompt", lp is not None)
 
-    def _prompts(self, prompt: Any) -> list[list[int]]:
+    def _prompts(self, prompt: Any, params: SamplingParams) -> list[list[int]]:
         if isinstance(prompt, str):
             prompt = [prompt]
         elif (
@@ -425,6 +487,7 @@ class EnvaceServer:
         out = []
         for i, p in enumerate(prompt):
             if isinstance(p, str):
+                self._check_chars(len(p), params, "prompt")
                 out.append(self.tokenizer.encode(p, add_special_tokens=True))
             elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
                 if self.vocab_size is not None and any(t < 0 or t >= self.vocab_size for t in p):
@@ -435,8 +498,10 @@ class EnvaceServer:
         return out
 
     # -- generation ----------------------------------------------------------------------------------------
-    async def _updates(self, req: GenRequest) -> AsyncIterator[Update]:
-        """Every update of the request's sequences (prompt i's choice j is sequence i * n + j), until all are done."""
+    async def _updates(self, req: GenRequest, request: Request) -> AsyncIterator[Update]:
+        """Every update of the request's sequences (prompt i's choice j is sequence i * n + j), until all are done.
+        The job is cancelled as soon as the client goes away (the backend then stops generating it) or stops
+        reading the updates."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Update] = asyncio.Queue()
         job = Job(
@@ -450,6 +515,8 @@ class EnvaceServer:
         except RuntimeError as e:
             raise RequestError(str(e), status=503, kind="server_error") from None
         left = len(job.prompts)
+        watch = asyncio.ensure_future(_until_gone(request))
+        watch.add_done_callback(lambda w: w.cancelled() or setattr(job, "cancelled", True))
         try:
             while left:
                 u = await queue.get()
@@ -458,18 +525,19 @@ class EnvaceServer:
                 left -= u.done
                 yield u
         finally:
+            watch.cancel()
             if left:
                 job.cancelled = True
 
-    async def _answer(self, req: GenRequest, chat: bool) -> Response:
+    async def _answer(self, req: GenRequest, request: Request, chat: bool) -> Response:
         if req.stream:
             return StreamingResponse(
-                self._sse(req, chat),
+                self._sse(req, request, chat),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
         gens: dict[int, Generation] = {}
-        async for u in self._updates(req):
+        async for u in self._updates(req, request):
             if u.done and u.generation is not None:
                 gens[u.index] = u.generation
         out = [gens[k] for k in range(len(gens))]
@@ -559,7 +627,7 @@ class EnvaceServer:
         p, c = sum(len(x) for x in req.prompts), sum(len(g.token_ids) for g in gens)
         return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
-    async def _sse(self, req: GenRequest, chat: bool) -> AsyncIterator[str]:
+    async def _sse(self, req: GenRequest, request: Request, chat: bool) -> AsyncIterator[str]:
         """The streamed answer: per choice, the text as it becomes sure (see :func:`streamable`), its tool calls
         and finish reason at the end; with each text chunk the log-probs (and token ids) of the tokens since the last."""
         obj, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
@@ -580,7 +648,7 @@ class EnvaceServer:
                 ]
             )
         try:
-            async for u in self._updates(req):
+            async for u in self._updates(req, request):
                 k, g = u.index, u.generation
                 assert g is not None
                 if u.done:
@@ -681,6 +749,7 @@ class EnvaceServer:
         """Stop serving and stop the worker (after its running stream)."""
         self.stop()
         self.worker.close()
+        self._parser.shutdown(wait=False)
         if self._socket is not None:
             self._socket.close()
 
