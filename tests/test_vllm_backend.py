@@ -13,7 +13,7 @@ import torch
 
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
-from envace.backends.vllm import VllmProbe, choose_engine
+from envace.backends.vllm import VllmProbe, auto_engine, choose_engine
 from envace.cli import main
 from envace.config import TrainConfig
 from envace.training.distributed import Dist
@@ -45,6 +45,55 @@ def test_the_engine_decision_follows_the_probe():
         raise AssertionError("the probe runs only for vllm")
 
     assert choose_engine("hf", never) == ("hf", None)
+
+
+AUTO_CASES = [
+    # (platform, problem, head size, bf16 fast) -> engine of ``auto``
+    (("cpu", None, 64, True), "vllm"),
+    (("cpu", None, None, True), "vllm"),  # head size unknown: vLLM says itself if it cannot
+    (("cpu", None, 64, False), "hf"),  # AVX2-only: vLLM not measured faster there
+    (("cpu", None, 16, True), "hf"),  # tiny-random's head size: no vLLM CPU kernel
+    (("cuda", None, 16, False), "vllm"),  # a GPU: CPU kernels and CPU bf16 do not matter
+    ((None, "vLLM does not import (ImportError: x)", 64, True), "hf"),
+]
+
+
+@pytest.mark.parametrize("case,engine", AUTO_CASES)
+def test_auto_picks_vllm_only_where_it_runs_and_was_measured_faster(case, engine):
+    platform, problem, size, fast = case
+    name, why = auto_engine(lambda: VllmProbe(platform, problem), head_size=size, fast_bf16=lambda: fast)
+    assert name == engine and why
+    assert choose_engine("auto", lambda: VllmProbe(platform, problem), head_size=size, fast_bf16=lambda: fast) == (
+        engine,
+        None,
+    )  # quiet: auto is a choice, not a fallback
+
+
+def test_auto_loader_keeps_hf_for_tiny_heads_and_adapters_and_takes_vllm_for_a_supported_model(tmp_path, tokenizer):
+    from envace.backends.loaders import auto_loader
+    from envace.backends.models import tiny_model
+
+    runs, fast = (lambda: VllmProbe("cpu")), (lambda: True)
+    assert auto_loader("tiny-random", runs, fast) == "hf"  # head size 16
+    folder = tmp_path / "h64"
+    tiny_model(tokenizer, hidden_size=128, num_attention_heads=2, num_key_value_heads=1).save_pretrained(folder)
+    assert auto_loader(str(folder), runs, fast) == "vllm"
+    assert auto_loader(str(folder), runs, lambda: False) == "hf"
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"base_model_name_or_path": "tiny-random"}')
+    assert auto_loader(str(adapter), runs, fast) == "hf"
+
+
+def test_the_trainer_on_auto_with_a_tiny_model_rolls_out_on_hf_quietly_and_trusts_its_log_probs(tiny, capsys):
+    from envace.training.trainer import recomputes_old_logprobs
+
+    model, tok = tiny
+    cfg = TrainConfig(model="tiny-random", rollout_backend="auto", progress=False, tensorboard=False)
+    be = rollout_backend(cfg, model, tok, Dist(), probe=lambda: VllmProbe("cpu"))
+    assert isinstance(be, HFBackend) and be.model is model and capsys.readouterr().err == ""
+    assert not recomputes_old_logprobs(cfg, engine="hf")  # the same model and precision samples and trains
+    assert recomputes_old_logprobs(cfg, engine="separate")
 
 
 def test_the_trainer_rolls_out_on_hf_where_vllm_cannot_run(tiny, capsys):

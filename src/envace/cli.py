@@ -871,7 +871,7 @@ def build_parser() -> argparse.ArgumentParser:
         "evaluate a model in the real environment (optionally after private test-time rehearsal)",
     )
     _flag(e, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
-    _flag(e, "backend", "--backend", metavar="hf|http|vllm")
+    _flag(e, "backend", "--backend", metavar="hf|http|vllm|auto")
     _flag(e, "suite", "--suite")
     _flag(e, "split", "--split")
     _flag(e, "n", "-n", type=int)
@@ -906,7 +906,7 @@ def build_parser() -> argparse.ArgumentParser:
         "rehearsal fidelity: rehearsed vs real observations on shadow rollouts",
     )
     _flag(f, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
-    _flag(f, "backend", "--backend", metavar="hf|http|vllm")
+    _flag(f, "backend", "--backend", metavar="hf|http|vllm|auto")
     _flag(f, "suite", "--suite")
     _flag(f, "split", "--split")
     _flag(f, "n", "-n", type=int)

