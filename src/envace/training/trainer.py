@@ -217,7 +217,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             step = it + 1
             metrics |= {
                 "perf/rollout_s": t_roll,
-                "perf/update_s": time.perf_counter() - t1,
+                "perf/update_s": time.perf_counter() - t1,  # the weight sync included (perf/sync_s)
                 "perf/iteration_s": time.perf_counter() - t0,
                 "perf/gen_tokens": run.dist.sum(run.engines["policy"].stats["generated_tokens"]),
             }
@@ -459,9 +459,10 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
         metrics |= {f"loss/{name}/{k}": v for k, v in last.items()}  # the last optimizer step's that updated
     if recompute:  # how far the sampler was from the trainer on this batch
         metrics |= mismatch_metrics(rows, sampler, cfg.tis_cap, dist)
+    t_sync = time.perf_counter()
     for name, engine in run.engines.items():  # new weights: hf drops its kept caches, vllm loads them
         engine.sync_weights(dist.weights(run.models[name]))
-    return metrics
+    return metrics | {"perf/sync_s": time.perf_counter() - t_sync}
 
 
 def mismatch_metrics(rows: list[Row], sampler: list[list[float]], cap: float | None, dist: Dist) -> dict[str, float]:
