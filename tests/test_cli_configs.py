@@ -271,7 +271,7 @@ def test_a_bad_backend_lists_the_valid_ones_and_vllm_without_vllm_names_the_extr
         assert main([cmd, "--backend", "nosuch", "--print-config"]) == 2
         assert (
             capsys.readouterr().err.strip()
-            == f"envace {cmd}: error: unknown backend 'nosuch'; valid names: hf, http, vllm"
+            == f"envace {cmd}: error: unknown backend 'nosuch'; valid names: auto, hf, http, vllm"
         )
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError (as on any machine without it)
     assert main(["eval", "--backend", "vllm", "--model", "tiny-random", "-n", "1"]) == 2

@@ -48,22 +48,25 @@ def test_the_engine_decision_follows_the_probe():
 
 
 AUTO_CASES = [
-    # (platform, problem, head size, bf16 fast) -> engine of ``auto``
-    (("cpu", None, 64, True), "vllm"),
-    (("cpu", None, None, True), "vllm"),  # head size unknown: vLLM says itself if it cannot
-    (("cpu", None, 64, False), "hf"),  # AVX2-only: vLLM not measured faster there
-    (("cpu", None, 16, True), "hf"),  # tiny-random's head size: no vLLM CPU kernel
-    (("cuda", None, 16, False), "vllm"),  # a GPU: CPU kernels and CPU bf16 do not matter
-    ((None, "vLLM does not import (ImportError: x)", 64, True), "hf"),
+    # (platform, problem, head size, bf16 fast, training) -> engine of ``auto``
+    (("cpu", None, 64, True, False), "vllm"),
+    (("cpu", None, None, True, False), "vllm"),  # head size unknown: vLLM says itself if it cannot
+    (("cpu", None, 64, False, False), "hf"),  # AVX2-only: vLLM not measured faster there
+    (("cpu", None, 16, True, False), "hf"),  # tiny-random's head size: no vLLM CPU kernel
+    (("cpu", None, 64, True, True), "hf"),  # training on a CPU: the RL iteration was faster on hf
+    (("cuda", None, 16, False, False), "vllm"),  # a GPU: CPU kernels and CPU bf16 do not matter
+    (("cuda", None, 64, False, True), "vllm"),  # and it trains on vLLM (the scale path)
+    ((None, "vLLM does not import (ImportError: x)", 64, True, False), "hf"),
 ]
 
 
 @pytest.mark.parametrize("case,engine", AUTO_CASES)
 def test_auto_picks_vllm_only_where_it_runs_and_was_measured_faster(case, engine):
-    platform, problem, size, fast = case
-    name, why = auto_engine(lambda: VllmProbe(platform, problem), head_size=size, fast_bf16=lambda: fast)
+    platform, problem, size, fast, training = case
+    probe = lambda: VllmProbe(platform, problem)  # noqa: E731
+    name, why = auto_engine(probe, head_size=size, fast_bf16=lambda: fast, training=training)
     assert name == engine and why
-    assert choose_engine("auto", lambda: VllmProbe(platform, problem), head_size=size, fast_bf16=lambda: fast) == (
+    assert choose_engine("auto", probe, head_size=size, fast_bf16=lambda: fast, training=training) == (
         engine,
         None,
     )  # quiet: auto is a choice, not a fallback

@@ -157,6 +157,7 @@ def demo_train_config(
         reward=reward,
         bf16="auto",
         rollout_bf16="auto",
+        rollout_backend="auto",  # hf on a CPU (measured faster there for an RL iteration), vLLM on a GPU
         iterations=1 if quick else iterations,
         batch_tasks=2 if quick else batch,
         lr=lr,
@@ -170,10 +171,11 @@ def demo_train_config(
 
 
 def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
-    """The demo's evaluation (as bench/rl_settings.py's on val): greedy, bf16 generation where bf16 is fast."""
+    """The demo's evaluation (as bench/rl_settings.py's on val): greedy, bf16 generation where bf16 is fast, on the
+    engine ``auto`` picks (vLLM where it runs and bf16 is fast, measured 2.1x the hf engine's speed there; else hf)."""
     from .evaluation.budget import evaluate_model
 
-    return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout(), bf16="auto")
+    return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout(), bf16="auto", backend="auto")
 
 
 def finished_warmup(cfg: Any) -> str | None:
@@ -196,7 +198,7 @@ def _fidelity(model: str, suite: str, n: int, seed: int = 1) -> dict[str, Any]:
     from .envs import load_tasks
     from .evaluation.fidelity import measure_fidelity
 
-    policy = open_backend(model, bf16="auto")
+    policy = open_backend(model, "auto", bf16="auto")
     res = measure_fidelity(policy, load_tasks(suite, "test", n=n), _demo_rollout(group_size=1, seed=seed))
     return res.summary
 

