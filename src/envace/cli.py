@@ -10,7 +10,7 @@
     envace experiment [--config F] [--set key=value ...]  all arms x seeds x budgets -> report.md / report.html
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]
-    envace export FILE... [--real-only] [--gold --suite S --split train -n 100] --out records.jsonl   OpenAI / HF chat records
+    envace export FILE... [--real-only] [--target hf|openai] [--gold --suite S --split train -n 100] --out records.jsonl   OpenAI / HF chat records
     envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory lessons|model|concat]
     envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
 
@@ -394,7 +394,8 @@ def cmd_export(cfg: Any) -> int:
     if not cfg.inputs and not cfg.gold:
         raise ValueError("nothing to export: give trajectory files or --gold")
     read = read_trajectories(cfg.inputs)
-    records, errors, imagined = export_records(read.items, cfg.real_only, content=cfg.content, system=cfg.system)
+    style = dict(content=cfg.content, system=cfg.system, target=cfg.target)
+    records, errors, imagined = export_records(read.items, cfg.real_only, **style)
     errors = read.errors + errors
     if cfg.gold:
         from .envs import load_tasks
@@ -402,9 +403,7 @@ def cmd_export(cfg: Any) -> int:
         from .training.sft import gold_trajectories
 
         gold = gold_trajectories(load_tokenizer(cfg.model), load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed))
-        more, gold_errors, _ = export_records(
-            [(t, {}) for t in gold], world="real", content=cfg.content, system=cfg.system
-        )
+        more, gold_errors, _ = export_records([(t, {}) for t in gold], world="real", **style)
         records, errors = records + more, errors + gold_errors
     for line in errors[:20]:
         print(f"envace export: skipped {line}", file=sys.stderr)
@@ -973,6 +972,13 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(x, "seed", "--seed", type=int)
     _flag(x, "model", "--model", help="model whose tokenizer renders the gold rollouts")
     _flag(x, "real_only", "--real-only", action="store_true")
+    _flag(
+        x,
+        "target",
+        "--target",
+        metavar="hf|openai",
+        help="same as --set target=...: hf (chat templates, TRL) or openai (fine-tuning API)",
+    )
     _flag(x, "content", "--content", metavar="text|raw")
     _flag(x, "system", "--system", metavar="seen|task")
     _flag(x, "out", "--out")
