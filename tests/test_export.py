@@ -581,3 +581,15 @@ def test_export_cli_unknown_target_is_one_line_naming_the_valid_targets(tmp_path
         "envace export: error: unknown export target 'trl'; valid names: hf, openai"
     ]
     assert not out.exists()
+
+
+def test_export_cli_real_only_on_a_rehearsed_run_says_nothing_real_was_found_and_writes_no_file(tmp_path, capsys):
+    src, out = tmp_path / "trajectories.jsonl", tmp_path / "real.jsonl"
+    _write_jsonl(src, [json.dumps(hand_built("rehearsal").to_dict() | {"iteration": i}) for i in range(2)])
+    assert main(["export", str(tmp_path), "--real-only", "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.strip().splitlines() == [
+        "envace export: error: nothing real found: 2 of the 2 trajectories read were imagined (rehearsed or "
+        f"simulated) and --real-only keeps only mode 'real'; {out} not written"
+    ]
+    assert not out.exists()

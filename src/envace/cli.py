@@ -388,7 +388,8 @@ def cmd_rollout(cfg: Any) -> int:
 
 def cmd_export(cfg: Any) -> int:
     """Trajectory files (and / or a suite's gold trajectories) as OpenAI / HF chat records in JSON lines. A malformed
-    item is one line on stderr naming its file and line; the valid ones are written all the same."""
+    item is one line on stderr naming its file and line; the valid ones are written all the same. No record at all
+    (``--real-only`` on a rehearsed run, say) is an error line and no file."""
     from .evaluation.export import export_records, read_trajectories, write_records
 
     if not cfg.inputs and not cfg.gold:
@@ -409,6 +410,8 @@ def cmd_export(cfg: Any) -> int:
         print(f"envace export: skipped {line}", file=sys.stderr)
     if len(errors) > 20:
         print(f"envace export: ... and {len(errors) - 20} more skipped", file=sys.stderr)
+    if not records:  # an empty file is no dataset (``datasets`` cannot read it): say why instead
+        raise ValueError(nothing_exported(len(read.items), imagined, len(errors), cfg.out))
     write_records(cfg.out, records)
     skipped = f"; skipped {len(errors)} malformed" + (f", {imagined} imagined (real_only)" if cfg.real_only else "")
     print(
@@ -416,6 +419,17 @@ def cmd_export(cfg: Any) -> int:
         + (f" ({len(read.items)} trajectories read{skipped})" if cfg.inputs else "")
     )
     return 0
+
+
+def nothing_exported(read: int, imagined: int, malformed: int, out: str) -> str:
+    """Why an export has no record, in one line (``out`` is left as it was)."""
+    why = (
+        f"nothing real found: {imagined} of the {read} trajectories read were imagined (rehearsed or simulated) and "
+        "--real-only keeps only mode 'real'"
+        if imagined
+        else f"no records: {read} trajectories read"
+    )
+    return why + (f", {malformed} skipped as malformed" if malformed else "") + f"; {out} not written"
 
 
 def cmd_rehearse(cfg: Any) -> int:
