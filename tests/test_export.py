@@ -4,7 +4,9 @@ Hand-built trajectories (built message by message as the rollout engine builds t
 rollout engine with a scripted policy (a malformed output, two calls in one step, three user turns), and gold
 trajectories of 3 bank tasks with the tiny-random model's (SmolLM2's) tokenizer."""
 
+import copy
 import json
+import re
 import subprocess
 import sys
 
@@ -89,9 +91,10 @@ def hand_built(mode: str = "rehearsal") -> Trajectory:
     ).traj
 
 
-def check_record(rec: dict, traj: Trajectory) -> None:
+def check_record(rec: dict, traj: Trajectory, target: str = "hf") -> None:
     """The invariants every record keeps: each tool message answers a call made before it (once); arguments are
-    JSON text of the call's arguments; user turns are the trajectory's, in order; the record is JSON."""
+    the call's arguments as the target writes them (an object, or JSON text for ``openai``); user turns are the
+    trajectory's, in order; the record is JSON."""
     made, answered = {}, set()
     for m in rec["messages"]:
         assert set(m) <= {"role", "content", "tool_calls", "tool_call_id"}
@@ -103,13 +106,19 @@ def check_record(rec: dict, traj: Trajectory) -> None:
             answered.add(m["tool_call_id"])
             json.loads(m["content"])
     calls = [c for s in traj.steps for c in s.calls]
-    assert [json.loads(f["arguments"]) for f in made.values()] == [c.arguments for c in calls]
+    assert [arguments_of(f) for f in made.values()] == [c.arguments for c in calls]
     assert [f["name"] for f in made.values()] == [c.name for c in calls]
-    assert all(isinstance(f["arguments"], str) for f in made.values())
+    assert all(isinstance(f["arguments"], str if target == "openai" else dict) for f in made.values())
     assert [m["content"] for m in rec["messages"] if m["role"] == "user" and not _is_error(m["content"])] == [
         m.content for m in traj.messages if m.role == "user"
     ]
     assert json.loads(json.dumps(rec)) == rec
+
+
+def arguments_of(function: dict) -> dict:
+    """A call's arguments from either target's ``function`` (JSON text or the object)."""
+    args = function["arguments"]
+    return json.loads(args) if isinstance(args, str) else args
 
 
 def _is_error(text: str) -> bool:
@@ -156,8 +165,8 @@ def engine_traj(tokenizer, bank3):
 
 def test_hand_built_record_pairs_every_tool_message_with_a_preceding_call():
     traj = hand_built()
-    rec = trajectory_record(traj)
-    check_record(rec, traj)
+    rec = trajectory_record(traj, target="openai")
+    check_record(rec, traj, "openai")
     roles = [m["role"] for m in rec["messages"]]
     assert roles == [
         "system",
@@ -232,7 +241,7 @@ def test_content_raw_keeps_the_act_output_and_system_task_drops_envaces_tool_ins
     )
     text = chat_messages(traj)[0]
     raw = chat_messages(traj, content="raw", system="task")[0]
-    assert text[2]["content"] is None and raw[2]["content"] == ToolCall("add", {"n": 1}).to_text()
+    assert text[2]["content"] == "" and raw[2]["content"] == ToolCall("add", {"n": 1}).to_text()
     assert raw[2]["tool_calls"] == text[2]["tool_calls"]
     assert text[0]["content"] == act_system(TASK, "remember 5")
     assert raw[0]["content"] == "You count.\n\n# Notes from private rehearsal\nremember 5"
@@ -284,7 +293,7 @@ def test_gold_trajectories_of_three_bank_tasks(gold, bank3):
         rec = trajectory_record(traj, world="real")
         check_record(rec, traj)
         assert [m["content"] for m in rec["messages"] if m["role"] == "user"] == task.user_turns
-        made = [json.loads(c["function"]["arguments"]) for m in rec["messages"] for c in m.get("tool_calls", [])]
+        made = [arguments_of(c["function"]) for m in rec["messages"] for c in m.get("tool_calls", [])]
         assert made == [c.arguments for c in task.flat_gold()] and rec["parse_errors"] == 0
         assert rec["tools"] == [t.to_openai() for t in task.tools] and rec["world"] == "real"
         assert (
@@ -381,12 +390,16 @@ def test_export_cli_round_trip_writes_json_lines_of_gold_and_trajectory_records(
     check_record(records[0], hand_built())
 
 
-def test_datasets_loads_the_records_as_json(tmp_path, gold):
+@pytest.mark.parametrize("target", ["hf", "openai"])
+def test_datasets_loads_the_records_of_either_target_as_written(tmp_path, gold, target):
+    """Arguments of differing keys (objects, for ``hf``) come back from ``datasets`` exactly, not merged into one
+    struct with nulls for the keys a call lacks."""
     import datasets  # a test dependency (pyproject [test]): the export must load where users load it
     from envace.evaluation.export import write_records
 
     path = tmp_path / "gold.jsonl"
-    records = [trajectory_record(t, world="real") for t in gold] + [trajectory_record(hand_built())]
+    records = [trajectory_record(t, world="real", target=target) for t in gold]
+    records.append(trajectory_record(hand_built(), target=target))
     write_records(str(path), records)
     ds = datasets.load_dataset("json", data_files=str(path), split="train")
     assert len(ds) == 4 and {"messages", "tools", "task_id", "world", "reward"} <= set(ds.column_names)
@@ -396,25 +409,187 @@ def test_datasets_loads_the_records_as_json(tmp_path, gold):
             m["tool_call_id"] for m in rec["messages"] if m["role"] == "tool"
         ]
         assert all(m["tool_call_id"] in ids for m in row["messages"] if m["role"] == "tool")
-        args = [json.loads(c["function"]["arguments"]) for m in row["messages"] for c in (m.get("tool_calls") or [])]
-        assert args == [
-            json.loads(c["function"]["arguments"]) for m in rec["messages"] for c in m.get("tool_calls", [])
-        ]
+        args = [c["function"]["arguments"] for m in row["messages"] for c in (m.get("tool_calls") or [])]
+        assert args == [c["function"]["arguments"] for m in rec["messages"] for c in m.get("tool_calls", [])]
         assert [t["function"]["name"] for t in row["tools"]] == [t["function"]["name"] for t in rec["tools"]]
 
 
 def test_smollm2_chat_template_ignores_tool_calls_so_raw_content_renders_envaces_own_act_context(tokenizer, gold):
     """What is true of SmolLM2's template (tiny-random has its tokenizer): it renders role and content only. It
-    ignores ``tools`` and ``tool_calls`` and cannot render the OpenAI null content; with ``content="raw"`` it renders
-    exactly the ChatML context envace's Act role was trained on."""
+    ignores ``tools`` and ``tool_calls`` and cannot render the OpenAI null content (``target="hf"`` writes ``""``);
+    with ``content="raw"`` it renders exactly the ChatML context envace's Act role was trained on."""
     traj = gold[0]
     raw = trajectory_record(traj, world="real", content="raw")
     rendered = tokenizer.apply_chat_template(raw["messages"], tools=raw["tools"], tokenize=False)
     assert rendered == "".join(f"<|im_start|>{m.role}\n{m.content}<|im_end|>\n" for m in traj.messages)
-    text = trajectory_record(traj, world="real", system="task")
+    openai = trajectory_record(traj, world="real", system="task", target="openai")
     with pytest.raises(Exception, match="content|NoneType"):  # assistant messages that only call tools: content null
-        tokenizer.apply_chat_template(text["messages"], tools=text["tools"], tokenize=False)
-    filled = [dict(m, content=m["content"] or "") for m in text["messages"]]
-    rendered = tokenizer.apply_chat_template(filled, tools=text["tools"], tokenize=False)
+        tokenizer.apply_chat_template(openai["messages"], tools=openai["tools"], tokenize=False)
+    text = trajectory_record(traj, world="real", system="task")
+    rendered = tokenizer.apply_chat_template(text["messages"], tools=text["tools"], tokenize=False)
     assert "Deposit" in rendered and "756.50" in rendered  # user turns and tool results are there
     assert "deposit" not in rendered and "<tool_call>" not in rendered  # the calls and the tool list are not
+
+
+# ------------------------------------------------------------------ export targets rendered by chat templates
+
+# Qwen2.5's tool template, shortened: tools as JSON lines in the system turn, each call as a <tool_call> block
+# whose arguments are ``| tojson``, runs of tool messages as one user turn of <tool_response> blocks.
+QWEN25 = """
+{%- if tools %}
+{{- '<|im_start|>system\\n' }}{% if messages[0].role == 'system' %}{{- messages[0].content }}{% endif %}
+{{- '\\n\\n# Tools\\n\\n<tools>' }}{% for tool in tools %}{{- '\\n' + tool | tojson }}{% endfor %}{{- '\\n</tools><|im_end|>\\n' }}
+{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}
+{{- '<|im_start|>assistant' }}{% if message.content %}{{- '\\n' + message.content }}{% endif %}
+{%- for tool_call in message.tool_calls %}{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}
+{{- '\\n<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}
+{%- endfor %}{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{% endif %}
+{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{% endif %}
+{%- endif %}
+{%- endfor %}
+"""
+
+# Llama-3.1's tool template, shortened: one call per assistant message as {"name", "parameters": args | tojson};
+# a tool message is an ipython turn (its content is ``| tojson``'d when it is a mapping or iterable: strings too).
+LLAMA31 = """
+{{- '<|begin_of_text|>' }}
+{%- if messages[0].role == 'system' %}{% set system_message = messages[0].content | trim %}{% set messages = messages[1:] %}
+{%- else %}{% set system_message = '' %}{% endif %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + system_message }}
+{%- if tools %}{{- '\\n\\nYou have access to the following functions:\\n' }}{% for t in tools %}{{- '\\n' + t | tojson(indent=4) }}{% endfor %}{% endif %}
+{{- '<|eot_id|>' }}
+{%- for message in messages %}
+{%- if 'tool_calls' in message %}
+{%- if not message.tool_calls | length == 1 %}{{- raise_exception('This model only supports single tool-calls at once!') }}{% endif %}
+{%- set tool_call = message.tool_calls[0].function %}
+{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n{"name": "' + tool_call.name + '", "parameters": ' }}
+{{- tool_call.arguments | tojson }}{{- '}<|eot_id|>' }}
+{%- elif message.role == 'tool' %}
+{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' }}
+{%- if message.content is mapping or message.content is iterable %}{{- message.content | tojson }}{% else %}{{- message.content }}{% endif %}
+{{- '<|eot_id|>' }}
+{%- else %}
+{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}
+{%- endif %}
+{%- endfor %}
+"""
+
+
+@pytest.fixture(scope="module")
+def family(tokenizer):
+    """A tokenizer of a family built locally: SmolLM2's vocabulary with that family's chat template."""
+
+    def build(template: str):
+        tok = copy.deepcopy(tokenizer)
+        tok.chat_template = template
+        return tok
+
+    return build
+
+
+def one_call_per_step() -> Trajectory:
+    """A trajectory Llama-3.1's template can render: one call per assistant message, no malformed output."""
+    return (
+        Chat()
+        .user("add 2")
+        .act(ToolCall("add", {"n": 2}).to_text(), [{"total": 2}], ["rehearsed"])
+        .act("The total is 2.")
+        .user("now look up ü")
+        .act(ToolCall("lookup", {"q": 'ü "quoted"'}).to_text(), [{"hits": []}], ["rehearsed"])
+        .act("Nothing found.")
+    ).traj
+
+
+def rendered_calls(text: str, pattern: str) -> list[tuple[str, object]]:
+    """``(name, arguments)`` of every call a template rendered: ``pattern`` finds each call's JSON text."""
+    calls = [json.loads(m) for m in re.findall(pattern, text, flags=re.S)]
+    return [(c["name"], c.get("arguments", c.get("parameters"))) for c in calls]
+
+
+def test_export_targets_write_arguments_as_objects_for_hf_and_as_json_text_for_openai():
+    traj = hand_built()
+    hf, openai = trajectory_record(traj), trajectory_record(traj, target="openai")
+    check_record(hf, traj, "hf")
+    check_record(openai, traj, "openai")
+    assert hf["messages"][9]["tool_calls"][0]["function"]["arguments"] == {"q": "ü"}
+    assert openai["messages"][9]["tool_calls"][0]["function"]["arguments"] == '{"q": "ü"}'
+    assert (hf["messages"][9]["content"], openai["messages"][9]["content"]) == ("", None)  # a call and no text
+    assert hf["messages"][4]["content"] == openai["messages"][4]["content"] == "First 2, then 3."
+    with pytest.raises(KeyError, match="valid names: hf, openai"):
+        trajectory_record(traj, target="trl")
+
+
+def test_a_qwen25_style_template_renders_hf_arguments_once_and_openai_ones_as_an_escaped_string(family):
+    tok, traj = family(QWEN25), hand_built()
+    calls = [(c.name, c.arguments) for s in traj.steps for c in s.calls]
+    block = r"<tool_call>\n(.*?)\n</tool_call>"
+    hf = trajectory_record(traj, system="task")
+    rendered = tok.apply_chat_template(hf["messages"], tools=hf["tools"], tokenize=False)
+    assert rendered_calls(rendered, block) == calls
+    assert '"arguments": {"n": 2}' in rendered and '<|im_start|>assistant\n<tool_call>\n{"name": "lookup"' in rendered
+    openai = trajectory_record(traj, system="task", target="openai")
+    rendered = tok.apply_chat_template(openai["messages"], tools=openai["tools"], tokenize=False)
+    assert rendered_calls(rendered, block) == [(name, json.dumps(args, ensure_ascii=False)) for name, args in calls]
+    assert '"arguments": "{\\"n\\": 2}"' in rendered  # the double encoding the hf target avoids
+
+
+def test_a_llama31_style_template_renders_hf_parameters_once_and_openai_ones_as_an_escaped_string(family):
+    tok, traj = family(LLAMA31), one_call_per_step()
+    calls = [(c.name, c.arguments) for s in traj.steps for c in s.calls]
+    turn = r"<\|start_header_id\|>assistant<\|end_header_id\|>\n\n(\{\"name\".*?)<\|eot_id\|>"
+    hf = trajectory_record(traj, system="task")
+    rendered = tok.apply_chat_template(hf["messages"], tools=hf["tools"], tokenize=False)
+    assert rendered_calls(rendered, turn) == calls == [("add", {"n": 2}), ("lookup", {"q": 'ü "quoted"'})]
+    assert '"parameters": {"n": 2}}' in rendered
+    openai = trajectory_record(traj, system="task", target="openai")
+    rendered = tok.apply_chat_template(openai["messages"], tools=openai["tools"], tokenize=False)
+    assert '"parameters": "{\\"n\\": 2}"}' in rendered
+
+
+def test_smollm2s_own_template_renders_every_hf_record_of_the_gold_and_engine_trajectories(
+    tokenizer, gold, engine_traj
+):
+    """SmolLM2's template raises on OpenAI's null content; the hf target's ``""`` renders, the calls left out."""
+    for traj in [*gold, engine_traj, hand_built()]:
+        rec = trajectory_record(traj, world="real")
+        rendered = tokenizer.apply_chat_template(rec["messages"], tools=rec["tools"], tokenize=False)
+        assert rendered.count("<|im_start|>") == len(rec["messages"])
+
+
+def test_export_cli_writes_hf_records_by_default_and_openai_ones_with_target_openai(tmp_path, capsys):
+    src, out = tmp_path / "t.jsonl", tmp_path / "records.jsonl"
+    _write_jsonl(src, [json.dumps(hand_built().to_dict())])
+    for flags, arguments in [([], {"q": "ü"}), (["--target", "openai"], '{"q": "ü"}')]:
+        assert main(["export", str(src), *flags, "--out", str(out)]) == 0
+        (rec,) = [json.loads(line) for line in out.read_text().splitlines()]
+        assert rec["messages"][9]["tool_calls"][0]["function"]["arguments"] == arguments
+
+
+def test_export_cli_unknown_target_is_one_line_naming_the_valid_targets(tmp_path, capsys):
+    src, out = tmp_path / "t.jsonl", tmp_path / "records.jsonl"
+    _write_jsonl(src, [json.dumps(hand_built().to_dict())])
+    assert main(["export", str(src), "--target", "trl", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "envace export: error: unknown export target 'trl'; valid names: hf, openai"
+    ]
+    assert not out.exists()
+
+
+def test_export_cli_real_only_on_a_rehearsed_run_says_nothing_real_was_found_and_writes_no_file(tmp_path, capsys):
+    src, out = tmp_path / "trajectories.jsonl", tmp_path / "real.jsonl"
+    _write_jsonl(src, [json.dumps(hand_built("rehearsal").to_dict() | {"iteration": i}) for i in range(2)])
+    assert main(["export", str(tmp_path), "--real-only", "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.strip().splitlines() == [
+        "envace export: error: nothing real found: 2 of the 2 trajectories read were imagined (rehearsed or "
+        f"simulated) and --real-only keeps only mode 'real'; {out} not written"
+    ]
+    assert not out.exists()

@@ -10,7 +10,7 @@
     envace experiment [--config F] [--set key=value ...]  all arms x seeds x budgets -> report.md / report.html
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]
-    envace export FILE... [--real-only] [--gold --suite S --split train -n 100] --out records.jsonl   OpenAI / HF chat records
+    envace export FILE... [--real-only] [--target hf|openai] [--gold --suite S --split train -n 100] --out records.jsonl   OpenAI / HF chat records
     envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory lessons|model|concat]
     envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
 
@@ -390,13 +390,15 @@ def cmd_rollout(cfg: Any) -> int:
 
 def cmd_export(cfg: Any) -> int:
     """Trajectory files (and / or a suite's gold trajectories) as OpenAI / HF chat records in JSON lines. A malformed
-    item is one line on stderr naming its file and line; the valid ones are written all the same."""
+    item is one line on stderr naming its file and line; the valid ones are written all the same. No record at all
+    (``--real-only`` on a rehearsed run, say) is an error line and no file."""
     from .evaluation.export import export_records, read_trajectories, write_records
 
     if not cfg.inputs and not cfg.gold:
         raise ValueError("nothing to export: give trajectory files or --gold")
     read = read_trajectories(cfg.inputs)
-    records, errors, imagined = export_records(read.items, cfg.real_only, content=cfg.content, system=cfg.system)
+    style = dict(content=cfg.content, system=cfg.system, target=cfg.target)
+    records, errors, imagined = export_records(read.items, cfg.real_only, **style)
     errors = read.errors + errors
     if cfg.gold:
         from .envs import load_tasks
@@ -404,14 +406,14 @@ def cmd_export(cfg: Any) -> int:
         from .training.sft import gold_trajectories
 
         gold = gold_trajectories(load_tokenizer(cfg.model), load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed))
-        more, gold_errors, _ = export_records(
-            [(t, {}) for t in gold], world="real", content=cfg.content, system=cfg.system
-        )
+        more, gold_errors, _ = export_records([(t, {}) for t in gold], world="real", **style)
         records, errors = records + more, errors + gold_errors
     for line in errors[:20]:
         print(f"envace export: skipped {line}", file=sys.stderr)
     if len(errors) > 20:
         print(f"envace export: ... and {len(errors) - 20} more skipped", file=sys.stderr)
+    if not records:  # an empty file is no dataset (``datasets`` cannot read it): say why instead
+        raise ValueError(nothing_exported(len(read.items), imagined, len(errors), cfg.out))
     write_records(cfg.out, records)
     skipped = f"; skipped {len(errors)} malformed" + (f", {imagined} imagined (real_only)" if cfg.real_only else "")
     print(
@@ -419,6 +421,17 @@ def cmd_export(cfg: Any) -> int:
         + (f" ({len(read.items)} trajectories read{skipped})" if cfg.inputs else "")
     )
     return 0
+
+
+def nothing_exported(read: int, imagined: int, malformed: int, out: str) -> str:
+    """Why an export has no record, in one line (``out`` is left as it was)."""
+    why = (
+        f"nothing real found: {imagined} of the {read} trajectories read were imagined (rehearsed or simulated) and "
+        "--real-only keeps only mode 'real'"
+        if imagined
+        else f"no records: {read} trajectories read"
+    )
+    return why + (f", {malformed} skipped as malformed" if malformed else "") + f"; {out} not written"
 
 
 def cmd_rehearse(cfg: Any) -> int:
@@ -975,6 +988,13 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(x, "seed", "--seed", type=int)
     _flag(x, "model", "--model", help="model whose tokenizer renders the gold rollouts")
     _flag(x, "real_only", "--real-only", action="store_true")
+    _flag(
+        x,
+        "target",
+        "--target",
+        metavar="hf|openai",
+        help="same as --set target=...: hf (chat templates, TRL) or openai (fine-tuning API)",
+    )
     _flag(x, "content", "--content", metavar="text|raw")
     _flag(x, "system", "--system", metavar="seen|task")
     _flag(x, "out", "--out")

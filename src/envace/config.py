@@ -558,9 +558,15 @@ class ExportConfig:
     """Model whose tokenizer renders the gold rollouts (a ChatML tokenizer; only the messages are exported)."""
     real_only: bool = False
     """Leave out trajectories whose observations were imagined (every mode but ``real``; gold ones are real)."""
+    target: str = "hf"
+    """Who reads the records (envace.evaluation.export.TARGETS): ``hf`` (Hugging Face chat templates, TRL's
+    ``SFTTrainer``: tool-call ``arguments`` as JSON objects, ``""`` content beside calls; Qwen2.5- and Llama-3.1-style
+    templates render the arguments once and SmolLM2's renders every message) or ``openai`` (OpenAI fine-tuning:
+    ``arguments`` as JSON text, null content beside calls; those templates render the text as an escaped string, and
+    SmolLM2's raises on the null)."""
     content: str = "text"
-    """Assistant content (envace.evaluation.export.CONTENT): ``text`` (OpenAI: the text beside the calls, null if none) or
-    ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore ``tool_calls``)."""
+    """Assistant content (envace.evaluation.export.CONTENT): ``text`` (the text beside the calls; none is written as
+    ``target`` says) or ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore ``tool_calls``)."""
     system: str = "seen"
     """System message (envace.evaluation.export.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list, unless the
     chat template rendered the tools, and calling instructions) or ``task`` (without them, for a template that
@@ -569,9 +575,10 @@ class ExportConfig:
     """Where the records go (JSON lines; an existing file is replaced)."""
 
     def __post_init__(self) -> None:
-        from .evaluation.export import CONTENT, SYSTEM
+        from .evaluation.export import CONTENT, SYSTEM, TARGETS
 
         self.inputs = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs or ())
+        TARGETS.get(self.target)
         CONTENT.get(self.content)
         SYSTEM.get(self.system)
         if self.n < 1:

@@ -7,10 +7,18 @@ One record per trajectory, one JSON line each (``datasets.load_dataset("json", d
      "mode", "world": "real" | "imagined", "reward", "success", "truncated", "parse_errors",
      "observation_sources": [...], ("iteration" for a training run's trajectories)}
 
-An Act step that called tools is ``{"role": "assistant", "content": TEXT or null, "tool_calls": [{"id": "call_S_J",
-"type": "function", "function": {"name", "arguments": JSON TEXT}}]}``, each observation ``{"role": "tool",
+An Act step that called tools is ``{"role": "assistant", "content": TEXT or EMPTY, "tool_calls": [{"id": "call_S_J",
+"type": "function", "function": {"name", "arguments": ARGS}}]}``, each observation ``{"role": "tool",
 "tool_call_id": "call_S_J", "content": JSON TEXT}`` (S: the step, J: the call in it; the ids are unique in a record).
 A text reply is a plain assistant message; user turns and the system message are as the policy saw them.
+
+ARGS and EMPTY depend on who reads the records (:data:`TARGETS`):
+
+- ``hf`` (the default): Hugging Face chat templates and TRL's ``SFTTrainer``. ARGS is the arguments object and EMPTY
+  is ``""``: Qwen2.5's and Llama-3.1's templates write ``arguments | tojson`` (JSON text would come out as one escaped
+  string), and templates that concatenate ``content`` (SmolLM2's) raise on null. ``datasets`` (5.x) reads
+  ``messages`` as JSON values, so arguments of differing keys come back as written.
+- ``openai``: OpenAI's fine-tuning format. ARGS is JSON text and EMPTY is null.
 
 Where the pieces come from: ``Trajectory.messages`` is the Act chat in order (system, every user turn, assistant
 outputs, tool results) but holds calls only in envace's ``<tool_call>`` text; ``Trajectory.steps`` holds the parsed
@@ -57,6 +65,23 @@ REAL_MODES = frozenset({"real"})
 """Rollout modes whose observations come from the real environment (envace.rollout.engine.OBSERVERS)."""
 
 TOOLS_HEADER = "# Tools\n"  # envace.chat.prompts.act_system: the tools block, one JSON object per line
+
+
+@dataclass(frozen=True)
+class Target:
+    """What one consumer of the records expects where the OpenAI format and Hugging Face chat templates differ."""
+
+    arguments: Callable[[dict[str, Any]], Any]
+    """A call's ``function.arguments`` from its arguments: JSON text (OpenAI) or the object itself (templates)."""
+    empty_content: str | None
+    """The content of an assistant message that only calls tools: ``None`` (OpenAI's null) or ``""``."""
+
+
+# who reads the records (module docstring)
+TARGETS: Registry[Target] = Registry("export target")
+TARGETS.add("openai", Target(arguments=lambda args: json.dumps(args, ensure_ascii=False), empty_content=None))
+TARGETS.add("hf", Target(arguments=lambda args: dict(args), empty_content=""))
+DEFAULT_TARGET = "hf"
 
 # how an assistant message's content is written: fn(the message as envace stored it, its step) -> content
 CONTENT: Registry[Callable[[Message, Step], str | None]] = Registry("export content style")
@@ -113,12 +138,12 @@ def world_of(traj: Trajectory) -> str:
 
 
 def chat_messages(
-    traj: Trajectory, content: str = "text", system: str = "seen"
+    traj: Trajectory, content: str = "text", system: str = "seen", target: str = DEFAULT_TARGET
 ) -> tuple[list[dict[str, Any]], list[str], int]:
     """``(messages, observation sources, parse errors)`` of a trajectory: its Act chat in the OpenAI format
     (module docstring); the sources are those of the tool messages, in order. A trajectory whose messages do not
     match its steps (an assistant message per step, a tool message per answered call) is an error."""
-    write_content, write_system = CONTENT.get(content), SYSTEM.get(system)
+    write_content, write_system, to = CONTENT.get(content), SYSTEM.get(system), TARGETS.get(target)
     out: list[dict[str, Any]] = []
     sources: list[str] = []
     parse_errors = 0
@@ -135,13 +160,14 @@ def chat_messages(
             s, step = next(steps, (None, None))
             if step is None:
                 raise ValueError(f"trajectory {traj.id}: more assistant messages than its {len(traj.steps)} steps")
-            msg: dict[str, Any] = {"role": "assistant", "content": write_content(m, step)}
+            text = write_content(m, step)
+            msg: dict[str, Any] = {"role": "assistant", "content": to.empty_content if text is None else text}
             if step.calls:
                 msg["tool_calls"] = [
                     {
                         "id": call_id(s, j),
                         "type": "function",
-                        "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+                        "function": {"name": c.name, "arguments": to.arguments(c.arguments)},
                     }
                     for j, c in enumerate(step.calls)
                 ]
@@ -176,12 +202,13 @@ def trajectory_record(
     content: str = "text",
     system: str = "seen",
     extra: dict[str, Any] | None = None,
+    target: str = DEFAULT_TARGET,
 ) -> dict[str, Any]:
     """One JSON record of a trajectory (module docstring). ``world`` overrides :func:`world_of` (gold trajectories
     are ``real``); ``extra`` fields (e.g. ``iteration``) are added."""
     if not traj.messages:
         raise ValueError(f"trajectory {traj.id}: no messages (only a rollout's trajectories can be exported)")
-    messages, sources, parse_errors = chat_messages(traj, content, system)
+    messages, sources, parse_errors = chat_messages(traj, content, system, target)
     outcome = traj.env_outcome or {}
     return {
         "messages": messages,
@@ -279,6 +306,7 @@ def export_records(
     world: str | None = None,
     content: str = "text",
     system: str = "seen",
+    target: str = DEFAULT_TARGET,
 ) -> tuple[list[dict[str, Any]], list[str], int]:
     """``(records, errors, skipped imagined)``: a record per trajectory; with ``real_only`` an imagined trajectory
     is left out (counted); a trajectory that cannot be converted is an error line, the others are kept."""
@@ -288,7 +316,7 @@ def export_records(
             imagined += 1
             continue
         try:
-            records.append(trajectory_record(traj, world, content, system, extra))
+            records.append(trajectory_record(traj, world, content, system, extra, target))
         except ValueError as e:
             errors.append(str(e))
     return records, errors, imagined
@@ -308,8 +336,11 @@ def write_records(path: str, records: list[dict[str, Any]]) -> None:
 
 __all__ = [
     "CONTENT",
+    "DEFAULT_TARGET",
     "SYSTEM",
+    "TARGETS",
     "ReadResult",
+    "Target",
     "call_id",
     "chat_messages",
     "export_records",
