@@ -262,6 +262,9 @@ def test_ctrl_c_in_train_says_where_the_run_resumes_with_exit_code_130(tmp_path)
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
+        # as in a terminal: a shell that started this run in the background (`cmd &`, CI) hands its children SIGINT
+        # ignored, and Python then never raises KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     latest = out / "checkpoints" / "latest"
     deadline = time.monotonic() + 180
