@@ -112,12 +112,14 @@ def main() -> None:
     rows, results = [], {}
     for suite in args.suites:
         model = warm_up(suite, args.runs)
-        stages = [("warm-up (SFT 30 x 4, both roles)", model)]
-        for i in range(1, args.stages + 1):
-            name = f"{suite}-r{args.steps * i}"
-            model = rehearse_stage(model, suite, os.path.join(args.runs, name), seed=i, steps=args.steps)
-            stages.append((f"+ {args.steps * i} steps x 4, Rehearse rows only", model))
-        for i, (label, path) in enumerate(stages):
+        for i in range(args.stages + 1):  # each stage measured as soon as it is trained (a stopped run keeps them)
+            if i == 0:
+                label = "warm-up (SFT 30 x 4, both roles)"
+            else:
+                name = f"{suite}-r{args.steps * i}"
+                model = rehearse_stage(model, suite, os.path.join(args.runs, name), seed=i, steps=args.steps)
+                label = f"+ {args.steps * i} steps x 4, Rehearse rows only"
+            path = model
             summary = measure(path, suite, out / f"{suite}-{i}.json")
             rows.append((f"`{suite}`: {label}", summary))
             results[f"{suite}/{i}"] = {"label": label, "model": path, "summary": summary}
@@ -128,7 +130,7 @@ def main() -> None:
     lines = [
         "Rehearse fidelity on the first 24 test tasks of each suite, one trajectory each (Act at T=1.0, seed 1), every",
         "rehearsed observation against the real one; exact = canonical JSON equal, 95% Wilson interval over observations.",
-        "`python bench/world_learning.py`",
+        f"`python bench/world_learning.py {' '.join(sys.argv[1:])}`",
         "",
         *fidelity_table(rows),
         "",
