@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .models import head_size
+
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # SDPA that also returns the log-sum-exp
 
 
@@ -111,7 +113,7 @@ class LlamaDecoder:
         self.model, self.dtype = model, dtype
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.head_dim = head_size(cfg)
         self.eps = float(cfg.rms_norm_eps)
         self.scale = self.head_dim**-0.5
         self._version: tuple[int, int] | None = None

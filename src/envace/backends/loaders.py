@@ -113,8 +113,8 @@ def _auto(model: str, device: str = "cpu", bf16: bool | str = False, **options: 
 
 def auto_loader(model: str, probe: Callable[[], Any] | None = None, fast_bf16: Callable[[], bool] | None = None) -> str:
     """``vllm`` or ``hf`` for ``model`` (a name or folder, as ``hf`` takes it), as ``backend: auto`` decides."""
-    from .models import ModelNotFoundError, is_adapter, model_path
-    from .vllm import auto_engine, head_size
+    from .models import ModelNotFoundError, head_size, is_adapter, model_path
+    from .vllm import auto_engine
 
     try:
         path = model_path(model)

@@ -327,6 +327,15 @@ def model_info(model: Any) -> dict[str, Any]:
 _UNSET_MAX_LENGTH = 10**9  # tokenizers without a known limit report ~1e30 (transformers' VERY_LARGE_INTEGER)
 
 
+def head_size(config: Any) -> int | None:
+    """The attention head size of a transformers config (its text config for a multimodal one), None if unknown."""
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    size = getattr(cfg, "head_dim", None)
+    if size is None and getattr(cfg, "num_attention_heads", None):
+        size = cfg.hidden_size // cfg.num_attention_heads
+    return int(size) if size else None
+
+
 def context_length(model: Any, tokenizer: Any = None) -> int:
     """The most positions (prompt + completion tokens) the model takes: its max positions, capped by the
     tokenizer's ``model_max_length`` where the tokenizer sets a real one."""

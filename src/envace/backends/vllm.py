@@ -186,15 +186,6 @@ def engine_for(requested: str, probe: Callable[[], VllmProbe] | None = None, **a
     return name
 
 
-def head_size(config: Any) -> int | None:
-    """The attention head size of a transformers config (its text config for a multimodal one), None if unknown."""
-    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    size = getattr(cfg, "head_dim", None)
-    if size is None and getattr(cfg, "num_attention_heads", None):
-        size = cfg.hidden_size // cfg.num_attention_heads
-    return int(size) if size else None
-
-
 # --------------------------------------------------------------------------------------------- the backend
 
 

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from ..math import algos
 from ..backends.base import BACKENDS, Backend, SamplingParams
 from ..backends.hf import HFBackend
-from ..backends.vllm import VllmProbe, engine_for, head_size
+from ..backends.vllm import VllmProbe, engine_for
 from ..core.checkpoint import latest_checkpoint, load_rng, load_state
 from ..config import (
     RESUMABLE_FIELDS,
@@ -55,7 +55,7 @@ from .distributed import Dist, SilentLogger, init_distributed
 from ..envs import load_tasks_of_kinds
 from ..core.logging import MetricsLogger, truncate_jsonl
 from ..core.paths import check_writable_dir
-from ..backends.models import context_length, load_frozen, load_trainable, make_optimizer, model_path
+from ..backends.models import context_length, head_size, load_frozen, load_trainable, make_optimizer, model_path
 from ..core.precision import use_bf16
 from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories, unanchored_note
 from ..rollout.engine import RolloutConfig, RolloutEngine
