@@ -14,6 +14,17 @@ import time
 from typing import IO, Iterator
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+"""An OpenAI tool definition the serve tests send (to envace serve and vllm serve)."""
+
+
 @contextlib.contextmanager
 def envace_serve(
     *args: str, stderr: int | IO[str] = subprocess.DEVNULL, env: dict[str, str] | None = None, timeout_s: float = 120

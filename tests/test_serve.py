@@ -22,7 +22,7 @@ from envace.chat.prompts import ACT_INSTRUCTIONS, ChatFormat, act_system, render
 from envace.serving.serve import ServerConfig, serving, streamable
 from envace.core.types import Message, Task, ToolCall, ToolSpec
 from numerics import assert_logprobs_close
-from servers import envace_serve
+from servers import WEATHER, envace_serve
 
 SEGMENT = 3  # the subprocess server streams every 3 tokens: a 24-token answer comes in 8 pieces (one ends between its newlines and its first word)
 
@@ -214,14 +214,6 @@ def test_a_seeded_request_gives_the_same_tokens_whatever_else_runs(client):
 
 # -- tools, through a scripted backend served by the same app --------------------------------------------------
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 

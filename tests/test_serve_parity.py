@@ -28,7 +28,7 @@ import pytest
 
 from envace.backends.vllm import vllm_probe
 from numerics import assert_logprobs_close
-from servers import envace_serve, vllm_serve
+from servers import WEATHER, envace_serve, vllm_serve
 
 PROBE = vllm_probe()
 pytestmark = [
@@ -38,14 +38,6 @@ pytestmark = [
 ]
 
 NAME = "small"
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 SYSTEM = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Weather in Paris?"}]
 """A chat both servers render as the same tokens (it opens with a system message)."""
 FINISHES = {"stop", "length", "tool_calls"}
