@@ -1,21 +1,26 @@
 """Does Rehearse fidelity rise with Rehearse training, on a persistent world and on a fresh one? (issue 27, item 3)
 
-From a warm-up of the demo's shape (30 steps x 4 gold trajectories of every kind, lr 1e-4), two more supervised
-stages train the **Rehearse rows only** (`SFTConfig.roles = [rehearse]`: the real observations of gold
-trajectories of train tasks; `--steps` (40) x 4 each, lr 1e-4, stage i with seed i, so each draws its own 256
-train tasks). After the warm-up and after each stage, Rehearse fidelity is measured exactly as `envace demo` measures it
-(`envace.cli._fidelity`: the first 24 test tasks, one trajectory each, Act at T=1.0, rollout seed 1, every rehearsed
-observation scored against the real one). Two suites with the same tools and templates:
+From the base model, supervised stages train the **Rehearse rows only** (`SFTConfig.roles = [rehearse]`: the real
+observations of gold trajectories of train tasks, 4 trajectories a step, lr 1e-4; stage i continues from stage
+i-1 with seed i, so each stage draws its own train tasks). After every stage, Rehearse is measured
+**teacher-forced** on a fixed held-out set (`envace.evaluation.fidelity.measure_teacher_forced`): the gold
+trajectories of the first `--tasks` test tasks, every Rehearse row (the gold call, the real earlier observations
+in its context) answered greedily and scored against the real observation, plus the per-token negative
+log-likelihood of the real observation. The calls are the same for every checkpoint and suite run, whatever Act
+does, so the curve measures Rehearse alone (the first version of this script scored each checkpoint's own
+trajectories, whose calls changed as Rehearse-only training damaged Act).
 
-- `bank-world`: every task starts from the record of one of eight customers, the same record each time, so a
-  balance, a transaction or a frozen account can be learnt; the warm-up is the demo's own (`runs/demo-world/sft`,
-  written by `envace demo --full --out runs/demo-world`), or trained here when missing.
+Two suites with the same tools and templates:
+
+- `bank-world`: every task starts from the record of one of eight customers (named in the first user turn), the
+  same record each time, so a balance, a transaction or a frozen account can be learnt;
 - `bank`: a fresh random world per task, which no training can predict beyond the tools' formats and rules.
 
-    python bench/world_learning.py                 # both suites, resumable (a stage whose output exists is kept)
-    python bench/world_learning.py --suites bank-world
+    python bench/world_learning.py                       # both suites, resumable (finished stages are kept)
+    python bench/world_learning.py --suites bank-world --steps 0 25 50 100
 
-Writes docs/results/world-learning/: one fidelity summary per (suite, stage) and summary.md / summary.json.
+Writes docs/results/world-learning/: one JSON per (suite, stage) with the summary and every pair, and
+summary.md / summary.json.
 """
 
 from __future__ import annotations
@@ -32,37 +37,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from envace.cli import DEMO_FIDELITY_TASKS, _fidelity, demo_sft_config, fidelity_table  # noqa: E402
 from envace.config import SFTConfig  # noqa: E402
 from envace.core.precision import hardware_summary  # noqa: E402
+from envace.math.stats import wilson_interval  # noqa: E402
 from envace.training.sft import sft  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
-REHEARSE_STEPS = 40
-"""Optimizer steps (x 4 gold trajectories) of each Rehearse-only stage; stage i (from 1) has seed i."""
-WARMUPS = {"bank-world": "runs/demo-world/sft"}
-"""Warm-ups made elsewhere (the demo's); a suite without one gets a warm-up of the demo's shape here."""
+STEPS = (0, 25, 50, 100)
+"""Cumulative Rehearse-only optimizer steps (x 4 gold trajectories) after which Rehearse is measured."""
+TASKS = 48
+"""Test tasks of the fixed held-out set (their gold trajectories' Rehearse rows)."""
 
 
 def trained(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "DONE"))
-
-
-def mark_done(path: str) -> None:
-    Path(path, "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
-
-
-def warm_up(suite: str, runs: str) -> str:
-    given = WARMUPS.get(suite)
-    if given and os.path.isdir(os.path.join(given, "checkpoints")):  # saved when the warm-up is done
-        return given
-    out = os.path.join(runs, f"{suite}-sft30")
-    if not trained(out):
-        cfg = demo_sft_config(MODEL, suite, out, seed=0)
-        cfg.progress = False
-        sft(cfg)
-        mark_done(out)
-    return out
 
 
 def rehearse_stage(start: str, suite: str, out: str, seed: int, steps: int) -> str:
@@ -82,21 +70,75 @@ def rehearse_stage(start: str, suite: str, out: str, seed: int, steps: int) -> s
                 progress=False,
             )
         )
-        mark_done(out)
+        Path(out, "DONE").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
     return out
 
 
-def measure(model: str, suite: str, path: Path) -> dict:
+def measure(model: str, suite: str, n_tasks: int, path: Path) -> dict:
     if path.exists():
         return json.loads(path.read_text())["summary"]
+    from envace.backends.hf import HFBackend
+    from envace.backends.models import load_frozen
+    from envace.envs import load_tasks
+    from envace.evaluation.fidelity import measure_teacher_forced
+
     t0 = time.perf_counter()
-    summary = _fidelity(model, suite, DEMO_FIDELITY_TASKS)
+    net, tok = load_frozen(model)
+    res = measure_teacher_forced(
+        HFBackend(net, tok, bf16="auto"), tok, load_tasks(suite, "test", n=n_tasks), model=net, bf16=False
+    )
     path.write_text(
         json.dumps(
-            {"model": model, "suite": suite, "seconds": round(time.perf_counter() - t0), "summary": summary}, indent=1
+            {
+                "model": model,
+                "suite": suite,
+                "tasks": n_tasks,
+                "seconds": round(time.perf_counter() - t0),
+                "summary": res.summary,
+                "pairs": [p.to_dict() for p in res.pairs],
+            },
+            indent=1,
         )
     )
-    return summary
+    return res.summary
+
+
+CELLS = (("all", "overall", None), ("reads", "by_state", "read"), ("writes", "by_state", "write"))
+ERRORS = ("real errors", "by_outcome", "error")
+
+
+def _cell(summary: dict, group: str, bucket: str | None, metric: str = "exact") -> str:
+    s = summary.get(group) if bucket is None else summary.get(group, {}).get(bucket)
+    if not s or not s["n"]:
+        return "-"
+    if metric != "exact":
+        return f"{s[metric]:.2f}"
+    lo, hi = wilson_interval(s["exact"] * s["n"], int(s["n"]))
+    return f"{s['exact']:.2f} [{lo:.2f}, {hi:.2f}] (n={int(s['n'])})"
+
+
+def _nll(summary: dict, group: str, bucket: str | None) -> str:
+    nll = summary.get("nll", {})
+    v = nll.get(group) if bucket is None else nll.get(group, {}).get(bucket)
+    return "-" if v is None else f"{v:.3f}"
+
+
+def table(rows: list[tuple[str, dict]]) -> list[str]:
+    head = [
+        "suite, Rehearse steps",
+        *(f"exact, {h}" for h, _, _ in (*CELLS, ERRORS)),
+        "leaf acc, reads",
+        "leaf acc, writes",
+        "error vs success agrees",
+        *(f"NLL/token, {h}" for h, _, _ in CELLS),
+    ]
+    out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
+    for name, s in rows:
+        cells = [_cell(s, g, b) for _, g, b in (*CELLS, ERRORS)]
+        cells += [_cell(s, "by_state", "read", "leaf_acc"), _cell(s, "by_state", "write", "leaf_acc")]
+        cells += [f"{s['overall']['outcome']:.2f}", *(_nll(s, g, b) for _, g, b in CELLS)]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out
 
 
 def main() -> None:
@@ -104,35 +146,39 @@ def main() -> None:
     p.add_argument("--suites", nargs="+", default=["bank-world", "bank"])
     p.add_argument("--out", default="docs/results/world-learning")
     p.add_argument("--runs", default="runs/world-learning")
-    p.add_argument("--stages", type=int, default=2, help="Rehearse-only stages after the warm-up")
-    p.add_argument("--steps", type=int, default=REHEARSE_STEPS, help="optimizer steps of each stage")
+    p.add_argument("--steps", type=int, nargs="+", default=list(STEPS), help="cumulative steps measured after")
+    p.add_argument("--tasks", type=int, default=TASKS, help="test tasks of the fixed held-out set")
+    p.add_argument("--model", default=MODEL, help="starting model")
     args = p.parse_args()
+    steps = sorted(set(args.steps))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, results = [], {}
     for suite in args.suites:
-        model = warm_up(suite, args.runs)
-        for i in range(args.stages + 1):  # each stage measured as soon as it is trained (a stopped run keeps them)
-            if i == 0:
-                label = "warm-up (SFT 30 x 4, both roles)"
-            else:
-                name = f"{suite}-r{args.steps * i}"
-                model = rehearse_stage(model, suite, os.path.join(args.runs, name), seed=i, steps=args.steps)
-                label = f"+ {args.steps * i} steps x 4, Rehearse rows only"
-            path = model
-            summary = measure(path, suite, out / f"{suite}-{i}.json")
-            rows.append((f"`{suite}`: {label}", summary))
-            results[f"{suite}/{i}"] = {"label": label, "model": path, "summary": summary}
+        model, done = args.model, 0
+        for i, total in enumerate(steps):  # each stage measured as soon as it is trained (a stopped run keeps them)
+            if total > done:
+                run = os.path.join(args.runs, f"{suite}-r{total}")
+                model = rehearse_stage(model, suite, run, seed=i, steps=total - done)
+                done = total
+            summary = measure(model, suite, args.tasks, out / f"{suite}-r{total}.json")
+            rows.append((f"`{suite}`, {total}", summary))
+            results[f"{suite}/{total}"] = {"steps": total, "model": model, "summary": summary}
+            o = summary["overall"]
             print(
-                f"{suite} {label}: exact {summary['overall']['exact']:.3f} (n={int(summary['overall']['n'])})",
+                f"{suite} +{total} Rehearse steps: exact {o['exact']:.3f} leaf {o['leaf_acc']:.3f} "
+                f"nll {summary.get('nll', {}).get('overall')} (n={int(o['n'])})",
                 flush=True,
             )
     lines = [
-        "Rehearse fidelity on the first 24 test tasks of each suite, one trajectory each (Act at T=1.0, seed 1), every",
-        "rehearsed observation against the real one; exact = canonical JSON equal, 95% Wilson interval over observations.",
+        f"Teacher-forced Rehearse fidelity on the gold trajectories of the first {args.tasks} test tasks of each suite:",
+        "every Rehearse row (gold call, real earlier observations) answered greedily and scored against the real",
+        "observation; exact = canonical JSON equal, 95% Wilson interval over observations; NLL/token = negative",
+        "log-likelihood of the real observation per token. Rehearse steps: Rehearse-only SFT steps x 4 gold",
+        f"trajectories from {args.model}.",
         f"`python bench/world_learning.py {' '.join(sys.argv[1:])}`",
         "",
-        *fidelity_table(rows),
+        *table(rows),
         "",
         f"Hardware: {hardware_summary()['cpu']}",
     ]

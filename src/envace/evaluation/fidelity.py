@@ -34,6 +34,13 @@ change and fail when several state fields change at once), by :data:`BREAKDOWNS`
 
 Every pair falls in exactly one bucket of each breakdown, so each breakdown's counts add up to the total.
 :func:`measure_fidelity` runs the shadow rollouts and aggregates.
+
+**Teacher-forced fidelity** (:func:`measure_teacher_forced`) scores Rehearse alone on a set of calls that does not
+depend on the model: each task's gold trajectory (the gold calls, with the *real* earlier observations in Rehearse's
+context, exactly the Rehearse rows supervised training uses) is answered greedily by the model and scored as above,
+and, given a trainable model, the per-token negative log-likelihood of the real observation is recorded
+(``nll``, ``nll_tokens``). Two models, or two checkpoints of one run, are then compared on the same calls whatever
+their Act does; shadow fidelity mixes Rehearse's quality with the calls its own Act happens to make.
 """
 
 from __future__ import annotations
@@ -311,7 +318,116 @@ def measure_fidelity(
     return FidelityResult(summary, pairs, trajs)
 
 
+TEACHER_FORCED_SOURCE = "teacher_forced"
+"""The ``source`` of a pair from :func:`measure_teacher_forced`."""
+
+
+def teacher_forced_pairs(
+    trajs: Sequence[Trajectory], tasks: Sequence[Task], answers: Sequence[Any]
+) -> list[FidelityPair]:
+    """The pairs of gold trajectories' Rehearse rows, in order (row k of a trajectory answers its k-th rehearsed
+    call), with ``answers`` the model's observations for those rows in the same flat order."""
+    env_of = {t.id: t.env for t in tasks}
+    pairs: list[FidelityPair] = []
+    for tr in trajs:
+        for si, step in enumerate(tr.steps):
+            for i, src in enumerate(step.sources):
+                if src != "rehearsed":
+                    continue
+                obs = answers[len(pairs)]
+                real = step.observations[i]  # the gold trajectory's observations are the real ones
+                changed = step.shadow_changed[i] if i < len(step.shadow_changed) else None
+                pairs.append(
+                    FidelityPair(
+                        tr.task_id,
+                        tr.id,
+                        env_of.get(tr.task_id, "?"),
+                        step.calls[i].name,
+                        si,
+                        i,
+                        TEACHER_FORCED_SOURCE,
+                        obs,
+                        real,
+                        observation_fidelity(obs, real),
+                        changed,
+                    )
+                )
+    if len(pairs) != len(answers):
+        raise ValueError(f"{len(answers)} answers for {len(pairs)} rehearsed calls of the gold trajectories")
+    return pairs
+
+
+def mean_nll(pairs: Sequence[FidelityPair]) -> float | None:
+    """Token-weighted mean negative log-likelihood of the real observations (None without NLL scores)."""
+    tokens = sum(p.scores.get("nll_tokens", 0.0) for p in pairs)
+    if not tokens:
+        return None
+    return sum(p.scores["nll"] * p.scores["nll_tokens"] for p in pairs) / tokens
+
+
+def aggregate_nll(pairs: Sequence[FidelityPair]) -> dict[str, Any]:
+    """:func:`mean_nll` overall and per bucket of each :data:`BREAKDOWNS` entry (empty buckets left out)."""
+    out: dict[str, Any] = {"overall": mean_nll(pairs)}
+    for key, bd in BREAKDOWNS.items():
+        out[key] = {b: mean_nll([p for p in pairs if bd.bucket(p) == b]) for b in bd.order}
+        out[key] = {b: v for b, v in out[key].items() if v is not None}
+    return out
+
+
+def measure_teacher_forced(
+    policy: Backend,
+    tokenizer: Any,
+    tasks: list[Task],
+    model: Any = None,
+    bf16: bool = False,
+    max_new_tokens: int = 160,
+    chat_format: str | None = None,
+    tool_format: str | None = None,
+) -> FidelityResult:
+    """Teacher-forced Rehearse fidelity (module docstring): every Rehearse row of the tasks' gold trajectories
+    answered greedily by ``policy`` and scored against the real observation; with ``model`` (the same weights as
+    a torch model) each pair also gets ``nll`` (mean over the real observation's tokens, its closing token
+    included) and ``nll_tokens``, and the summary an ``nll`` block (:func:`aggregate_nll`)."""
+    from ..backends.base import SamplingParams
+    from ..chat.parsing import OBS_CLOSE, parse_observation
+    from ..training.sft import gold_trajectories
+
+    cfg = RolloutConfig(
+        mode="rehearsal",
+        group_size=1,
+        max_steps=64,
+        max_steps_per_turn=64,
+        max_context_tokens=1 << 20,
+        shadow=True,  # records which state fields each real call changed (read vs write)
+        chat_format=chat_format,
+        tool_format=tool_format,
+    )
+    trajs = gold_trajectories(tokenizer, tasks, rollout=cfg)
+    rows = [r for t in trajs for r in t.rows if r.role == "rehearse"]
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=[OBS_CLOSE])
+    gens = policy.generate([r.prompt_ids for r in rows], params) if rows else []
+    pairs = teacher_forced_pairs(trajs, tasks, [parse_observation(g.text)[0] for g in gens])
+    if model is not None and rows:
+        from ..training.update import recompute_old_logprobs
+
+        scored = [dataclasses.replace(r, old_logprobs=[0.0] * len(r.completion_ids)) for r in rows]
+        recompute_old_logprobs(model, scored, micro_batch_tokens=4096, temperatures={}, bf16=bf16)
+        for p, r in zip(pairs, scored):
+            p.scores["nll"] = -sum(r.old_logprobs) / len(r.old_logprobs)
+            p.scores["nll_tokens"] = float(len(r.old_logprobs))
+    summary = aggregate(pairs)
+    summary["skipped"] = {"n_cache": 0, "n_validation": 0, "n_no_shadow": 0}
+    if model is not None:
+        summary["nll"] = aggregate_nll(pairs)
+    return FidelityResult(summary, pairs, trajs)
+
+
 __all__ = [
+    "TEACHER_FORCED_SOURCE",
+    "teacher_forced_pairs",
+    "mean_nll",
+    "aggregate_nll",
+    "measure_teacher_forced",
     "METRICS",
     "leaf_paths",
     "path_str",
