@@ -20,7 +20,11 @@ from envace.evaluation.fidelity import (
     keys_match,
     leaf_accuracy,
     leaf_paths,
+    TEACHER_FORCED_SOURCE,
+    mean_nll,
     measure_fidelity,
+    measure_teacher_forced,
+    teacher_forced_pairs,
     mismatched_leaves,
     observation_fidelity,
     path_str,
@@ -308,3 +312,42 @@ def test_shadow_rollouts_record_what_each_real_call_changed_and_the_breakdowns_a
     steps = [s for t in res.trajectories for s in t.steps]
     assert all(len(s.shadow_changed) == len(s.shadow) for s in steps)
     assert all(c is None for s in steps for c, x in zip(s.shadow_changed, s.shadow) if x is None)
+
+
+class Answers(ScriptedBackend):
+    """Answers each prompt from a table (prompt text -> reply), a fixed garbage reply for any other."""
+
+    def __init__(self, tokenizer, table=None):
+        super().__init__(tokenizer, lambda text: (table or {}).get(text, "I am not sure."))
+
+
+def test_teacher_forced_fidelity_scores_every_gold_call_on_the_same_prompts_whatever_the_model(tiny):
+    model, tok = tiny
+    tasks = load_tasks("bank-world", "test", n=4)
+    n_gold = sum(len(t.flat_gold()) for t in tasks)
+    garbage = Answers(tok)
+    bad = measure_teacher_forced(garbage, tok, tasks, model=model)
+    assert bad.summary["overall"] == {"n": float(n_gold), **{k: 0.0 for k in METRICS}}
+    assert all(p.source == TEACHER_FORCED_SOURCE for p in bad.pairs)
+    assert {"read", "write"} <= set(bad.summary["by_state"])  # gold trajectories record what each call changed
+    # the same prompts again, answered with the real observations: perfect, and the prompts did not change
+    oracle = Answers(tok, {prompt: format_observation(p.real) for prompt, p in zip(garbage.prompts, bad.pairs)})
+    good = measure_teacher_forced(oracle, tok, tasks)
+    assert oracle.prompts == garbage.prompts
+    assert good.summary["overall"] == {"n": float(n_gold), **{k: 1.0 for k in METRICS}}
+    assert "nll" not in good.summary and all("nll" not in p.scores for p in good.pairs)
+    # the NLL of the real observation: one per pair, token-weighted in the summary
+    for p, prompt in zip(bad.pairs, garbage.prompts):
+        assert p.scores["nll"] > 0 and p.scores["nll_tokens"] >= len(tok.encode(format_observation(p.real)))
+        assert "Current call:" in prompt and "name: " + p.tool in prompt.rsplit("Current call:", 1)[1]
+    assert bad.summary["nll"]["overall"] == pytest.approx(mean_nll(bad.pairs))
+    assert set(bad.summary["nll"]["by_state"]) == set(bad.summary["by_state"])
+
+
+def test_teacher_forced_pairs_refuse_answers_that_do_not_match_the_gold_calls(tokenizer):
+    tasks = load_tasks("bank", "test", n=2)
+    res = measure_teacher_forced(Answers(tokenizer), tokenizer, tasks)
+    answers = [p.real for p in res.pairs]
+    assert [p.scores["exact"] for p in teacher_forced_pairs(res.trajectories, tasks, answers)] == [1.0] * len(answers)
+    with pytest.raises(ValueError, match="answers for"):
+        teacher_forced_pairs(res.trajectories, tasks, answers[:-1])

@@ -328,32 +328,34 @@ def teacher_forced_pairs(
     """The pairs of gold trajectories' Rehearse rows, in order (row k of a trajectory answers its k-th rehearsed
     call), with ``answers`` the model's observations for those rows in the same flat order."""
     env_of = {t.id: t.env for t in tasks}
+    calls = [
+        (tr, si, step, i)
+        for tr in trajs
+        for si, step in enumerate(tr.steps)
+        for i, src in enumerate(step.sources)
+        if src == "rehearsed"
+    ]
+    if len(calls) != len(answers):
+        raise ValueError(f"{len(answers)} answers for {len(calls)} rehearsed calls of the gold trajectories")
     pairs: list[FidelityPair] = []
-    for tr in trajs:
-        for si, step in enumerate(tr.steps):
-            for i, src in enumerate(step.sources):
-                if src != "rehearsed":
-                    continue
-                obs = answers[len(pairs)]
-                real = step.observations[i]  # the gold trajectory's observations are the real ones
-                changed = step.shadow_changed[i] if i < len(step.shadow_changed) else None
-                pairs.append(
-                    FidelityPair(
-                        tr.task_id,
-                        tr.id,
-                        env_of.get(tr.task_id, "?"),
-                        step.calls[i].name,
-                        si,
-                        i,
-                        TEACHER_FORCED_SOURCE,
-                        obs,
-                        real,
-                        observation_fidelity(obs, real),
-                        changed,
-                    )
-                )
-    if len(pairs) != len(answers):
-        raise ValueError(f"{len(answers)} answers for {len(pairs)} rehearsed calls of the gold trajectories")
+    for (tr, si, step, i), obs in zip(calls, answers):
+        real = step.observations[i]  # the gold trajectory's observations are the real ones
+        changed = step.shadow_changed[i] if i < len(step.shadow_changed) else None
+        pairs.append(
+            FidelityPair(
+                tr.task_id,
+                tr.id,
+                env_of.get(tr.task_id, "?"),
+                step.calls[i].name,
+                si,
+                i,
+                TEACHER_FORCED_SOURCE,
+                obs,
+                real,
+                observation_fidelity(obs, real),
+                changed,
+            )
+        )
     return pairs
 
 
