@@ -117,6 +117,7 @@ def _project(root: Path, files: dict[str, str]) -> Path:
 @pytest.fixture(scope="module")
 def plugins_on_path(tmp_path_factory) -> dict[str, str]:
     """Both packages pip-installed into one target folder; the environment of a subprocess that imports them."""
+    pytest.importorskip("setuptools", reason="the test packages are built with this environment's setuptools")
     root = tmp_path_factory.mktemp("plugins")
     target = root / "site"
     projects = [_project(root / "good", GOOD), _project(root / "broken", BROKEN)]
