@@ -9,7 +9,7 @@
     envace fidelity --model M --suite S [-n 8] [-k 2] [--mode rehearsal|per_role|simulator] [--backend hf|http|vllm] [--out F]
     envace experiment [--config F] [--set key=value ...]  all arms x seeds x budgets -> report.md / report.html
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
-    envace tasks --suite S [--split test] [-n 3]
+    envace tasks --suite S [--split test] [-n 3]   (--list: the suites, built-in and plug-ins)
     envace export FILE... [--real-only] [--target hf|openai] [--gold --suite S --split train -n 100] --out records.jsonl   OpenAI / HF chat records
     envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory lessons|model|concat]
     envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
@@ -484,8 +484,14 @@ def cmd_serve(cfg: Any) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    from .envs import load_tasks
+    from .envs import load_tasks, registered_suites
 
+    if args.list:
+        suites = registered_suites()
+        width = max(map(len, suites))
+        for name, origin in suites.items():
+            print(f"{name:<{width}}  {origin}")
+        return 0
     for t in load_tasks(args.suite, args.split, n=args.n, seed=args.seed):
         print(json.dumps(t.to_dict(), indent=1, ensure_ascii=False))
     return 0
@@ -1041,7 +1047,10 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(v, "max_tokens_limit", "--max-tokens-limit", type=int)
     _flag(v, "verbose", "--verbose", action="store_true")
 
-    k = sub.add_parser("tasks", help="print tasks of a suite")
+    k = sub.add_parser("tasks", help="print tasks of a suite, or list the suites (--list)")
+    k.add_argument(
+        "--list", action="store_true", help="list the suites --suite accepts (built-in and plug-ins) and exit"
+    )
     k.add_argument("--suite", default="builtin")
     k.add_argument("--split", default="train")
     k.add_argument("-n", type=int, default=2)

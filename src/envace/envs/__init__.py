@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from ..core.registry import UnknownNameError
+from .plugins import PLUGINS, PluginError, load_plugins
 from .base import (
     ENVS,
     FAULT_KINDS,
@@ -86,6 +87,17 @@ def ensure_registered(spec: str) -> None:
         raise
 
 
+def registered_suites() -> dict[str, str]:
+    """Every suite name ``--suite`` accepts -> where it comes from: envace's own (``built-in``, or the extra it
+    needs) and the plug-ins' (:mod:`envace.envs.plugins`: ``dist version (module:attr)``)."""
+    own = {name: f"built-in, extra '{_EXTRAS[name]}'" if name in _EXTRAS else "built-in" for name in _PROVIDERS}
+    return dict(sorted({**own, **{n: f"plug-in: {o}" for n, o in PLUGINS.items()}}.items()))
+
+
+# Suites of other packages (entry points of the group "envace.environments"): registered now, once, after every
+# name above exists, so that a plug-in module may import them from envace.envs.
+load_plugins(reserved=set(_PROVIDERS))
+
 __all__ = [
     "ENVS",
     "FAULT_KINDS",
@@ -109,6 +121,9 @@ __all__ = [
     "call_with_timeout",
     "check_env",
     "ensure_registered",
+    "registered_suites",
+    "PLUGINS",
+    "PluginError",
     "load_tasks",
     "load_tasks_of_kinds",
     "make_env",
