@@ -317,23 +317,18 @@ def test_chat_and_user_settings_reach_the_rollout_of_eval(monkeypatch):
 
     monkeypatch.setattr(envace.evaluation.budget, "evaluate_model", fake)
     sets = ["chat_format=template", "tool_format=mistral", "native_tools=false", "thinking=false", "user=llm"]
-    sets.append("user_model=tiny-random")
+    sets += ["user_model=tiny-random", "thinking_history=keep"]
     with pytest.raises(SystemExit):
         main(["eval", "-n", "1"] + [x for kv in sets for x in ("--set", kv)])
     rc = seen["rollout"]
-    assert (rc.chat_format, rc.tool_format, rc.native_tools, rc.thinking, rc.user, rc.user_model) == (
-        "template",
-        "mistral",
-        False,
-        False,
-        "llm",
-        "tiny-random",
-    )
+    got = (rc.chat_format, rc.tool_format, rc.native_tools, rc.thinking, rc.user, rc.user_model, rc.thinking_history)
+    assert got == ("template", "mistral", False, False, "llm", "tiny-random", "keep")
     assert EvalConfig().chat_io() == {
         "chat_format": None,
         "tool_format": None,
         "native_tools": True,
         "thinking": None,
+        "thinking_history": None,
         "user": "scripted",
         "user_model": None,
     }

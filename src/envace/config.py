@@ -23,6 +23,7 @@ import yaml
 
 from .backends.base import SamplingParams
 from .backends.loaders import LOADERS
+from .chat.prompts import THINKING_HISTORY
 from .core.logging import report_sinks
 from .core.precision import bf16_setting
 from .rewards.functions import DEFAULT_REWARD, JUDGE_MAX_NEW_TOKENS
@@ -254,6 +255,9 @@ class SFTConfig:
     """Where the gold chats' tools are listed, as ``RolloutConfig.native_tools``."""
     thinking: bool | None = None
     """As ``RolloutConfig.thinking``."""
+    thinking_history: str | None = None
+    """As ``RolloutConfig.thinking_history`` (``keep`` / ``strip``; None: the template's own), set as the training run
+    will: the gold chats' earlier turns are written the same way."""
     memory_attempts: int = 0
     """Rehearsal notes in the warm-up (issue 29), off at 0. N > 0: the starting model rehearses each training task N
     times (rehearsal mode, no environment), the attempts are distilled into test-time scaling's ``lessons`` memory
@@ -272,7 +276,7 @@ class SFTConfig:
 
     def __post_init__(self) -> None:
         RolloutConfig(
-            chat_format=self.chat_format, tool_format=self.tool_format
+            chat_format=self.chat_format, tool_format=self.tool_format, thinking_history=self.thinking_history
         )  # an unknown name lists the valid ones
         self.roles = tuple(self.roles)
         self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
@@ -303,6 +307,9 @@ class ChatIO:
     its system turn, else (with a notice) envace's text list; False: envace's text list."""
     thinking: bool | None = None
     """Reasoning models' thinking (Qwen3's ``enable_thinking``); None: the template's default."""
+    thinking_history: str | None = None
+    """``keep`` or ``strip`` the thinking of Act's turns before the last user message (``RolloutConfig.thinking_history``);
+    None: as the chat template does (strip where it drops earlier thinking, as Qwen3's)."""
     user: str = "scripted"
     """User simulator (envace.envs.USERS): ``scripted`` (the task's recorded turns and user actions) or ``llm``."""
     user_model: str | None = None
@@ -310,7 +317,7 @@ class ChatIO:
 
     def chat_io(self) -> dict[str, Any]:
         """These fields, as RolloutConfig keyword arguments."""
-        fields = ("chat_format", "tool_format", "native_tools", "thinking", "user", "user_model")
+        fields = ("chat_format", "tool_format", "native_tools", "thinking", "thinking_history", "user", "user_model")
         return {f: getattr(self, f) for f in fields}
 
 
@@ -523,9 +530,15 @@ class ServeConfig:
     """Most ``max_tokens`` a request may ask for."""
     verbose: bool = False
     """Log every request."""
+    thinking_history: str | None = None
+    """How a request's history is rendered (``RolloutConfig.thinking_history``): ``strip`` drops the thinking of the
+    assistant messages before the last user message, ``keep`` keeps it; None: as the chat template does. Serve a
+    model as it was trained."""
 
     def __post_init__(self) -> None:
         self.bf16 = bf16_setting(self.bf16, "ServeConfig.bf16")
+        if self.thinking_history is not None:
+            THINKING_HISTORY.get(self.thinking_history)  # an unknown name lists the valid ones
         if not 0 <= self.port <= MAX_PORT:
             raise ValueError(f"ServeConfig.port: bad value {self.port!r}: a port is 0 (any free one) to {MAX_PORT}")
         if self.max_batch < 1 or self.batch_wait_ms < 0 or self.stream_segment_tokens < 0:

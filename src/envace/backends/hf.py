@@ -12,8 +12,11 @@ sequence leaves the batch at once.
 Reuse, exact up to kernel rounding: a prompt tagged with a ``session`` that extends the tokens kept for that
 session (the previous prompt + completion of the same context) only encodes its new tokens: the kept keys/values
 are laid into the prefill cache left-padded, with the new tokens after them and the attention mask covering the
-holes. Prompts without kept context that share a long prefix (the K trajectories of a task, the tasks of one
-environment: system prompt and tool schemas) get it prefilled once per cluster. Keys are stored after RoPE, so
+holes. A prompt that agrees with its session's kept tokens only up to some point (a context rewritten since: Act's
+earlier thinking dropped at a new user message, ``RolloutConfig.thinking_history``) reuses the kept keys/values of
+that common prefix (at least ``min_shared_prefix`` tokens) and encodes the rest, never the kept ones past it.
+Prompts without kept context that share a long prefix (the K trajectories of a task, the tasks of one environment:
+system prompt and tool schemas) get it prefilled once per cluster. Keys are stored after RoPE, so
 each sequence keeps its own positions.
 
 Forwards: ``model(...)`` with the slab as its cache, or, for a Llama model with bf16 on CPU (``packed``), the
@@ -256,10 +259,17 @@ class HFBackend(Backend):
         return int(self._text_config().num_hidden_layers)
 
     def _kept_for(self, prompt: list[int], session: str | None) -> "_Kept | None":
-        """The kept context of ``session`` if ``prompt`` extends it (it can then be reused), else None."""
+        """What ``prompt`` can reuse of ``session``'s kept context: all of it if ``prompt`` extends it, else its
+        common prefix with ``prompt`` (a view) when that is at least ``min_shared_prefix`` tokens (the context was
+        rewritten past it), else None."""
         k = self._kept.get(session) if (session is not None and self.keep_sessions) else None
-        if k is None or not _extends(prompt, k.ids):
+        if k is None:
             return None
+        if not _extends(prompt, k.ids):
+            n = common_prefix(prompt, k.ids, len(prompt) - 1)  # leave >= 1 token to encode
+            if n < self.min_shared_prefix:
+                return None
+            k = _Kept(ids=k.ids[:n], kv=k.kv[..., :n, :])  # keys/values are (layers, 2, H, L, D)
         self._kept[session] = self._kept.pop(session)  # most recently used last
         return k
 

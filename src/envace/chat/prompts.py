@@ -21,6 +21,14 @@ previous call (serialized) and the current call (name, schema, arguments); its r
 Departure from the reference code, for prefix reuse: the Rehearse context of a trajectory is one growing chat
 (earlier calls and the observations it produced stay as earlier turns) instead of a fresh prompt per call.
 The information is the same: the whole conversation so far and the current call.
+
+Thinking in the history (:data:`THINKING_HISTORY`, ``RolloutConfig.thinking_history``): some templates are not
+append-only for reasoning models. Qwen3's drops the ``<think>`` block of every assistant turn before the last user
+message, so a context grown by appending (the thinking kept) is not the template's rendering of the same chat.
+``keep`` appends as above, thinking kept (differing from such a template's own rendering); ``strip`` writes every
+assistant turn that a later user message follows as the template does (:func:`earlier_answer`), so each Act turn's
+prompt is the template's rendering of the chat so far, the turns since the last user message as sampled.
+:attr:`ChatFormat.drops_thinking` says whether a tokenizer's template drops it (probed on a chat with thinking).
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .parsing import OBS_CLOSE, OBS_OPEN, TOOL_FORMATS, ToolFormat
+from .parsing import OBS_CLOSE, OBS_OPEN, THINK_CLOSE, TOOL_FORMATS, ToolFormat
 from ..core.registry import Registry
 from ..core.types import Message, ReferenceExample, Task, ToolCall, ToolSpec, dumps
 
@@ -111,7 +119,9 @@ class ChatFormat:
     a tool result as a JSON string, as Llama 3.1's ``tojson`` does). ``fallback``: why a ``template`` format could
     not be used, when this is the ChatML format in its place (None otherwise). ``thinking``: the template's
     ``enable_thinking`` the format was derived with. ``tools_fallback``: why a ``template`` format's own ``tools=``
-    rendering cannot open Act's chat (None: it can, :attr:`renders_tools`)."""
+    rendering cannot open Act's chat (None: it can, :attr:`renders_tools`). ``drops_thinking``: the tokenizer's
+    template drops the thinking of assistant turns before the last user message, as Qwen3's does
+    (:func:`_probe_thinking`; it decides the default :meth:`thinking_history`)."""
 
     tokenizer: Any
     prefixes: dict[str, str]
@@ -124,6 +134,7 @@ class ChatFormat:
     fallback: str | None = None
     thinking: bool | None = None
     tools_fallback: str | None = None
+    drops_thinking: bool = False
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any, name: str | None = None, thinking: bool | None = None) -> "ChatFormat":
@@ -143,7 +154,9 @@ class ChatFormat:
             except AttributeError:  # a tokenizer that takes no attributes: build every time
                 pass
         if key not in cache:
-            cache[key] = build(tokenizer, thinking)
+            fmt = build(tokenizer, thinking)
+            fmt.drops_thinking = _probe_thinking(fmt)
+            cache[key] = fmt
         return cache[key]
 
     def __post_init__(self) -> None:
@@ -223,6 +236,22 @@ class ChatFormat:
             i = text.index(written)
             return self._wrap(text[:i], written, text[i + len(written) :])
         return self.encode(text)
+
+    def thinking_history(self, name: str | None = None) -> str:
+        """The :data:`THINKING_HISTORY` mode ``name`` (an unknown name lists the valid ones); None: the template's
+        own, ``strip`` where it drops earlier thinking (:attr:`drops_thinking`), else ``keep``."""
+        if name is None:
+            return "strip" if self.drops_thinking else "keep"
+        THINKING_HISTORY.get(name)
+        return name
+
+    @property
+    def opened(self) -> str:
+        """The text the generation prompt writes into the assistant's content (Qwen3 with ``enable_thinking``
+        False: an empty ``<think>`` block), "" where it is just the assistant prefix: a sampled turn's content,
+        as the template would be given it, is this followed by the completion's text."""
+        pre = self.prefix("assistant")
+        return self.generation[len(pre) :] if self.generation.startswith(pre) else ""
 
     def generation_prompt(self, role: str = "assistant") -> list[int]:
         return self.encode(self.generation if role == "assistant" else self.prefix(role))
@@ -529,6 +558,57 @@ def template_format(tokenizer: Any, thinking: bool | None = None) -> ChatFormat:
         f"{_model_name(tokenizer)}: chat template not used, rendering ChatML (end of turn {fmt.end}) instead: {reason}"
     )
     return fmt
+
+
+def earlier_answer(content: str) -> str:
+    """An assistant turn's content as Qwen3's template writes it once a later user message follows: the text after
+    its last ``</think>``, leading newlines dropped; content without ``</think>`` is left as it is."""
+    return content.split(THINK_CLOSE)[-1].lstrip("\n") if THINK_CLOSE in content else content
+
+
+# name -> fn(content) -> the content an assistant turn is written with once a later user message follows it
+THINKING_HISTORY: Registry[Callable[[str], str]] = Registry("thinking history")
+THINKING_HISTORY.add("keep", lambda content: content)
+THINKING_HISTORY.add("strip", earlier_answer)
+
+
+def with_thinking_history(messages: list[Message], name: str) -> list[Message]:
+    """``messages`` with each assistant message before the last user message written as :data:`THINKING_HISTORY`
+    ``name`` says (``strip``: without its thinking); the others as they are."""
+    written = THINKING_HISTORY.get(name)
+    last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
+    return [
+        Message(m.role, written(m.content), m.tool_calls) if m.role == "assistant" and i < last_user else m
+        for i, m in enumerate(messages)
+    ]
+
+
+THINK_PROBE = [
+    Message("system", "You are a probe. Answer briefly."),
+    Message("user", "What is 2 + 2?"),
+    Message("assistant", "<think>\nAdd two and two.\n</think>\n\nIt is 4."),
+    Message("user", "And 3 + 3?"),
+]
+"""The chat that tells whether a template drops earlier thinking (:func:`_probe_thinking`)."""
+
+
+def _probe_thinking(fmt: ChatFormat) -> bool:
+    """Whether the tokenizer's chat template drops the thinking of an assistant turn that a user message follows
+    (:data:`THINK_PROBE`); False where it keeps it or fails. Where it drops it otherwise than :func:`earlier_answer`
+    (the ``strip`` rendering differs from the template's), a one-line notice says so."""
+    try:
+        text = fmt.template_text([m.to_dict() for m in THINK_PROBE])
+    except Exception:  # noqa: BLE001 - a template that cannot render the probe: no evidence that it drops thinking
+        return False
+    if "Add two and two." in text:
+        return False
+    want, got = fmt.encode(text), fmt.render(with_thinking_history(THINK_PROBE, "strip"), add_generation_prompt=False)
+    if got != want:
+        notice(
+            f"{_model_name(fmt.tokenizer)}: its chat template drops earlier thinking, but not as envace's thinking_history "
+            f"'strip' does: the probe chat differs {_where_they_differ(fmt, got, want)}"
+        )
+    return True
 
 
 def tool_message_content(obs: Any) -> str:

@@ -30,8 +30,13 @@ Formats: Act and Rehearse contexts are built by appending the segments of the po
 envace.chat.parsing.TOOL_FORMATS), which the system prompt describes; the system prompt lists the tools as the chat
 template renders ``tools=`` where a ``template`` format can (``native_tools``; the trajectory then keeps them in
 ``Trajectory.tools``), else as envace's text. Thinking (``<think>...</think>``) stays in the
-Act context and rows as generated, but is stripped before parsing and kept out of ``Trajectory.messages``, so
+Act rows as generated, but is stripped before parsing and kept out of ``Trajectory.messages``, so
 neither a user simulator nor the Rehearse transcript sees it (``Step.action_text`` keeps the whole output).
+In Act's context it stays until the next user message; there ``thinking_history`` decides: ``keep`` leaves every
+turn as sampled (the context only grows), ``strip`` rewrites the assistant turns of the user turn just ended as a
+template like Qwen3's renders them, without their thinking, so the next prompts are the template's rendering of
+the chat. Each Act generation is its own row either way (its prompt, its exact sampled completion), so advantages
+and losses are unchanged; with ``strip`` the prompt of a user turn's first step no longer extends the previous one.
 
 Context bound: before every Act generation and every Rehearse generation (the policy's, a second model's, or a
 simulator's chat) the engine checks prompt + ``max_new_tokens`` against ``max_context_tokens``; a context that
@@ -63,6 +68,7 @@ from ..chat.parsing import (
 )
 from ..chat.prompts import (
     CHAT_FORMATS,
+    THINKING_HISTORY,
     ChatFormat,
     act_system,
     rehearse_system,
@@ -137,6 +143,15 @@ class RolloutConfig:
     """Reasoning models' thinking (Qwen3's ``enable_thinking``): True / False is passed to the chat template where
     the generation prompt is derived (False: an empty ``<think>`` block); None: the template's default. Any
     ``<think>`` text of an Act output is stripped before parsing and never shown to a user or to Rehearse."""
+    thinking_history: str | None = None
+    """What Act's context keeps of its earlier thinking once a new user message comes (envace.chat.prompts.
+    THINKING_HISTORY): ``keep`` (append-only: every turn stays as sampled, thinking included, which differs from
+    the rendering of a template that drops it) or ``strip`` (the turns before the last user message lose their
+    ``<think>`` block, as Qwen3's template renders a history: each Act turn is one sample whose prompt is the
+    template's rendering of the chat so far and whose completion is the exact sampled ids; a user turn's first
+    prompt is then not an extension of the last context, and backends reuse only the common prefix). None: what
+    the tokenizer's template does (``strip`` where it drops earlier thinking, ``ChatFormat.drops_thinking``, else
+    ``keep``)."""
     seed: int = 0
     progress: bool = False
 
@@ -149,6 +164,8 @@ class RolloutConfig:
             CHAT_FORMATS.get(self.chat_format)
         if self.tool_format is not None and self.tool_format not in TOOL_FORMATS:
             TOOL_FORMATS.get(self.tool_format)
+        if self.thinking_history is not None and self.thinking_history not in THINKING_HISTORY:
+            THINKING_HISTORY.get(self.thinking_history)
         if self.group_size < 1 or self.max_steps < 1 or self.max_steps_per_turn < 1:
             raise ValueError("group_size, max_steps and max_steps_per_turn must be >= 1")
 
@@ -171,6 +188,8 @@ class _Live:
     calls: list[ToolCall] = field(default_factory=list)  # calls of the current step awaiting observations
     results: list[tuple[ToolCall, Any, str, Any]] = field(default_factory=list)  # their answers so far
     open_step: bool = False  # an Act generation was taken and its step is not closed yet (continuous)
+    act_turns: list[tuple[int, int, str]] = field(default_factory=list)  # Act's turns since the last user message:
+    # (start, end) of each in act_ids and its content as the template is given it (ChatFormat.opened + the text)
 
 
 class Observer(ABC):
@@ -372,6 +391,8 @@ class RolloutEngine:
         self.fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
         self.tools = tool_format_for(policy.tokenizer, cfg.tool_format)
         self.native_tools = self.fmt.uses_native_tools(cfg.native_tools)  # the template renders Act's tools
+        self.thinking_history = self.fmt.thinking_history(cfg.thinking_history)  # keep | strip (None: the template's)
+        self._earlier = THINKING_HISTORY.get(self.thinking_history)  # content -> as written once a user follows
         self.observer = OBSERVERS.get(cfg.mode)(policy, rehearser=rehearser, simulator=simulator)
         self.memory = memory or {}  # task id -> rehearsal memory shown to Act (test-time scaling)
         self._calls = 0
@@ -424,10 +445,20 @@ class RolloutEngine:
         if text is None:
             lv.done = True
             return
+        self._write_earlier_turns(lv)
         lv.traj.messages.append(Message("user", text))
         lv.act_ids += self.fmt.message("user", text)
         lv.reh_pending.append(f"[user] {text.strip()}")
         lv.steps_in_turn = 0
+
+    def _write_earlier_turns(self, lv: _Live) -> None:
+        """A user message comes: Act's turns since the last one are written as ``thinking_history`` says (``strip``:
+        a turn with thinking becomes the assistant message of its content without it; ``keep``: as sampled)."""
+        for start, end, content in reversed(lv.act_turns):  # from the end: earlier spans keep their offsets
+            written = self._earlier(content)
+            if written != content:
+                lv.act_ids[start:end] = self.fmt.message("assistant", written)
+        lv.act_turns = []
 
     def rehearse_prompt(self, lv: _Live, call: ToolCall) -> list[int]:
         content = rehearse_user_message(lv.reh_pending, call, lv.task.tool(call.name))
@@ -618,7 +649,10 @@ class RolloutEngine:
         lv.open_step = True
         tr = lv.traj
         tr.rows.append(Row.from_generation("act", prompt, g, lv.task.id, tr.id, tr.group_id, step=len(tr.steps)))
+        start = len(lv.act_ids)  # the prompt is the context and the generation prompt
         lv.act_ids = prompt + g.token_ids + self.fmt.close_completion(g.token_ids)
+        if isinstance(g.text, str):  # (a turn without text is never rewritten)
+            lv.act_turns.append((start, len(lv.act_ids), self.fmt.opened + g.text))
         lv.steps_in_turn += 1
         tr.count("act/steps")
         if g.finish_reason == "length":

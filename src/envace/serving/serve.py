@@ -11,7 +11,9 @@ function tools) go into the system message the way Act's are (as the chat templa
 are, ``RolloutConfig.native_tools`` at its default), assistant ``tool_calls`` and ``tool`` messages are
 Act's ``<tool_call>`` blocks and observations, and a reply that is a well-formed call of one of the tools comes back
 as ``tool_calls`` with finish_reason ``tool_calls`` (:mod:`envace.chat.openai_api`). ``tool_choice``: ``auto`` or
-``none``; ``required`` and a named function are refused (400): the output is not constrained.
+``none``; ``required`` and a named function are refused (400): the output is not constrained. The ``<think>`` blocks
+of assistant messages before the last user message are dropped where the chat template drops them (Qwen3's) and
+kept otherwise, as Act's context holds them (``ServerConfig.thinking_history``).
 
 Both endpoints: ``stream`` (Server-Sent Events in OpenAI's chunk format, ending ``data: [DONE]``;
 ``stream_options.include_usage`` adds a usage chunk), ``n``, ``stop``, ``seed``, ``max_tokens`` (chat also
@@ -71,6 +73,7 @@ from ..backends.base import Backend, Generation, SamplingParams
 from ..backends.worker import GenerationWorker, Job, Update
 from ..chat.openai_api import RequestError, act_messages, openai_tool_calls, parses_calls, reply, tool_specs
 from ..chat.parsing import tool_format_for
+from ..chat.prompts import with_thinking_history
 from ..core.types import ToolCall
 
 MAX_BODY_BYTES = 16 << 20
@@ -198,6 +201,10 @@ class ServerConfig:
     """A streamed request's text is sent every this many tokens (backends with ``streams``; each piece costs a
     one-token prefill). 0: at the end."""
     verbose: bool = False
+    thinking_history: str | None = None
+    """How a chat's earlier thinking is rendered (``envace.chat.prompts.THINKING_HISTORY``): ``strip`` drops the
+    ``<think>`` block of the assistant messages before the last user message, ``keep`` keeps it; None: as the chat
+    template does (``ChatFormat.drops_thinking``), which is the rollout's default too."""
 
 
 @dataclass
@@ -317,6 +324,7 @@ class EnvaceServer:
         except (ValueError, AttributeError) as e:  # completions still work
             self.fmt, self._no_chat = None, str(e)
         self.native_tools = self.fmt is not None and self.fmt.uses_native_tools(True)  # as the rollout's default
+        self.thinking_history = self.fmt.thinking_history(cfg.thinking_history) if self.fmt is not None else "keep"
         self.tools = tool_format_for(self.tokenizer)  # how the model writes calls (as the rollout chooses it)
         self.vocab_size = len(self.tokenizer) if hasattr(self.tokenizer, "__len__") else None
         self.token_chars = longest_token(self.tokenizer)
@@ -456,6 +464,7 @@ class EnvaceServer:
         specs = tool_specs(body.get("tools"))
         parse = parses_calls(body.get("tool_choice"), specs)
         messages = act_messages(body.get("messages"), specs, self.tools, tool_list=not self.native_tools)
+        messages = with_thinking_history(messages, self.thinking_history)  # earlier thinking, as Act's context has it
         self._check_chars(sum(len(m.content) for m in messages), params, "messages")
         prompt = self.fmt.render(messages, add_generation_prompt=True, tools=specs if self.native_tools else None)
         return self._request(
@@ -809,6 +818,7 @@ def serve(cfg: Any) -> None:
         batch_wait_s=cfg.batch_wait_ms / 1000,
         stream_segment_tokens=cfg.stream_segment_tokens,
         verbose=cfg.verbose,
+        thinking_history=cfg.thinking_history,
     )
     server = EnvaceServer(backend, scfg)
     url = server.bind(cfg.host, cfg.port)

@@ -117,6 +117,7 @@ def gold_trajectories(
     thinking: bool | None = None,
     native_tools: bool = True,
     memory: dict[str, str] | None = None,
+    thinking_history: str | None = None,
 ) -> list[Trajectory]:
     """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine. The formats
     (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given. ``memory`` (task id ->
@@ -131,6 +132,7 @@ def gold_trajectories(
         chat_format=chat_format,
         tool_format=tool_format,
         thinking=thinking,
+        thinking_history=thinking_history,
         native_tools=native_tools,
     )
     cfg.group_size = 1
@@ -154,6 +156,7 @@ def lesson_rollout(cfg: SFTConfig) -> RolloutConfig:
         chat_format=cfg.chat_format,
         tool_format=cfg.tool_format,
         thinking=cfg.thinking,
+        thinking_history=cfg.thinking_history,
         native_tools=cfg.native_tools,
         progress=cfg.progress,
     )
@@ -176,7 +179,11 @@ def sft(cfg: SFTConfig) -> SFTResult:
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
     io = dict(
-        chat_format=cfg.chat_format, tool_format=cfg.tool_format, thinking=cfg.thinking, native_tools=cfg.native_tools
+        chat_format=cfg.chat_format,
+        tool_format=cfg.tool_format,
+        thinking=cfg.thinking,
+        thinking_history=cfg.thinking_history,
+        native_tools=cfg.native_tools,
     )
     trajs = gold_trajectories(tok, tasks, **io)
     if cfg.memory_attempts:  # the starting model's own rehearsals, distilled; then the same gold, with the notes

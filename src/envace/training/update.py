@@ -3,6 +3,8 @@
 Rows of one context (the Act chat of a trajectory, or its Rehearse context) are prefixes of each other: the
 prompt of step t+1 is the prompt of step t, its completion, and what came back. Such a chain is *packed* into
 one sequence and run through the model once; each row's completion log-probs are read off at its own positions.
+A row that does not extend the chain starts a new one (Act with ``RolloutConfig.thinking_history`` ``strip``: a
+user turn's first prompt, the earlier thinking dropped), so every row is trained on its own prompt.
 This is exact for a causal model and removes both the re-encoding of shared prefixes and most padding.
 Logits are computed only at completion positions (the LM head is applied to the selected hidden states).
 
