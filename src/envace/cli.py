@@ -17,10 +17,10 @@
 sft, train, eval, fidelity, experiment, rollout, rehearse, serve and export are each configured by one typed dataclass
 (TrainConfig, SFTConfig, EvalConfig, FidelityConfig, ExperimentConfig, RolloutBatchConfig, RehearseConfig,
 ServeConfig, ExportConfig) and take ``--config F.yaml``, ``--set key=value`` (repeatable, dotted for nested fields) and
-``--print-config`` (print the resolved config as YAML and exit). Their other flags are shorthands of fields
-(``-n 20`` is ``--set n=20``). Precedence: dataclass defaults < the file < shorthand flags < ``--set``. ``--help``
-lists every field with its default and docstring. ``--backend http`` evaluates a served model: ``--model`` is then
-the server's http(s)://host:port/v1 URL. The demo itself lives in envace.evaluation.demo.
+``--print-config`` (print the resolved config as YAML and exit). Their other flags are shorthands of fields, listed
+by name in :data:`FLAGS` (``-n 20`` is ``--set n=20``). Precedence: dataclass defaults < the file < shorthand flags
+< ``--set``. ``--help`` lists every field with its default and docstring. ``--backend http`` evaluates a served
+model: ``--model`` is then the server's http(s)://host:port/v1 URL. The demo itself lives in envace.evaluation.demo.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from .evaluation.demo import (  # noqa: F401
 
 
 MODEL_HELP = "model name, model folder, or training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter is merged into its base)"
+SERVED_MODEL_HELP = MODEL_HELP + "; with --backend http the server's URL"
 
 
 def cmd_sft(cfg: Any) -> int:
@@ -435,7 +436,7 @@ _CONTROL = {
 
 
 def config_class(path: str) -> type:
-    """The config dataclass that ``"module:Class"`` names (imported on use: the config modules take ~0.4 s)."""
+    """The config dataclass that ``"module:Class"`` names (imported on use: only the command that runs needs it)."""
     import importlib
 
     module, name = path.split(":")
@@ -443,16 +444,36 @@ def config_class(path: str) -> type:
 
 
 class _Parser(argparse.ArgumentParser):
-    """A parser whose command may be configured by a dataclass (``config="module:Class"``): its ``--help`` ends with
-    the dataclass's fields, their defaults and docstrings (envace.config.config_help), built only when shown."""
+    """A parser whose command may be configured by a dataclass (``config="module:Class"``): its shorthand flags
+    (:data:`FLAGS`) are added when the command is parsed or its usage shown, and its ``--help`` ends with the
+    dataclass's fields, their defaults and docstrings (envace.config.config_help), built only when shown. So only
+    the command that runs imports its config's module (the flags take their types from its fields)."""
 
-    def __init__(self, *args: Any, config: str | None = None, **kw: Any):
+    def __init__(self, *args: Any, config: str | None = None, command: str | None = None, **kw: Any):
         self.config = config
+        self.command = command
+        self.flags_added = False
         if config:
             kw.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kw)
 
+    def add_config_flags(self) -> None:
+        """Add this command's shorthand flags (:data:`FLAGS`), once."""
+        if self.config and not self.flags_added:
+            self.flags_added = True
+            if self.command in FLAGS:
+                _add_flags(self, self.command, config_class(self.config))
+
+    def parse_known_args(self, *args: Any, **kw: Any) -> Any:
+        self.add_config_flags()
+        return super().parse_known_args(*args, **kw)
+
+    def format_usage(self) -> str:
+        self.add_config_flags()
+        return super().format_usage()
+
     def format_help(self) -> str:
+        self.add_config_flags()
         if self.config and self.epilog is None:
             from .config import config_help
 
@@ -461,8 +482,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> argparse.ArgumentParser:  # noqa: A002
-    """A command configured by the dataclass ``config``: ``--config``, ``--set``, ``--print-config``."""
-    p = sub.add_parser(name, help=help, config=config)
+    """A command configured by the dataclass ``config``: ``--config``, ``--set``, ``--print-config`` and, when it is
+    parsed, its shorthand flags (:data:`FLAGS`)."""
+    p = sub.add_parser(name, help=help, config=config, command=name)
     p.add_argument("--config", metavar="F.yaml", help="YAML file of config fields (listed below)")
     p.add_argument(
         "--set",
@@ -477,10 +499,86 @@ def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> arg
     return p
 
 
-def _flag(p: argparse.ArgumentParser, field: str, *names: str, **kw: Any) -> None:
-    """A shorthand flag of ``--set FIELD=VALUE``; absent unless given, so that the config file's value stands."""
-    kw.setdefault("help", f"same as --set {field}=" + ("true" if kw.get("action") == "store_true" else "..."))
-    p.add_argument(*names, dest=field, default=argparse.SUPPRESS, **kw)
+BACKENDS = "hf|http|vllm|auto"
+MEMORIES = "lessons|model|concat"
+FLAGS: dict[str, str] = {
+    "eval": "model backend suite split n samples tts_n tts_mode tts_memory tts_records temperature max_steps"
+    " max_new_tokens seed bf16 out trajectories",
+    "fidelity": "model backend suite split n k mode rehearser simulator validate_in_code reference_cache max_steps"
+    " max_new_tokens seed show out",
+    "rollout": "model suite split mode simulator rehearser n k max_steps max_new_tokens shadow seed show out",
+    "export": "gold suite split n seed model real_only target content system out",
+    "rehearse": "model suite split index n mode memory memory_max_tokens max_steps max_new_tokens temperature seed out",
+    "serve": "model served_model_name host port backend device bf16 max_batch batch_wait_ms stream_segment_tokens"
+    " default_max_tokens max_tokens_limit verbose",
+}
+"""Configured command -> the fields of its config that have a flag of their own, in ``--help``'s order. Each flag is
+``--set FIELD=VALUE`` in short, spelled from its field (``--max-new-tokens`` for max_new_tokens, ``-n`` for n) and
+parsed by its field's type (:data:`FLAG_KINDS`); :data:`FLAG_EXTRAS` lists what else a few of them have. A new
+shorthand is a field name here, not a new argument."""
+
+FLAG_EXTRAS: dict[str, dict[str, Any]] = {
+    "eval.model": dict(help=SERVED_MODEL_HELP),
+    "eval.backend": dict(metavar=BACKENDS),
+    "eval.samples": dict(flags=("--samples", "-k")),
+    "eval.tts_mode": dict(metavar="parallel|sequential"),
+    "eval.tts_memory": dict(metavar=MEMORIES),
+    "eval.tts_records": dict(metavar="FILE.jsonl"),
+    "fidelity.model": dict(help=SERVED_MODEL_HELP),
+    "fidelity.backend": dict(metavar=BACKENDS),
+    "fidelity.mode": dict(metavar="rehearsal|per_role|simulator"),
+    "rollout.model": dict(help=MODEL_HELP),
+    "export.model": dict(help="model whose tokenizer renders the gold rollouts"),
+    "export.target": dict(
+        metavar="hf|openai", help="same as --set target=...: hf (chat templates, TRL) or openai (fine-tuning API)"
+    ),
+    "export.content": dict(metavar="text|raw"),
+    "export.system": dict(metavar="seen|task"),
+    "rehearse.model": dict(help=MODEL_HELP),
+    "rehearse.n": dict(flags=("-N",)),
+    "rehearse.mode": dict(metavar="parallel|sequential"),
+    "rehearse.memory": dict(metavar=MEMORIES),
+    "serve.model": dict(help=MODEL_HELP),
+}
+"""``"command.field"`` -> what its flag has besides the rule of :data:`FLAGS`: other spellings (``flags``, the
+spelled one included if it stays), the choices it shows (``metavar``), a ``help`` that says more than the default."""
+
+FLAG_KINDS: dict[str, dict[str, Any]] = {
+    "str": {},
+    "str | None": {},
+    "int": dict(type=int),
+    "int | None": dict(type=int),
+    "float": dict(type=float),
+    "float | None": dict(type=float),
+    "bool": dict(action="store_true"),
+    "bool | str": _BF16_ARG,  # the bf16 settings: true, false or auto
+}
+"""A field's type annotation (as written in its dataclass) -> how its flag parses a value."""
+
+
+def flag_names(field: str) -> tuple[str, ...]:
+    """The flag spelled from ``field``: ``-n`` for a one-letter field, else ``--max-new-tokens`` for max_new_tokens."""
+    return (f"-{field}",) if len(field) == 1 else ("--" + field.replace("_", "-"),)
+
+
+def _add_flags(p: argparse.ArgumentParser, command: str, cls: type) -> None:
+    """The shorthand flags of ``command`` (:data:`FLAGS`), each absent unless given, so that the config file's value
+    stands. A table entry that is no field of ``cls``, or a field type no flag parses, raises ``ValueError`` (when the
+    command is parsed: tests/test_cli_configs.py parses each)."""
+    import dataclasses
+
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    for field in FLAGS.get(command, "").split():
+        if field not in types:
+            raise ValueError(f"FLAGS[{command!r}]: {cls.__name__} has no field {field!r}; fields: {', '.join(types)}")
+        if types[field] not in FLAG_KINDS:
+            raise ValueError(
+                f"{cls.__name__}.{field}: no flag parses a {types[field]!r}; valid: {', '.join(FLAG_KINDS)}"
+            )
+        kw = {**FLAG_KINDS[types[field]], **FLAG_EXTRAS.get(f"{command}.{field}", {})}
+        names = kw.pop("flags", flag_names(field))
+        kw.setdefault("help", f"same as --set {field}=" + ("true" if kw.get("action") == "store_true" else "..."))
+        p.add_argument(*names, dest=field, default=argparse.SUPPRESS, **kw)
 
 
 def command_config(args: argparse.Namespace) -> Any:
@@ -547,30 +645,13 @@ def build_parser() -> argparse.ArgumentParser:
     _config_command(sub, "sft", "envace.config:SFTConfig", cmd_sft, "supervised warm-up on gold trajectories")
     _config_command(sub, "train", "envace.config:TrainConfig", cmd_train, "role-wise GRPO training (any variant)")
 
-    e = _config_command(
+    _config_command(
         sub,
         "eval",
         "envace.config:EvalConfig",
         cmd_eval,
         "evaluate a model in the real environment (optionally after private test-time rehearsal)",
     )
-    _flag(e, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
-    _flag(e, "backend", "--backend", metavar="hf|http|vllm|auto")
-    _flag(e, "suite", "--suite")
-    _flag(e, "split", "--split")
-    _flag(e, "n", "-n", type=int)
-    _flag(e, "samples", "--samples", "-k", type=int)
-    _flag(e, "tts_n", "--tts-n", type=int)
-    _flag(e, "tts_mode", "--tts-mode", metavar="parallel|sequential")
-    _flag(e, "tts_memory", "--tts-memory", metavar="lessons|model|concat")
-    _flag(e, "tts_records", "--tts-records", metavar="FILE.jsonl")
-    _flag(e, "temperature", "--temperature", type=float)
-    _flag(e, "max_steps", "--max-steps", type=int)
-    _flag(e, "max_new_tokens", "--max-new-tokens", type=int)
-    _flag(e, "seed", "--seed", type=int)
-    _flag(e, "bf16", "--bf16", **_BF16_ARG)
-    _flag(e, "out", "--out")
-    _flag(e, "trajectories", "--trajectories", action="store_true")
 
     c = sub.add_parser(
         "compare", help="paired comparison of two saved eval results (envace eval --out) on the same tasks"
@@ -582,29 +663,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     c.set_defaults(fn=cmd_compare)
 
-    f = _config_command(
+    _config_command(
         sub,
         "fidelity",
         "envace.config:FidelityConfig",
         cmd_fidelity,
         "rehearsal fidelity: rehearsed vs real observations on shadow rollouts",
     )
-    _flag(f, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
-    _flag(f, "backend", "--backend", metavar="hf|http|vllm|auto")
-    _flag(f, "suite", "--suite")
-    _flag(f, "split", "--split")
-    _flag(f, "n", "-n", type=int)
-    _flag(f, "k", "-k", type=int)
-    _flag(f, "mode", "--mode", metavar="rehearsal|per_role|simulator")
-    _flag(f, "rehearser", "--rehearser")
-    _flag(f, "simulator", "--simulator")
-    _flag(f, "validate_in_code", "--validate-in-code", action="store_true")
-    _flag(f, "reference_cache", "--reference-cache", action="store_true")
-    _flag(f, "max_steps", "--max-steps", type=int)
-    _flag(f, "max_new_tokens", "--max-new-tokens", type=int)
-    _flag(f, "seed", "--seed", type=int)
-    _flag(f, "show", "--show", type=int)
-    _flag(f, "out", "--out")
 
     _config_command(
         sub,
@@ -614,27 +679,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the paper's comparison in miniature: all arms x seeds x rehearsal budgets, report folder",
     )
 
-    r = _config_command(
+    _config_command(
         sub,
         "rollout",
         "envace.config:RolloutBatchConfig",
         cmd_rollout,
         "roll out one batch and write the trajectories as JSON lines",
     )
-    _flag(r, "model", "--model", help=MODEL_HELP)
-    _flag(r, "suite", "--suite")
-    _flag(r, "split", "--split")
-    _flag(r, "mode", "--mode")
-    _flag(r, "simulator", "--simulator")
-    _flag(r, "rehearser", "--rehearser")
-    _flag(r, "n", "-n", type=int)
-    _flag(r, "k", "-k", type=int)
-    _flag(r, "max_steps", "--max-steps", type=int)
-    _flag(r, "max_new_tokens", "--max-new-tokens", type=int)
-    _flag(r, "shadow", "--shadow", action="store_true")
-    _flag(r, "seed", "--seed", type=int)
-    _flag(r, "show", "--show", type=int)
-    _flag(r, "out", "--out")
 
     x = _config_command(
         sub,
@@ -650,65 +701,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="same as --set inputs=FILE,...: trajectories.jsonl (or a run folder), rollout --out, eval --trajectories --out, fidelity --out",
     )
-    _flag(x, "gold", "--gold", action="store_true")
-    _flag(x, "suite", "--suite")
-    _flag(x, "split", "--split")
-    _flag(x, "n", "-n", type=int)
-    _flag(x, "seed", "--seed", type=int)
-    _flag(x, "model", "--model", help="model whose tokenizer renders the gold rollouts")
-    _flag(x, "real_only", "--real-only", action="store_true")
-    _flag(
-        x,
-        "target",
-        "--target",
-        metavar="hf|openai",
-        help="same as --set target=...: hf (chat templates, TRL) or openai (fine-tuning API)",
-    )
-    _flag(x, "content", "--content", metavar="text|raw")
-    _flag(x, "system", "--system", metavar="seen|task")
-    _flag(x, "out", "--out")
 
-    h = _config_command(
+    _config_command(
         sub,
         "rehearse",
         "envace.config:RehearseConfig",
         cmd_rehearse,
         "test-time scaling on one task: private rehearsal, memory, one real run",
     )
-    _flag(h, "model", "--model", help=MODEL_HELP)
-    _flag(h, "suite", "--suite")
-    _flag(h, "split", "--split")
-    _flag(h, "index", "--index", type=int)
-    _flag(h, "n", "-N", type=int)
-    _flag(h, "mode", "--mode", metavar="parallel|sequential")
-    _flag(h, "memory", "--memory", metavar="lessons|model|concat")
-    _flag(h, "memory_max_tokens", "--memory-max-tokens", type=int)
-    _flag(h, "max_steps", "--max-steps", type=int)
-    _flag(h, "max_new_tokens", "--max-new-tokens", type=int)
-    _flag(h, "temperature", "--temperature", type=float)
-    _flag(h, "seed", "--seed", type=int)
-    _flag(h, "out", "--out")
 
-    v = _config_command(
+    _config_command(
         sub,
         "serve",
         "envace.config:ServeConfig",
         cmd_serve,
         "serve a model over an OpenAI-compatible HTTP API (for simulators, judges, evaluation)",
     )
-    _flag(v, "model", "--model", help=MODEL_HELP)
-    _flag(v, "served_model_name", "--served-model-name")
-    _flag(v, "host", "--host")
-    _flag(v, "port", "--port", type=int)
-    _flag(v, "backend", "--backend")
-    _flag(v, "device", "--device")
-    _flag(v, "bf16", "--bf16", **_BF16_ARG)
-    _flag(v, "max_batch", "--max-batch", type=int)
-    _flag(v, "batch_wait_ms", "--batch-wait-ms", type=float)
-    _flag(v, "stream_segment_tokens", "--stream-segment-tokens", type=int)
-    _flag(v, "default_max_tokens", "--default-max-tokens", type=int)
-    _flag(v, "max_tokens_limit", "--max-tokens-limit", type=int)
-    _flag(v, "verbose", "--verbose", action="store_true")
 
     k = sub.add_parser("tasks", help="print tasks of a suite, or list the suites (--list)")
     k.add_argument(
