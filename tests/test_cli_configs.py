@@ -307,9 +307,10 @@ def test_a_table_entry_naming_a_missing_field_stops_the_parser(monkeypatch):
 
 
 def test_only_the_command_that_runs_imports_its_config_for_its_flags():
+    loaded = "print('envace.config' in sys.modules)"
     code = (
-        "import sys; from envace.cli import build_parser; p = build_parser(); p.parse_args(['tasks']); "
-        "print('envace.config' in sys.modules); p.parse_args(['eval', '-n', '2']); print('envace.config' in sys.modules)"
+        "import sys; from envace.cli import build_parser; p = build_parser(); "
+        f"p.parse_args(['tasks']); {loaded}; p.parse_args(['eval', '-n', '2']); {loaded}"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "True"]
