@@ -27,7 +27,7 @@ import yaml
 
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
-from envace.cli import _demo_rollout
+from envace.evaluation.demo import demo_rollout
 from envace.envs import load_tasks
 from envace.backends.models import DEFAULT_MODEL, load
 from envace.core.precision import bf16_setting
@@ -114,7 +114,7 @@ def main() -> None:
             judge_params=SamplingParams(temperature=0.0, max_new_tokens=args.judge_max_new_tokens),
         )
     tasks = load_tasks(args.suite, args.split, n=args.n, seed=args.seed)
-    rollout_cfg = _demo_rollout(group_size=args.k, shadow=True, seed=args.seed)
+    rollout_cfg = demo_rollout(group_size=args.k, shadow=True, seed=args.seed)
     t1 = time.perf_counter()
     report, records, trajs = measure_reward_agreement(
         policy,
@@ -141,7 +141,7 @@ def main() -> None:
         "judge": args.judge,
         "judge_max_new_tokens": args.judge_max_new_tokens if args.judge else None,
         "rewards": [spec_label(s) for s in specs],
-        "rollout": "envace.cli._demo_rollout(group_size=K, shadow=True)",
+        "rollout": "envace.evaluation.demo.demo_rollout(group_size=K, shadow=True)",
         "load_s": round(t1 - t0, 1),
         "rollout_and_scoring_s": round(wall, 1),
         "n_calls_per_traj": sum(len(t.calls()) for t in trajs) / max(len(trajs), 1),

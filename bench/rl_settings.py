@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import dataclasses  # noqa: E402
 
-from envace.cli import HEADROOM_KINDS, _demo_rollout, demo_sft_config, demo_train_config  # noqa: E402
+from envace.evaluation.demo import HEADROOM_KINDS, demo_rollout, demo_sft_config, demo_train_config  # noqa: E402
 from envace.config import to_dict  # noqa: E402
 from envace.evaluation.budget import evaluate_model  # noqa: E402
 from envace.evaluation.trials import compare_results, format_comparison, load_result, save_result  # noqa: E402
@@ -89,7 +89,8 @@ def warmup_name(over: dict) -> str:
     return "sft-" + "-".join(f"{k}={'+'.join(v) if isinstance(v, tuple) else v}" for k, v in sorted(over.items()))
 
 
-# over the demo's EnvACE step (envace.cli.demo_train_config: 4 iterations x 2 tasks x 4 trajectories, lr 1e-5)
+# over the demo's EnvACE step (envace.evaluation.demo.demo_train_config: 4 iterations x 2 tasks x 4 trajectories,
+# lr 1e-5)
 RL_DEFAULTS = dict(progress=False, bf16="auto", rollout_bf16="auto")
 
 
@@ -97,7 +98,7 @@ def evaluate(model: str, path: str) -> dict:
     if not os.path.exists(path):
         t0 = time.perf_counter()
         res = evaluate_model(
-            model, "bank", SPLIT, N_TASKS, 1, seed=EVAL_SEED, rollout=_demo_rollout(), bf16="auto", progress=False
+            model, "bank", SPLIT, N_TASKS, 1, seed=EVAL_SEED, rollout=demo_rollout(), bf16="auto", progress=False
         )
         save_result(res, path, config={"model": model, "split": SPLIT, "wall_s": round(time.perf_counter() - t0, 1)})
     return load_result(path)

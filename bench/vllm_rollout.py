@@ -1,8 +1,9 @@
 """Rollouts and RL iterations on envace's HF engine (float32, bf16) and on vLLM (in process, CPU or GPU), side by
 side in one run.
 
-The policy is a short SFT warm-up of the demo (``--warmup-steps`` steps of ``envace.cli.demo_sft_config`` on the demo's
-suite; reused from ``--warm-model``), so that Act calls tools and Rehearse has calls to answer, as in the demo's RL.
+The policy is a short SFT warm-up of the demo (``--warmup-steps`` steps of
+``envace.evaluation.demo.demo_sft_config`` on the demo's suite; reused from ``--warm-model``), so that Act calls tools
+and Rehearse has calls to answer, as in the demo's RL.
 Four workloads, each run by every engine (``--engines``) one after the other, with the demo's rollout settings:
 
 - ``rehearsal``: the rollout benchmark, ``RolloutEngine`` in rehearsal mode on B tasks x K trajectories (Act
@@ -14,8 +15,8 @@ Four workloads, each run by every engine (``--engines``) one after the other, wi
 - ``act_prompts``: the same fixed prompts (the first Act prompt of every trajectory of the HF rollout) in one
   ``generate`` call, T=1, ``--max-new`` tokens at most: the same work for both engines.
 
-- ``rl_iteration``: one iteration of the demo's EnvACE training (``envace.cli.demo_train_config``: 2 tasks x 4
-  trajectories, update in the demo's precision for every engine) with ``rollout_backend`` / ``rollout_bf16`` set
+- ``rl_iteration``: one iteration of the demo's EnvACE training (``envace.evaluation.demo.demo_train_config``:
+  2 tasks x 4 trajectories, update in the demo's precision for every engine) with ``rollout_backend`` / ``rollout_bf16`` set
   to the engine: rollout, update and weight sync as the trainer times them (``perf/*``).
 
 vLLM's Act rows are also recomputed by the float32 model (what the trainer does before an update): the log-prob
@@ -42,7 +43,7 @@ from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.backends.models import DEFAULT_MODEL, load, model_path
 from envace.backends.vllm import VLLMBackend, vllm_probe
-from envace.cli import DEMO_SUITE, _demo_rollout, demo_sft_config, demo_train_config
+from envace.evaluation.demo import DEMO_SUITE, demo_rollout, demo_sft_config, demo_train_config
 from envace.core.precision import hardware_summary
 from envace.envs import load_tasks
 from envace.rollout.engine import RolloutEngine
@@ -169,7 +170,7 @@ def main() -> None:
         policy_dir = warm_model(args)
     model, tok = load(policy_dir)
     tasks = load_tasks(args.suite, "test", n=args.tasks, seed=0)
-    cfg = _demo_rollout(mode="rehearsal", group_size=args.group, seed=0)
+    cfg = demo_rollout(mode="rehearsal", group_size=args.group, seed=0)
     act = SamplingParams(temperature=1.0, max_new_tokens=args.max_new, seed=0)
 
     result: dict = {

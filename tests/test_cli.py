@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from envace.evaluation.demo import HEADROOM_KINDS
+
 
 def run(*args, timeout=600):
     p = subprocess.run([sys.executable, "-m", "envace.cli", *args], capture_output=True, text=True, timeout=timeout)
@@ -91,12 +93,12 @@ def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     assert re.match(r"\| untrained \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", row)  # success with its 95% interval
     sft, envace = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("sft", "envace"))
     assert sft["task_ids"] == envace["task_ids"] and len(sft["per_task"]) == 2  # comparable with envace compare
-    import envace.cli as cli
+    from envace.evaluation.demo import demo_sft_config, finished_warmup
 
-    quick_warmup = cli.demo_sft_config("tiny-random", "bank-world", str(tmp_path / "sft"), quick=True)
-    assert cli.finished_warmup(quick_warmup) == str(tmp_path / "sft" / "checkpoints" / "step-000002" / "policy")
+    quick_warmup = demo_sft_config("tiny-random", "bank-world", str(tmp_path / "sft"), quick=True)
+    assert finished_warmup(quick_warmup) == str(tmp_path / "sft" / "checkpoints" / "step-000002" / "policy")
     quick_warmup.lr *= 2  # another setting: not the same warm-up
-    assert cli.finished_warmup(quick_warmup) is None
+    assert finished_warmup(quick_warmup) is None
 
 
 def _demo_spies(monkeypatch, stop_training: bool):
@@ -105,6 +107,7 @@ def _demo_spies(monkeypatch, stop_training: bool):
     import types
 
     import envace.cli as cli
+    import envace.evaluation.demo as demo_mod
     import envace.evaluation.trials as trials_mod
     import envace.training.sft as sft_mod
     import envace.training.trainer as trainer_mod
@@ -130,8 +133,9 @@ def _demo_spies(monkeypatch, stop_training: bool):
         )
 
     summary = {"overall": {"n": 0.0, "exact": 0.0, "leaf_acc": 0.0, "outcome": 0.0}}
-    monkeypatch.setattr(cli, "_eval", evaluate)
-    monkeypatch.setattr(cli, "_fidelity", lambda model, suite, n: seen["fidelity"].append((model, suite, n)) or summary)
+    monkeypatch.setattr(demo_mod, "demo_eval", evaluate)
+    fidelity = lambda model, suite, n: seen["fidelity"].append((model, suite, n)) or summary  # noqa: E731
+    monkeypatch.setattr(demo_mod, "demo_fidelity", fidelity)
     monkeypatch.setattr(
         sft_mod, "sft", lambda cfg: seen["warmups"].append(cfg) or types.SimpleNamespace(checkpoint="WARM")
     )
@@ -166,7 +170,7 @@ def test_the_demo_warms_up_on_every_kind_of_bank_world_and_skips_the_untrained_m
         2,
         "bank-world",
     )
-    demo("--untrained", "--sft-kinds", ",".join(cli.HEADROOM_KINDS), "--reward", "gold_f1", "--suite", "bank")
+    demo("--untrained", "--sft-kinds", ",".join(HEADROOM_KINDS), "--reward", "gold_f1", "--suite", "bank")
     assert seen["evaluated"] == ["tiny-random", "WARM"]
     assert seen["warmups"][-1].task_kinds == ("simple", "read_only_report") and seen["trained"][-1].reward == "gold_f1"
     assert seen["warmups"][-1].suite == "bank" and seen["trained"][-1].suite == "bank"

@@ -4,14 +4,17 @@ the shorthand flags and ``--set`` resolve in the documented order, unknown field
 lists every field with its docstring, and ``eval --backend http`` against a live ``envace serve`` gives the same
 greedy trajectories as ``--backend hf``."""
 
+import argparse
 import dataclasses
 import json
+import subprocess
 import sys
 from dataclasses import dataclass, field
 
 import pytest
 import yaml
 
+import envace.cli as cli
 from envace.cli import build_parser, command_config, config_class, main
 from envace.config import config_fields, config_help, field_docs, first_sentence, to_dict
 from servers import envace_serve
@@ -244,6 +247,73 @@ def test_old_flags_still_parse_into_their_fields():
         True,
         "auto",
     )
+
+
+def _commands(parser):
+    """The configured commands of ``parser``: name -> (its subparser, its config dataclass)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    configured = {name: sp for name, sp in sub.choices.items() if sp.get_default("config_class")}
+    for sp in configured.values():
+        sp.add_config_flags()  # added when a command is parsed: only the one that runs imports its config
+    return {name: (sp, config_class(sp.get_default("config_class"))) for name, sp in configured.items()}
+
+
+def flag_faults(parser) -> list[str]:
+    """What breaks the rule of envace.cli.FLAGS in ``parser``: a flag or argument that sets no field of its command's
+    config, a shorthand spelled otherwise than from its field (or its FLAG_EXTRAS), a table entry without its flag."""
+    faults = []
+    for name, (sp, cls) in _commands(parser).items():
+        fields = {f.name for f in dataclasses.fields(cls)}
+        table = cli.FLAGS.get(name, "").split()
+        for a in sp._actions:
+            if a.dest in {"help", "config", "overrides", "print_config"}:
+                continue
+            if a.dest not in fields:
+                faults.append(f"{name} {a.option_strings or a.dest}: no field {a.dest!r} of {cls.__name__}")
+            elif a.option_strings:
+                spelled = cli.FLAG_EXTRAS.get(f"{name}.{a.dest}", {}).get("flags", cli.flag_names(a.dest))
+                if a.dest not in table or list(a.option_strings) != list(spelled):
+                    faults.append(f"{name} {a.option_strings}: not the table's flag of {a.dest!r}")
+        dests = {a.dest for a in sp._actions}
+        faults += [f"{name}: table entry {f!r} has no flag" for f in table if f not in dests]
+    return faults
+
+
+def test_each_commands_flags_are_spelled_from_its_config_fields():
+    parser = build_parser()
+    assert flag_faults(parser) == []
+    assert set(cli.FLAGS) <= set(_commands(parser))
+    for key in cli.FLAG_EXTRAS:  # every extra belongs to a flag of the table
+        command, field_name = key.split(".")
+        assert field_name in cli.FLAGS[command].split(), key
+    # the rule's spelling, and the few aliases the table lists
+    assert cli.flag_names("max_new_tokens") == ("--max-new-tokens",) and cli.flag_names("n") == ("-n",)
+    eval_flags = {a.dest: a.option_strings for a in _commands(parser)["eval"][0]._actions}
+    assert eval_flags["samples"] == ["--samples", "-k"] and eval_flags["tts_n"] == ["--tts-n"]
+    assert {a.dest: a.option_strings for a in _commands(parser)["rehearse"][0]._actions}["n"] == ["-N"]
+    # a flag for a field the config does not have is caught
+    eval_parser = _commands(parser)["eval"][0]
+    eval_parser.add_argument("--max-tokens", dest="max_tokens", default=argparse.SUPPRESS)
+    assert flag_faults(parser) == ["eval ['--max-tokens']: no field 'max_tokens' of EvalConfig"]
+
+
+def test_a_table_entry_naming_a_missing_field_stops_the_parser(monkeypatch):
+    monkeypatch.setitem(cli.FLAGS, "eval", cli.FLAGS["eval"] + " max_tokens")
+    with pytest.raises(ValueError, match="EvalConfig has no field 'max_tokens'; fields: .*max_new_tokens"):
+        build_parser().parse_args(["eval"])
+    monkeypatch.setitem(cli.FLAGS, "eval", "backend_options")  # a dict: no flag parses one
+    with pytest.raises(ValueError, match="EvalConfig.backend_options: no flag parses a 'dict'"):
+        build_parser().parse_args(["eval", "--help"])
+
+
+def test_only_the_command_that_runs_imports_its_config_for_its_flags():
+    loaded = "print('envace.config' in sys.modules)"
+    code = (
+        "import sys; from envace.cli import build_parser; p = build_parser(); "
+        f"p.parse_args(['tasks']); {loaded}; p.parse_args(['eval', '-n', '2']); {loaded}"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "True"]
 
 
 @pytest.mark.parametrize(

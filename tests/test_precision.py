@@ -159,13 +159,14 @@ def test_sft_auto_runs_its_update_in_bf16_only_where_bf16_is_fast(tmp_path, cpu_
 
 def test_the_demo_asks_for_bf16_sft_only_where_it_is_fast(monkeypatch, tmp_path):
     import envace.cli as cli
+    import envace.evaluation.demo as demo_mod
     import envace.training.sft as sft_mod
 
     class Stop(Exception):
         pass
 
     asked = []
-    monkeypatch.setattr(cli, "_eval", lambda *a, **kw: None)
+    monkeypatch.setattr(demo_mod, "demo_eval", lambda *a, **kw: None)
     monkeypatch.setattr(sft_mod, "sft", lambda cfg: asked.append(cfg) or (_ for _ in ()).throw(Stop()))
     args = cli.build_parser().parse_args(["demo", "--quick", "--model", "tiny-random", "--out", str(tmp_path)])
     with pytest.raises(Stop):

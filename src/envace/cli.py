@@ -17,10 +17,10 @@
 sft, train, eval, fidelity, experiment, rollout, rehearse, serve and export are each configured by one typed dataclass
 (TrainConfig, SFTConfig, EvalConfig, FidelityConfig, ExperimentConfig, RolloutBatchConfig, RehearseConfig,
 ServeConfig, ExportConfig) and take ``--config F.yaml``, ``--set key=value`` (repeatable, dotted for nested fields) and
-``--print-config`` (print the resolved config as YAML and exit). Their other flags are shorthands of fields
-(``-n 20`` is ``--set n=20``). Precedence: dataclass defaults < the file < shorthand flags < ``--set``. ``--help``
-lists every field with its default and docstring. ``--backend http`` evaluates a served model: ``--model`` is then
-the server's http(s)://host:port/v1 URL.
+``--print-config`` (print the resolved config as YAML and exit). Their other flags are shorthands of fields, listed
+by name in :data:`FLAGS` (``-n 20`` is ``--set n=20``). Precedence: dataclass defaults < the file < shorthand flags
+< ``--set``. ``--help`` lists every field with its default and docstring. ``--backend http`` evaluates a served
+model: ``--model`` is then the server's http(s)://host:port/v1 URL. The demo itself lives in envace.evaluation.demo.
 """
 
 from __future__ import annotations
@@ -35,11 +35,23 @@ from typing import Any
 import yaml
 
 from . import __version__
+from .evaluation.demo import DEMO_FIDELITY_TASKS, DEMO_REWARD, DEMO_SUITE, HEADROOM_KINDS, run_demo
 from .rewards.agreement import spec_label
-from .rewards.functions import DEFAULT_REWARD
+
+# Moved to envace.evaluation.demo (issue 30); importable from here for one more version, for scripts written before.
+from .evaluation.demo import (  # noqa: F401
+    DEMO_CONTROLS,
+    FIDELITY_CELLS,
+    demo_rollout as _demo_rollout,
+    demo_sft_config,
+    demo_train_config,
+    fidelity_table,
+    finished_warmup,
+)
 
 
 MODEL_HELP = "model name, model folder, or training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter is merged into its base)"
+SERVED_MODEL_HELP = MODEL_HELP + "; with --backend http the server's URL"
 
 
 def cmd_sft(cfg: Any) -> int:
@@ -63,179 +75,9 @@ def cmd_train(cfg: Any) -> int:
     return 0
 
 
-def _demo_rollout(**kw: Any) -> Any:
-    """The demo's rollout settings: one call per Act step (generation stops after ``</tool_call>``), short
-    completions, at most 4 Act steps per user turn."""
-    from .backends.base import SamplingParams
-    from .chat.parsing import CALL_CLOSE
-    from .rollout.engine import RolloutConfig, rehearse_sampling
-
-    return RolloutConfig(
-        max_steps=8,
-        max_steps_per_turn=4,
-        act=SamplingParams(temperature=1.0, max_new_tokens=96, stop=[CALL_CLOSE]),
-        rehearse=rehearse_sampling(96),
-        **kw,
-    )
-
-
-# The demo's settings. The suite is the persistent bank-world (envace.envs.builtin: the same eight customers' records
-# in every task, so that Rehearse has a world to learn). The warm-up sees the gold of every kind, the natural one
-# (issue 27): the partial warm-up on the simple and read-only kinds (HEADROOM_KINDS, still --sft-kinds) was chosen
-# on bank's val split with the world-consistent reward, which paid full reward to trajectories that fail, and has
-# not been validated with the reward the demo now trains with: the training default, anchored to the real outcome
-# (envace.rewards.functions.DEFAULT_REWARD).
-DEMO_SUITE = "bank-world"
-HEADROOM_KINDS = ("simple", "read_only_report")
-DEMO_REWARD = DEFAULT_REWARD
-DEMO_FIDELITY_TASKS = 24
-"""Test tasks of the demo's fixed shadow set: one trajectory each, every rehearsed observation scored against the
-real one (as bench/world_fidelity.sh does)."""
-DEMO_CONTROLS = {"caller_only": "caller-only (Rehearse frozen)", "real_env": "real-env GRPO"}
-"""The controls of ``envace demo --full``: the EnvACE step's budget from the same warm-up, with Rehearse not trained
-(does training Rehearse matter?) and with the real environment in the loop (standard GRPO)."""
-
-
 def _reward_spec(text: str) -> Any:
     """A ``--reward`` value: a YAML mapping ``{name: weight}`` when it is one, else the spec text itself."""
     return yaml.safe_load(text) if text.lstrip().startswith("{") else text
-
-
-def demo_sft_config(
-    model: str,
-    suite: str,
-    out_dir: str,
-    seed: int = 0,
-    steps: int = 30,
-    batch: int = 4,
-    quick: bool = False,
-    task_kinds: tuple[str, ...] | None = None,
-) -> Any:
-    """An SFT warm-up of the demo's shape (also the start of bench/rl_settings.py): 256 gold trajectories of
-    ``suite``'s train split (of ``task_kinds`` only, if given; e.g. :data:`HEADROOM_KINDS`), lr 1e-4 for
-    the embedded default (1e-3 for other, e.g. tiny, models), bf16 where it is fast."""
-    from .config import SFTConfig
-    from .backends.models import DEFAULT_MODEL
-
-    return SFTConfig(
-        model=model,
-        suite=suite,
-        n_tasks=64 if quick else 256,
-        task_kinds=task_kinds,
-        steps=2 if quick else steps,
-        batch_tasks=batch,
-        lr=1e-4 if model == DEFAULT_MODEL else 1e-3,
-        bf16="auto",
-        micro_batch_tokens=4096,
-        seed=seed,
-        out_dir=out_dir,
-        tensorboard=False,
-    )
-
-
-def demo_train_config(
-    model: str,
-    suite: str,
-    out_dir: str,
-    seed: int = 0,
-    iterations: int = 4,
-    batch: int = 2,
-    lr: float = 1e-5,
-    quick: bool = False,
-    reward: Any = DEMO_REWARD,
-    variant: str = "envace",
-) -> Any:
-    """The demo's EnvACE step from the warm-up ``model``: ``iterations`` x ``batch`` tasks x 4 rehearsed
-    trajectories, ``reward`` (:data:`DEMO_REWARD`), the demo's rollout settings, bf16 rollouts and update where
-    bf16 is fast (float32 elsewhere); ``variant`` runs a control (:data:`DEMO_CONTROLS`) with the same budget."""
-    from .config import TrainConfig
-
-    return TrainConfig(
-        model=model,
-        suite=suite,
-        variant=variant,
-        reward=reward,
-        bf16="auto",
-        rollout_bf16="auto",
-        rollout_backend="auto",  # hf on a CPU (measured faster there for an RL iteration), vLLM on a GPU
-        iterations=1 if quick else iterations,
-        batch_tasks=2 if quick else batch,
-        lr=lr,
-        rollout=_demo_rollout(group_size=4),
-        micro_batch_tokens=4096,
-        seed=seed,
-        out_dir=out_dir,
-        save_every=1000,
-        tensorboard=False,
-    )
-
-
-def _eval(model: str, suite: str, split: str, n: int, samples: int, seed: int = 0) -> Any:
-    """The demo's evaluation (as bench/rl_settings.py's on val): greedy, bf16 generation where bf16 is fast, on the
-    engine ``auto`` picks (vLLM where it runs and bf16 is fast, measured 2.1x the hf engine's speed there; else hf)."""
-    from .evaluation.budget import evaluate_model
-
-    return evaluate_model(model, suite, split, n, samples, seed, rollout=_demo_rollout(), bf16="auto", backend="auto")
-
-
-def finished_warmup(cfg: Any) -> str | None:
-    """The policy of a warm-up that ``cfg`` already trained (its final checkpoint under ``cfg.out_dir``, saved with
-    this very config), so that a rerun of the demo into the same folder goes on from there; else None."""
-    from .config import to_dict
-    from .core.checkpoint import latest_checkpoint, load_state
-
-    ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "checkpoints"))
-    if ckpt is None:
-        return None
-    same = load_state(ckpt).get("config") == json.loads(json.dumps(to_dict(cfg), default=str))
-    return os.path.join(ckpt, "policy") if same and os.path.isdir(os.path.join(ckpt, "policy")) else None
-
-
-def _fidelity(model: str, suite: str, n: int, seed: int = 1) -> dict[str, Any]:
-    """Rehearse fidelity of ``model`` on the demo's shadow set (the first ``n`` test tasks, one trajectory each, the
-    demo's rollout settings): :func:`envace.evaluation.fidelity.aggregate`'s summary."""
-    from .backends.loaders import open_backend
-    from .envs import load_tasks
-    from .evaluation.fidelity import measure_fidelity
-
-    policy = open_backend(model, "auto", bf16="auto")
-    res = measure_fidelity(policy, load_tasks(suite, "test", n=n), _demo_rollout(group_size=1, seed=seed))
-    return res.summary
-
-
-FIDELITY_CELLS = (
-    ("all", "overall", None),
-    ("reads", "by_state", "read"),
-    ("writes", "by_state", "write"),
-    ("real errors", "by_outcome", "error"),
-)
-"""The demo's fidelity columns: (header, summary group, bucket); exact-match rate with its Wilson interval."""
-
-
-def fidelity_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Markdown lines: one row per (model, fidelity summary), exact match (canonical JSON equal) with its 95% Wilson
-    interval over rehearsed observations for each of :data:`FIDELITY_CELLS`, then leaf accuracy and how often the
-    rehearsal agrees with the real call on error vs success."""
-    from .math.stats import wilson_interval
-
-    def exact(summary: dict[str, Any], group: str, bucket: str | None) -> str:
-        s = summary.get(group) if bucket is None else summary.get(group, {}).get(bucket)
-        if not s or not s["n"]:
-            return "-"
-        lo, hi = wilson_interval(s["exact"] * s["n"], int(s["n"]))
-        return f"{s['exact']:.2f} [{lo:.2f}, {hi:.2f}] (n={int(s['n'])})"
-
-    head = ["model", *(f"exact, {h}" for h, _, _ in FIDELITY_CELLS), "leaf accuracy", "error vs success agrees"]
-    return [
-        "| " + " | ".join(head) + " |",
-        "|---|" + "---|" * (len(head) - 1),
-        *(
-            f"| {name} | "
-            + " | ".join(exact(s, g, b) for _, g, b in FIDELITY_CELLS)
-            + f" | {s['overall']['leaf_acc']:.2f} | {s['overall']['outcome']:.2f} |"
-            for name, s in rows
-        ),
-    ]
 
 
 def cmd_eval(cfg: Any) -> int:
@@ -498,186 +340,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """SFT warm-up (gold of every kind by default), EnvACE training (:data:`DEMO_REWARD`), before/after evaluation on
-    held-out tasks of :data:`DEMO_SUITE`, as a table with intervals and the paired comparison of SFT + EnvACE against
-    SFT, and Rehearse fidelity before and after on a fixed shadow set. ``--full`` then trains the controls of
-    :data:`DEMO_CONTROLS` with the same budget from the same warm-up and pairs each with EnvACE.
-    Writes into ``--out``: ``sft.json``, ``envace.json`` (and ``untrained.json`` with ``--untrained``, one
-    ``<control>.json`` each with ``--full``): evaluation results with per-task outcomes (``envace compare sft.json
-    envace.json`` recomputes the comparison); ``stages.json`` (what each evaluation was made with, and its fidelity
-    summary: a rerun into the same folder reuses them, and a finished warm-up or RL run); ``demo_results.json`` (metrics,
-    comparisons, fidelity, stage times, hardware) and ``results.md``."""
-    from .config import task_kinds_setting
-    from .evaluation.trials import compare_results, format_comparison, load_result, rate_with_ci, save_result
-    from .core.precision import hardware_summary
-    from .rewards.agreement import spec_label as reward_label
-    from .training.sft import sft
-    from .training.trainer import train
-
-    out = args.out
-    quick = args.quick
-    t_start = time.perf_counter()
-    times: dict[str, float] = {}
-
-    def stage(name: str, fn: Any) -> Any:
-        t0 = time.perf_counter()
-        r = fn()
-        times[name] = round(time.perf_counter() - t0, 1)
-        return r
-
-    kinds = None if args.sft_kinds == "all" else task_kinds_setting(args.sft_kinds, "--sft-kinds")
-    warmup_tasks = ", ".join(kinds) + " tasks" if kinds else "every kind"
-    controls = list(DEMO_CONTROLS) if args.full else []
-    n_stages = 4 + int(args.untrained) + len(controls)
-    at = iter(range(1, n_stages + 1))
-    n_fid = 2 if quick else args.fidelity_tasks
-
-    def say(what: str) -> None:
-        print(f"[demo] {next(at)}/{n_stages} {what}", flush=True)
-
-    stages_path = os.path.join(out, "stages.json")
-    reused: list[str] = []  # stages an earlier run into this folder made: not timed here
-    done: dict[str, Any] = {}
-    if os.path.isfile(stages_path):  # a rerun into the same --out reuses every evaluation made with the same settings
-        with open(stages_path, encoding="utf-8") as f:
-            done = json.load(f)
-
-    def evaluate(name: str, model: str) -> None:
-        key = {"model": model, "suite": args.suite, "eval_tasks": args.eval_tasks, "fidelity_tasks": n_fid}
-        path = os.path.join(out, f"{name}.json")
-        if done.get(name, {}).get("key") == key and os.path.isfile(path):
-            print(f"[demo] reusing {path} (evaluated before with the same settings)", flush=True)
-            reused.append(f"eval_{name}")
-        else:
-            res = stage(f"eval_{name}_s", lambda: _eval(model, args.suite, "test", args.eval_tasks, 1, seed=1))
-            save_result(res, path)  # per-task outcomes, for envace compare
-            fid = None
-            if n_fid and name != "untrained":
-                fid = stage(f"fidelity_{name}_s", lambda: _fidelity(model, args.suite, n_fid))
-            done[name] = {"key": key, "fidelity": fid}
-            os.makedirs(out, exist_ok=True)
-            with open(stages_path, "w", encoding="utf-8") as f:
-                json.dump(done, f, indent=1)
-        results[name] = load_result(path)
-        if done[name]["fidelity"] is not None:
-            fidelity[name] = done[name]["fidelity"]
-
-    print(f"[demo] model {args.model}; suite {args.suite}; seed {args.seed}; output in {out}", flush=True)
-    results: dict[str, Any] = {}
-    fidelity: dict[str, dict[str, Any]] = {}
-    if args.untrained:
-        say("evaluating the untrained model on held-out tasks")
-        evaluate("untrained", args.model)
-    say("SFT warm-up on gold trajectories of " + warmup_tasks)
-    scfg = demo_sft_config(
-        args.model, args.suite, os.path.join(out, "sft"), args.seed, args.sft_steps, args.sft_batch, quick, kinds
-    )
-    warm = finished_warmup(scfg)
-    if warm:
-        print(f"[demo] reusing the warm-up {warm} (trained before with the same settings)", flush=True)
-        reused.append("sft")
-    else:
-        warm = stage("sft_s", lambda: sft(scfg)).checkpoint
-    say("evaluating after SFT (success, then Rehearse fidelity)")
-    evaluate("sft", warm)
-
-    def rl(variant: str) -> str:
-        cfg = demo_train_config(
-            warm,
-            args.suite,
-            os.path.join(out, "train" if variant == "envace" else f"train-{variant}"),
-            args.seed,
-            args.rl_iterations,
-            args.rl_batch,
-            args.rl_lr,
-            quick,
-            args.reward,
-            variant=variant,
-        )
-        tcfgs[variant] = cfg
-        res = stage(f"{variant}_s", lambda: train(cfg))  # resumes a run an earlier demo started or finished
-        if not res.metrics:  # no iteration ran here: a finished run, resumed
-            reused.append(variant)
-            times.pop(f"{variant}_s")
-        return os.path.join(res.checkpoint, "policy")
-
-    tcfgs: dict[str, Any] = {}
-    say("EnvACE training (rehearsal rollouts, role-wise GRPO)")
-    envace_model = rl("envace")
-    say("evaluating after SFT + EnvACE")
-    evaluate("envace", envace_model)
-    for variant in controls:
-        say(f"control: {DEMO_CONTROLS[variant]} with the same budget from the same warm-up, then its evaluation")
-        evaluate(variant, rl(variant))
-    labels = {
-        "untrained": "untrained",
-        "sft": "after SFT",
-        "envace": "after SFT + EnvACE",
-        **{v: f"after SFT + {DEMO_CONTROLS[v]}" for v in controls},
-    }
-    comparisons = {  # as `envace compare` reads them
-        f"{a}_vs_{b}": compare_results(results[a], results[b], names=(labels[a][6:], labels[b][6:]))
-        for a, b in [("sft", "envace"), *(("envace", v) for v in controls)]
-    }
-    times["total_s"] = round(time.perf_counter() - t_start, 1)
-    hardware = hardware_summary()
-    rows = [(labels[name], res["metrics"]) for name, res in results.items()]
-    keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
-    tcfg = tcfgs["envace"]
-    lines = [
-        f"Held-out {args.suite} test tasks: {len(results['sft']['per_task'])}, greedy, real environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
-        f"SFT: {scfg.steps} steps x {scfg.batch_tasks} gold trajectories of "
-        + warmup_tasks
-        + f" (lr {scfg.lr:g}); EnvACE: {tcfg.iterations} iterations x {tcfg.batch_tasks} tasks x {tcfg.rollout.group_size}"
-        + f" rehearsed trajectories, reward {reward_label(tcfg.reward)}, lr {tcfg.lr:g}"
-        + (f"; controls with the same budget: {', '.join(DEMO_CONTROLS[v] for v in controls)}" if controls else ""),
-        "",
-        "| model | " + " | ".join(keys) + " |",
-        "|---|" + "---|" * len(keys),
-        *(f"| {name} | " + " | ".join(rate_with_ci(m, k) for k in keys) + " |" for name, m in rows),
-    ]
-    for key, c in comparisons.items():
-        a, b = key.split("_vs_")
-        lines += ["", f"Paired comparison on the same tasks (A = {labels[a]}, B = {labels[b]}):", ""]
-        lines.append(format_comparison(c))
-    if fidelity:
-        lines += [
-            "",
-            f"Rehearse fidelity on a fixed shadow set: the first {n_fid} test tasks, one trajectory each (Act at T=1.0),"
-            " every rehearsed observation against what the real environment returned for the same call; exact ="
-            " canonical JSON equal, 95% Wilson interval over observations:",
-            "",
-            *fidelity_table([(labels[name], s) for name, s in fidelity.items()]),
-        ]
-    lines += [
-        "",
-        f"Hardware: {hardware['cpu']} ({hardware['cores']} cores, torch CPU capability {hardware['torch_cpu_capability']}; SFT bf16: {hardware['bf16_decision']})",
-        "Time: "
-        + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items())
-        + (f" (reused from an earlier run into {out}, not timed here: {', '.join(reused)})" if reused else ""),
-    ]
-    print()
-    print("\n".join(lines))
-    print(f"\n[demo] total time {times['total_s']:.0f}s")
-    with open(os.path.join(out, "demo_results.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                **{name: m for name, m in rows},
-                "comparison": comparisons["sft_vs_envace"],
-                "comparisons": comparisons,
-                "fidelity": {labels[name]: s for name, s in fidelity.items()},
-                "times": times,
-                "hardware": hardware,
-                "seed": args.seed,
-                "args": {k: v for k, v in vars(args).items() if k != "fn"},
-            },
-            f,
-            indent=1,
-            default=str,
-        )
-    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    return 0
+    """The demo's stages, tables and files: :func:`envace.evaluation.demo.run_demo`."""
+    return run_demo(args)
 
 
 def check_outputs(paths: dict[str, str | None]) -> None:
@@ -772,7 +436,7 @@ _CONTROL = {
 
 
 def config_class(path: str) -> type:
-    """The config dataclass that ``"module:Class"`` names (imported on use: the config modules take ~0.4 s)."""
+    """The config dataclass that ``"module:Class"`` names (imported on use: only the command that runs needs it)."""
     import importlib
 
     module, name = path.split(":")
@@ -780,16 +444,36 @@ def config_class(path: str) -> type:
 
 
 class _Parser(argparse.ArgumentParser):
-    """A parser whose command may be configured by a dataclass (``config="module:Class"``): its ``--help`` ends with
-    the dataclass's fields, their defaults and docstrings (envace.config.config_help), built only when shown."""
+    """A parser whose command may be configured by a dataclass (``config="module:Class"``): its shorthand flags
+    (:data:`FLAGS`) are added when the command is parsed or its usage shown, and its ``--help`` ends with the
+    dataclass's fields, their defaults and docstrings (envace.config.config_help), built only when shown. So only
+    the command that runs imports its config's module (the flags take their types from its fields)."""
 
-    def __init__(self, *args: Any, config: str | None = None, **kw: Any):
+    def __init__(self, *args: Any, config: str | None = None, command: str | None = None, **kw: Any):
         self.config = config
+        self.command = command
+        self.flags_added = False
         if config:
             kw.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kw)
 
+    def add_config_flags(self) -> None:
+        """Add this command's shorthand flags (:data:`FLAGS`), once."""
+        if self.config and not self.flags_added:
+            self.flags_added = True
+            if self.command in FLAGS:
+                _add_flags(self, self.command, config_class(self.config))
+
+    def parse_known_args(self, *args: Any, **kw: Any) -> Any:
+        self.add_config_flags()
+        return super().parse_known_args(*args, **kw)
+
+    def format_usage(self) -> str:
+        self.add_config_flags()
+        return super().format_usage()
+
     def format_help(self) -> str:
+        self.add_config_flags()
         if self.config and self.epilog is None:
             from .config import config_help
 
@@ -798,8 +482,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> argparse.ArgumentParser:  # noqa: A002
-    """A command configured by the dataclass ``config``: ``--config``, ``--set``, ``--print-config``."""
-    p = sub.add_parser(name, help=help, config=config)
+    """A command configured by the dataclass ``config``: ``--config``, ``--set``, ``--print-config`` and, when it is
+    parsed, its shorthand flags (:data:`FLAGS`)."""
+    p = sub.add_parser(name, help=help, config=config, command=name)
     p.add_argument("--config", metavar="F.yaml", help="YAML file of config fields (listed below)")
     p.add_argument(
         "--set",
@@ -814,10 +499,86 @@ def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> arg
     return p
 
 
-def _flag(p: argparse.ArgumentParser, field: str, *names: str, **kw: Any) -> None:
-    """A shorthand flag of ``--set FIELD=VALUE``; absent unless given, so that the config file's value stands."""
-    kw.setdefault("help", f"same as --set {field}=" + ("true" if kw.get("action") == "store_true" else "..."))
-    p.add_argument(*names, dest=field, default=argparse.SUPPRESS, **kw)
+BACKENDS = "hf|http|vllm|auto"
+MEMORIES = "lessons|model|concat"
+FLAGS: dict[str, str] = {
+    "eval": "model backend suite split n samples tts_n tts_mode tts_memory tts_records temperature max_steps"
+    " max_new_tokens seed bf16 out trajectories",
+    "fidelity": "model backend suite split n k mode rehearser simulator validate_in_code reference_cache max_steps"
+    " max_new_tokens seed show out",
+    "rollout": "model suite split mode simulator rehearser n k max_steps max_new_tokens shadow seed show out",
+    "export": "gold suite split n seed model real_only target content system out",
+    "rehearse": "model suite split index n mode memory memory_max_tokens max_steps max_new_tokens temperature seed out",
+    "serve": "model served_model_name host port backend device bf16 max_batch batch_wait_ms stream_segment_tokens"
+    " default_max_tokens max_tokens_limit verbose",
+}
+"""Configured command -> the fields of its config that have a flag of their own, in ``--help``'s order. Each flag is
+``--set FIELD=VALUE`` in short, spelled from its field (``--max-new-tokens`` for max_new_tokens, ``-n`` for n) and
+parsed by its field's type (:data:`FLAG_KINDS`); :data:`FLAG_EXTRAS` lists what else a few of them have. A new
+shorthand is a field name here, not a new argument."""
+
+FLAG_EXTRAS: dict[str, dict[str, Any]] = {
+    "eval.model": dict(help=SERVED_MODEL_HELP),
+    "eval.backend": dict(metavar=BACKENDS),
+    "eval.samples": dict(flags=("--samples", "-k")),
+    "eval.tts_mode": dict(metavar="parallel|sequential"),
+    "eval.tts_memory": dict(metavar=MEMORIES),
+    "eval.tts_records": dict(metavar="FILE.jsonl"),
+    "fidelity.model": dict(help=SERVED_MODEL_HELP),
+    "fidelity.backend": dict(metavar=BACKENDS),
+    "fidelity.mode": dict(metavar="rehearsal|per_role|simulator"),
+    "rollout.model": dict(help=MODEL_HELP),
+    "export.model": dict(help="model whose tokenizer renders the gold rollouts"),
+    "export.target": dict(
+        metavar="hf|openai", help="same as --set target=...: hf (chat templates, TRL) or openai (fine-tuning API)"
+    ),
+    "export.content": dict(metavar="text|raw"),
+    "export.system": dict(metavar="seen|task"),
+    "rehearse.model": dict(help=MODEL_HELP),
+    "rehearse.n": dict(flags=("-N",)),
+    "rehearse.mode": dict(metavar="parallel|sequential"),
+    "rehearse.memory": dict(metavar=MEMORIES),
+    "serve.model": dict(help=MODEL_HELP),
+}
+"""``"command.field"`` -> what its flag has besides the rule of :data:`FLAGS`: other spellings (``flags``, the
+spelled one included if it stays), the choices it shows (``metavar``), a ``help`` that says more than the default."""
+
+FLAG_KINDS: dict[str, dict[str, Any]] = {
+    "str": {},
+    "str | None": {},
+    "int": dict(type=int),
+    "int | None": dict(type=int),
+    "float": dict(type=float),
+    "float | None": dict(type=float),
+    "bool": dict(action="store_true"),
+    "bool | str": _BF16_ARG,  # the bf16 settings: true, false or auto
+}
+"""A field's type annotation (as written in its dataclass) -> how its flag parses a value."""
+
+
+def flag_names(field: str) -> tuple[str, ...]:
+    """The flag spelled from ``field``: ``-n`` for a one-letter field, else ``--max-new-tokens`` for max_new_tokens."""
+    return (f"-{field}",) if len(field) == 1 else ("--" + field.replace("_", "-"),)
+
+
+def _add_flags(p: argparse.ArgumentParser, command: str, cls: type) -> None:
+    """The shorthand flags of ``command`` (:data:`FLAGS`), each absent unless given, so that the config file's value
+    stands. A table entry that is no field of ``cls``, or a field type no flag parses, raises ``ValueError`` (when the
+    command is parsed: tests/test_cli_configs.py parses each)."""
+    import dataclasses
+
+    types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    for field in FLAGS.get(command, "").split():
+        if field not in types:
+            raise ValueError(f"FLAGS[{command!r}]: {cls.__name__} has no field {field!r}; fields: {', '.join(types)}")
+        if types[field] not in FLAG_KINDS:
+            raise ValueError(
+                f"{cls.__name__}.{field}: no flag parses a {types[field]!r}; valid: {', '.join(FLAG_KINDS)}"
+            )
+        kw = {**FLAG_KINDS[types[field]], **FLAG_EXTRAS.get(f"{command}.{field}", {})}
+        names = kw.pop("flags", flag_names(field))
+        kw.setdefault("help", f"same as --set {field}=" + ("true" if kw.get("action") == "store_true" else "..."))
+        p.add_argument(*names, dest=field, default=argparse.SUPPRESS, **kw)
 
 
 def command_config(args: argparse.Namespace) -> Any:
@@ -884,30 +645,13 @@ def build_parser() -> argparse.ArgumentParser:
     _config_command(sub, "sft", "envace.config:SFTConfig", cmd_sft, "supervised warm-up on gold trajectories")
     _config_command(sub, "train", "envace.config:TrainConfig", cmd_train, "role-wise GRPO training (any variant)")
 
-    e = _config_command(
+    _config_command(
         sub,
         "eval",
         "envace.config:EvalConfig",
         cmd_eval,
         "evaluate a model in the real environment (optionally after private test-time rehearsal)",
     )
-    _flag(e, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
-    _flag(e, "backend", "--backend", metavar="hf|http|vllm|auto")
-    _flag(e, "suite", "--suite")
-    _flag(e, "split", "--split")
-    _flag(e, "n", "-n", type=int)
-    _flag(e, "samples", "--samples", "-k", type=int)
-    _flag(e, "tts_n", "--tts-n", type=int)
-    _flag(e, "tts_mode", "--tts-mode", metavar="parallel|sequential")
-    _flag(e, "tts_memory", "--tts-memory", metavar="lessons|model|concat")
-    _flag(e, "tts_records", "--tts-records", metavar="FILE.jsonl")
-    _flag(e, "temperature", "--temperature", type=float)
-    _flag(e, "max_steps", "--max-steps", type=int)
-    _flag(e, "max_new_tokens", "--max-new-tokens", type=int)
-    _flag(e, "seed", "--seed", type=int)
-    _flag(e, "bf16", "--bf16", **_BF16_ARG)
-    _flag(e, "out", "--out")
-    _flag(e, "trajectories", "--trajectories", action="store_true")
 
     c = sub.add_parser(
         "compare", help="paired comparison of two saved eval results (envace eval --out) on the same tasks"
@@ -919,29 +663,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
     c.set_defaults(fn=cmd_compare)
 
-    f = _config_command(
+    _config_command(
         sub,
         "fidelity",
         "envace.config:FidelityConfig",
         cmd_fidelity,
         "rehearsal fidelity: rehearsed vs real observations on shadow rollouts",
     )
-    _flag(f, "model", "--model", help=MODEL_HELP + "; with --backend http the server's URL")
-    _flag(f, "backend", "--backend", metavar="hf|http|vllm|auto")
-    _flag(f, "suite", "--suite")
-    _flag(f, "split", "--split")
-    _flag(f, "n", "-n", type=int)
-    _flag(f, "k", "-k", type=int)
-    _flag(f, "mode", "--mode", metavar="rehearsal|per_role|simulator")
-    _flag(f, "rehearser", "--rehearser")
-    _flag(f, "simulator", "--simulator")
-    _flag(f, "validate_in_code", "--validate-in-code", action="store_true")
-    _flag(f, "reference_cache", "--reference-cache", action="store_true")
-    _flag(f, "max_steps", "--max-steps", type=int)
-    _flag(f, "max_new_tokens", "--max-new-tokens", type=int)
-    _flag(f, "seed", "--seed", type=int)
-    _flag(f, "show", "--show", type=int)
-    _flag(f, "out", "--out")
 
     _config_command(
         sub,
@@ -951,27 +679,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the paper's comparison in miniature: all arms x seeds x rehearsal budgets, report folder",
     )
 
-    r = _config_command(
+    _config_command(
         sub,
         "rollout",
         "envace.config:RolloutBatchConfig",
         cmd_rollout,
         "roll out one batch and write the trajectories as JSON lines",
     )
-    _flag(r, "model", "--model", help=MODEL_HELP)
-    _flag(r, "suite", "--suite")
-    _flag(r, "split", "--split")
-    _flag(r, "mode", "--mode")
-    _flag(r, "simulator", "--simulator")
-    _flag(r, "rehearser", "--rehearser")
-    _flag(r, "n", "-n", type=int)
-    _flag(r, "k", "-k", type=int)
-    _flag(r, "max_steps", "--max-steps", type=int)
-    _flag(r, "max_new_tokens", "--max-new-tokens", type=int)
-    _flag(r, "shadow", "--shadow", action="store_true")
-    _flag(r, "seed", "--seed", type=int)
-    _flag(r, "show", "--show", type=int)
-    _flag(r, "out", "--out")
 
     x = _config_command(
         sub,
@@ -987,65 +701,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="same as --set inputs=FILE,...: trajectories.jsonl (or a run folder), rollout --out, eval --trajectories --out, fidelity --out",
     )
-    _flag(x, "gold", "--gold", action="store_true")
-    _flag(x, "suite", "--suite")
-    _flag(x, "split", "--split")
-    _flag(x, "n", "-n", type=int)
-    _flag(x, "seed", "--seed", type=int)
-    _flag(x, "model", "--model", help="model whose tokenizer renders the gold rollouts")
-    _flag(x, "real_only", "--real-only", action="store_true")
-    _flag(
-        x,
-        "target",
-        "--target",
-        metavar="hf|openai",
-        help="same as --set target=...: hf (chat templates, TRL) or openai (fine-tuning API)",
-    )
-    _flag(x, "content", "--content", metavar="text|raw")
-    _flag(x, "system", "--system", metavar="seen|task")
-    _flag(x, "out", "--out")
 
-    h = _config_command(
+    _config_command(
         sub,
         "rehearse",
         "envace.config:RehearseConfig",
         cmd_rehearse,
         "test-time scaling on one task: private rehearsal, memory, one real run",
     )
-    _flag(h, "model", "--model", help=MODEL_HELP)
-    _flag(h, "suite", "--suite")
-    _flag(h, "split", "--split")
-    _flag(h, "index", "--index", type=int)
-    _flag(h, "n", "-N", type=int)
-    _flag(h, "mode", "--mode", metavar="parallel|sequential")
-    _flag(h, "memory", "--memory", metavar="lessons|model|concat")
-    _flag(h, "memory_max_tokens", "--memory-max-tokens", type=int)
-    _flag(h, "max_steps", "--max-steps", type=int)
-    _flag(h, "max_new_tokens", "--max-new-tokens", type=int)
-    _flag(h, "temperature", "--temperature", type=float)
-    _flag(h, "seed", "--seed", type=int)
-    _flag(h, "out", "--out")
 
-    v = _config_command(
+    _config_command(
         sub,
         "serve",
         "envace.config:ServeConfig",
         cmd_serve,
         "serve a model over an OpenAI-compatible HTTP API (for simulators, judges, evaluation)",
     )
-    _flag(v, "model", "--model", help=MODEL_HELP)
-    _flag(v, "served_model_name", "--served-model-name")
-    _flag(v, "host", "--host")
-    _flag(v, "port", "--port", type=int)
-    _flag(v, "backend", "--backend")
-    _flag(v, "device", "--device")
-    _flag(v, "bf16", "--bf16", **_BF16_ARG)
-    _flag(v, "max_batch", "--max-batch", type=int)
-    _flag(v, "batch_wait_ms", "--batch-wait-ms", type=float)
-    _flag(v, "stream_segment_tokens", "--stream-segment-tokens", type=int)
-    _flag(v, "default_max_tokens", "--default-max-tokens", type=int)
-    _flag(v, "max_tokens_limit", "--max-tokens-limit", type=int)
-    _flag(v, "verbose", "--verbose", action="store_true")
 
     k = sub.add_parser("tasks", help="print tasks of a suite, or list the suites (--list)")
     k.add_argument(
