@@ -11,6 +11,7 @@ from collections import Counter
 import jsonschema
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.envs import check_env, load_tasks, make_env
 from envace.envs import bfcl
 from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
@@ -31,7 +32,7 @@ def run_turns(task: Task, turns: list[list[ToolCall]], reply: str = "Done.") -> 
     for i, calls in enumerate(turns):
         for c in calls:
             steps.append(
-                Step(user_turn=i, action_text=c.to_text(), calls=[c], observations=[env.call(c)], sources=["real"])
+                Step(user_turn=i, action_text=render_act([c]), calls=[c], observations=[env.call(c)], sources=["real"])
             )
         steps.append(Step(user_turn=i, action_text=reply, reply=reply))
     return env, Trajectory(id=f"{task.id}-t", task_id=task.id, group_id="g", mode="real", steps=steps)

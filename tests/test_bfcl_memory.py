@@ -16,6 +16,7 @@ import pytest
 from bfcl_eval.constants.default_prompts import MEMORY_AGENT_SETTINGS
 from bfcl_eval.eval_checker.agentic_eval.agentic_checker import agentic_checker
 
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.evaluation.budget import evaluate_at_budget
@@ -228,7 +229,7 @@ def scripted(tasks: list[Task], read: bool):
         if not read:
             return "{'answer': 'I do not know', 'context': 'I do not know'}"
         if "<|im_start|>tool" not in prompt:
-            return "".join(c.to_text() for c in task.gold_actions[0])
+            return render_act(task.gold_actions[0])
         return task.gold_replies[0]
 
     return respond
@@ -273,7 +274,7 @@ def writing_policy(first_turns: dict[str, tuple[str, int]], writes: bool = True)
             ]
         else:
             calls = [ToolCall(name="memory_append", arguments={"text": f"[wrote {k}]"})]
-        return "".join(c.to_text() for c in calls)
+        return render_act(calls)
 
     return respond
 

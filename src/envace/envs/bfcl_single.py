@@ -71,6 +71,7 @@ from bfcl_eval.utils import (  # noqa: E402
     load_ground_truth_entry,
 )
 
+from ..chat.parsing import render_act
 from ..core.types import Step, Task, ToolCall, Trajectory  # noqa: E402
 from .base import Environment, Score  # noqa: E402
 from .references import digest  # noqa: E402
@@ -245,7 +246,7 @@ def replay_gold(task: Task) -> Score | None:
     if calls:
         step = Step(
             user_turn=0,
-            action_text="".join(c.to_text() for c in calls),
+            action_text=render_act(calls),
             calls=calls,
             observations=[env.call(c) for c in calls],
             sources=["real"] * len(calls),
