@@ -29,7 +29,7 @@ names them); a selection with no available category is an error that says why.
 ``n`` a seeded sample of them, converted in that order (the same rule as :func:`envace.envs.bfcl.load_bfcl_tasks`,
 so ``bfcl:multi_turn_base`` gives the same tasks as before).
 
-**The summary** (:func:`summary`, in :data:`envace.envs.base.SUMMARIES`; ``envace eval`` prints it after the
+**The summary** (:func:`summary`, in :data:`envace.envs.registry.SUMMARIES`; ``envace eval`` prints it after the
 metrics): a category's accuracy is the mean success over its evaluated tasks and trials; BFCL's own
 ``generate_leaderboard_csv`` (a private copy, code unchanged: its CSV writer swapped for a collector, no print, no
 W&B upload) combines the categories with BFCL's weighting. In bfcl_eval 2026.3.23: non-live = mean of simple
@@ -71,7 +71,8 @@ from bfcl_eval.constants.category_mapping import (  # noqa: E402
 
 from ..core.registry import Registry  # noqa: E402
 from ..core.types import Task  # noqa: E402
-from .base import ENVS, SUITES, SUMMARIES, Environment, Play, prepare_groups  # noqa: E402
+from .base import Environment, Play, prepare_groups  # noqa: E402
+from .registry import ENVS, SUITES, SUMMARIES  # noqa: E402
 from .references import assign  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- categories

@@ -54,7 +54,8 @@ from typing import Any, Sequence
 from mcp import ClientSession
 
 from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs, states_fact
-from .base import ENVS, SUITES, EnvStartupError, Environment, Score
+from .base import EnvStartupError, Environment, Score
+from .registry import ENVS, SUITES
 from .mcp_stdio import exit_reason, stdio_process
 
 

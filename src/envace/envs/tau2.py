@@ -88,8 +88,10 @@ from ..backends.base import Backend, SamplingParams  # noqa: E402
 from ..chat.parsing import DEFAULT_TOOL_FORMAT, TOOL_FORMATS, ToolFormat, tool_format_for, validate_call  # noqa: E402
 from ..chat.prompts import render_tools, tool_message_content  # noqa: E402
 from ..core.types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs  # noqa: E402
-from .base import ENVS, SUITES, USERS, Environment, Score, UserSide, UserSimulator  # noqa: E402
+from .base import Environment, Score  # noqa: E402
 from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
+from .registry import ENVS, SUITES  # noqa: E402
+from .users import USERS, UserSide, UserSimulator  # noqa: E402
 
 DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom", "mock")
 DEFAULT_DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom")  # the benchmark's three
