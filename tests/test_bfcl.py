@@ -13,7 +13,7 @@ import pytest
 
 from envace.chat.parsing import render_act
 from envace.envs import check_env, load_tasks, make_env
-from envace.envs import bfcl
+from envace.envs.bfcl import multi_turn as bfcl
 from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
 
 CATEGORIES = bfcl.CATEGORIES
@@ -298,3 +298,13 @@ def test_bfcl_writes_outside_site_packages():
 
     site = os.path.dirname(os.path.dirname(eval_config.__file__))
     assert not str(eval_config.PROJECT_ROOT).startswith(os.path.dirname(site))
+
+
+def test_the_bfcl_package_keeps_the_multi_turn_modules_public_names():
+    import envace.envs.bfcl as package
+
+    public = {
+        n for n, v in vars(bfcl).items() if not n.startswith("_") and getattr(v, "__module__", "") == bfcl.__name__
+    }
+    assert public <= set(package.__all__)
+    assert all(getattr(package, n) is getattr(bfcl, n) for n in package.__all__)

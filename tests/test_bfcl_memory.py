@@ -20,7 +20,8 @@ from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.evaluation.budget import evaluate_at_budget
-from envace.envs import bfcl, bfcl_memory, bfcl_v4, check_env, load_tasks, make_env, suite_summary
+from envace.envs import check_env, load_tasks, make_env, suite_summary
+from envace.envs.bfcl import memory as bfcl_memory, multi_turn as bfcl, v4 as bfcl_v4
 from envace.evaluation.trials import evaluate
 from envace.rollout.engine import RolloutConfig
 from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs

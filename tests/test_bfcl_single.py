@@ -18,7 +18,8 @@ import pytest
 from envace.chat.parsing import render_act
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import SUMMARIES, check_env, load_tasks, make_env, suite_summary
-from envace.envs import bfcl, bfcl_single, bfcl_v4
+from envace.envs import bfcl
+from envace.envs.bfcl import single_turn as bfcl_single, v4 as bfcl_v4
 from envace.evaluation.budget import evaluate_at_budget
 from envace.evaluation.trials import evaluate
 from envace.chat.prompts import REHEARSE_SYSTEM

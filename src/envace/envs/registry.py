@@ -41,7 +41,7 @@ _PROVIDERS: dict[str, str] = {
     "bank-world": "envace.envs.builtin",
     "shop-world": "envace.envs.builtin",
     "files-world": "envace.envs.builtin",
-    "bfcl": "envace.envs.bfcl_v4",
+    "bfcl": "envace.envs.bfcl.v4",
     "tau2": "envace.envs.tau2",
     "mcp": "envace.envs.mcp",
 }
