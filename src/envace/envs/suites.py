@@ -1,14 +1,24 @@
 """Loading a suite's tasks by spec (``"bank"``, ``"bfcl:multi_turn_base"``, ``"bank@oracle-references"``), one task
-of a suite by index, tasks of some kinds, and a suite's own summary of an evaluation (the registries:
-:mod:`envace.envs.registry`)."""
+of a suite by index, tasks of some kinds, a suite's own summary of an evaluation (the registries:
+:mod:`envace.envs.registry`), and the hash split of the benchmark suites that have no split of their own."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Sequence
 
 from ..core.types import Task
 from .references import REFERENCE_MODES, split_spec
 from .registry import SUITES, SUMMARIES, TASK_AT, ensure_registered
+
+
+def hash_split(key: str, test_fraction: float) -> str:
+    """``test`` when the first 32 bits of the SHA-256 of ``key`` fall in the lowest ``test_fraction``, else ``train``:
+    the split of the benchmark suites that ship none (BFCL's categories, tau2's mock domain), stable across runs,
+    machines and Python versions. Each suite starts its keys with its own name, so the suites' splits are independent.
+    """
+    h = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16)
+    return "test" if h / 2**32 < test_fraction else "train"
 
 
 def suite_summary(spec: str, per_task: Sequence[dict[str, Any]]) -> dict[str, Any] | None:

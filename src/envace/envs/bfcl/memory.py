@@ -69,7 +69,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import hashlib
 import importlib
 import re
 import types
@@ -92,6 +91,7 @@ from ...core.registry import Registry  # noqa: E402
 from ...core.types import Step, Task, ToolCall, Trajectory, is_error_obs  # noqa: E402
 from ..base import UNPREPARED, Environment, Play, Score  # noqa: E402
 from ..references import digest  # noqa: E402
+from ..suites import hash_split  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = ("memory_kv", "memory_rec_sum")
 TEST_FRACTION = 0.3
@@ -458,8 +458,7 @@ def question_key(bfcl_id: str) -> str:
 
 def split_of(bfcl_id: str) -> str:
     """``test`` for about :data:`TEST_FRACTION` of the questions (hash of :func:`question_key`), else ``train``."""
-    h = int(hashlib.sha256(f"bfcl-memory-{question_key(bfcl_id)}".encode()).hexdigest()[:8], 16)
-    return "test" if h / 2**32 < TEST_FRACTION else "train"
+    return hash_split(f"bfcl-memory-{question_key(bfcl_id)}", TEST_FRACTION)
 
 
 @functools.lru_cache(maxsize=None)

@@ -36,7 +36,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import hashlib
 import importlib
 import inspect
 import json
@@ -69,6 +68,7 @@ from bfcl_eval.utils import load_dataset_entry, load_file  # noqa: E402
 from ...core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
 from ..base import Environment, Score  # noqa: E402
 from ..references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
+from ..suites import hash_split  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = (
     "multi_turn_base",
@@ -435,8 +435,7 @@ class BFCLEnv(Environment):
 def split_of(bfcl_id: str) -> str:
     """``test`` for about :data:`TEST_FRACTION` of the scenarios (hash of the scenario index), else ``train``."""
     index = bfcl_id.rsplit("_", 1)[1]
-    h = int(hashlib.sha256(f"bfcl-multi-turn-{index}".encode()).hexdigest()[:8], 16)
-    return "test" if h / 2**32 < TEST_FRACTION else "train"
+    return hash_split(f"bfcl-multi-turn-{index}", TEST_FRACTION)
 
 
 @functools.lru_cache(maxsize=None)

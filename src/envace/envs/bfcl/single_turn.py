@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import importlib.util
 import json
 import sys
@@ -75,6 +74,7 @@ from ...chat.parsing import render_act
 from ...core.types import Step, Task, ToolCall, Trajectory  # noqa: E402
 from ..base import Environment, Score  # noqa: E402
 from ..references import digest  # noqa: E402
+from ..suites import hash_split  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = tuple(SINGLE_TURN_CATEGORY)
 TEST_FRACTION = 0.3
@@ -404,8 +404,7 @@ def gold_calls(
 
 def split_of(bfcl_id: str) -> str:
     """``test`` for about :data:`TEST_FRACTION` of the entries (hash of the entry id), else ``train``."""
-    h = int(hashlib.sha256(f"bfcl-single-turn-{bfcl_id}".encode()).hexdigest()[:8], 16)
-    return "test" if h / 2**32 < TEST_FRACTION else "train"
+    return hash_split(f"bfcl-single-turn-{bfcl_id}", TEST_FRACTION)
 
 
 @functools.lru_cache(maxsize=None)
