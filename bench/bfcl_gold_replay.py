@@ -1,10 +1,10 @@
 """Gold replay of BFCL-v4's single-turn and memory categories through envace's adapters, scored by BFCL's own
 checkers (AST; agentic).
 
-Single-turn: each entry's possible answer becomes its gold first response (envace.envs.bfcl_single.replay_gold)
+Single-turn: each entry's possible answer becomes its gold first response (envace.envs.bfcl.single_turn.replay_gold)
 and is scored exactly as a model's response would be. Memory (memory_kv, memory_rec_sum): in the memory the gold
 writer filled from the prerequisite conversations, the gold path reads the question's fact back and answers with
-the first possible answer (envace.envs.bfcl_memory.replay_gold); "answer in memory" counts the questions whose
+the first possible answer (envace.envs.bfcl.memory.replay_gold); "answer in memory" counts the questions whose
 read result already holds a possible answer by BFCL's agentic check. Prints, per category, passed / replayed /
 entries and the error types of the failures (entries whose possible answer no call can pass:
 tests/test_bfcl_single.py lists them); ``--json FILE`` writes the same as JSON. Needs no model:
@@ -17,7 +17,7 @@ import argparse
 import json
 from collections import Counter
 
-from envace.envs import bfcl_memory, bfcl_single
+from envace.envs.bfcl import memory as bfcl_memory, single_turn as bfcl_single
 
 
 def counts() -> dict[str, dict]:

@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from envace.backends.base import SamplingParams  # noqa: E402
 from envace.backends.hf import HFBackend, sample_next  # noqa: E402
+from envace.chat.parsing import render_act  # noqa: E402
 from envace.chat.prompts import ChatFormat  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -332,7 +333,7 @@ def gold_act_script(
 
     def script(session: str, n: int) -> str:
         gold = tasks_by_id[task_of_session(session)].flat_gold()
-        return gold[n].to_text() if n < len(gold) else final_reply
+        return render_act([gold[n]]) if n < len(gold) else final_reply
 
     return script
 

@@ -36,6 +36,7 @@ from common import Timer, peak_rss_mb, run_json_subprocess, update_module_at, wr
 
 import torch
 
+from envace.chat.parsing import render_act
 from envace.backends.models import DEFAULT_MODEL, load
 
 OBS = '<observation>{"ok": true, "result": {"status": "completed", "id": "TX-20931", "balance": 1824.5, "currency": "USD", "note": "the operation was applied to the account"}}</observation>'
@@ -57,7 +58,7 @@ def make_rows(tok, tasks_n: int, group: int, seed: int = 0):
         task = next(t for u, t in by_user.items() if u in prompt)
         gold, n = task.flat_gold(), prompt.count("<|im_start|>tool")
         return (
-            gold[n].to_text()
+            render_act([gold[n]])
             if n < len(gold)
             else "All done: every operation you asked for has been carried out and checked."
         )

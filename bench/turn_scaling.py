@@ -26,6 +26,7 @@ import argparse
 import common  # noqa: F401
 from common import HFBackend, forced_backend, write_result
 
+from envace.chat.parsing import render_act
 from envace.envs import load_tasks
 from envace.backends.models import DEFAULT_MODEL, load
 from envace.rollout.engine import RolloutConfig, RolloutEngine
@@ -35,7 +36,7 @@ def scripts(task):
     gold = task.flat_gold()
 
     def act(session, n):
-        return gold[n % len(gold)].to_text()
+        return render_act([gold[n % len(gold)]])
 
     def rehearse(session, n):
         return (

@@ -39,6 +39,7 @@ import common  # noqa: F401  (sets the thread-pool environment before torch load
 from common import HFBackend, Timer, write_result
 
 
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.backends.models import DEFAULT_MODEL, load, model_path
@@ -79,7 +80,7 @@ def gold_act(tasks):
     def respond(prompt: str) -> str:
         task = next(t for u, t in by_user.items() if u in prompt)
         n, gold = prompt.count("<|im_start|>tool"), task.flat_gold()
-        return gold[n].to_text() if n < len(gold) else "Done: all requested actions are complete."
+        return render_act([gold[n]]) if n < len(gold) else "Done: all requested actions are complete."
 
     return respond
 

@@ -11,8 +11,9 @@ from collections import Counter
 import jsonschema
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.envs import check_env, load_tasks, make_env
-from envace.envs import bfcl
+from envace.envs.bfcl import multi_turn as bfcl
 from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
 
 CATEGORIES = bfcl.CATEGORIES
@@ -31,7 +32,7 @@ def run_turns(task: Task, turns: list[list[ToolCall]], reply: str = "Done.") -> 
     for i, calls in enumerate(turns):
         for c in calls:
             steps.append(
-                Step(user_turn=i, action_text=c.to_text(), calls=[c], observations=[env.call(c)], sources=["real"])
+                Step(user_turn=i, action_text=render_act([c]), calls=[c], observations=[env.call(c)], sources=["real"])
             )
         steps.append(Step(user_turn=i, action_text=reply, reply=reply))
     return env, Trajectory(id=f"{task.id}-t", task_id=task.id, group_id="g", mode="real", steps=steps)
@@ -297,3 +298,13 @@ def test_bfcl_writes_outside_site_packages():
 
     site = os.path.dirname(os.path.dirname(eval_config.__file__))
     assert not str(eval_config.PROJECT_ROOT).startswith(os.path.dirname(site))
+
+
+def test_the_bfcl_package_keeps_the_multi_turn_modules_public_names():
+    import envace.envs.bfcl as package
+
+    public = {
+        n for n, v in vars(bfcl).items() if not n.startswith("_") and getattr(v, "__module__", "") == bfcl.__name__
+    }
+    assert public <= set(package.__all__)
+    assert all(getattr(package, n) is getattr(bfcl, n) for n in package.__all__)

@@ -16,10 +16,12 @@ import pytest
 from bfcl_eval.constants.default_prompts import MEMORY_AGENT_SETTINGS
 from bfcl_eval.eval_checker.agentic_eval.agentic_checker import agentic_checker
 
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.evaluation.budget import evaluate_at_budget
-from envace.envs import bfcl, bfcl_memory, bfcl_v4, check_env, load_tasks, make_env, suite_summary
+from envace.envs import check_env, load_tasks, make_env, suite_summary
+from envace.envs.bfcl import memory as bfcl_memory, multi_turn as bfcl, v4 as bfcl_v4
 from envace.evaluation.trials import evaluate
 from envace.rollout.engine import RolloutConfig
 from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
@@ -228,7 +230,7 @@ def scripted(tasks: list[Task], read: bool):
         if not read:
             return "{'answer': 'I do not know', 'context': 'I do not know'}"
         if "<|im_start|>tool" not in prompt:
-            return "".join(c.to_text() for c in task.gold_actions[0])
+            return render_act(task.gold_actions[0])
         return task.gold_replies[0]
 
     return respond
@@ -273,7 +275,7 @@ def writing_policy(first_turns: dict[str, tuple[str, int]], writes: bool = True)
             ]
         else:
             calls = [ToolCall(name="memory_append", arguments={"text": f"[wrote {k}]"})]
-        return "".join(c.to_text() for c in calls)
+        return render_act(calls)
 
     return respond
 

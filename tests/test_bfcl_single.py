@@ -15,9 +15,11 @@ from collections import Counter
 import jsonschema
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import SUMMARIES, check_env, load_tasks, make_env, suite_summary
-from envace.envs import bfcl, bfcl_single, bfcl_v4
+from envace.envs import bfcl
+from envace.envs.bfcl import single_turn as bfcl_single, v4 as bfcl_v4
 from envace.evaluation.budget import evaluate_at_budget
 from envace.evaluation.trials import evaluate
 from envace.chat.prompts import REHEARSE_SYSTEM
@@ -60,7 +62,7 @@ def respond(task: Task, calls: list[ToolCall] | None = None, reply: str | None =
     elif calls:
         step = Step(
             user_turn=0,
-            action_text="".join(c.to_text() for c in calls),
+            action_text=render_act(calls),
             calls=calls,
             observations=[env.call(c) for c in calls],
         )
@@ -379,7 +381,7 @@ def scripted(tasks: list[Task]):
         task = next(t for t in tasks if t.user_turns[0] in prompt)
         if "<|im_start|>tool" in prompt or not task.gold_actions[0]:
             return "Done."
-        return "".join(c.to_text() for c in task.gold_actions[0])
+        return render_act(task.gold_actions[0])
 
     return respond_
 

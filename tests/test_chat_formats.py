@@ -21,7 +21,7 @@ from envace.evaluation.export import task_system, tools_from_system, trajectory_
 from envace.envs import USERS, ScriptedUser, load_tasks
 from envace.core.logging import read_metrics
 from envace.backends.models import load, load_tokenizer
-from envace.chat.parsing import TOOL_FORMATS, strip_thinking, tool_format_for
+from envace.chat.parsing import TOOL_FORMATS, parse_act, render_act, strip_thinking, tool_format_for
 from envace.chat.prompts import CHAT_FORMATS, PROBE_CHAT, PROBE_TOOLS, ChatFormat, act_system, default_chat_format
 from envace.core.registry import UnknownNameError
 from envace.rollout.engine import RolloutConfig, RolloutEngine
@@ -381,6 +381,12 @@ def test_each_tool_format_parses_what_it_renders(name):
         fmt.render([])
 
 
+def test_render_act_writes_what_parse_act_reads_one_hermes_block_per_call():
+    assert render_act(CALLS) == "".join(render_act([c]) for c in CALLS) == TOOL_FORMATS.get("hermes").render(CALLS)
+    assert render_act(CALLS[:1]) == "<tool_call>" + json.dumps(CALLS[0].to_dict(), ensure_ascii=False) + "</tool_call>"
+    assert parse_act(render_act(CALLS)).calls == CALLS
+
+
 MALFORMED = {
     "hermes": [
         '<tool_call>{"name": "a"',
@@ -494,7 +500,7 @@ def test_a_user_simulator_and_rehearse_never_see_act_thinking(tokenizer):
         if "tool simulator" in prompt:
             return '<observation>{"ok": true}</observation>'
         return (
-            ("<think>SECRET-PLAN-A</think>" + call.to_text())
+            ("<think>SECRET-PLAN-A</think>" + render_act([call]))
             if "<|im_start|>tool" not in prompt
             else "<think>SECRET-PLAN-B</think>Done."
         )

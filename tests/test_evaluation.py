@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.backends.scripted import ScriptedBackend
 from envace.evaluation.budget import evaluate_at_budget
 from envace.envs import load_tasks
@@ -388,7 +389,7 @@ def test_evaluation_scores_each_trial_from_its_own_run_and_executes_every_call_o
     def gold(prompt):  # the gold calls one per step, then the gold reply
         task = next(t for u, t in by_user.items() if u in prompt)
         n = prompt.count("<|im_start|>tool")
-        return task.flat_gold()[n].to_text() if n < len(task.flat_gold()) else task.gold_replies[0] or "Done."
+        return render_act([task.flat_gold()[n]]) if n < len(task.flat_gold()) else task.gold_replies[0] or "Done."
 
     EVAL_CALLS.clear()
     res = evaluate(

@@ -27,7 +27,7 @@ from envace.evaluation.experiment import (
     sft_more_steps,
 )
 from envace.evaluation.fidelity import measure_fidelity
-from envace.chat.parsing import format_observation
+from envace.chat.parsing import format_observation, render_act
 from envace.evaluation.report import (
     LOADED_SUFFIX,
     TRAIN_SUCCESS_CURVES,
@@ -928,7 +928,7 @@ def test_the_simulator_arm_s_fidelity_is_rehearsed_by_the_simulator_it_trained_w
 
     monkeypatch.setattr(experiment, "arm_backend", recording)
     (task,) = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
-    gold = task.flat_gold()[0].to_text()
+    gold = render_act([task.flat_gold()[0]])
     caller = ScriptedBackend(tok, lambda prompt: gold if "<|im_start|>tool" not in prompt else "done")
     cfg.rollout.act = cfg.rollout.act.with_(max_new_tokens=64)  # room for the scripted call
     fid = experiment.arm_fidelity(cfg, models, 0, caller)

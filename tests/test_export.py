@@ -24,7 +24,7 @@ from envace.evaluation.export import (
     trajectory_record,
     world_of,
 )
-from envace.chat.parsing import parse_act
+from envace.chat.parsing import parse_act, render_act
 from envace.chat.prompts import ACT_INSTRUCTIONS, act_system, tool_message_content
 from envace.rollout.engine import RolloutConfig, RolloutEngine
 from envace.training.sft import gold_trajectories
@@ -76,14 +76,14 @@ def hand_built(mode: str = "rehearsal") -> Trajectory:
         .user(TASK.user_turns[0])
         .act('<tool_call>{"name": "add", "arguments": {"n": 2}</tool_call>')  # malformed: no call runs
         .act(
-            "First 2, then 3. " + ToolCall("add", {"n": 2}).to_text() + ToolCall("add", {"n": 3}).to_text(),
+            "First 2, then 3. " + render_act([ToolCall("add", {"n": 2}), ToolCall("add", {"n": 3})]),
             [{"total": 2}, {"total": 5}],
             ["rehearsed", "cache"],
         )
         .act("The total is 5.")
         .user(TASK.user_turns[1])
         .act(
-            ToolCall("lookup", {"q": "ü"}).to_text(),
+            render_act([ToolCall("lookup", {"q": "ü"})]),
             [{"error": {"kind": "tool_error", "message": "none"}}],
             ["rehearsed"],
         )
@@ -147,7 +147,7 @@ def engine_traj(tokenizer, bank3):
     assert len(task.user_turns) == 3
     script = [
         "<tool_call>{not json}</tool_call>",
-        ToolCall("get_balance", {"account": "emergency"}).to_text() + ToolCall("list_accounts", {}).to_text(),
+        render_act([ToolCall("get_balance", {"account": "emergency"}), ToolCall("list_accounts", {})]),
         "Done one.",
         "Done two.",
         "Done three.",
@@ -219,7 +219,7 @@ def test_a_native_tools_trajectory_exports_its_own_tools_and_its_system_message_
     chat = Chat(memory="remember 5")
     chat.traj.messages[0] = Message("system", act_system(TASK, "remember 5", tool_list=False))
     chat.traj.tools = list(TOOLS)
-    traj = chat.user("hi").act(ToolCall("add", {"n": 1}).to_text(), [{"total": 1}], ["rehearsed"]).traj
+    traj = chat.user("hi").act(render_act([ToolCall("add", {"n": 1})]), [{"total": 1}], ["rehearsed"]).traj
     assert tools_from_system(traj.messages[0].content) == []  # nothing to read back from the text
     path = tmp_path / "t.jsonl"
     write_jsonl(str(path), [traj.to_dict(with_rows=False)])
@@ -236,12 +236,12 @@ def test_content_raw_keeps_the_act_output_and_system_task_drops_envaces_tool_ins
     traj = (
         Chat(memory="remember 5")
         .user("hi")
-        .act(ToolCall("add", {"n": 1}).to_text(), [{"total": 1}], ["rehearsed"])
+        .act(render_act([ToolCall("add", {"n": 1})]), [{"total": 1}], ["rehearsed"])
         .traj
     )
     text = chat_messages(traj)[0]
     raw = chat_messages(traj, content="raw", system="task")[0]
-    assert text[2]["content"] == "" and raw[2]["content"] == ToolCall("add", {"n": 1}).to_text()
+    assert text[2]["content"] == "" and raw[2]["content"] == render_act([ToolCall("add", {"n": 1})])
     assert raw[2]["tool_calls"] == text[2]["tool_calls"]
     assert text[0]["content"] == act_system(TASK, "remember 5")
     assert raw[0]["content"] == "You count.\n\n# Notes from private rehearsal\nremember 5"
@@ -252,7 +252,11 @@ def test_a_trajectory_cut_inside_a_step_ends_on_its_unanswered_calls():
     traj = (
         Chat()
         .user("hi")
-        .act(ToolCall("add", {"n": 1}).to_text() + ToolCall("add", {"n": 2}).to_text(), [{"total": 1}], ["rehearsed"])
+        .act(
+            render_act([ToolCall("add", {"n": 1}), ToolCall("add", {"n": 2})]),
+            [{"total": 1}],
+            ["rehearsed"],
+        )
         .traj
     )
     traj.truncated = "context:rehearse"
@@ -500,10 +504,10 @@ def one_call_per_step() -> Trajectory:
     return (
         Chat()
         .user("add 2")
-        .act(ToolCall("add", {"n": 2}).to_text(), [{"total": 2}], ["rehearsed"])
+        .act(render_act([ToolCall("add", {"n": 2})]), [{"total": 2}], ["rehearsed"])
         .act("The total is 2.")
         .user("now look up ü")
-        .act(ToolCall("lookup", {"q": 'ü "quoted"'}).to_text(), [{"hits": []}], ["rehearsed"])
+        .act(render_act([ToolCall("lookup", {"q": 'ü "quoted"'})]), [{"hits": []}], ["rehearsed"])
         .act("Nothing found.")
     ).traj
 

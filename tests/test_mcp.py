@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.envs import check_env, load_tasks, make_env
 from envace.envs.mcp import MCPClient, MCPStartupError
 from envace.core.types import Step, ToolCall, Trajectory, is_error_obs
@@ -208,7 +209,7 @@ def _gold_then_reply(task):
         if "tool simulator" in prompt:
             return '<observation>{"result": 0}</observation>'
         n = prompt.count("<|im_start|>tool")
-        return task.flat_gold()[n].to_text() if n < len(task.flat_gold()) else "The counter is at 3."
+        return render_act([task.flat_gold()[n]]) if n < len(task.flat_gold()) else "The counter is at 3."
 
     return respond
 
@@ -375,7 +376,7 @@ def _call_then_reply(call: ToolCall, seen: list[int]):
 
     def respond(prompt: str) -> str:
         seen.append(len(_servers_alive()))
-        return call.to_text() if prompt.count("<|im_start|>tool") == 0 else "The counter is 0."
+        return render_act([call]) if prompt.count("<|im_start|>tool") == 0 else "The counter is 0."
 
     return respond
 
@@ -442,7 +443,7 @@ def test_mcp_faults_are_counted_in_the_evaluation_metrics_table_and_saved_result
 
     def respond(prompt: str) -> str:
         n = prompt.count("<|im_start|>tool")
-        return calls[n].to_text() if n < len(calls) else "done"
+        return render_act([calls[n]]) if n < len(calls) else "done"
 
     res = evaluate(ScriptedBackend(tokenizer, respond), load_tasks(spec, "all"), rollout=RolloutConfig(max_steps=5))
     assert res.metrics["env/timeout"] == 1 and res.metrics["env/tool_exception"] == 2

@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
@@ -268,7 +269,7 @@ def rows(tokenizer):
             return '<observation>{"ok": true, "value": 12}</observation>'
         task = next(t for u, t in by_user.items() if u in prompt)
         gold, n = task.flat_gold(), prompt.count("<|im_start|>tool")
-        return gold[n].to_text() if n < len(gold) else "Done."
+        return render_act([gold[n]]) if n < len(gold) else "Done."
 
     trajs = RolloutEngine(ScriptedBackend(tokenizer, respond), RolloutConfig(group_size=4, max_steps=6)).run(tasks)
     return [r for t in trajs for r in t.rows]

@@ -5,6 +5,7 @@ import copy
 import pytest
 
 import envace.training.trainer as trainer
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.config import TrainConfig, config_help
@@ -62,7 +63,7 @@ class _GoldCalls(ScriptedBackend):
             return '<observation>{"ok": true}</observation>'
         task = next(t for u, t in self.by_user.items() if u in prompt)
         n = prompt.count("<|im_start|>tool")
-        return task.flat_gold()[n].to_text() if n < len(task.flat_gold()) else "done"
+        return render_act([task.flat_gold()[n]]) if n < len(task.flat_gold()) else "done"
 
 
 def test_half_real_share_makes_one_group_of_two_real_and_two_rehearsed_trajectories_per_task(tmp_path, monkeypatch):

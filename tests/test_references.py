@@ -60,7 +60,7 @@ def test_builtin_test_tasks_get_references_of_other_train_tasks_only(domain):
 
 
 def test_bfcl_test_tasks_of_every_category_get_references_of_other_train_tasks_only():
-    from envace.envs import bfcl
+    from envace.envs.bfcl import multi_turn as bfcl
 
     tasks = load_tasks("bfcl", "test")
     assert {t.env_config["category"] for t in tasks} == set(bfcl.CATEGORIES)

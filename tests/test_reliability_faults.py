@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.backends.base import Backend, SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import ENVS, Environment, Score, ToolError
@@ -84,7 +85,7 @@ def faulty_task(i: int = 0) -> Task:
 
 
 def test_every_tool_fault_becomes_an_error_observation_and_is_counted(tokenizer):
-    script = iter([ToolCall(n, {}).to_text() for n in TOOLS] + ["All tools tried."])
+    script = iter([render_act([ToolCall(n, {})]) for n in TOOLS] + ["All tools tried."])
     be = ScriptedBackend(tokenizer, lambda prompt: next(script))
     cfg = RolloutConfig(mode="real", group_size=1, max_steps=len(TOOLS) + 1, max_steps_per_turn=len(TOOLS) + 1)
     t0 = time.perf_counter()
@@ -137,7 +138,7 @@ def test_faults_in_a_batch_do_not_disturb_the_other_trajectories(tokenizer):
     be = ScriptedBackend(
         tokenizer,
         lambda p: (
-            (ToolCall("raises", {}).to_text() if "Call raises." in p else ToolCall("ok", {}).to_text())
+            (render_act([ToolCall("raises", {})]) if "Call raises." in p else render_act([ToolCall("ok", {})]))
             if "<|im_start|>tool" not in p
             else "done"
         ),

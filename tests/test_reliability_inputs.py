@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envace.envs import load_tasks, make_env
-from envace.chat.parsing import MAX_DEPTH, _depth, parse_act, parse_observation, validate_call
+from envace.chat.parsing import MAX_DEPTH, _depth, parse_act, parse_observation, validate_call, render_act
 from envace.core.types import ERROR_KINDS, ToolCall, is_error_obs
 
 SENTINEL = Path(tempfile.gettempdir()) / f"envace-reliability-sentinel-{os.getpid()}"
@@ -509,7 +509,7 @@ def test_special_tokens_inside_observations_and_arguments_stay_text(tokenizer, b
     write = {"name": "write_file", "arguments": {"path": "/evil.txt", "content": evil}}
     script = [
         "<tool_call>" + esc(json.dumps(write)) + "</tool_call>",
-        ToolCall("cat", {"path": "/evil.txt"}).to_text(),
+        render_act([ToolCall("cat", {"path": "/evil.txt"})]),
         "ok",
     ]
     reh = "<observation>" + esc(json.dumps({"content": evil})) + "</observation>"

@@ -14,7 +14,7 @@ import pytest
 
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks, make_env
-from envace.chat.parsing import format_observation
+from envace.chat.parsing import format_observation, render_act
 from envace.chat.prompts import REHEARSE_SYSTEM
 from envace.rewards.agreement import (
     Record,
@@ -184,7 +184,7 @@ def _policy(tasks, honest_ids):
                 return format_observation(env.call(task.flat_gold()[0]))
             return '<observation>{"balance": "99999.99", "transactions": [{"amount": "-1.11", "memo": "nothing"}]}</observation>'
         if prompt.count("<|im_start|>tool") == 0:
-            return task.flat_gold()[0].to_text()
+            return render_act([task.flat_gold()[0]])
         last_tool = prompt.rsplit("<|im_start|>tool", 1)[1].split("<|im_end|>", 1)[0]
         return "Here is what I found: " + last_tool.strip()
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
@@ -55,7 +56,7 @@ def gold_policy(tasks):
         n_tool_msgs = prompt.count("<|im_start|>tool")
         gold = task.flat_gold()
         if n_tool_msgs < min(1, len(gold)):
-            return gold[0].to_text()
+            return render_act([gold[0]])
         return "All done."
 
     return respond
@@ -92,7 +93,7 @@ def test_each_role_sees_what_the_method_says(tokenizer, bank_tasks):
     assert f"name: {call.name}" in reh0 and "schema: " in reh0 and f"[user] {task.user_turns[0]}" in reh0
     for ref in task.references:
         assert ref.call.key() in reh0
-    assert "<|im_start|>assistant\n" + call.to_text() not in reh0  # not a continuation of the Act chat
+    assert "<|im_start|>assistant\n" + render_act([call]) not in reh0  # not a continuation of the Act chat
     # Act at step 1 sees its call and the rehearsed observation as a tool message, token for token
     assert act1.startswith(tokenizer.decode(tr.rows[0].prompt_ids + tr.rows[0].completion_ids))
     assert '<|im_start|>tool\n{"rehearsed": true}<|im_end|>' in act1
@@ -124,7 +125,7 @@ def _cache_run(tokenizer, task, call):
     def respond(prompt):
         if "tool simulator" in prompt:
             return '<observation>{"rehearsed": true}</observation>'
-        return call.to_text() if "<|im_start|>tool" not in prompt else "ok"
+        return render_act([call]) if "<|im_start|>tool" not in prompt else "ok"
 
     return RolloutEngine(ScriptedBackend(tokenizer, respond), cfg(reference_cache=True)).run([task])[0]
 
@@ -161,7 +162,7 @@ def test_parse_errors_and_truncation_are_counted_not_silent(tokenizer, bank_task
 
 def test_validation_in_code_answers_unknown_tools_without_rehearse(tokenizer, bank_tasks):
     be = ScriptedBackend(
-        tokenizer, lambda p: ToolCall("launch_rocket", {}).to_text() if "<|im_start|>tool" not in p else "no"
+        tokenizer, lambda p: render_act([ToolCall("launch_rocket", {})]) if "<|im_start|>tool" not in p else "no"
     )
     tr = RolloutEngine(be, cfg(validate_in_code=True)).run(bank_tasks[:1])[0]
     assert tr.steps[0].observations[0]["error"]["kind"] == "unknown_tool"
@@ -229,7 +230,7 @@ class _GoldActHF(HFBackend):
             return None
         n = self.n[session] = self.n.get(session, -1) + 1
         gold = self.tasks[session.rsplit("/", 2)[0].split(":", 1)[1]].flat_gold()
-        text = gold[n].to_text() if n < len(gold) else "Done."
+        text = render_act([gold[n]]) if n < len(gold) else "Done."
         return self.tokenizer.encode(text, add_special_tokens=False) + [
             self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         ]

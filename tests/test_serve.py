@@ -13,14 +13,14 @@ import time
 import openai
 import pytest
 
-from envace.backends.base import Backend, Generation, SamplingParams
+from envace.backends.base import Backend, SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
 from envace.backends.worker import STOP_WINDOW, GenerationWorker, Job, first_stop
 from envace.chat.openai_api import RequestError, act_messages, reply
 from envace.chat.prompts import ACT_INSTRUCTIONS, ChatFormat, act_system, render_tools
 from envace.serving.serve import ServerConfig, serving, streamable
-from envace.core.types import Message, Task, ToolCall, ToolSpec
+from envace.core.types import Generation, Message, Task, ToolCall, ToolSpec
 from numerics import assert_logprobs_close
 from servers import WEATHER, envace_serve
 

@@ -14,7 +14,7 @@ from envace.backends.base import Backend, SamplingParams
 from envace.envs import USERS, check_env, load_tasks, make_env
 from envace.envs import tau2 as t2
 from envace.envs.references import record_gold
-from envace.chat.parsing import validate_call
+from envace.chat.parsing import validate_call, render_act
 from envace.core.types import Message, Step, Task, ToolCall, Trajectory, is_error_obs
 
 
@@ -37,7 +37,9 @@ def gold_trajectory(
         messages.append(Message("user", task.user_turns[i]))
         for c in calls:
             obs = env.call(c)
-            steps.append(Step(user_turn=i, action_text=c.to_text(), calls=[c], observations=[obs], sources=["real"]))
+            steps.append(
+                Step(user_turn=i, action_text=render_act([c]), calls=[c], observations=[obs], sources=["real"])
+            )
             messages += [Message("assistant", tool_calls=[c]), Message("tool", json.dumps(obs))]
         steps.append(Step(user_turn=i, action_text=replies[i], reply=replies[i]))
         messages.append(Message("assistant", replies[i]))

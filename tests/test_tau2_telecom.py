@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.backends.base import Backend, SamplingParams
 from envace.envs import UNEXECUTED, USERS, UserSide, load_tasks, make_env
 from envace.envs import tau2 as t2
@@ -57,7 +58,7 @@ class ChatScript(Backend):
 
 
 def call_text(name: str, **arguments) -> str:
-    return ToolCall(name, arguments).to_text()
+    return render_act([ToolCall(name, arguments)])
 
 
 def run_llm_user(tokenizer, task: Task, replies: list[str], mode: str = "real", **kw) -> tuple[Trajectory, ChatScript]:

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.config import VARIANTS, TrainConfig, load_config
@@ -202,7 +203,7 @@ def test_success_of_imagined_rollouts_is_never_logged_as_real_success(tokenizer)
             return '<observation>{"ok": true}</observation>'
         task = next(t for u, t in by_user.items() if u in prompt)
         n = prompt.count("<|im_start|>tool")
-        return task.flat_gold()[n].to_text() if n < len(task.flat_gold()) else "ok"
+        return render_act([task.flat_gold()[n]]) if n < len(task.flat_gold()) else "ok"
 
     out = {}
     for mode in ("rehearsal", "real"):

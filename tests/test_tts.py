@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
@@ -104,7 +105,7 @@ def scripted(tasks, memory_text="Remember: call the gold tool first.", reflectio
             return "the plan misses a check: " + str(prompt.count("## Plan "))
         task = next(t for t in tasks if t.user_turns[0] in prompt)
         if "<|im_start|>tool" not in prompt:
-            return task.flat_gold()[0].to_text()
+            return render_act([task.flat_gold()[0]])
         return f"reply from attempt {prompt.count('## Attempt ') + 1}"
 
     return respond

@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 import torch
 
+from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.backends.vllm import VLLMBackend, vllm_probe
@@ -118,7 +119,7 @@ def gold_act(tasks):
     def respond(prompt: str) -> str:
         task = next(t for u, t in by_user.items() if u in prompt)
         n, gold = prompt.count("<|im_start|>tool"), task.flat_gold()
-        return gold[n].to_text() if n < len(gold) else "All done."
+        return render_act([gold[n]]) if n < len(gold) else "All done."
 
     return respond
 

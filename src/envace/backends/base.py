@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from ..core.registry import Registry
 from ..core.seeding import derive_seed
+from ..core.types import Generation  # (defined in envace.core.types; still importable from here for one version)
 
 
 @dataclass
@@ -40,16 +41,6 @@ class SamplingParams:
     def sampling_key(self) -> str:
         """Equal for settings that sample alike whatever their seed (requests that can share one draw)."""
         return repr(self.with_(seed=None))
-
-
-@dataclass
-class Generation:
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str  # "stop" (a stop string), "eos" (end-of-turn token), "length" (max_new_tokens), "abort"
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens served from a kept KV cache instead of being encoded again
 
 
 @dataclass

@@ -40,7 +40,8 @@ import torch
 from ..core.precision import use_bf16
 from ..math.prefixes import common_prefix, prefix_runs
 from ..chat.prompts import ChatFormat
-from .base import BACKENDS, Backend, Generation, OnDone, Poll, Request, SamplingParams
+from ..core.types import Generation
+from .base import BACKENDS, Backend, OnDone, Poll, Request, SamplingParams
 from .fastdecode import decoder_for
 from .sampling import draw, sample_grouped, sample_next
 

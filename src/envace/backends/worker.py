@@ -38,7 +38,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .base import Backend, Generation, Request, SamplingParams
+from ..core.types import Generation
+from .base import Backend, Request, SamplingParams
 
 STOP_WINDOW = 16
 """Tokens decoded to look for a stop string after each sampled token (as ``HFBackend._finish_reason`` does)."""

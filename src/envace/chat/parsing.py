@@ -384,6 +384,12 @@ def parse_act(text: str) -> ActParse:
     return TOOL_FORMATS.get("hermes").parse(text)
 
 
+def render_act(calls: list[ToolCall]) -> str:
+    """The text Act writes for ``calls`` in the hermes format (``TOOL_FORMATS["hermes"].render``): one
+    ``<tool_call>`` block per call; the counterpart of :func:`parse_act`."""
+    return TOOL_FORMATS.get("hermes").render(calls)
+
+
 def validate_call(call: ToolCall, tools: list[ToolSpec]) -> dict[str, Any] | None:
     """Check that the tool exists and the arguments fit its schema; return an error observation or None."""
     spec = next((t for t in tools if t.name == call.name), None)

@@ -1,7 +1,8 @@
-"""The core data model: tools, calls, messages, tasks, rows and trajectories.
+"""The core data model: tools, calls, messages, tasks, generations, rows and trajectories.
 
-Everything here is a plain dataclass that round-trips through JSON (``to_dict`` / ``from_dict``) so that
-tasks, trajectories and rows can be written as JSON lines and read back by a person or a later process. Most get
+Everything here is a plain dataclass. All but a backend's :class:`Generation` (made into a :class:`Row` before
+anything is saved) round-trip through JSON (``to_dict`` / ``from_dict``) so that tasks, trajectories and rows can
+be written as JSON lines and read back by a person or a later process. Most get
 both from :class:`JSONable`: one key per field, in field order (so the field order is the JSON key order), nested
 dataclasses by their own ``to_dict`` / ``from_dict`` as the field types say; a missing key takes the field default.
 The few that write another shape (a ``Message`` without calls, an OpenAI tool wrapper) say so in their own methods.
@@ -20,10 +21,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
-
-if TYPE_CHECKING:  # a backend's output; this module imports nothing of envace
-    from ..backends.base import Generation
+from typing import Any, Callable, Literal
 
 # Error kinds shared by parsers, real environments and rehearsed observations.
 ERROR_KINDS: tuple[str, ...] = (
@@ -166,12 +164,6 @@ class ToolCall(JSONable):
         """Canonical string identifying the call (name + sorted arguments); used for matching and caching."""
         return f"{self.name}({dumps(self.arguments)})"
 
-    def to_text(self) -> str:
-        """This call as Act writes it in the hermes tool format (``envace.chat.parsing.TOOL_FORMATS["hermes"]``)."""
-        from ..chat.parsing import TOOL_FORMATS  # (parsing builds on this module)
-
-        return TOOL_FORMATS.get("hermes").render([self])
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ToolCall":
         """Arguments that are null or absent are ``{}``."""
@@ -280,6 +272,19 @@ class Task(JSONable):
 
 
 @dataclass
+class Generation:
+    """What a backend returns for one prompt (``envace.backends.base.Backend.generate``): the sampled token ids with
+    their log-probs, their text and why generation stopped."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (a stop string), "eos" (end-of-turn token), "length" (max_new_tokens), "abort"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from a kept KV cache instead of being encoded again
+
+
+@dataclass
 class Row(JSONable):
     """One generation: the unit that training operates on.
 
@@ -300,7 +305,7 @@ class Row(JSONable):
 
     @classmethod
     def from_generation(
-        cls, role: str, prompt: list[int], g: "Generation", task_id: str, traj_id: str, group_id: str, step: int = 0
+        cls, role: str, prompt: list[int], g: Generation, task_id: str, traj_id: str, group_id: str, step: int = 0
     ) -> "Row":
         """The row of generation ``g`` (token ids, sampling log-probs, finish reason) from ``prompt``, as ``role``;
         truncated when it stopped at its token budget."""

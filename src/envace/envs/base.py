@@ -5,7 +5,9 @@ An :class:`Environment` is the *real* world of one task: it is created from the 
 JSON snapshot of its state, and scores a finished trajectory.
 
 Environments are created by name through :data:`ENVS` (``task.env``, e.g. ``"bank"`` or ``"tau2:retail"``;
-the part before ``:`` selects the factory) and task sets are loaded through :data:`SUITES`.
+the part before ``:`` selects the factory: :func:`make_env`) and task sets are loaded through :data:`SUITES`
+(:mod:`envace.envs.suites`); both registries live in :mod:`envace.envs.registry` and are importable from here too.
+User simulators are :mod:`envace.envs.users`.
 
 **Preparing tasks.** A task may need episodes played by the model under test before it can run (BFCL's memory
 questions with ``writer=model``: the prerequisite sessions write the memory the questions start from). Such a task
@@ -24,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..chat.parsing import validate_call
-from ..core.registry import Registry
-from ..core.types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs, is_error_obs
+from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs
+from .registry import ENVS, ensure_registered
+from .registry import SUITES, SUMMARIES, TASK_AT  # noqa: F401 - re-exported: environment modules import them from here
 
 MAX_OBS_CHARS = 20_000  # observations larger than this become a too_large error
 FAULT_KINDS: tuple[str, ...] = ("tool_exception", "timeout", "non_json", "too_large")
@@ -198,44 +201,8 @@ def _run_with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[bool, An
     return True, box["value"]
 
 
-# name -> factory(task) -> Environment. The name is the part of ``task.env`` before ':'.
-ENVS: Registry[Callable[[Task], Environment]] = Registry("environment")
-# name -> loader(spec, split, n, seed) -> list[Task]. ``spec`` is the full string (e.g. "bfcl:multi_turn_base").
-SUITES: Registry[Callable[..., list[Task]]] = Registry("task suite")
-
-
-# name -> task_at(spec, split, index) -> Task: a suite's task ``index`` of its stable order, built alone (the generated
-# built-in suites, whose end is far off); :func:`task_at` loads the whole split of any other suite and indexes it.
-TASK_AT: Registry[Callable[[str, str, int], Task]] = Registry("task indexer")
-
-
-# name -> summary(per-task rows of an evaluation, suite spec) -> {"title", "text", ...}: a benchmark's own report of
-# an evaluation of its tasks (BFCL's leaderboard table), shown after the metrics and saved with the result.
-SUMMARIES: Registry[Callable[[Sequence[dict[str, Any]], str], dict[str, Any]]] = Registry("suite summary")
-
-
-def suite_summary(spec: str, per_task: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The suite's own summary of an evaluation's per-task rows (:data:`SUMMARIES`), or None when it has none. A
-    summary that fails says so in its text (``{"title", "text", "error"}``): the evaluation's results stand."""
-    from . import ensure_registered
-    from .references import split_spec
-
-    spec, _ = split_spec(spec)
-    ensure_registered(spec)
-    prefix = spec.split(":", 1)[0]
-    if prefix not in SUMMARIES:
-        return None
-    try:
-        return SUMMARIES.get(prefix)(per_task, spec)
-    except Exception as e:  # noqa: BLE001 - reported next to the metrics, never a lost evaluation
-        error = f"{type(e).__name__}: {str(e)[:300]}"
-        return {"title": f"{prefix} summary", "text": f"{prefix} summary failed: {error}", "error": error}
-
-
 def make_env(task: Task) -> Environment:
     """The real environment of a task (refused for a task not yet prepared: :func:`require_prepared`)."""
-    from . import ensure_registered
-
     ensure_registered(task.env)
     require_prepared([task])
     return ENVS.get(task.env.split(":", 1)[0])(task)
@@ -244,8 +211,6 @@ def make_env(task: Task) -> Environment:
 def alive_bound(task: Task) -> int | None:
     """How many environments of ``task``'s kind a rollout keeps alive at once: the task's
     ``env_config["max_alive"]``, else its environment's :attr:`Environment.max_alive` (None: no bound)."""
-    from . import ensure_registered
-
     bound = task.env_config.get("max_alive")
     if bound is None:
         ensure_registered(task.env)
@@ -293,8 +258,6 @@ def prepare_tasks(tasks: list[Task], play: Play) -> list[Task]:
     """The tasks ready to run: those not ready (:func:`unprepared`) prepared by their environment factory's
     ``prepare`` (:meth:`Environment.prepare`) with ``play``, in place; the others as they are. A task still
     unprepared afterwards is an error (:func:`require_prepared`)."""
-    from . import ensure_registered
-
     if all(unprepared(t) is None for t in tasks):
         return tasks
 
@@ -309,74 +272,6 @@ def prepare_tasks(tasks: list[Task], play: Play) -> list[Task]:
     return out
 
 
-def load_tasks(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-    """Load ``n`` tasks of a suite (``"builtin"``, ``"bank"``, ``"bfcl:multi_turn_base"``, ...) and split.
-    Their references are records of other train tasks (``envace.envs.references``); the suffix
-    ``@oracle-references`` (``"bank@oracle-references"``, ablations only: the answer leaks) gives each task its
-    own gold calls with their real results instead, and every report using it says so in its title."""
-    from . import ensure_registered
-    from .references import REFERENCE_MODES, split_spec
-
-    spec, mode = split_spec(spec)
-    ensure_registered(spec)
-    tasks = SUITES.get(spec.split(":", 1)[0])(spec, split=split, n=n, seed=seed)
-    return REFERENCE_MODES.get(mode)(tasks) if mode else tasks
-
-
-def task_at(spec: str, split: str, index: int) -> Task:
-    """Task ``index`` (0-based) of a suite's split in the suite's own stable order, the order of
-    ``load_tasks(spec, split)`` (a seeded sample of fewer tasks is another order). An index past the end (or below
-    0) is a one-line error that says how many tasks there are; a generated built-in suite builds only that task."""
-    from . import ensure_registered
-    from .references import REFERENCE_MODES, split_spec
-
-    base, mode = split_spec(spec)
-    ensure_registered(base)
-    name = base.split(":", 1)[0]
-    if index < 0:
-        raise ValueError(f"task index {index} of suite {spec!r} is negative; the first task is 0")
-    if name in TASK_AT:
-        task = TASK_AT.get(name)(base, split, index)
-    else:
-        tasks = SUITES.get(name)(base, split=split, n=None, seed=0)
-        if index >= len(tasks):
-            last = f" (0..{len(tasks) - 1})" if tasks else ""
-            raise ValueError(
-                f"task index {index} is past the end of suite {spec!r} split {split!r}: it has {len(tasks)} tasks{last}"
-            )
-        task = tasks[index]
-    return REFERENCE_MODES.get(mode)([task])[0] if mode else task
-
-
-KIND_GROWTH = 64  # load_tasks_of_kinds loads at most KIND_GROWTH * n tasks to find n of the asked kinds
-
-
-def load_tasks_of_kinds(
-    spec: str, split: str, n: int | None, seed: int, kinds: tuple[str, ...] | None, where: str = "task_kinds"
-) -> list[Task]:
-    """``n`` tasks of a suite and split whose ``metadata["kind"]`` is one of ``kinds`` (None: :func:`load_tasks`
-    itself). They are the first ``n`` such tasks of ``load_tasks(spec, split, m, seed)`` for the smallest
-    ``m = n * 2**j`` that has ``n`` of them (so with seed 0, the first ``n`` of the split's tasks of those kinds);
-    fewer only where the suite runs out or ``m`` reaches ``KIND_GROWTH * n``. A filter that keeps no task is an
-    error naming the kinds the suite's tasks do have (only the built-in suites label kinds)."""
-    if kinds is None or n == 0:
-        return load_tasks(spec, split, n=n, seed=seed)
-    m = n
-    while True:
-        tasks = load_tasks(spec, split, n=m, seed=seed)
-        kept = [t for t in tasks if t.metadata.get("kind") in kinds]
-        if n is None or len(kept) >= n or len(tasks) < m or m >= KIND_GROWTH * n:
-            break
-        m *= 2
-    if not kept:
-        have: dict[str, int] = {}
-        for t in tasks:
-            k = str(t.metadata.get("kind", "<no kind label>"))
-            have[k] = have.get(k, 0) + 1
-        raise ValueError(f"{where}={list(kinds)} keeps none of {len(tasks)} {spec}/{split} tasks; their kinds: {have}")
-    return kept[:n] if n is not None else kept
-
-
 class ReplayNotAllowedError(ValueError):
     """A replay would execute calls a second time in an environment whose tools may have real side effects."""
 
@@ -384,8 +279,6 @@ class ReplayNotAllowedError(ValueError):
 def replay_allowed(task: Task) -> bool:
     """Whether :func:`replay` may run calls in a fresh environment of ``task``: its environment is replay-safe
     (:attr:`Environment.replay_safe`), or the task opts in with ``env_config["allow_replay"] = True``."""
-    from . import ensure_registered
-
     ensure_registered(task.env)
     factory = ENVS.get(task.env.split(":", 1)[0])
     return bool(getattr(factory, "replay_safe", True)) or task.env_config.get("allow_replay") is True
@@ -462,106 +355,3 @@ def check_env(
     if s1 != s2:
         problems.append("final state differs between two identical runs")
     return CheckReport(not problems, problems)
-
-
-class UserSimulator(ABC):
-    """Produces the user's messages of a conversation. The first call (no assistant reply yet) gives the
-    opening message; later calls follow each text reply of Act. ``None`` ends the conversation.
-
-    A user may also act on its own side of the world (``task.user_tools``) through a :class:`UserSide`, before
-    its message; only the message reaches the agent."""
-
-    @abstractmethod
-    def reply(self, task: Task, messages: list["Message"], turn: int) -> str | None:
-        """The user's message for ``turn`` (0-based) given the Act chat so far, or None when done."""
-
-
-UNEXECUTED: dict[str, Any] = {
-    "status": "not executed",
-    "note": "no real environment in this rollout mode: the action is recorded and applied when the conversation is scored",
-}
-"""What a user-side call returns to the user where no real environment runs (rehearsal, simulator, per_role)."""
-
-
-class UserSide:
-    """The user's side of one trajectory: where a user simulator's tool calls go and are recorded.
-
-    Every call is first checked against ``task.user_tools`` in code: a call that fails is answered by the
-    error observation (source ``validation``) and never runs. A valid call runs in ``env`` (the task's real
-    environment, the one the agent's calls run in, so state is shared) when there is one (source ``real``);
-    otherwise (no real environment: rehearsal, simulator, per_role) it runs nowhere and is answered by
-    :data:`UNEXECUTED` (source ``unexecuted``); scoring replays it with the agent's calls, as it replays
-    rehearsed calls. Each move is a :class:`UserStep` appended to ``traj.user_steps`` (an own list without a
-    trajectory) and counted in ``traj.counters`` under ``user/...``: never a training row."""
-
-    def __init__(self, task: Task, env: Environment | None = None, traj: Trajectory | None = None):
-        self.task = task
-        self.env = env
-        self.traj = traj
-        self.steps: list[UserStep] = traj.user_steps if traj is not None else []
-
-    @property
-    def tools(self) -> list[ToolSpec]:
-        return self.task.user_tools
-
-    def call(self, call: ToolCall) -> tuple[Any, str]:
-        """(observation, source) of one user-side call; never raises."""
-        err = validate_call(call, self.tools)
-        if err is not None:
-            return err, "validation"
-        if self.env is None:
-            return dict(UNEXECUTED), "unexecuted"
-        return self.env.user_call(call), "real"
-
-    def act(self, turn: int, calls: list[ToolCall], text: str | None = None) -> list[Any]:
-        """Make ``calls`` (in order) as one move of ``turn``; record it; return the observations."""
-        results = [self.call(c) for c in calls]
-        self.record(
-            UserStep(
-                turn=turn,
-                text=text,
-                calls=list(calls),
-                observations=[o for o, _ in results],
-                sources=[s for _, s in results],
-            )
-        )
-        return [o for o, _ in results]
-
-    def record(self, step: UserStep) -> None:
-        self.steps.append(step)
-        self.count("user/generations", int(step.text is not None))
-        self.count("user/tool_calls", len(step.calls))
-        self.count("user/parse_errors", int(step.parse_error is not None))
-        for source in step.sources:
-            self.count(f"user/calls_{source}")
-
-    def count(self, key: str, n: int = 1) -> None:
-        """Add to the trajectory's counter ``key`` (nothing without a trajectory)."""
-        if self.traj is not None and n:
-            self.traj.count(key, n)
-
-
-class ScriptedUser(UserSimulator):
-    """Plays ``task.user_turns`` in order: the default for every built-in and BFCL task. Where the task has
-    ``user_actions``, the user makes turn i's actions on its side (:class:`UserSide`) before saying turn i."""
-
-    def __init__(self, side: UserSide | None = None):
-        self.side = side
-
-    def reply(self, task: Task, messages: list["Message"], turn: int) -> str | None:
-        if turn >= len(task.user_turns):
-            return None
-        actions = task.user_actions[turn] if turn < len(task.user_actions) else []
-        if actions:
-            side = self.side if self.side is not None else UserSide(task)
-            for call in actions:  # one move per action, as a user does them one at a time
-                side.act(turn, [call])
-        return task.user_turns[turn]
-
-
-# name -> factory(task, env=None, traj=None, backend=None, **kw) -> UserSimulator. The rollout gives every
-# factory ``env`` (the real environment the user's calls run in: real mode only, else None), ``traj`` (the
-# trajectory its side is recorded in) and ``backend`` (the rollout's user backend, or None); a factory takes
-# what it needs. "scripted" is built in; benchmark adapters may add e.g. "llm".
-USERS: Registry[Callable[..., UserSimulator]] = Registry("user simulator")
-USERS.add("scripted", lambda task, env=None, traj=None, **kw: ScriptedUser(UserSide(task, env, traj)))

@@ -62,8 +62,9 @@ from mcp import ClientSession
 
 from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs, is_error_obs, states_fact
 from ..backends.loaders import is_url
-from .base import ENVS, SUITES, EnvStartupError, Environment, Score
+from .base import EnvStartupError, Environment, Score
 from .mcp_http import check_url, http_transport
+from .registry import ENVS, SUITES
 from .mcp_stdio import exit_reason, stdio_process
 
 

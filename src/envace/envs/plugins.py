@@ -28,7 +28,7 @@ from typing import Any, Callable, Collection, Iterable
 
 from ..core.registry import UnknownNameError
 from ..core.types import Task
-from .base import ENVS, SUITES
+from .registry import ENVS, SUITES, ensure_registered
 
 GROUP = "envace.environments"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -68,8 +68,6 @@ def guarded(name: str, origin: str, loader: Callable[..., Any]) -> Callable[...,
     """``loader`` as a :data:`SUITES` entry whose failures are one-line :class:`PluginError` s naming the plug-in."""
 
     def load(spec: str, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-        from . import ensure_registered
-
         try:
             tasks = loader(spec, split=split, n=n, seed=seed)
         except Exception as e:  # noqa: BLE001 - a plug-in's failure is its suite's error, not envace's crash

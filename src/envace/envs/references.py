@@ -44,6 +44,8 @@ from typing import Any, Callable, Iterable
 
 from ..core.registry import Registry
 from ..core.types import ReferenceExample, Task, ToolCall, dumps, is_error_obs
+from .base import make_env
+from .registry import ENVS, ensure_registered
 
 MAX_RECORD_CHARS = 1500  # a record longer than this (call and result as text) is not used as a reference
 MIN_HIDDEN_CHARS = 3  # shorter values ("2", "no") are too common to tell a leak from a coincidence
@@ -64,9 +66,6 @@ def initial_state_key(task: Task) -> str:
     """A key of the task's initial environment state: equal keys mean equal initial states. An environment
     class may define ``initial_state_key(task)`` (tau2: the domain and the task's initialisation); the default
     is a digest of ``task.env`` and ``task.env_config`` (exact for the built-ins, whose state is the config)."""
-    from .base import ENVS
-    from . import ensure_registered
-
     ensure_registered(task.env)
     own = getattr(ENVS.get(task.env.split(":", 1)[0]), "initial_state_key", None)
     return own(task) if own is not None else digest({"env": task.env, "env_config": task.env_config})
@@ -126,8 +125,6 @@ def record_sequence(task: Task, calls: Iterable[ToolCall], factory: EnvFactory) 
 
 def record_gold(task: Task) -> list[ReferenceExample]:
     """The task's own gold calls with their real results, in order in one fresh environment (oracle)."""
-    from .base import make_env
-
     return record_sequence(task, task.flat_gold(), make_env)
 
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import hashlib
 import inspect
 import itertools
 import json
@@ -88,8 +87,11 @@ from ..backends.base import Backend, SamplingParams  # noqa: E402
 from ..chat.parsing import DEFAULT_TOOL_FORMAT, TOOL_FORMATS, ToolFormat, tool_format_for, validate_call  # noqa: E402
 from ..chat.prompts import render_tools, tool_message_content  # noqa: E402
 from ..core.types import Message, Task, ToolCall, ToolSpec, Trajectory, UserStep, error_obs  # noqa: E402
-from .base import ENVS, SUITES, USERS, Environment, Score, UserSide, UserSimulator  # noqa: E402
+from .base import Environment, Score  # noqa: E402
 from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
+from .registry import ENVS, SUITES  # noqa: E402
+from .suites import hash_split  # noqa: E402
+from .users import USERS, UserSide, UserSimulator  # noqa: E402
 
 DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom", "mock")
 DEFAULT_DOMAINS: tuple[str, ...] = ("airline", "retail", "telecom")  # the benchmark's three
@@ -563,11 +565,6 @@ def _domain_info(domain: str) -> dict[str, Any]:
     }
 
 
-def _hash_split(key: str) -> str:
-    h = int(hashlib.sha256(f"tau2-{key}".encode()).hexdigest()[:8], 16)
-    return "test" if h / 2**32 < TEST_FRACTION else "train"
-
-
 def _opening_message(t2: T2Task) -> str:
     ins = t2.user_scenario.instructions
     if isinstance(ins, str):
@@ -648,7 +645,7 @@ def convert_task(domain: str, t2: T2Task) -> Task:
             else "other"
         )
     else:
-        split = _hash_split(f"{domain}-{t2.id}")
+        split = hash_split(f"tau2-{domain}-{t2.id}", TEST_FRACTION)
     user_actions = [t.user for t in turns] if any(t.user for t in turns) else []
     return Task(
         id=f"tau2_{domain}_{t2.id}",

@@ -69,12 +69,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..backends.base import Backend, Generation, SamplingParams
+from ..backends.base import Backend, SamplingParams
 from ..backends.worker import GenerationWorker, Job, Update
 from ..chat.openai_api import RequestError, act_messages, openai_tool_calls, parses_calls, reply, tool_specs
 from ..chat.parsing import tool_format_for
 from ..chat.prompts import with_thinking_history
-from ..core.types import ToolCall
+from ..core.types import Generation, ToolCall
 
 MAX_BODY_BYTES = 16 << 20
 ROUTES = "GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions"

@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..math import algos
-from ..backends.base import Backend, Generation, SamplingParams
+from ..backends.base import Backend, SamplingParams
 from ..core.checkpoint import save_checkpoint
 from ..config import SFTConfig, to_dict
 from ..envs import load_tasks_of_kinds, make_env
@@ -38,7 +38,7 @@ from ..rollout.engine import RolloutConfig, RolloutEngine, rehearse_sampling
 from ..rollout.memory import rehearsal_lessons
 from ..backends.hf import HFBackend
 from ..core.seeding import seed_everything
-from ..core.types import Row, Task, Trajectory
+from ..core.types import Generation, Row, Task, Trajectory
 
 
 class GoldTeacher(Backend):

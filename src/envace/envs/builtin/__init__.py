@@ -30,9 +30,9 @@ Two kinds of world:
   the world); ``ood`` tasks are about four other customers with held-out names (transfer). Reference examples are
   the customer's own records from other train tasks (an ``ood`` customer, who has none, gets every customer's).
 
-Registered here: environments ``bank``, ``shop``, ``files`` in :data:`~envace.envs.base.ENVS`, and suites
+Registered here: environments ``bank``, ``shop``, ``files`` in :data:`~envace.envs.registry.ENVS`, and suites
 ``bank``, ``shop``, ``files``, ``builtin`` (the three interleaved), ``bank-world``, ``shop-world``,
-``files-world`` and ``builtin-world`` in :data:`~envace.envs.base.SUITES`, all with the signature
+``files-world`` and ``builtin-world`` in :data:`~envace.envs.registry.SUITES`, all with the signature
 ``loader(spec, split="train", n=None, seed=0) -> list[Task]``.
 """
 
@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...core.types import Task
-from ..base import ENVS, SUITES, TASK_AT
+from ..registry import ENVS, SUITES, TASK_AT
 from .bank import BANK, BANK_WORLD, BankEnv
 from .common import (
     DEFAULT_N,

@@ -11,12 +11,12 @@ summary table (non-live, live, multi-turn, agentic, overall) after an evaluation
 - ``bfcl:<selection>?<option>=<value>[&...]``: suite options (:data:`OPTIONS`), each taken by the kinds of
   category that name it (:attr:`Kind.options`): ``writer`` = ``gold`` (default) | ``model``, who writes the memory
   categories' memory (``bfcl:memory?writer=model``: the model under test plays BFCL's prerequisite sessions,
-  :mod:`envace.envs.bfcl_memory`). An unknown option or value, or an option no selected category takes, is an
+  :mod:`envace.envs.bfcl.memory`). An unknown option or value, or an option no selected category takes, is an
   error listing the valid ones.
 
-**Categories** (:data:`CATEGORIES`): the single-turn ones are :mod:`envace.envs.bfcl_single`'s, the multi-turn
-ones :mod:`envace.envs.bfcl`'s (unchanged), ``memory_kv`` and ``memory_rec_sum`` :mod:`envace.envs.bfcl_memory`'s
-(by default their prerequisite conversations are not played by the model: a gold writer fills the memory, so their
+**Categories** (:data:`CATEGORIES`): the single-turn ones are :mod:`envace.envs.bfcl.single_turn`'s, the
+multi-turn ones :mod:`envace.envs.bfcl.multi_turn`'s (unchanged), ``memory_kv`` and ``memory_rec_sum``
+:mod:`envace.envs.bfcl.memory`'s (by default their prerequisite conversations are not played by the model: a gold writer fills the memory, so their
 scores are not BFCL's memory scores, and the summary says so; with ``?writer=model`` the model under test plays
 them before the questions, as in BFCL: :meth:`BFCLEnvs.prepare`, called by evaluation). The other agentic ones are **unavailable** here, each with its
 reason (:func:`unavailable`): web search needs the internet; ``memory_vector`` loads a sentence-transformers
@@ -26,10 +26,10 @@ being the actual import error (checked when asked). A selection skips its unavai
 names them); a selection with no available category is an error that says why.
 
 **Loading**: the (category, entry) pairs of the selection and split, in selection order then dataset order; with
-``n`` a seeded sample of them, converted in that order (the same rule as :func:`envace.envs.bfcl.load_bfcl_tasks`,
-so ``bfcl:multi_turn_base`` gives the same tasks as before).
+``n`` a seeded sample of them, converted in that order (the same rule as
+:func:`envace.envs.bfcl.multi_turn.load_bfcl_tasks`, so ``bfcl:multi_turn_base`` gives the same tasks as before).
 
-**The summary** (:func:`summary`, in :data:`envace.envs.base.SUMMARIES`; ``envace eval`` prints it after the
+**The summary** (:func:`summary`, in :data:`envace.envs.registry.SUMMARIES`; ``envace eval`` prints it after the
 metrics): a category's accuracy is the mean success over its evaluated tasks and trials; BFCL's own
 ``generate_leaderboard_csv`` (a private copy, code unchanged: its CSV writer swapped for a collector, no print, no
 W&B upload) combines the categories with BFCL's weighting. In bfcl_eval 2026.3.23: non-live = mean of simple
@@ -56,9 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import bfcl
-from . import bfcl_memory
-from . import bfcl_single
+from . import multi_turn
+from . import memory
+from . import single_turn
 
 from bfcl_eval.constants.category_mapping import (  # noqa: E402
     ALL_SCORING_CATEGORIES,
@@ -69,10 +69,11 @@ from bfcl_eval.constants.category_mapping import (  # noqa: E402
     WEB_SEARCH_CATEGORY,
 )
 
-from ..core.registry import Registry  # noqa: E402
-from ..core.types import Task  # noqa: E402
-from .base import ENVS, SUITES, SUMMARIES, Environment, Play, prepare_groups  # noqa: E402
-from .references import assign  # noqa: E402
+from ...core.registry import Registry  # noqa: E402
+from ...core.types import Task  # noqa: E402
+from ..base import Environment, Play, prepare_groups  # noqa: E402
+from ..registry import ENVS, SUITES, SUMMARIES  # noqa: E402
+from ..references import assign  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- categories
 
@@ -92,28 +93,28 @@ class Kind:
 
 
 def _multi_turn_ids(category: str, split: str) -> list[str]:
-    if split not in bfcl.SPLITS:
-        raise ValueError(f"unknown split {split!r} for BFCL; valid: {', '.join(bfcl.SPLITS)}")
-    return [e["id"] for e in bfcl._raw_entries(category)[0] if split == "all" or bfcl.split_of(e["id"]) == split]
+    if split not in multi_turn.SPLITS:
+        raise ValueError(f"unknown split {split!r} for BFCL; valid: {', '.join(multi_turn.SPLITS)}")
+    return [
+        e["id"] for e in multi_turn._raw_entries(category)[0] if split == "all" or multi_turn.split_of(e["id"]) == split
+    ]
 
 
 def _multi_turn_tasks(category: str, ids: list[str]) -> list[Task]:
-    entries, answers = bfcl._raw_entries(category)
+    entries, answers = multi_turn._raw_entries(category)
     keep = set(ids)
-    tasks = [bfcl.convert_entry(e, answers[e["id"]], category) for e in entries if e["id"] in keep]
-    return assign(tasks, lambda t: bfcl.reference_pool(category))
+    tasks = [multi_turn.convert_entry(e, answers[e["id"]], category) for e in entries if e["id"] in keep]
+    return assign(tasks, lambda t: multi_turn.reference_pool(category))
 
 
 KINDS: Registry[Kind] = Registry("BFCL category kind")
-KINDS.add("single_turn", Kind(bfcl_single.entry_ids, bfcl_single.load_category, bfcl_single.BFCLSingleEnv))
-KINDS.add("multi_turn", Kind(_multi_turn_ids, _multi_turn_tasks, bfcl.BFCLEnv))
-KINDS.add(
-    "memory", Kind(bfcl_memory.entry_ids, bfcl_memory.load_category, bfcl_memory.BFCLMemoryEnv, options=("writer",))
-)
+KINDS.add("single_turn", Kind(single_turn.entry_ids, single_turn.load_category, single_turn.BFCLSingleEnv))
+KINDS.add("multi_turn", Kind(_multi_turn_ids, _multi_turn_tasks, multi_turn.BFCLEnv))
+KINDS.add("memory", Kind(memory.entry_ids, memory.load_category, memory.BFCLMemoryEnv, options=("writer",)))
 
-OPTIONS: dict[str, tuple[str, ...]] = {"writer": tuple(bfcl_memory.WRITER_NOTES)}
+OPTIONS: dict[str, tuple[str, ...]] = {"writer": tuple(memory.WRITER_NOTES)}
 """The suite options (``bfcl:<selection>?name=value[&name=value]``) -> their valid values, the default first:
-``writer``, who writes the memory categories' memory (:mod:`envace.envs.bfcl_memory`)."""
+``writer``, who writes the memory categories' memory (:mod:`envace.envs.bfcl.memory`)."""
 
 
 def _web_search_reason() -> str:
@@ -121,7 +122,7 @@ def _web_search_reason() -> str:
 
 
 def _memory_reason(category: str) -> str | None:
-    error = bfcl_memory.backend_import_error(category)
+    error = memory.backend_import_error(category)
     if error is None:
         return None
     return (
@@ -162,14 +163,14 @@ for _name in ALL_SCORING_CATEGORIES:
         CATEGORIES.add(_name, Category(_name, why=_web_search_reason))
     elif _name == "memory_vector":
         CATEGORIES.add(_name, Category(_name, why=_memory_vector_reason))
-    elif _name in bfcl_memory.CATEGORIES:
+    elif _name in memory.CATEGORIES:
         why = functools.partial(_memory_reason, _name)
-        note = lambda options: bfcl_memory.WRITER_NOTES[options["writer"]]  # noqa: E731
+        note = lambda options: memory.WRITER_NOTES[options["writer"]]  # noqa: E731
         CATEGORIES.add(_name, Category(_name, kind="memory", why=why, note=note))
     else:  # a category a later bfcl_eval adds
         CATEGORIES.add(_name, Category(_name, why=lambda: "not supported by envace's BFCL adapter yet"))
-assert tuple(MULTI_TURN_CATEGORY) == bfcl.CATEGORIES and tuple(SINGLE_TURN_CATEGORY) == bfcl_single.CATEGORIES
-assert set(MEMORY_CATEGORY) == {*bfcl_memory.CATEGORIES, "memory_vector"}
+assert tuple(MULTI_TURN_CATEGORY) == multi_turn.CATEGORIES and tuple(SINGLE_TURN_CATEGORY) == single_turn.CATEGORIES
+assert set(MEMORY_CATEGORY) == {*memory.CATEGORIES, "memory_vector"}
 
 COLLECTIONS: dict[str, list[str]] = {
     name: [c for c in cats if c in CATEGORIES]
@@ -214,7 +215,7 @@ def categories_of(spec: str) -> list[str]:
     """The categories a suite spec selects, in order (see the module docstring); ``bfcl`` is the multi-turn four."""
     rest = _parts(spec)[0]
     if not rest.strip():
-        return list(bfcl.CATEGORIES)
+        return list(multi_turn.CATEGORIES)
     out: list[str] = []
     for name in (s.strip() for s in rest.split(",") if s.strip()):
         if name in COLLECTIONS:
@@ -324,9 +325,9 @@ TOTAL_COLUMNS = ("Irrelevance Detection", "Relevance Detection")  # data_overall
 
 @functools.lru_cache(maxsize=None)
 def _helper() -> types.ModuleType:
-    """BFCL's eval_runner_helper, privately (:func:`envace.envs.bfcl_single.load_private`); its dataset loader,
+    """BFCL's eval_runner_helper, privately (:func:`envace.envs.bfcl.single_turn.load_private`); its dataset loader,
     which it uses only to count the entries of a category not evaluated, is memoized in this copy."""
-    module = bfcl_single.load_private("bfcl_eval.eval_checker.eval_runner_helper")
+    module = single_turn.load_private("bfcl_eval.eval_checker.eval_runner_helper")
     module.load_dataset_entry = functools.lru_cache(maxsize=None)(module.load_dataset_entry)  # type: ignore[attr-defined]
     return module
 
@@ -341,7 +342,7 @@ def leaderboard(accuracy: dict[str, float]) -> dict[str, dict[str, Any]]:
     ``{"data_overall": {column: value}, "data_non_live": ..., ...}``, each value a fraction or ``"N/A"``, computed
     by BFCL's ``generate_leaderboard_csv`` (its code unchanged) with each category weighted by its full size."""
     table = {
-        bfcl_single.MODEL_NAME: {
+        single_turn.MODEL_NAME: {
             c: {"accuracy": float(a), "total_count": category_size(c)} for c, a in accuracy.items()
         }
     }

@@ -44,8 +44,8 @@ is not a call (``agentic_checker``: normalised, word-bounded containment).
 - **Tools** are the category's function docs as BFCL shows them (``load_dataset_entry``), the backend is BFCL's
   class (``MemoryAPI_kv`` with its BM25 key search, ``MemoryAPI_rec_sum``), loaded with the snapshot by its own
   ``_load_scenario`` (its snapshot-file read swapped for the snapshot in ``env_config["memory"]``); a call runs
-  as in the multi-turn adapter (:func:`envace.envs.bfcl.execute`: a bound method with keyword arguments; nothing
-  is ``eval``-ed), so a wrong name or wrong arguments are error observations.
+  as in the multi-turn adapter (:func:`envace.envs.bfcl.multi_turn.execute`: a bound method with keyword
+  arguments; nothing is ``eval``-ed), so a wrong name or wrong arguments are error observations.
 - **The system prompt** is the one BFCL's handler builds (its ``add_memory_instruction_system_prompt``, code
   unchanged, compiled from its source: its module imports ``tree_sitter``, which envace does not install) after
   the single-turn adapter's BFCL persona.
@@ -61,7 +61,7 @@ is not a call (``agentic_checker``: normalised, word-bounded containment).
 - **Split**: ``test`` when a hash of the question (its index and scenario, shared by the two categories) falls in
   the lowest :data:`TEST_FRACTION`. All questions of a scenario share its memory, on either side.
 - **memory_vector** is not offered: its backend loads a sentence-transformers model from the Hugging Face Hub
-  when imported (:mod:`envace.envs.bfcl_v4` gives the reason).
+  when imported (:mod:`envace.envs.bfcl.v4` gives the reason).
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import hashlib
 import importlib
 import re
 import types
@@ -78,8 +77,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import bfcl
-from . import bfcl_single
+from . import multi_turn
+from . import single_turn
 
 import bfcl_eval  # noqa: E402
 from bfcl_eval.constants import default_prompts  # noqa: E402
@@ -88,10 +87,11 @@ from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPIN
 from bfcl_eval.eval_checker.agentic_eval.agentic_checker import agentic_checker  # noqa: E402
 from bfcl_eval.utils import is_memory_prereq, load_dataset_entry, load_file, load_ground_truth_entry  # noqa: E402
 
-from ..core.registry import Registry  # noqa: E402
-from ..core.types import Step, Task, ToolCall, Trajectory, is_error_obs  # noqa: E402
-from .base import UNPREPARED, Environment, Play, Score  # noqa: E402
-from .references import digest  # noqa: E402
+from ...core.registry import Registry  # noqa: E402
+from ...core.types import Step, Task, ToolCall, Trajectory, is_error_obs  # noqa: E402
+from ..base import UNPREPARED, Environment, Play, Score  # noqa: E402
+from ..references import digest  # noqa: E402
+from ..suites import hash_split  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = ("memory_kv", "memory_rec_sum")
 TEST_FRACTION = 0.3
@@ -142,7 +142,7 @@ def _memory_prompt() -> Callable[..., list[list[dict]]]:
 def backend_import_error(category: str) -> str | None:
     """Why the category's backend does not import here (a missing package), or None when it does."""
     try:
-        bfcl._backend_class(backend_of(category))
+        multi_turn._backend_class(backend_of(category))
     except ImportError as e:
         return f"{type(e).__name__}: {e}"
     return None
@@ -158,7 +158,7 @@ def backend_of(category: str) -> str:
 def load_backend(class_name: str, snapshot: dict[str, Any] | None) -> Any:
     """A fresh BFCL memory backend loaded by its own ``_load_scenario`` from ``snapshot`` (what BFCL's snapshot
     file holds; None: a clean start, as BFCL's first prerequisite session has)."""
-    inst = bfcl._backend_class(class_name)()
+    inst = multi_turn._backend_class(class_name)()
     inst._prepare_snapshot = lambda initial_config: copy.deepcopy(snapshot)  # BFCL reads the snapshot file here
     inst._load_scenario({})
     del inst._prepare_snapshot
@@ -300,7 +300,7 @@ def _gold_memory(category: str, scenario: str) -> dict[str, Any]:
     backend = backend_of(category)
     instances = {backend: load_backend(backend, None)}
     for call in WRITERS.get(backend).writes(session_facts(scenario)):
-        obs = bfcl.execute(instances, call)
+        obs = multi_turn.execute(instances, call)
         if is_error_obs(obs):
             raise ValueError(f"{category}/{scenario}: the gold writer's {call.name} failed: {obs['error']['message']}")
     return snapshot_of(instances[backend])
@@ -385,10 +385,10 @@ class BFCLMemoryEnv(Environment):
         )
 
     def _execute(self, call: ToolCall) -> Any:
-        return bfcl.execute(self.instances, call)
+        return multi_turn.execute(self.instances, call)
 
     def state(self) -> dict[str, Any]:
-        return bfcl.instances_state(self.instances)
+        return multi_turn.instances_state(self.instances)
 
     def score(self, traj: Trajectory) -> Score:
         cfg = self.task.env_config
@@ -458,8 +458,7 @@ def question_key(bfcl_id: str) -> str:
 
 def split_of(bfcl_id: str) -> str:
     """``test`` for about :data:`TEST_FRACTION` of the questions (hash of :func:`question_key`), else ``train``."""
-    h = int(hashlib.sha256(f"bfcl-memory-{question_key(bfcl_id)}".encode()).hexdigest()[:8], 16)
-    return "test" if h / 2**32 < TEST_FRACTION else "train"
+    return hash_split(f"bfcl-memory-{question_key(bfcl_id)}", TEST_FRACTION)
 
 
 @functools.lru_cache(maxsize=None)
@@ -502,9 +501,9 @@ def session_task(category: str, session_id: str, memory: dict[str, Any] | None) 
     return Task(
         id=session_id,
         env=f"bfcl:{category}",
-        system_prompt=f"{bfcl_single.SYSTEM_PROMPT}\n\n{first['content']}",
+        system_prompt=f"{single_turn.SYSTEM_PROMPT}\n\n{first['content']}",
         user_turns=[m["content"] for m in turns],
-        tools=[bfcl.tool_spec(d) for d in entry["function"]],
+        tools=[multi_turn.tool_spec(d) for d in entry["function"]],
         env_config={
             "bfcl_id": session_id,
             "category": category,
@@ -565,9 +564,9 @@ def convert_entry(
     return Task(
         id=entry["id"],
         env=f"bfcl:{category}",
-        system_prompt=f"{bfcl_single.SYSTEM_PROMPT}\n\n{first['content']}",
+        system_prompt=f"{single_turn.SYSTEM_PROMPT}\n\n{first['content']}",
         user_turns=[rest[0]["content"]],
-        tools=[bfcl.tool_spec(d) for d in entry["function"]],
+        tools=[multi_turn.tool_spec(d) for d in entry["function"]],
         env_config={
             "bfcl_id": entry["id"],
             "category": category,

@@ -8,7 +8,7 @@ How a task is built and scored, and where this departs from BFCL's own harness:
 
 - **Tools** are the entry's function docs as BFCL shows them to a function-calling model (``load_dataset_entry``
   with its language hints: every Java / JavaScript parameter becomes a string, "This is Java long type parameter
-  in string representation."), converted to JSON schema by :func:`envace.envs.bfcl.tool_spec`.
+  in string representation."), converted to JSON schema by :func:`envace.envs.bfcl.multi_turn.tool_spec`.
 - **One response is scored.** BFCL asks once and checks the calls of that one answer. Here the episode is an
   ordinary trajectory, but only the calls of its **first Act generation** are scored; what Act does after it
   (it sees :data:`ACK` for each valid call: nothing is executed) is not. Several calls in that generation are
@@ -37,7 +37,7 @@ How a task is built and scored, and where this departs from BFCL's own harness:
 - **Conversation**: an entry's system messages follow the system prompt; the few ``live_irrelevance`` entries
   with earlier assistant turns show the conversation as a transcript in one user turn.
 - **Split**: ``test`` when a hash of the entry id falls in the lowest :data:`TEST_FRACTION`, as
-  :func:`envace.envs.bfcl.split_of` does for multi-turn scenarios.
+  :func:`envace.envs.bfcl.multi_turn.split_of` does for multi-turn scenarios.
 - **References**: none (nothing is executed, so there is no recorded result to show Rehearse).
 - **Rehearsal and test-time rehearsal** run as on any task: an attempt's call is answered by Rehearse with an
   imagined result and Act goes on; reflections and the memory see those attempts. The real run is scored on its
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import importlib.util
 import json
 import sys
@@ -57,7 +56,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import bfcl  # noqa: F401 - sets BFCL_PROJECT_ROOT before bfcl_eval is first imported
+from . import multi_turn  # noqa: F401 - sets BFCL_PROJECT_ROOT before bfcl_eval is first imported
 
 from bfcl_eval.constants.category_mapping import SINGLE_TURN_CATEGORY  # noqa: E402
 from bfcl_eval.constants.default_prompts import PROMPT_STYLE_TEMPLATES  # noqa: E402
@@ -71,9 +70,11 @@ from bfcl_eval.utils import (  # noqa: E402
     load_ground_truth_entry,
 )
 
-from ..core.types import Step, Task, ToolCall, Trajectory  # noqa: E402
-from .base import Environment, Score  # noqa: E402
-from .references import digest  # noqa: E402
+from ...chat.parsing import render_act
+from ...core.types import Step, Task, ToolCall, Trajectory  # noqa: E402
+from ..base import Environment, Score  # noqa: E402
+from ..references import digest  # noqa: E402
+from ..suites import hash_split  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = tuple(SINGLE_TURN_CATEGORY)
 TEST_FRACTION = 0.3
@@ -245,7 +246,7 @@ def replay_gold(task: Task) -> Score | None:
     if calls:
         step = Step(
             user_turn=0,
-            action_text="".join(c.to_text() for c in calls),
+            action_text=render_act(calls),
             calls=calls,
             observations=[env.call(c) for c in calls],
             sources=["real"] * len(calls),
@@ -403,8 +404,7 @@ def gold_calls(
 
 def split_of(bfcl_id: str) -> str:
     """``test`` for about :data:`TEST_FRACTION` of the entries (hash of the entry id), else ``train``."""
-    h = int(hashlib.sha256(f"bfcl-single-turn-{bfcl_id}".encode()).hexdigest()[:8], 16)
-    return "test" if h / 2**32 < TEST_FRACTION else "train"
+    return hash_split(f"bfcl-single-turn-{bfcl_id}", TEST_FRACTION)
 
 
 @functools.lru_cache(maxsize=None)
@@ -453,7 +453,7 @@ def convert_entry(shown: dict[str, Any], checked: dict[str, Any], ground_truth: 
         env=f"bfcl:{category}",
         system_prompt=SYSTEM_PROMPT + (f"\n\n{system}" if system else ""),
         user_turns=[user],
-        tools=[bfcl.tool_spec(d) for d in shown["function"]],
+        tools=[multi_turn.tool_spec(d) for d in shown["function"]],
         env_config={
             "bfcl_id": shown["id"],
             "category": category,

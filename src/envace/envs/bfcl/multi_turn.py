@@ -24,7 +24,7 @@ How this adapter departs from BFCL's own harness, and why:
   lowest :data:`TEST_FRACTION` (about 30%), else ``train``. The index is shared by the four categories (they
   are variants of the same 200 scenarios), so a scenario is on the same side in every category.
 - **Registration**: the suite name ``bfcl`` and the environment factory of every BFCL task are
-  :mod:`envace.envs.bfcl_v4`'s, which also serves the single-turn categories; ``bfcl`` alone still means
+  :mod:`envace.envs.bfcl.v4`'s, which also serves the single-turn categories; ``bfcl`` alone still means
   these four categories, loaded as :func:`load_bfcl_tasks` does.
 - **References** (BFCL has none): the gold calls of :data:`POOL_TASKS` train tasks of the category (evenly
   spread over it), run in order in a fresh environment of their task, form the category's pool; every task
@@ -36,7 +36,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import hashlib
 import importlib
 import inspect
 import json
@@ -66,9 +65,10 @@ from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPIN
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as _checker_module  # noqa: E402
 from bfcl_eval.utils import load_dataset_entry, load_file  # noqa: E402
 
-from ..core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
-from .base import Environment, Score  # noqa: E402
-from .references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
+from ...core.types import Task, ToolCall, ToolSpec, Trajectory, error_obs  # noqa: E402
+from ..base import Environment, Score  # noqa: E402
+from ..references import ReferencePool, assign, cached_pool, digest, record_sequence, spread  # noqa: E402
+from ..suites import hash_split  # noqa: E402
 
 CATEGORIES: tuple[str, ...] = (
     "multi_turn_base",
@@ -435,8 +435,7 @@ class BFCLEnv(Environment):
 def split_of(bfcl_id: str) -> str:
     """``test`` for about :data:`TEST_FRACTION` of the scenarios (hash of the scenario index), else ``train``."""
     index = bfcl_id.rsplit("_", 1)[1]
-    h = int(hashlib.sha256(f"bfcl-multi-turn-{index}".encode()).hexdigest()[:8], 16)
-    return "test" if h / 2**32 < TEST_FRACTION else "train"
+    return hash_split(f"bfcl-multi-turn-{index}", TEST_FRACTION)
 
 
 @functools.lru_cache(maxsize=None)
