@@ -76,7 +76,8 @@ def rehearse_stage(start: str, suite: str, out: str, seed: int, steps: int) -> s
 
 def measure(model: str, suite: str, n_tasks: int, path: Path) -> dict:
     if path.exists():
-        return json.loads(path.read_text())["summary"]
+        saved = json.loads(path.read_text())
+        return {**saved["summary"], "by_context": context_split(suite, n_tasks, saved["pairs"])}
     from envace.backends.hf import HFBackend
     from envace.backends.models import load_frozen
     from envace.envs import load_tasks
@@ -100,10 +101,41 @@ def measure(model: str, suite: str, n_tasks: int, path: Path) -> dict:
             indent=1,
         )
     )
-    return res.summary
+    return measure(model, suite, n_tasks, path)
+
+
+def _values_shown(real: object, prompt: str) -> bool:
+    """Whether every value of the real observation (strings and numbers) appears in Rehearse's prompt as JSON text:
+    the answer could then be copied from the context (a reference example, an earlier observation, the call)."""
+    from envace.evaluation.fidelity import leaf_paths
+
+    values = [v for v in leaf_paths(real).values() if isinstance(v, (str, int, float)) and not isinstance(v, bool)]
+    return all(json.dumps(v, ensure_ascii=False) in prompt for v in values)
+
+
+_PROMPTS: dict[tuple[str, int], list[str]] = {}
+
+
+def context_split(suite: str, n_tasks: int, pairs: list[dict]) -> dict[str, dict[str, float]]:
+    """Reads split by whether the real observation's values are all shown in Rehearse's prompt: {bucket: {n, exact}}."""
+    if (suite, n_tasks) not in _PROMPTS:
+        from envace.backends.models import load_tokenizer
+        from envace.envs import load_tasks
+        from envace.evaluation.fidelity import gold_rehearse_rows
+
+        tok = load_tokenizer(MODEL)
+        _PROMPTS[suite, n_tasks] = [
+            tok.decode(r.prompt_ids) for r in gold_rehearse_rows(tok, load_tasks(suite, "test", n=n_tasks))[1]
+        ]
+    out: dict[str, list[float]] = {"shown": [], "not shown": []}
+    for p, prompt in zip(pairs, _PROMPTS[suite, n_tasks], strict=True):
+        if p["changed"] == []:  # a read
+            out["shown" if _values_shown(p["real"], prompt) else "not shown"].append(p["scores"]["exact"])
+    return {k: {"n": float(len(v)), "exact": sum(v) / len(v) if v else 0.0} for k, v in out.items()}
 
 
 CELLS = (("all", "overall", None), ("reads", "by_state", "read"), ("writes", "by_state", "write"))
+CONTEXT = (("reads, values shown", "by_context", "shown"), ("reads, a value not shown", "by_context", "not shown"))
 ERRORS = ("real errors", "by_outcome", "error")
 
 
@@ -126,7 +158,7 @@ def _nll(summary: dict, group: str, bucket: str | None) -> str:
 def table(rows: list[tuple[str, dict]]) -> list[str]:
     head = [
         "suite, Rehearse steps",
-        *(f"exact, {h}" for h, _, _ in (*CELLS, ERRORS)),
+        *(f"exact, {h}" for h, _, _ in (*CELLS, *CONTEXT, ERRORS)),
         "leaf acc, reads",
         "leaf acc, writes",
         "error vs success agrees",
@@ -134,7 +166,7 @@ def table(rows: list[tuple[str, dict]]) -> list[str]:
     ]
     out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
     for name, s in rows:
-        cells = [_cell(s, g, b) for _, g, b in (*CELLS, ERRORS)]
+        cells = [_cell(s, g, b) for _, g, b in (*CELLS, *CONTEXT, ERRORS)]
         cells += [_cell(s, "by_state", "read", "leaf_acc"), _cell(s, "by_state", "write", "leaf_acc")]
         cells += [f"{s['overall']['outcome']:.2f}", *(_nll(s, g, b) for _, g, b in CELLS)]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
@@ -149,6 +181,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, nargs="+", default=list(STEPS), help="cumulative steps measured after")
     p.add_argument("--tasks", type=int, default=TASKS, help="test tasks of the fixed held-out set")
     p.add_argument("--model", default=MODEL, help="starting model")
+    p.add_argument("--tabulate", action="store_true", help="only tabulate the stages already measured in --out")
     args = p.parse_args()
     steps = sorted(set(args.steps))
     out = Path(args.out)
@@ -157,9 +190,11 @@ def main() -> None:
     for suite in args.suites:
         model, done = args.model, 0
         for i, total in enumerate(steps):  # each stage measured as soon as it is trained (a stopped run keeps them)
+            if args.tabulate and not (out / f"{suite}-r{total}.json").exists():
+                continue
             if total > done:
                 run = os.path.join(args.runs, f"{suite}-r{total}")
-                model = rehearse_stage(model, suite, run, seed=i, steps=total - done)
+                model = run if args.tabulate else rehearse_stage(model, suite, run, seed=i, steps=total - done)
                 done = total
             summary = measure(model, suite, args.tasks, out / f"{suite}-r{total}.json")
             rows.append((f"`{suite}`, {total}", summary))

@@ -376,6 +376,27 @@ def aggregate_nll(pairs: Sequence[FidelityPair]) -> dict[str, Any]:
     return out
 
 
+def gold_rehearse_rows(
+    tokenizer: Any, tasks: list[Task], chat_format: str | None = None, tool_format: str | None = None
+) -> tuple[list[Trajectory], list[Any]]:
+    """The tasks' gold trajectories (shadow-recorded: which state fields each real call changed) and their Rehearse
+    rows in order: the fixed calls :func:`measure_teacher_forced` scores."""
+    from ..training.sft import gold_trajectories
+
+    cfg = RolloutConfig(
+        mode="rehearsal",
+        group_size=1,
+        max_steps=64,
+        max_steps_per_turn=64,
+        max_context_tokens=1 << 20,
+        shadow=True,
+        chat_format=chat_format,
+        tool_format=tool_format,
+    )
+    trajs = gold_trajectories(tokenizer, tasks, rollout=cfg)
+    return trajs, [r for t in trajs for r in t.rows if r.role == "rehearse"]
+
+
 def measure_teacher_forced(
     policy: Backend,
     tokenizer: Any,
@@ -392,20 +413,8 @@ def measure_teacher_forced(
     included) and ``nll_tokens``, and the summary an ``nll`` block (:func:`aggregate_nll`)."""
     from ..backends.base import SamplingParams
     from ..chat.parsing import OBS_CLOSE, parse_observation
-    from ..training.sft import gold_trajectories
 
-    cfg = RolloutConfig(
-        mode="rehearsal",
-        group_size=1,
-        max_steps=64,
-        max_steps_per_turn=64,
-        max_context_tokens=1 << 20,
-        shadow=True,  # records which state fields each real call changed (read vs write)
-        chat_format=chat_format,
-        tool_format=tool_format,
-    )
-    trajs = gold_trajectories(tokenizer, tasks, rollout=cfg)
-    rows = [r for t in trajs for r in t.rows if r.role == "rehearse"]
+    trajs, rows = gold_rehearse_rows(tokenizer, tasks, chat_format, tool_format)
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens, stop=[OBS_CLOSE])
     gens = policy.generate([r.prompt_ids for r in rows], params) if rows else []
     pairs = teacher_forced_pairs(trajs, tasks, [parse_observation(g.text)[0] for g in gens])
@@ -429,6 +438,7 @@ __all__ = [
     "teacher_forced_pairs",
     "mean_nll",
     "aggregate_nll",
+    "gold_rehearse_rows",
     "measure_teacher_forced",
     "METRICS",
     "leaf_paths",
