@@ -101,7 +101,7 @@ def measure(model: str, suite: str, n_tasks: int, path: Path) -> dict:
             indent=1,
         )
     )
-    return measure(model, suite, n_tasks, path)
+    return {**res.summary, "by_context": context_split(suite, n_tasks, [p.to_dict() for p in res.pairs])}
 
 
 def _values_shown(real: object, prompt: str) -> bool:

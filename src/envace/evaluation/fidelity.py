@@ -383,17 +383,7 @@ def gold_rehearse_rows(
     rows in order: the fixed calls :func:`measure_teacher_forced` scores."""
     from ..training.sft import gold_trajectories
 
-    cfg = RolloutConfig(
-        mode="rehearsal",
-        group_size=1,
-        max_steps=64,
-        max_steps_per_turn=64,
-        max_context_tokens=1 << 20,
-        shadow=True,
-        chat_format=chat_format,
-        tool_format=tool_format,
-    )
-    trajs = gold_trajectories(tokenizer, tasks, rollout=cfg)
+    trajs = gold_trajectories(tokenizer, tasks, chat_format=chat_format, tool_format=tool_format, shadow=True)
     return trajs, [r for t in trajs for r in t.rows if r.role == "rehearse"]
 
 

@@ -118,10 +118,12 @@ def gold_trajectories(
     native_tools: bool = True,
     memory: dict[str, str] | None = None,
     thinking_history: str | None = None,
+    shadow: bool = False,
 ) -> list[Trajectory]:
     """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine. The formats
     (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given. ``memory`` (task id ->
-    notes) puts notes into the Act system prompt of those tasks, as ``RolloutEngine(memory=...)`` does at test time."""
+    notes) puts notes into the Act system prompt of those tasks, as ``RolloutEngine(memory=...)`` does at test time.
+    ``shadow`` (without ``rollout``): also record which state fields each real call changed (``Step.shadow_changed``)."""
     n_steps = max((sum(len(g) for g in t.gold_actions) + len(t.user_turns) for t in tasks), default=1)
     cfg = rollout or RolloutConfig(
         mode="rehearsal",
@@ -134,6 +136,7 @@ def gold_trajectories(
         thinking=thinking,
         thinking_history=thinking_history,
         native_tools=native_tools,
+        shadow=shadow,
     )
     cfg.group_size = 1
     teacher = GoldTeacher(
