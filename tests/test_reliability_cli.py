@@ -247,6 +247,40 @@ def test_ctrl_c_in_eval_ends_with_one_line_and_exit_code_130(capsys, tmp_path, m
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "cmd, module, fn, words",
+    [
+        ("sft", "envace.training.sft", "sft", ["envace sft: interrupted; a warm-up does not resume", "starts it over"]),
+        (
+            "experiment",
+            "envace.evaluation.experiment",
+            "run_experiment",
+            ["envace experiment: interrupted; the same command resumes it in", "finished evaluations are kept"],
+        ),
+    ],
+)
+def test_ctrl_c_in_sft_and_experiment_says_whether_the_run_resumes(
+    cmd, module, fn, words, capsys, tmp_path, monkeypatch
+):
+    import importlib
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module(module), fn, interrupted)
+    out = tmp_path / "run"
+    try:
+        code = main([cmd, "--set", f"out_dir={out}"])
+    except KeyboardInterrupt:  # not caught: fail this test rather than stop the whole session
+        pytest.fail("main() let KeyboardInterrupt through")
+    assert code == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    assert str(out) in lines[0]
+
+
 def test_ctrl_c_in_train_says_where_the_run_resumes_with_exit_code_130(tmp_path):
     """SIGINT to a real ``envace train`` after its first checkpoint: no KeyboardInterrupt traceback, one last line
     naming the step and checkpoint the same command resumes from, exit code 130."""

@@ -393,6 +393,13 @@ def _train_interrupted(cfg: Any) -> str:
 INTERRUPTED: dict[str, Any] = {
     "train": _train_interrupted,
     "eval": lambda cfg: "no result was written (an evaluation does not resume); run it again",
+    "sft": lambda cfg: f"a warm-up does not resume; the same command starts it over in {cfg.out_dir}",
+    "experiment": lambda cfg: (
+        f"the same command resumes it in {cfg.out_dir}: finished evaluations are kept, training resumes from its "
+        "checkpoints"
+        if cfg.resume
+        else f"resume=false: the same command starts over in {cfg.out_dir}; resume=true keeps what it finished"
+    ),
     "demo": lambda args: f"the same command into --out {args.out} reuses the stages it finished",
 }
 
