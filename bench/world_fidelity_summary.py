@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+from envace.evaluation.fidelity import exact_cell, summary_bucket
 from envace.math.stats import wilson_interval
 
 RUNS = {
@@ -24,10 +25,6 @@ CELLS = (
 )
 
 
-def cell(summary: dict, group: str, bucket: str | None) -> dict | None:
-    return summary[group] if bucket is None else summary.get(group, {}).get(bucket)
-
-
 def main(out: str) -> None:
     rows, table = {}, []
     head = "| model, test set | pairs | " + " | ".join(f"{g if b is None else b} exact [95% CI]" for g, b in CELLS)
@@ -40,14 +37,14 @@ def main(out: str) -> None:
         rows[name] = {"label": label}
         parts = []
         for g, b in CELLS:
-            s = cell(summary, g, b)
+            s = summary_bucket(summary, g, b)
             if not s or not s["n"]:
                 parts.append("-")
                 continue
             n, k = int(s["n"]), round(s["exact"] * s["n"])
             lo, hi = wilson_interval(k, n)
             rows[name][f"{g}/{b or 'all'}"] = {"n": n, "exact": s["exact"], "ci": [lo, hi], "leaf_acc": s["leaf_acc"]}
-            parts.append(f"{s['exact']:.2f} [{lo:.2f}, {hi:.2f}] (n={n})")
+            parts.append(exact_cell(s))
         o = summary["overall"]
         table.append(
             f"| {label} | {int(o['n'])} | " + " | ".join(parts) + f" | {o['leaf_acc']:.2f} | {o['outcome']:.2f} |"

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from envace.config import SFTConfig  # noqa: E402
 from envace.core.precision import hardware_summary  # noqa: E402
-from envace.math.stats import wilson_interval  # noqa: E402
+from envace.evaluation.fidelity import exact_cell, summary_bucket  # noqa: E402
 from envace.training.sft import sft  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -140,13 +140,10 @@ ERRORS = ("real errors", "by_outcome", "error")
 
 
 def _cell(summary: dict, group: str, bucket: str | None, metric: str = "exact") -> str:
-    s = summary.get(group) if bucket is None else summary.get(group, {}).get(bucket)
-    if not s or not s["n"]:
-        return "-"
-    if metric != "exact":
-        return f"{s[metric]:.2f}"
-    lo, hi = wilson_interval(s["exact"] * s["n"], int(s["n"]))
-    return f"{s['exact']:.2f} [{lo:.2f}, {hi:.2f}] (n={int(s['n'])})"
+    s = summary_bucket(summary, group, bucket)
+    if metric == "exact" or not s or not s["n"]:
+        return exact_cell(s)
+    return f"{s[metric]:.2f}"
 
 
 def _nll(summary: dict, group: str, bucket: str | None) -> str:

@@ -351,3 +351,17 @@ def test_teacher_forced_pairs_refuse_answers_that_do_not_match_the_gold_calls(to
     assert [p.scores["exact"] for p in teacher_forced_pairs(res.trajectories, tasks, answers)] == [1.0] * len(answers)
     with pytest.raises(ValueError, match="answers for"):
         teacher_forced_pairs(res.trajectories, tasks, answers[:-1])
+
+
+def test_exact_cell_shows_the_rate_with_its_wilson_interval_and_a_dash_for_no_observation():
+    from envace.evaluation.demo import fidelity_table
+    from envace.evaluation.fidelity import exact_cell, summary_bucket
+    from envace.math.stats import wilson_interval
+
+    summary = {"overall": {"n": 4.0, "exact": 0.5, "leaf_acc": 0.7, "outcome": 1.0}, "by_state": {"read": {"n": 0}}}
+    lo, hi = wilson_interval(2, 4)
+    assert exact_cell(summary_bucket(summary, "overall")) == f"0.50 [{lo:.2f}, {hi:.2f}] (n=4)"
+    assert exact_cell(summary_bucket(summary, "by_state", "read")) == "-"
+    assert exact_cell(summary_bucket(summary, "by_state", "write")) == "-"
+    row = fidelity_table([("m", summary)])[2]
+    assert row.startswith(f"| m | 0.50 [{lo:.2f}, {hi:.2f}] (n=4) | -") and row.endswith("| 0.70 | 1.00 |")

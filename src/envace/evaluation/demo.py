@@ -165,14 +165,7 @@ def fidelity_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """Markdown lines: one row per (model, fidelity summary), exact match (canonical JSON equal) with its 95% Wilson
     interval over rehearsed observations for each of :data:`FIDELITY_CELLS`, then leaf accuracy and how often the
     rehearsal agrees with the real call on error vs success."""
-    from ..math.stats import wilson_interval
-
-    def exact(summary: dict[str, Any], group: str, bucket: str | None) -> str:
-        s = summary.get(group) if bucket is None else summary.get(group, {}).get(bucket)
-        if not s or not s["n"]:
-            return "-"
-        lo, hi = wilson_interval(s["exact"] * s["n"], int(s["n"]))
-        return f"{s['exact']:.2f} [{lo:.2f}, {hi:.2f}] (n={int(s['n'])})"
+    from .fidelity import exact_cell, summary_bucket
 
     head = ["model", *(f"exact, {h}" for h, _, _ in FIDELITY_CELLS), "leaf accuracy", "error vs success agrees"]
     return [
@@ -180,7 +173,7 @@ def fidelity_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
         "|---|" + "---|" * (len(head) - 1),
         *(
             f"| {name} | "
-            + " | ".join(exact(s, g, b) for _, g, b in FIDELITY_CELLS)
+            + " | ".join(exact_cell(summary_bucket(s, g, b)) for _, g, b in FIDELITY_CELLS)
             + f" | {s['overall']['leaf_acc']:.2f} | {s['overall']['outcome']:.2f} |"
             for name, s in rows
         ),

@@ -276,6 +276,24 @@ class FidelityResult:
         return d
 
 
+def summary_bucket(summary: dict[str, Any], group: str, bucket: str | None = None) -> dict[str, Any] | None:
+    """One bucket of a fidelity summary: ``summary[group]`` (``bucket`` None, e.g. ``"overall"``) or
+    ``summary[group][bucket]`` (e.g. ``"by_state"``, ``"read"``); None where the summary has none."""
+    return summary.get(group) if bucket is None else summary.get(group, {}).get(bucket)
+
+
+def exact_cell(bucket: dict[str, Any] | None) -> str:
+    """A table cell for a bucket's exact-match rate with its 95% Wilson interval over observations,
+    ``"0.21 [0.14, 0.31] (n=90)"``; ``"-"`` for a missing or empty bucket."""
+    from ..math.stats import wilson_interval
+
+    if not bucket or not bucket["n"]:
+        return "-"
+    n = int(bucket["n"])
+    lo, hi = wilson_interval(round(bucket["exact"] * n), n)
+    return f"{bucket['exact']:.2f} [{lo:.2f}, {hi:.2f}] (n={n})"
+
+
 def format_fidelity(summary: dict[str, Any]) -> str:
     """A text table: overall, then one line per domain and per tool, then the breakdowns (read / write, state
     fields changed, real success / error, position)."""
@@ -446,5 +464,7 @@ __all__ = [
     "aggregate",
     "FidelityResult",
     "format_fidelity",
+    "summary_bucket",
+    "exact_cell",
     "measure_fidelity",
 ]
