@@ -27,6 +27,7 @@ import yaml
 
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
+from envace.backends.loaders import frozen_backend
 from envace.evaluation.demo import demo_rollout
 from envace.envs import load_tasks
 from envace.backends.models import DEFAULT_MODEL, load
@@ -47,14 +48,8 @@ CANDIDATES: list = [
 
 
 def _judge_backend(judge: str, policy: HFBackend, bf16: bool | str) -> object:
-    if judge == "policy":
-        return policy
-    if judge.startswith(("http://", "https://")):
-        from envace.backends.http import HTTPBackend
-
-        return HTTPBackend(judge)
-    m, tok = load(judge)
-    return HFBackend(m, tok, bf16=bf16)
+    """The judge as ``TrainConfig.judge`` names it: the policy, a served model's URL or a local model."""
+    return policy if judge == "policy" else frozen_backend(judge, bf16=bf16)
 
 
 def main() -> None:

@@ -337,7 +337,7 @@ def test_an_unknown_field_is_one_error_line_naming_the_valid_fields(argv, cls, c
 
 
 def test_a_bad_backend_lists_the_valid_ones_and_vllm_without_vllm_names_the_extra(monkeypatch, capsys):
-    for cmd in ("eval", "fidelity"):
+    for cmd in ("eval", "fidelity", "rollout", "rehearse"):
         assert main([cmd, "--backend", "nosuch", "--print-config"]) == 2
         assert (
             capsys.readouterr().err.strip()
@@ -488,3 +488,41 @@ def test_eval_backend_http_against_envace_serve_evaluates_like_backend_hf(tmp_pa
             a.completion_ids
         ) == 12
         assert_logprobs_close(b.old_logprobs, a.old_logprobs)
+
+
+class _Opened(Exception):
+    """Raised by a stand-in ``open_backend``: the command asked for its model (and got no further)."""
+
+
+@pytest.mark.parametrize("cmd", ["rollout", "rehearse", "eval", "fidelity"])
+def test_every_model_command_opens_its_model_through_open_backend_with_its_backend(cmd, monkeypatch):
+    import envace.backends.loaders as loaders
+
+    asked = []
+
+    def opened(model, backend="hf", options=None, **kw):
+        asked.append((model, backend, options))
+        raise _Opened
+
+    monkeypatch.setattr(loaders, "open_backend", opened)
+    argv = [cmd, "--model", "http://h:1/v1", "--backend", "http", "--set", "backend_options.tokenizer=tiny-random"]
+    with pytest.raises(_Opened):
+        main([*argv, "--suite", "bank"])
+    assert asked == [("http://h:1/v1", "http", {"tokenizer": "tiny-random"})]
+
+
+def test_rollout_and_rehearse_backend_http_against_envace_serve(tmp_path, capsys):
+    """``--backend http`` as for eval: the served model plays Act and Rehearse (its tokenizer found by the served
+    name), and the server sees the requests."""
+    log = tmp_path / "requests.log"
+    common = ["--backend", "http", "--suite", "bank", "--max-steps", "1", "--max-new-tokens", "4"]
+    with open(log, "w") as err, envace_serve("--model", "tiny-random", "--verbose", stderr=err) as url:
+        out = tmp_path / "t.jsonl"
+        assert main(["rollout", "--model", url, *common, "-n", "1", "-k", "2", "--out", str(out)]) == 0
+        trajs = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(trajs) == 2 and all(t["rows"] for t in trajs)
+        served = log.read_text().count("POST /v1/completions")
+        assert served >= 2
+        rec = tmp_path / "r.json"
+        assert main(["rehearse", "--model", url, *common, "-N", "1", "--out", str(rec)]) == 0
+        assert json.loads(rec.read_text())["attempts"] and log.read_text().count("POST /v1/completions") > served

@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from . import __version__
+from .backends.loaders import LOADERS
 from .evaluation.demo import DEMO_FIDELITY_TASKS, DEMO_REWARD, DEMO_SUITE, HEADROOM_KINDS, run_demo
 from .rewards.agreement import spec_label
 
@@ -196,15 +197,14 @@ def cmd_experiment(cfg: Any) -> int:
 
 def cmd_rollout(cfg: Any) -> int:
     from .backends.base import SamplingParams
-    from .backends.hf import HFBackend
+    from .backends.loaders import open_backend
     from .envs import load_tasks
-    from .backends.models import load
     from .rollout.engine import RolloutConfig, RolloutEngine, format_trajectory, rehearse_sampling
     from .core.types import write_jsonl
 
     check_outputs({"--out": cfg.out})
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)  # a bad suite fails before a model loads
-    m, tok = load(cfg.model)
+    policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
     rc = RolloutConfig(
         **cfg.chat_io(),
         mode=cfg.mode,
@@ -217,7 +217,7 @@ def cmd_rollout(cfg: Any) -> int:
         rehearse=rehearse_sampling(cfg.max_new_tokens),
     )
     t0 = time.perf_counter()
-    trajs = RolloutEngine(HFBackend(m, tok), rc, **_helpers(cfg)).run(tasks)
+    trajs = RolloutEngine(policy, rc, **_helpers(cfg)).run(tasks)
     dt = time.perf_counter() - t0
     if os.path.exists(cfg.out):
         os.remove(cfg.out)
@@ -279,14 +279,13 @@ def nothing_exported(read: int, imagined: int, malformed: int, out: str) -> str:
 def cmd_rehearse(cfg: Any) -> int:
     """Test-time scaling on one task: N private attempts + reflections -> memory -> one real execution."""
     from .backends.base import SamplingParams
-    from .backends.hf import HFBackend
+    from .backends.loaders import open_backend
     from .envs import task_at
-    from .backends.models import load
     from .rollout.engine import RolloutConfig, rehearse_sampling
     from .evaluation.tts import TTSConfig, format_record, run_tts
 
     task = task_at(cfg.suite, cfg.split, cfg.index)  # the suite's own order; past its end: an error before the model
-    m, tok = load(cfg.model)
+    policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
     gen = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
     rc = RolloutConfig(
         **cfg.chat_io(),
@@ -307,7 +306,7 @@ def cmd_rehearse(cfg: Any) -> int:
         rollout=rc,
         final_act=gen.with_(temperature=0.0),
     )
-    rec = run_tts(HFBackend(m, tok), [task], tts)[0]
+    rec = run_tts(policy, [task], tts)[0]
     print(format_record(rec))
     if cfg.out:
         with open(cfg.out, "w", encoding="utf-8") as f:
@@ -506,16 +505,16 @@ def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> arg
     return p
 
 
-BACKENDS = "hf|http|vllm|auto"
+BACKEND_CHOICES = "|".join(LOADERS.names())  # what --backend takes: envace.backends.loaders.LOADERS
 MEMORIES = "lessons|model|concat"
 FLAGS: dict[str, str] = {
     "eval": "model backend suite split n samples tts_n tts_mode tts_memory tts_records temperature max_steps"
     " max_new_tokens seed bf16 out trajectories",
     "fidelity": "model backend suite split n k mode rehearser simulator validate_in_code reference_cache max_steps"
     " max_new_tokens seed show out",
-    "rollout": "model suite split mode simulator rehearser n k max_steps max_new_tokens shadow seed show out",
+    "rollout": "model backend suite split mode simulator rehearser n k max_steps max_new_tokens shadow seed show out",
     "export": "gold suite split n seed model real_only target content system out",
-    "rehearse": "model suite split index n mode memory memory_max_tokens max_steps max_new_tokens temperature seed out",
+    "rehearse": "model backend suite split index n mode memory memory_max_tokens max_steps max_new_tokens temperature seed out",
     "serve": "model served_model_name host port backend device bf16 max_batch batch_wait_ms stream_segment_tokens"
     " default_max_tokens max_tokens_limit verbose",
 }
@@ -526,22 +525,24 @@ shorthand is a field name here, not a new argument."""
 
 FLAG_EXTRAS: dict[str, dict[str, Any]] = {
     "eval.model": dict(help=SERVED_MODEL_HELP),
-    "eval.backend": dict(metavar=BACKENDS),
+    "eval.backend": dict(metavar=BACKEND_CHOICES),
     "eval.samples": dict(flags=("--samples", "-k")),
     "eval.tts_mode": dict(metavar="parallel|sequential"),
     "eval.tts_memory": dict(metavar=MEMORIES),
     "eval.tts_records": dict(metavar="FILE.jsonl"),
     "fidelity.model": dict(help=SERVED_MODEL_HELP),
-    "fidelity.backend": dict(metavar=BACKENDS),
+    "fidelity.backend": dict(metavar=BACKEND_CHOICES),
     "fidelity.mode": dict(metavar="rehearsal|per_role|simulator"),
-    "rollout.model": dict(help=MODEL_HELP),
+    "rollout.model": dict(help=SERVED_MODEL_HELP),
+    "rollout.backend": dict(metavar=BACKEND_CHOICES),
     "export.model": dict(help="model whose tokenizer renders the gold rollouts"),
     "export.target": dict(
         metavar="hf|openai", help="same as --set target=...: hf (chat templates, TRL) or openai (fine-tuning API)"
     ),
     "export.content": dict(metavar="text|raw"),
     "export.system": dict(metavar="seen|task"),
-    "rehearse.model": dict(help=MODEL_HELP),
+    "rehearse.model": dict(help=SERVED_MODEL_HELP),
+    "rehearse.backend": dict(metavar=BACKEND_CHOICES),
     "rehearse.n": dict(flags=("-N",)),
     "rehearse.mode": dict(metavar="parallel|sequential"),
     "rehearse.memory": dict(metavar=MEMORIES),

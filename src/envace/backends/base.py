@@ -15,7 +15,6 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from ..core.registry import Registry
 from ..core.seeding import derive_seed
 from ..core.types import Generation  # (defined in envace.core.types; still importable from here for one version)
 
@@ -125,5 +124,19 @@ class Backend(ABC):
         """Load new policy weights (for backends that do not share the trainer's model object)."""
 
 
-# name -> factory(**kwargs) -> Backend
-BACKENDS: Registry[Any] = Registry("backend")
+def __getattr__(name: str) -> Any:
+    """``BACKENDS``, the second registry of backend factories, is gone: models open through one registry,
+    :data:`envace.backends.loaders.LOADERS` (``open_backend``). The old name gives that one for one version."""
+    if name == "BACKENDS":
+        import warnings
+
+        from .loaders import LOADERS
+
+        warnings.warn(
+            "envace.backends.base.BACKENDS is deprecated: use envace.backends.loaders.LOADERS / open_backend "
+            "(entries take (model, device=, bf16=, **options))",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return LOADERS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

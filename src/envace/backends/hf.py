@@ -41,7 +41,7 @@ from ..core.precision import use_bf16
 from ..math.prefixes import common_prefix, prefix_runs
 from ..chat.prompts import ChatFormat
 from ..core.types import Generation
-from .base import BACKENDS, Backend, OnDone, Poll, Request, SamplingParams
+from .base import Backend, OnDone, Poll, Request, SamplingParams
 from .fastdecode import decoder_for
 from .sampling import draw, sample_grouped, sample_next
 
@@ -483,14 +483,3 @@ class HFBackend(Backend):
 def _aborted(req: Request) -> str:
     """ "abort" if ``req`` has been cancelled (its client has gone), else ""."""
     return "abort" if req.cancelled is not None and req.cancelled() else ""
-
-
-@BACKENDS.register("hf")
-def _make_hf(
-    model: Any = None, tokenizer: Any = None, name: str | None = None, bf16: bool | str | None = False, **kw: Any
-) -> HFBackend:
-    if model is None:
-        from .models import load
-
-        model, tokenizer = load(name)
-    return HFBackend(model, tokenizer, bf16=bf16, **kw)

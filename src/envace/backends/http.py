@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from ..core.types import Generation
-from .base import BACKENDS, Backend, BackendError, SamplingParams
+from .base import Backend, BackendError, SamplingParams
 
 RETRY_STATUS = {408, 425, 429, 500, 502, 503, 504}
 RETRY_AFTER_STATUS = {429, 503}
@@ -115,7 +115,7 @@ class HTTPBackend(Backend):
             from .models import load_tokenizer
 
             tokenizer = load_tokenizer(tokenizer)
-        self.tokenizer = tokenizer
+        self._tokenizer = tokenizer
         self.timeout, self.max_retries, self.backoff, self.max_backoff = (
             float(timeout),
             int(max_retries),
@@ -149,6 +149,18 @@ class HTTPBackend(Backend):
         }
 
     # -- the Backend protocol ------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        """The served model's tokenizer, for callers that build token prompts (a rollout policy; ``chat`` needs
+        none): the one given, else found on first use by the served model's name (``GET /v1/models``)."""
+        if self._tokenizer is None:
+            self._tokenizer = served_tokenizer(self.model)
+        return self._tokenizer
+
+    @tokenizer.setter
+    def tokenizer(self, value: Any) -> None:
+        self._tokenizer = value
+
     @property
     def model(self) -> str:
         if self._model is None:
@@ -335,4 +347,15 @@ def _error_message(raw: bytes, reason: str) -> str:
         return raw[:300].decode("utf-8", "replace") or reason
 
 
-BACKENDS.add("http", lambda base_url, **kw: HTTPBackend(base_url, **kw))
+def served_tokenizer(name: str) -> Any:
+    """The local tokenizer of the served model ``name`` (a model name or folder); a ValueError that says how to
+    name one where there is none."""
+    from .models import ModelNotFoundError, load_tokenizer
+
+    try:
+        return load_tokenizer(name)
+    except ModelNotFoundError as e:
+        raise ValueError(
+            f"backend http: no local tokenizer for the served model {name!r} ({e}); "
+            "set backend_options.tokenizer to its model name or folder"
+        ) from None

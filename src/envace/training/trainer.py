@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import importlib
 import math
 import os
 import sys
@@ -38,8 +37,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..math import algos
-from ..backends.base import BACKENDS, Backend, SamplingParams
+from ..backends.base import Backend, SamplingParams
 from ..backends.hf import HFBackend
+from ..backends.loaders import frozen_backend, open_backend
 from ..backends.vllm import VllmProbe, engine_for
 from ..core.checkpoint import latest_checkpoint, load_rng, load_state
 from ..config import (
@@ -518,9 +518,10 @@ def rollout_backend(
     cfg: TrainConfig, model: Any, tok: Any, dist: Dist, probe: Callable[[], VllmProbe] | None = None
 ) -> Backend:
     """The engine that rolls out with ``model``'s weights. ``hf`` generates with the model object itself; any
-    other name in BACKENDS (``vllm``) is a separate engine, started from the base model's files, that receives
-    the weights through ``sync_weights``. ``vllm`` where vLLM cannot run (``probe``, default
-    envace.backends.vllm.vllm_probe) is the ``hf`` engine, said in one line."""
+    other loader (envace.backends.loaders.LOADERS: ``vllm``) is a separate engine, opened on the base model's files
+    with ``tok`` and ``cfg.rollout_backend_options``, that receives the weights through ``sync_weights``. ``vllm``
+    where vLLM cannot run (``probe``, default envace.backends.vllm.vllm_probe) is the ``hf`` engine, said in one
+    line."""
     name = engine_for(cfg.rollout_backend, probe, head_size=head_size(model.config), training=True)
     if name == "hf":
         if dist.shards_parameters:
@@ -528,12 +529,7 @@ def rollout_backend(
                 "rollout_backend 'hf' cannot generate with FSDP-sharded weights; set rollout_backend: vllm (or use DDP)"
             )
         return HFBackend(model, tok, bf16=rollout_bf16(cfg, dist.device))
-    if name not in BACKENDS:
-        try:
-            importlib.import_module(f"envace.backends.{name}")  # registers it
-        except ModuleNotFoundError:
-            pass  # BACKENDS.get below lists the valid names
-    return BACKENDS.get(name)(model=str(model_path(cfg.model)), tokenizer=tok, **cfg.rollout_backend_options)
+    return open_backend(str(model_path(cfg.model)), name, {"tokenizer": tok, **cfg.rollout_backend_options})
 
 
 def check_resume(cfg: TrainConfig, ckpt: str) -> None:
@@ -598,39 +594,26 @@ def _load_frozen(name: str, dist: Dist) -> tuple[Any, Any]:
 
 
 def _simulator(cfg: TrainConfig, initial: Callable[[], tuple[Any, Any]], dist: Dist) -> Backend:
-    """The frozen simulator of the simulator variant: a served model (an http(s) URL of an OpenAI-compatible
-    server), a local model, or (None) the initial model (``initial()``: ``cfg.model`` loaded fresh)."""
-    if cfg.simulator_model and cfg.simulator_model.startswith(("http://", "https://")):
-        from ..backends.http import HTTPBackend
-
-        return HTTPBackend(cfg.simulator_model)
-    sim_model, sim_tok = _load_frozen(cfg.simulator_model, dist) if cfg.simulator_model else initial()
-    return HFBackend(sim_model, sim_tok, bf16=rollout_bf16(cfg, dist.device))
+    """The frozen simulator of the simulator variant: ``cfg.simulator_model`` (a served model's http(s) URL or a
+    local model: envace.backends.loaders.frozen_backend), or (None) the initial model (``initial()``: ``cfg.model``
+    loaded fresh)."""
+    if cfg.simulator_model:
+        return _frozen(cfg, cfg.simulator_model, dist)
+    return HFBackend(*initial(), bf16=rollout_bf16(cfg, dist.device))
 
 
-def _served_judge(cfg: TrainConfig, policy: Backend, dist: Dist) -> Backend:
-    from ..backends.http import HTTPBackend
-
-    return HTTPBackend(cfg.judge)
-
-
-# kind of TrainConfig.judge -> fn(cfg, the policy's rollout engine, dist) -> the judge backend
-JUDGES: dict[str, Callable[[TrainConfig, Backend, Dist], Backend]] = {
-    "policy": lambda cfg, policy, dist: policy,  # the model being trained judges (its current weights)
-    "served": _served_judge,
-    "local": lambda cfg, policy, dist: HFBackend(*_load_frozen(cfg.judge, dist), bf16=rollout_bf16(cfg, dist.device)),
-}
-
-
-def judge_kind(judge: str) -> str:
-    """Which entry of :data:`JUDGES` builds the judge named ``judge`` (see TrainConfig.judge)."""
-    return "policy" if judge == "policy" else "served" if judge.startswith(("http://", "https://")) else "local"
+def _frozen(cfg: TrainConfig, name: str, dist: Dist) -> Backend:
+    """A helper model that is never trained (envace.backends.loaders.frozen_backend) on this process's device, in
+    the rollouts' precision."""
+    return frozen_backend(name, device=str(dist.device), bf16=rollout_bf16(cfg, dist.device))
 
 
 def judge_backend(cfg: TrainConfig, policy: Backend, dist: Dist) -> Backend | None:
-    """The judge that ``cfg.judge`` names: the policy's own rollout engine, a served model (http(s) URL) or a local
-    model loaded frozen; None without one."""
-    return None if cfg.judge is None else JUDGES[judge_kind(cfg.judge)](cfg, policy, dist)
+    """The judge that ``cfg.judge`` names: ``policy`` (the policy's own rollout engine), else a model opened as
+    every helper is (a served model's http(s) URL, or a local model loaded frozen); None without one."""
+    if cfg.judge is None:
+        return None
+    return policy if cfg.judge == "policy" else _frozen(cfg, cfg.judge, dist)
 
 
 def reward_context(cfg: TrainConfig, policy: Backend, dist: Dist) -> RewardContext:
