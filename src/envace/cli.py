@@ -36,7 +36,7 @@ import yaml
 
 from . import __version__
 from .evaluation.demo import DEMO_FIDELITY_TASKS, DEMO_REWARD, DEMO_SUITE, HEADROOM_KINDS, run_demo
-from .rewards.agreement import spec_label
+from .evaluation.agreement import spec_label
 
 # Moved to envace.evaluation.demo (issue 30); importable from here for one more version, for scripts written before.
 from .evaluation.demo import (  # noqa: F401
