@@ -283,7 +283,8 @@ def cmd_rehearse(cfg: Any) -> int:
     from .envs import task_at
     from .backends.models import load
     from .rollout.engine import RolloutConfig, rehearse_sampling
-    from .evaluation.tts import TTSConfig, format_record, run_tts
+    from .evaluation.budget import run_tts
+    from .evaluation.tts import TTSConfig, format_record
 
     task = task_at(cfg.suite, cfg.split, cfg.index)  # the suite's own order; past its end: an error before the model
     m, tok = load(cfg.model)
