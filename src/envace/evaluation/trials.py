@@ -1,7 +1,9 @@
 """Evaluation in the real environment: success, pass^k, tool F1, format validity, steps, tokens, time.
 
-Each task is run K times (``samples``) for real (``real`` rollout mode). Evaluation after private test-time
-rehearsal with a budget of N attempts, and of a model by name on a suite, is one layer up (``envace.evaluation.budget``:
+Each task is run K times (``samples``) for real (``real`` rollout mode) by a policy (``envace.evaluation.policy``):
+a backend acting at once, or one that rehearses privately first (``envace.evaluation.tts.Rehearsing``), whose
+records, metrics and tokens come back with its trials; :func:`evaluate` never calls back into it. Evaluation at a
+budget of N attempts, and of a model by name on a suite, is one layer up (``envace.evaluation.budget``:
 ``evaluate_at_budget``, ``evaluate_model``), above both this module and ``envace.evaluation.tts``.
 Success is the task's own check (``grounded`` reward) applied to the environment each trajectory ran in: the
 rollout records it when the trajectory ends (``Trajectory.env_outcome``), so every call of a real trial is
