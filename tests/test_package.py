@@ -283,3 +283,16 @@ def test_moved_modules_keep_their_old_path_for_one_version():
         "viewer.viewer_html]))"
     )
     assert json.loads(out) == [True, True, True, True, True]
+
+
+def test_the_test_time_names_that_moved_up_say_where_they_went():
+    """evaluate_with_tts and run_tts run evaluate, so they live above it (evaluation/budget.py); the tts module,
+    which must not import upward, names their new place instead of re-exporting them."""
+    import envace.evaluation.budget as budget
+    import envace.evaluation.tts as tts
+
+    for name in ("evaluate_with_tts", "run_tts"):
+        with pytest.raises(AttributeError, match=f"tts.{name} moved to envace.evaluation.budget"):
+            getattr(tts, name)
+        assert callable(getattr(budget, name))
+    assert envace.run_tts is budget.run_tts
