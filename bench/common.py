@@ -135,7 +135,7 @@ FLAT_MODULES = {
     "variants": "rollout.variants",
     **dict.fromkeys(["algos", "stats", "prefixes"], "math"),
     "rewards": "rewards.functions",
-    "reward_agreement": "rewards.agreement",
+    "reward_agreement": "evaluation.agreement",
     **dict.fromkeys(["trainer", "sft", "update", "distributed"], "training"),
     "evaluation": "evaluation.trials",
     **dict.fromkeys(["tts", "budget", "fidelity", "experiment", "report", "export"], "evaluation"),

@@ -1,5 +1,5 @@
 """Reward agreement: does each candidate reward, computed on an imagined (rehearsed) trajectory, agree with the
-real outcome of the same Act decisions? (envace.rewards.agreement; docs/rewards.md.)
+real outcome of the same Act decisions? (envace.evaluation.agreement; docs/rewards.md.)
 
 The model rolls out ``n`` tasks x ``K`` trajectories in rehearsal mode with the shadow environment on (its own
 Rehearse answers every call; a private real environment executes the same calls and the environment's own success
@@ -32,7 +32,7 @@ from envace.evaluation.demo import demo_rollout
 from envace.envs import load_tasks
 from envace.backends.models import DEFAULT_MODEL, load
 from envace.core.precision import bf16_setting
-from envace.rewards.agreement import DEFAULT_BASELINE, format_report, measure_reward_agreement, spec_label
+from envace.evaluation.agreement import DEFAULT_BASELINE, format_report, measure_reward_agreement, spec_label
 from envace.rewards.functions import JUDGE_MAX_NEW_TOKENS, RewardContext, reward_names
 
 CANDIDATES: list = [

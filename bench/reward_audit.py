@@ -10,7 +10,7 @@ import sys
 
 from envace.envs.builtin import DOMAINS, WORLD_DOMAINS
 from envace.rewards.adversarial import real_cases, audit
-from envace.rewards.agreement import spec_label
+from envace.evaluation.agreement import spec_label
 from envace.rewards.functions import DEFAULT_REWARD
 
 REWARDS = [

@@ -232,3 +232,67 @@ def test_the_lower_folders_never_import_the_higher_ones_at_module_level():
         if folder(m) and folder(d) and rank[folder(d)] > rank[folder(m)]
     ]
     assert upward == []
+
+
+def _imports_anywhere(module: str) -> set[str]:
+    """The envace modules that ``module``'s file imports anywhere: at module level, inside functions, in a
+    ``TYPE_CHECKING`` block (``from .x import y`` counts as ``x`` and as ``x.y``)."""
+    import ast
+
+    path = PACKAGE_DIR.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    package = module.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            out |= {target} | {f"{target}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module":
+            out |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)}
+    return {m for m in out if m.startswith("envace")}
+
+
+def test_evaluation_flows_one_way_budget_over_trials_and_tts_over_policy():
+    """A budget-N evaluation is one call down (issue 30): budget runs ``trials.evaluate`` of a rehearsing policy;
+    trials and tts never import each other (nor budget), anywhere, and the policy module imports neither."""
+    ev = "envace.evaluation"
+    below = {
+        f"{ev}.policy": {f"{ev}.trials", f"{ev}.tts", f"{ev}.budget"},
+        f"{ev}.trials": {f"{ev}.tts", f"{ev}.budget"},
+        f"{ev}.tts": {f"{ev}.trials", f"{ev}.budget"},
+    }
+    for module, never in below.items():
+        assert _imports_anywhere(module) & never == set(), module
+    assert {f"{ev}.trials", f"{ev}.tts"} <= _imports_anywhere(f"{ev}.budget")
+
+
+def test_moved_modules_keep_their_old_path_for_one_version():
+    """rewards.agreement moved to evaluation/ and the report's claims table and trajectory viewer have modules of
+    their own (issue 30); the old import paths still give the same objects, and the lower floor loads nothing of
+    the higher one until a name is asked for."""
+    out = _python(
+        "import sys, json\n"
+        "import envace.rewards.agreement as old\n"
+        "lazy = 'envace.evaluation.agreement' not in sys.modules\n"
+        "import envace.evaluation.agreement as new, envace.evaluation.report as report\n"
+        "import envace.evaluation.claims as claims, envace.evaluation.viewer as viewer\n"
+        "print(json.dumps([lazy, old.spec_label is new.spec_label, old.measure_reward_agreement is "
+        "new.measure_reward_agreement, report.claims_table is claims.claims_table, report.viewer_html is "
+        "viewer.viewer_html]))"
+    )
+    assert json.loads(out) == [True, True, True, True, True]
+
+
+def test_the_test_time_names_that_moved_up_say_where_they_went():
+    """evaluate_with_tts and run_tts run evaluate, so they live above it (evaluation/budget.py); the tts module,
+    which must not import upward, names their new place instead of re-exporting them."""
+    import envace.evaluation.budget as budget
+    import envace.evaluation.tts as tts
+
+    for name in ("evaluate_with_tts", "run_tts"):
+        with pytest.raises(AttributeError, match=f"tts.{name} moved to envace.evaluation.budget"):
+            getattr(tts, name)
+        assert callable(getattr(budget, name))
+    assert envace.run_tts is budget.run_tts

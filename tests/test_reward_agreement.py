@@ -1,4 +1,4 @@
-"""Reward agreement (envace.rewards.agreement): the metrics by hand and against loop references, the report, a
+"""Reward agreement (envace.evaluation.agreement): the metrics by hand and against loop references, the report, a
 scripted end-to-end measurement on bank tasks where Rehearse invents balances, and a smoke run of the bench script."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks, make_env
 from envace.chat.parsing import format_observation, render_act
 from envace.chat.prompts import REHEARSE_SYSTEM
-from envace.rewards.agreement import (
+from envace.evaluation.agreement import (
     Record,
     agreement,
     agreement_report,

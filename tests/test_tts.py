@@ -30,13 +30,12 @@ from envace.evaluation.tts import (
     RehearsalRecord,
     TTSConfig,
     cap_tokens,
-    evaluate_with_tts,
     format_record,
     load_records,
     rehearse,
-    run_tts,
     save_records,
 )
+from envace.evaluation.budget import evaluate_with_tts, run_tts
 
 EVENTS: list[tuple] = []  # ("env",) when a real environment is built, ("real", key) per real call, ("gen", kind)
 
@@ -203,17 +202,19 @@ def test_each_task_s_calls_run_exactly_once_in_the_real_environment(tokenizer, c
 def test_the_execution_count_catches_a_final_run_that_happens_twice_or_is_replayed(tokenizer, counted, monkeypatch):
     """The check above is not vacuous: a real phase that runs twice, or scoring that replays the calls, fails it."""
     import envace.rollout.engine
-    import envace.evaluation.tts
+    from envace.evaluation.policy import Plain
 
-    def twice(*a, **k):
-        evaluate(*a, **k)
-        return evaluate(*a, **k)
+    act = Plain.act
+
+    def twice(self, *a, **k):  # the real phase of the rehearsing policy, run twice
+        act(self, *a, **k)
+        return act(self, *a, **k)
 
     def forgotten_outcome(env, traj):  # as if the rollout kept no outcome: scoring must replay
         return None
 
     for target, name, fake in (
-        (envace.evaluation.tts, "evaluate", twice),
+        (Plain, "act", twice),
         (envace.rollout.engine, "final_outcome", forgotten_outcome),
     ):
         with monkeypatch.context() as m:

@@ -10,7 +10,8 @@ from envace.backends.scripted import ScriptedBackend
 from envace.chat.parsing import TOOL_FORMATS
 from envace.core.types import Step, ToolCall, Trajectory, dumps, error_obs
 from envace.envs import load_tasks, make_env
-from envace.evaluation.tts import MEMORY_FORMATS, load_records, rehearse, run_tts, save_records
+from envace.evaluation.budget import run_tts
+from envace.evaluation.tts import MEMORY_FORMATS, load_records, rehearse, save_records
 from envace.rollout.engine import RolloutConfig
 from envace.rollout.memory import LESSONS_HEADER, distill, in_tool_format, rehearsal_lessons
 from envace.training.sft import gold_trajectories
@@ -162,7 +163,7 @@ def test_the_older_formats_still_show_transcripts_to_sequential_attempts(tokeniz
 
 def test_the_metrics_count_the_final_run_s_tool_calls(tokenizer, bank):
     """The symptom of issue 29 (the final Act answers without a call) is a metric, not a guess."""
-    from envace.evaluation.tts import evaluate_with_tts
+    from envace.evaluation.budget import evaluate_with_tts
 
     m = evaluate_with_tts(ScriptedBackend(tokenizer, scripted(bank)), bank, tcfg(n=1)).metrics
     assert (

@@ -43,7 +43,7 @@ _EXPORTS: dict[str, str] = {
     "evaluate": "evaluation.trials",
     "evaluate_model": "evaluation.budget",
     "rehearse": "evaluation.tts",
-    "run_tts": "evaluation.tts",
+    "run_tts": "evaluation.budget",
     "TTSConfig": "evaluation.tts",
 }
 
@@ -52,13 +52,13 @@ __all__ = ["__version__", *_EXPORTS]
 if TYPE_CHECKING:  # what type checkers see (py.typed); at run time the names are imported lazily below
     from .backends.hf import HFBackend
     from .config import SFTConfig, TrainConfig
-    from .evaluation.budget import evaluate_model
+    from .evaluation.budget import evaluate_model, run_tts
     from .evaluation.trials import evaluate
     from .backends.models import load
     from .rollout.engine import RolloutConfig, RolloutEngine
     from .training.sft import sft
     from .training.trainer import train
-    from .evaluation.tts import TTSConfig, rehearse, run_tts
+    from .evaluation.tts import TTSConfig, rehearse
 
 
 def __getattr__(name: str) -> Any:

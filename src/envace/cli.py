@@ -37,7 +37,7 @@ import yaml
 from . import __version__
 from .backends.loaders import LOADERS
 from .evaluation.demo import DEMO_FIDELITY_TASKS, DEMO_REWARD, DEMO_SUITE, HEADROOM_KINDS, run_demo
-from .rewards.agreement import spec_label
+from .evaluation.agreement import spec_label
 
 # Moved to envace.evaluation.demo (issue 30); importable from here for one more version, for scripts written before.
 from .evaluation.demo import (  # noqa: F401
@@ -282,7 +282,8 @@ def cmd_rehearse(cfg: Any) -> int:
     from .backends.loaders import open_backend
     from .envs import task_at
     from .rollout.engine import RolloutConfig, rehearse_sampling
-    from .evaluation.tts import TTSConfig, format_record, run_tts
+    from .evaluation.budget import run_tts
+    from .evaluation.tts import TTSConfig, format_record
 
     task = task_at(cfg.suite, cfg.split, cfg.index)  # the suite's own order; past its end: an error before the model
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)

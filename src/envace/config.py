@@ -24,6 +24,7 @@ import yaml
 from .backends.base import SamplingParams
 from .backends.loaders import LOADERS
 from .chat.prompts import THINKING_HISTORY
+from .chat.records import CONTENT, SYSTEM, TARGETS
 from .core.logging import report_sinks
 from .core.precision import bf16_setting
 from .rewards.functions import DEFAULT_REWARD, JUDGE_MAX_NEW_TOKENS
@@ -469,7 +470,7 @@ class RolloutBatchConfig(ChatIO):
 @dataclass
 class RehearseConfig(ChatIO):
     """``envace rehearse``: test-time scaling on one task: N private attempts and reflections, a memory, one real
-    run (envace.evaluation.tts.run_tts)."""
+    run (envace.evaluation.budget.run_tts)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
@@ -584,24 +585,22 @@ class ExportConfig:
     real_only: bool = False
     """Leave out trajectories whose observations were imagined (every mode but ``real``; gold ones are real)."""
     target: str = "hf"
-    """Who reads the records (envace.evaluation.export.TARGETS): ``hf`` (Hugging Face chat templates, TRL's
+    """Who reads the records (envace.chat.records.TARGETS): ``hf`` (Hugging Face chat templates, TRL's
     ``SFTTrainer``: tool-call ``arguments`` as JSON objects, ``""`` content beside calls; Qwen2.5- and Llama-3.1-style
     templates render the arguments once and SmolLM2's renders every message) or ``openai`` (OpenAI fine-tuning:
     ``arguments`` as JSON text, null content beside calls; those templates render the text as an escaped string, and
     SmolLM2's raises on the null)."""
     content: str = "text"
-    """Assistant content (envace.evaluation.export.CONTENT): ``text`` (the text beside the calls; none is written as
+    """Assistant content (envace.chat.records.CONTENT): ``text`` (the text beside the calls; none is written as
     ``target`` says) or ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore ``tool_calls``)."""
     system: str = "seen"
-    """System message (envace.evaluation.export.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list, unless the
+    """System message (envace.chat.records.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list, unless the
     chat template rendered the tools, and calling instructions) or ``task`` (without them, for a template that
     renders ``tools`` itself)."""
     out: str = "export.jsonl"
     """Where the records go (JSON lines; an existing file is replaced)."""
 
     def __post_init__(self) -> None:
-        from .evaluation.export import CONTENT, SYSTEM, TARGETS
-
         self.inputs = (self.inputs,) if isinstance(self.inputs, str) else tuple(self.inputs or ())
         TARGETS.get(self.target)
         CONTENT.get(self.content)

@@ -1,10 +1,14 @@
 """Evaluation at a test-time budget: plain acting (N = 0) or private rehearsal first (N > 0), and a model by name.
 
 This module sits above both :mod:`envace.evaluation.trials` (real-environment trials and their metrics) and
-:mod:`envace.evaluation.tts` (private rehearsal, which ends in ``evaluation.evaluate``), so neither imports the other upward:
+:mod:`envace.evaluation.tts` (private rehearsal as a policy), which never call each other: a budget-N evaluation
+is one call down, ``trials.evaluate(tts.Rehearsing(backend, config), ...)``; evaluate runs it as it runs any
+policy (:mod:`envace.evaluation.policy`), and the policy's records, metrics and tokens come back with its trials.
 
-- :func:`evaluate_at_budget`: N = 0 is ``evaluation.evaluate``; N > 0 is ``tts.evaluate_with_tts``. Either way the
-  metrics gain ``tts/n`` and ``gen_tokens_per_task`` (every generated token per task, rehearsal included).
+- :func:`evaluate_at_budget`: N = 0 is ``trials.evaluate`` of the backend; N > 0 of a ``Rehearsing`` policy
+  (:func:`evaluate_with_tts`). Either way the metrics gain ``tts/n`` and ``gen_tokens_per_task`` (every
+  generated token per task, rehearsal included).
+- :func:`evaluate_with_tts` / :func:`run_tts`: a budget given as a ``TTSConfig``; the result, or the records alone.
 - :func:`evaluate_model`: opens a backend for a model (``envace.backends.loaders.open_backend``), loads the tasks
   of a suite and split, evaluates at budget ``tts_n`` and adds the suite's own report (``envace eval``).
 """
@@ -17,7 +21,7 @@ from typing import Any
 from ..backends.base import Backend, SamplingParams
 from .trials import EvalResult, evaluate
 from ..rollout.engine import RolloutConfig
-from .tts import TTSConfig, evaluate_with_tts
+from .tts import RehearsalRecord, Rehearsing, TTSConfig
 from ..core.types import Task
 
 
@@ -32,7 +36,7 @@ def evaluate_at_budget(
 ) -> EvalResult:
     """:func:`envace.evaluation.trials.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section 3).
 
-    ``n == 0`` is plain ``evaluate``. ``n > 0`` hands over to :func:`envace.evaluation.tts.evaluate_with_tts` with a
+    ``n == 0`` is plain ``evaluate``. ``n > 0`` is :func:`evaluate_with_tts` with a
     ``TTSConfig(n=n, mode=mode, rollout=<rollout in rehearsal mode>, **tts_options)``: the attempts are
     self-rehearsed (no real call), then each task runs ``samples`` times for real with the rehearsal memory.
     The result's metrics gain ``tts/...`` keys and ``gen_tokens_per_task`` counts rehearsal tokens too."""
@@ -52,6 +56,21 @@ def evaluate_at_budget(
         "tts/rehearsal_tokens_per_task", 0.0
     )
     return res
+
+
+def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, samples: int = 1) -> EvalResult:
+    """Rehearse privately (once per task), then run every task ``samples`` times for real with m_x: ``evaluate``
+    of the policy :class:`envace.evaluation.tts.Rehearsing` (acting with ``cfg.final_rollout()``).
+
+    The metrics are :func:`envace.evaluation.trials.evaluate`'s (success_rate, pass^k, call_f1, ...) plus ``tts/…``
+    ones; ``records`` holds one RehearsalRecord per task, whose ``final`` is the task's first real run (all runs
+    are in ``trajectories``)."""
+    return evaluate(Rehearsing(policy, cfg), tasks, samples=samples, rollout=cfg.final_rollout())
+
+
+def run_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[RehearsalRecord]:
+    """Private rehearsal, then the single real execution of each task; one complete record per task."""
+    return evaluate_with_tts(policy, tasks, cfg, samples=1).records
 
 
 def evaluate_model(
@@ -95,4 +114,4 @@ def evaluate_model(
     return res
 
 
-__all__ = ["evaluate_at_budget", "evaluate_model"]
+__all__ = ["evaluate_at_budget", "evaluate_with_tts", "run_tts", "evaluate_model"]

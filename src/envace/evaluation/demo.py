@@ -194,7 +194,7 @@ def run_demo(args: Any) -> int:
     from ..config import task_kinds_setting
     from .trials import compare_results, format_comparison, load_result, rate_with_ci, save_result
     from ..core.precision import hardware_summary
-    from ..rewards.agreement import spec_label as reward_label
+    from .agreement import spec_label as reward_label
     from ..training.sft import sft
     from ..training.trainer import train
 

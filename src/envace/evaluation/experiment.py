@@ -587,7 +587,8 @@ def evaluate_budgets(
     ``<out_dir>/tts_records/seed<seed>/<arm>-N<n>-<mode>.jsonl``, named in the evaluation's ``records``."""
     from .budget import evaluate_at_budget
     from ..envs import load_tasks
-    from .tts import REHEARSAL_MODES, add_token_counts, save_records
+    from .policy import add_token_counts
+    from .tts import REHEARSAL_MODES, save_records
 
     evals = list(evals)
     tasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.eval_tasks, seed=0)  # the same held-out tasks for every seed
@@ -632,10 +633,8 @@ def evaluate_budgets(
         )
         policy.release_all()
         if n == 0:
-            add_token_counts(
-                res.per_task, res.trajectories
-            )  # (N > 0: envace.evaluation.tts counts them, rehearsal included)
-        if getattr(res, "records", None):
+            add_token_counts(res.per_task, res.trajectories)  # (N > 0: evaluate counted them, rehearsal included)
+        if res.records:
             extra["records"] = os.path.join(cfg.out_dir, "tts_records", f"seed{seed}", f"{arm}-N{n}-{mode}.jsonl")
             save_records(extra["records"], res.records, with_rows=False)
         evals.append(

@@ -41,7 +41,8 @@ imagined (Rehearse, a second model, a simulator) and the record says ``imagined`
 validation, simulator); a gold trajectory's say ``rehearsed``, the role that played the real answers back.
 ``success`` is the real environment's own check where one ran (``Trajectory.env_outcome``), else null.
 
-Two settings for templates that differ (:data:`CONTENT`, :data:`SYSTEM`): ``content="raw"`` keeps the Act output
+Two settings for templates that differ (:data:`CONTENT`, :data:`SYSTEM`; these registries and :data:`TARGETS` live in
+:mod:`envace.chat.records`, where the export config checks its settings): ``content="raw"`` keeps the Act output
 as generated (``<tool_call>`` blocks in the assistant text, ``tool_calls`` kept too): a ChatML template that ignores
 ``tool_calls`` (SmolLM2's) then renders the very context envace trained on. ``system="task"`` drops envace's tool
 list (if the system message has one) and calling instructions from the system message, for a template that renders
@@ -54,52 +55,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-from ..chat.parsing import TOOL_CALL_RE, TOOL_FORMATS
-from ..chat.prompts import ACT_INSTRUCTIONS
-from ..core.registry import Registry
-from ..core.types import Message, Step, ToolSpec, Trajectory
+from ..chat.records import CONTENT, DEFAULT_TARGET, SYSTEM, TARGETS, TOOLS_HEADER, Target, task_system
+from ..core.types import ToolSpec, Trajectory
 
 REAL_MODES = frozenset({"real"})
 """Rollout modes whose observations come from the real environment (envace.rollout.engine.OBSERVERS)."""
-
-TOOLS_HEADER = "# Tools\n"  # envace.chat.prompts.act_system: the tools block, one JSON object per line
-
-
-@dataclass(frozen=True)
-class Target:
-    """What one consumer of the records expects where the OpenAI format and Hugging Face chat templates differ."""
-
-    arguments: Callable[[dict[str, Any]], Any]
-    """A call's ``function.arguments`` from its arguments: JSON text (OpenAI) or the object itself (templates)."""
-    empty_content: str | None
-    """The content of an assistant message that only calls tools: ``None`` (OpenAI's null) or ``""``."""
-
-
-# who reads the records (module docstring)
-TARGETS: Registry[Target] = Registry("export target")
-TARGETS.add("openai", Target(arguments=lambda args: json.dumps(args, ensure_ascii=False), empty_content=None))
-TARGETS.add("hf", Target(arguments=lambda args: dict(args), empty_content=""))
-DEFAULT_TARGET = "hf"
-
-# how an assistant message's content is written: fn(the message as envace stored it, its step) -> content
-CONTENT: Registry[Callable[[Message, Step], str | None]] = Registry("export content style")
-CONTENT.add("text", lambda m, step: (TOOL_CALL_RE.sub("", m.content).strip() or None) if step.calls else m.content)
-CONTENT.add("raw", lambda m, step: m.content)
-
-# how the system message is written: fn(system text as the policy saw it) -> text
-SYSTEM: Registry[Callable[[str], str]] = Registry("export system style")
-SYSTEM.add("seen", lambda text: text)
-
-
-@SYSTEM.register("task")
-def task_system(text: str) -> str:
-    """The system message without envace's tool list (if it has one: a native-tools system message has none) and
-    calling instructions (the task's prompt and any rehearsal memory stay)."""
-    how = {ACT_INSTRUCTIONS} | {TOOL_FORMATS.get(n).instructions for n in TOOL_FORMATS}  # any tool format's
-    parts = [p for p in text.split("\n\n") if not p.startswith(TOOLS_HEADER) and p.strip() not in how]
-    return "\n\n".join(parts)
 
 
 def tools_from_system(text: str) -> list[dict[str, Any]]:
@@ -334,7 +296,7 @@ def write_records(path: str, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-__all__ = [
+__all__ = [  # CONTENT, DEFAULT_TARGET, SYSTEM, TARGETS, Target, task_system: defined in envace.chat.records
     "CONTENT",
     "DEFAULT_TARGET",
     "SYSTEM",
@@ -350,4 +312,5 @@ __all__ = [
     "trajectory_record",
     "world_of",
     "write_records",
+    "task_system",
 ]

@@ -1,5 +1,9 @@
 """The experiment report: tables (95% intervals over tasks, spread over seeds), figures and a trajectory viewer, all static files.
 
+The claims table has its own module (:mod:`envace.evaluation.claims`), as has the trajectory viewer
+(:mod:`envace.evaluation.viewer`); both read ``results.json`` through :mod:`envace.evaluation.results`. Their names
+stay importable from here for one version (issue 30).
+
 :func:`write_report` turns an experiment's ``results.json`` content (envace.evaluation.experiment) into, in its folder:
 
 - ``report.md`` and ``report.html``: the paper's claims (:func:`claims_table`: one row per claim of
@@ -16,8 +20,8 @@
   *imagined* for rehearsed / simulated rollouts, *real env* for real_env; the two are not the same quantity),
   ``curve_sft_nll.png`` (the warm-up), ``tts_budget.png`` (success vs N; plan dotted) and ``fidelity_curve.png``
   (fidelity on the shadow set vs RL step, one line per arm).
-- ``trajectories.html``: shadow trajectories of each arm, each rehearsed observation beside the real one,
-  mismatching leaves highlighted (envace.evaluation.fidelity.mismatched_leaves).
+- ``trajectories.html`` (:func:`envace.evaluation.viewer.viewer_html`): shadow trajectories of each arm, each
+  rehearsed observation beside the real one, mismatching leaves highlighted.
 
 Pages set ``document.title`` from a script when they load (tests use it to detect script errors).
 """
@@ -26,18 +30,29 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import os
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from .fidelity import BREAKDOWNS as FID_BREAKDOWNS
 from .fidelity import METRICS as FID_METRICS
-from .fidelity import Path, mismatched_leaves, observation_fidelity
-from ..math.stats import fmt_p, fmt_rate, paired_bootstrap, paired_comparison, rate_interval, seed_spread, sign_flip_p
-from ..core.types import Trajectory
+from ..math.stats import fmt_p, fmt_rate, rate_interval
+from .claims import VERDICTS, Claim, claim_n, claim_verdict, claims_table, measure_claim, paper_claims
+from .results import (
+    budget_keys,
+    budget_label,
+    curve,
+    eval_values,
+    fidelity_values,
+    fmt_ms,
+    mean_std,
+    per_task_outcomes,
+    seed_cell,
+    seed_runs,
+    success_cell,
+)
+from .viewer import LOADED_SUFFIX, json_html, page, trajectory_html, viewer_html
 
 MAIN_METRICS: tuple[tuple[str, str], ...] = (
     ("success_rate", "success"),
@@ -62,145 +77,11 @@ TRAIN_SUCCESS_NOTE = (
     "whose tool results the model imagined; 'real env' is the success of real_env's rollouts in the real environment. "
     "They measure different things; the real-environment evaluation is the main table."
 )
-LOADED_SUFFIX = " [loaded]"
-"""Appended to ``document.title`` by each page's script once it ran."""
-
-
-# --------------------------------------------------------------------------------------------------------
-# Numbers
-# --------------------------------------------------------------------------------------------------------
-
-
-def mean_std(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof=1; 0 for a single value). Empty -> (nan, nan)."""
-    if not len(xs):
-        return float("nan"), float("nan")
-    a = np.asarray(xs, dtype=float)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
-
-
-def fmt_ms(ms: tuple[float, float], digits: int = 3) -> str:
-    m, s = ms
-    if m != m:  # nan
-        return "–"
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
-
-
-def _seeds(results: dict[str, Any], arm: str) -> list[dict[str, Any]]:
-    return [results["runs"][arm][s] for s in sorted(results["runs"].get(arm, {}), key=int)]
-
-
-def eval_values(results: dict[str, Any], arm: str, n: int, mode: str, metric: str) -> list[float]:
-    """The metric of an arm at budget (n, mode), one value per seed."""
-    out = []
-    for rec in _seeds(results, arm):
-        for e in rec["evals"]:
-            if e["n"] == n and (n == 0 or e["mode"] == mode) and metric in e["metrics"]:
-                out.append(float(e["metrics"][metric]))
-    return out
-
-
-def _eval_entry(rec: dict[str, Any], n: int, mode: str) -> dict[str, Any] | None:
-    return next((e for e in rec["evals"] if e["n"] == n and (n == 0 or e["mode"] == mode)), None)
-
-
-def per_task_outcomes(
-    results: dict[str, Any], arm: str, n: int, mode: str, seeds: Sequence[str] | None = None
-) -> list[dict[str, Any]]:
-    """The arm's per-task rows at budget (n, mode), each task's ``successes`` pooled over the seeds (every seed
-    evaluates the same held-out tasks), in task order; ``seeds`` restricts the pool. Empty when some seed's
-    evaluation kept no per-task outcomes (results written before they were recorded)."""
-    rows: dict[str, dict[str, Any]] = {}
-    for s in sorted(results["runs"].get(arm, {}), key=int):
-        if seeds is not None and s not in seeds:
-            continue
-        e = _eval_entry(results["runs"][arm][s], n, mode)
-        if e is None:
-            continue
-        if "per_task" not in e:
-            return []
-        for r in e["per_task"]:
-            row = rows.setdefault(
-                r["task_id"], {k: v for k, v in r.items() if k in ("task_id", "domain", "kind")} | {"successes": []}
-            )
-            row["successes"] = row["successes"] + list(r["successes"])
-    return list(rows.values())
-
-
-def success_cell(results: dict[str, Any], arm: str, n: int, mode: str, spread: bool = False) -> str:
-    """``rate [95% CI]``: the success rate of the arm's per-task outcomes pooled over seeds with its Wilson
-    interval over tasks (envace.math.stats.rate_interval); ``spread`` appends ``· sd X`` over seeds when there are
-    several. Results without per-task outcomes fall back to mean ± std over seeds."""
-    rows = per_task_outcomes(results, arm, n, mode)
-    per_seed = eval_values(results, arm, n, mode, "success_rate")
-    if not rows:
-        return fmt_ms(mean_std(per_seed))
-    cell = fmt_rate(*rate_interval([r["successes"] for r in rows]))
-    return cell + (f" · sd {mean_std(per_seed)[1]:.3f}" if spread and len(per_seed) > 1 else "")
-
-
-def seed_cell(values: Sequence[float], digits: int = 3) -> str:
-    """Spread over seeds: ``mean ± std (min–max)``; one seed: its value; none: ``–``."""
-    sp = seed_spread(values)
-    if not sp["n"]:
-        return "–"
-    if sp["n"] == 1:
-        return f"{sp['mean']:.{digits}f}"
-    return f"{sp['mean']:.{digits}f} ± {sp['std']:.{digits}f} ({sp['min']:.{digits}f}–{sp['max']:.{digits}f})"
-
-
-def budget_keys(results: dict[str, Any]) -> list[tuple[int, str]]:
-    """Every (N, mode) evaluated, in order."""
-    keys: list[tuple[int, str]] = []
-    for arm in results["arms"]:
-        for rec in _seeds(results, arm):
-            for e in rec["evals"]:
-                k = (int(e["n"]), e["mode"])
-                if k not in keys:
-                    keys.append(k)
-    return sorted(keys)
-
-
-def fidelity_values(
-    results: dict[str, Any], arm: str, group: str = "overall", name: str | None = None
-) -> dict[str, list[float]]:
-    """Per-seed fidelity metrics of an arm: overall, or one entry of by_domain / by_tool."""
-    out: dict[str, list[float]] = {k: [] for k in ("n", *FID_METRICS)}
-    for rec in _seeds(results, arm):
-        f = rec.get("fidelity")
-        if not f:
-            continue
-        s = f["overall"] if group == "overall" else f.get(group, {}).get(name)
-        if not s or not s.get("n"):
-            continue
-        for k in out:
-            out[k].append(float(s[k]))
-    return out
-
-
-def curve(results: dict[str, Any], arm: str, key: str) -> tuple[list[int], list[float], list[float]]:
-    """(steps, mean, std) of a training metric over seeds, at the steps every seed logged."""
-    per_seed = [
-        {int(m["step"]): float(m[key]) for m in rec.get("curve") or [] if key in m} for rec in _seeds(results, arm)
-    ]
-    per_seed = [d for d in per_seed if d]
-    if not per_seed:
-        return [], [], []
-    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
-    ms = [mean_std([d[s] for d in per_seed]) for s in steps]
-    return steps, [m for m, _ in ms], [s for _, s in ms]
 
 
 # --------------------------------------------------------------------------------------------------------
 # Tables (rows of cells, rendered as Markdown or HTML)
 # --------------------------------------------------------------------------------------------------------
-
-
-MODE_SHORT = {"parallel": "par", "sequential": "seq"}
-
-
-def _budget_label(n: int, mode: str) -> str:
-    return "N=0" if n == 0 else f"N={n} {MODE_SHORT.get(mode, mode)}"
 
 
 def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -231,7 +112,7 @@ def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             for m, _ in metrics[1:]
         ]
         row.append(fmt_ms(mean_std(fidelity_values(results, arm)["leaf_acc"])))
-        row.append(fmt_ms(mean_std([r.get("train_s", 0.0) for r in _seeds(results, arm)]), 0))
+        row.append(fmt_ms(mean_std([r.get("train_s", 0.0) for r in seed_runs(results, arm)]), 0))
         rows.append(row)
     return head, rows
 
@@ -277,7 +158,7 @@ def tts_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     on the same ones), and ``· sd`` over seeds when several. Results without per-task outcomes at N > 0 show
     :func:`success_cell` instead."""
     keys = budget_keys(results)
-    head = ["arm", *[_budget_label(n, m) for n, m in keys]]
+    head = ["arm", *[budget_label(n, m) for n, m in keys]]
     rows = []
     for arm in tts_arms_run(results):
         cells = []
@@ -294,7 +175,7 @@ def tts_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 def tts_arms_run(results: dict[str, Any]) -> list[str]:
     """The arms evaluated at some budget N > 0 (the test-time sweep), in arm order."""
-    return [a for a in results["arms"] if any(e["n"] > 0 for rec in _seeds(results, a) for e in rec["evals"])]
+    return [a for a in results["arms"] if any(e["n"] > 0 for rec in seed_runs(results, a) for e in rec["evals"])]
 
 
 def tts_tokens_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -303,7 +184,7 @@ def tts_tokens_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
     generated before the real run (+ reflections, memory), mean over seeds of the per-seed means; then the
     plan budget that was set. Whether the baseline was matched can be read off each row."""
     keys = [k for k in budget_keys(results) if k[0] > 0]
-    head = ["arm", *[_budget_label(n, m) for n, m in keys]]
+    head = ["arm", *[budget_label(n, m) for n, m in keys]]
     rows = []
     for arm in tts_arms_run(results):
         cells = []
@@ -312,7 +193,7 @@ def tts_tokens_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
             allt = eval_values(results, arm, n, m, "tts/rehearsal_tokens_per_task")
             budgets = [
                 e["plan_max_new_tokens"]
-                for rec in _seeds(results, arm)
+                for rec in seed_runs(results, arm)
                 for e in rec["evals"]
                 if e["n"] == n and e["mode"] == m and "plan_max_new_tokens" in e
             ]
@@ -385,176 +266,6 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
 
 
 # --------------------------------------------------------------------------------------------------------
-# The paper's claims, each with its paired difference, interval and verdict
-# --------------------------------------------------------------------------------------------------------
-
-Term = tuple[int, str, int, str]
-"""(coefficient, arm, N, mode) of a claim's per-task contrast: the task's mean success in that evaluation."""
-
-VERDICTS = ("holds", "does not hold", "cannot tell at this scale", "not measured")
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A claim of the paper as a contrast of evaluations: ``sum(coef * success(arm, N, mode))`` per task, claimed
-    to be > 0 (``>``) or >= 0 (``>=``)."""
-
-    text: str
-    paper: str
-    """What the paper (or METHOD.md) reports for it."""
-    direction: str
-    terms: tuple[Term, ...]
-
-
-def paper_claims(n: int) -> list[Claim]:
-    """The claims of the report's table; the test-time ones at budget ``n``."""
-    e0 = (1, "envace", 0, "none")
-    vs = lambda arm: (-1, arm, 0, "none")  # noqa: E731
-    gain = lambda arm, mode, sign=1: ((sign, arm, n, mode), (-sign, arm, 0, "none"))  # noqa: E731
-    return [
-        Claim("EnvACE > SFT", "RL on rehearsal improves on its SFT start", ">", (e0, vs("sft"))),
-        Claim("EnvACE ≥ real-env GRPO", "tau2: 36.7 vs 31.2", ">=", (e0, vs("real_env"))),
-        Claim("shared weights ≥ per-role", "tau2: 36.7 vs 35.5", ">=", (e0, vs("per_role"))),
-        Claim("EnvACE > external simulator", "overall: 32.91 vs 20.03 (Simulator-8B)", ">", (e0, vs("simulator"))),
-        Claim(
-            "EnvACE > SFT continued (compute-matched)",
-            "not reported (METHOD.md section 6 asks for it)",
-            ">",
-            (e0, vs("sft_more")),
-        ),
-        Claim(
-            "training Rehearse helps: EnvACE > caller-only",
-            "ablation: Rehearse not trained",
-            ">",
-            (e0, vs("caller_only")),
-        ),
-        Claim(
-            f"test-time rehearsal helps EnvACE (N={n} parallel > N=0)",
-            "+4.2 (N=2 parallel)",
-            ">",
-            gain("envace", "parallel"),
-        ),
-        Claim(
-            f"TTS gain EnvACE > base (N={n} parallel)",
-            "+4.2 vs ~0",
-            ">",
-            gain("envace", "parallel") + gain("base", "parallel", -1),
-        ),
-        Claim(
-            f"TTS gain EnvACE > base (N={n} sequential)",
-            "+2.4 vs −1.8",
-            ">",
-            gain("envace", "sequential") + gain("base", "sequential", -1),
-        ),
-        Claim(
-            f"rehearsal > compute-matched plans (EnvACE, N={n} parallel vs plan)",
-            "not reported (METHOD.md section 6 asks for it)",
-            ">",
-            ((1, "envace", n, "parallel"), (-1, "envace", n, "plan")),
-        ),
-    ]
-
-
-def claim_verdict(lo: float, hi: float, direction: str = ">") -> str:
-    """The verdict of a claimed difference from its paired 95% interval [lo, hi]: ``holds`` when the interval
-    excludes 0 in the claimed direction (lo > 0), ``does not hold`` when it excludes 0 in the other direction
-    (hi < 0), else ``cannot tell at this scale``; ``not measured`` without an interval (nan). A ``>=`` claim
-    has no non-inferiority margin here, so the same rule applies: an interval that reaches below 0 cannot rule
-    out "worse", one wholly below 0 refutes it."""
-    if direction not in (">", ">="):
-        raise ValueError(f"a claim's direction is '>' or '>=', got {direction!r}")
-    if lo != lo or hi != hi:
-        return "not measured"
-    if lo > 0:
-        return "holds"
-    if hi < 0:
-        return "does not hold"
-    return "cannot tell at this scale"
-
-
-def measure_claim(
-    results: dict[str, Any], claim: Claim, resamples: int = 10_000, seed: int = 0
-) -> dict[str, Any] | None:
-    """The claim's contrast over the tasks every term was evaluated on (per-task outcomes pooled over the seeds
-    in which every term was evaluated: a test-time sweep of fewer seeds pairs its N=0 term with those seeds only): ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and
-    ``p_method``, ``n_tasks``, ``seeds``; None when some evaluation is missing. Two terms (B - A) are exactly
-    :func:`envace.math.stats.paired_comparison` (exact McNemar with one binary outcome per task); more (a difference
-    of gains) resample the per-task contrast, with a sign-flip p-value."""
-    arms = {a for _, a, _, _ in claim.terms}
-    if not arms <= set(results["arms"]):
-        return None
-    common = sorted(set.intersection(*(set(results["runs"].get(a, {})) for a in arms)), key=int)
-    seeds = [
-        s for s in common if all(_eval_entry(results["runs"][a][s], n, m) is not None for _, a, n, m in claim.terms)
-    ]  # paired seed by seed
-    rows = [per_task_outcomes(results, a, n, m, seeds) for _, a, n, m in claim.terms]
-    if not seeds or not all(rows):
-        return None
-    by_id = [{r["task_id"]: r["successes"] for r in rs} for rs in rows]
-    ids = [t for t in by_id[0] if all(t in d for d in by_id[1:])]
-    if not ids:
-        return None
-    coefs = [c for c, _, _, _ in claim.terms]
-    if coefs == [1, -1]:
-        c = paired_comparison([by_id[1][t] for t in ids], [by_id[0][t] for t in ids], resamples, seed)
-        diff, ci, p, method = c["diff"], c["diff_ci"], c["p"], c["p_method"]
-    else:
-        v = np.array([sum(k * float(np.mean(d[t])) for k, d in zip(coefs, by_id)) for t in ids])  # (tasks,)
-        zero = np.zeros_like(v)
-        diff, ci, p, method = (
-            float(v.mean()),
-            paired_bootstrap(zero, v, resamples, seed),
-            sign_flip_p(zero, v, resamples, seed),
-            "sign_flip",
-        )
-    return {
-        "diff": diff,
-        "ci95": [float(ci[0]), float(ci[1])],
-        "p": p,
-        "p_method": method,
-        "n_tasks": len(ids),
-        "seeds": seeds,
-    }
-
-
-def claim_n(results: dict[str, Any]) -> int:
-    """The budget N of the test-time claims: the config's ``claim_n`` when evaluated, else the largest N > 0."""
-    ns = sorted({n for n, _ in budget_keys(results) if n > 0})
-    want = int(results["config"].get("claim_n", 2))
-    return want if want in ns or not ns else ns[-1]
-
-
-def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """One row per claim of :func:`paper_claims`: the contrast, the paper's number, the measured difference with its
-    paired 95% interval and p-value, tasks, seeds and the verdict (:func:`claim_verdict`)."""
-    head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
-    rows = []
-    for claim in paper_claims(claim_n(results)):
-        contrast = " ".join(
-            ("+ " if c > 0 else "− ") + f"{a}@{_budget_label(n, m)}" for c, a, n, m in claim.terms
-        ).lstrip("+ ")
-        m = measure_claim(results, claim)
-        if m is None:
-            rows.append([claim.text, claim.paper, contrast, "–", "–", "–", "0", "0", "not measured"])
-            continue
-        lo, hi = m["ci95"]
-        rows.append(
-            [
-                claim.text,
-                claim.paper,
-                contrast,
-                f"{m['diff']:+.3f}",
-                f"[{lo:+.3f}, {hi:+.3f}]",
-                fmt_p(m["p"]),
-                str(m["n_tasks"]),
-                str(len(m["seeds"])),
-                claim_verdict(lo, hi, claim.direction),
-            ]
-        )
-    return head, rows
-
-
-# --------------------------------------------------------------------------------------------------------
 # Rehearsal fidelity over training
 # --------------------------------------------------------------------------------------------------------
 
@@ -565,7 +276,7 @@ def fidelity_curve(
     """(steps, mean, std over seeds) of an arm's fidelity on the fixed shadow set (``fidelity_curve`` of each
     seed's record), at the steps every seed measured with at least one scored pair."""
     per_seed = []
-    for rec in _seeds(results, arm):
+    for rec in seed_runs(results, arm):
         pts = {
             int(p["step"]): float(p["summary"]["overall"][metric])
             for p in rec.get("fidelity_curve") or []
@@ -600,7 +311,7 @@ def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[lis
         names: list[str | None] = [None]
         if group != "overall":
             names = sorted(
-                {n for rec in _seeds(results, arm) if rec.get("fidelity") for n in rec["fidelity"].get(group, {})}
+                {n for rec in seed_runs(results, arm) if rec.get("fidelity") for n in rec["fidelity"].get(group, {})}
             )
         for name in names:
             v = fidelity_values(results, arm, group, name)
@@ -784,134 +495,6 @@ def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_
 
 
 # --------------------------------------------------------------------------------------------------------
-# Trajectory viewer
-# --------------------------------------------------------------------------------------------------------
-
-
-def json_html(obj: Any, bad: set[Path], cls: str = "mm", path: Path = ()) -> str:
-    """Compact JSON as HTML; leaves whose path is in ``bad`` are wrapped in ``<span class=cls>``."""
-    if isinstance(obj, dict) and obj:
-        inner = ", ".join(
-            f'<span class="k">{html.escape(json.dumps(k, ensure_ascii=False))}</span>: {json_html(v, bad, cls, path + (k,))}'
-            for k, v in obj.items()
-        )
-        return "{" + inner + "}"
-    if isinstance(obj, list) and obj:
-        return "[" + ", ".join(json_html(v, bad, cls, path + (i,)) for i, v in enumerate(obj)) + "]"
-    text = html.escape(json.dumps(obj, ensure_ascii=False))
-    return f'<span class="{cls}">{text}</span>' if path in bad else text
-
-
-def trajectory_html(traj: Trajectory, anchor: str) -> str:
-    """One shadow trajectory: user turns, Act outputs and, per call, the rehearsed vs the real observation."""
-    users = [m.content for m in traj.messages if m.role == "user"]
-    out = [f'<section class="traj" id="{anchor}" data-anchor="{anchor}">']
-    out.append(
-        f"<h3>{html.escape(traj.id)}</h3><p class='meta'>task {html.escape(traj.task_id)} · mode {html.escape(traj.mode)} · truncated {html.escape(str(traj.truncated))}</p>"
-    )
-    turn = -1
-    for si, step in enumerate(traj.steps):
-        if step.user_turn != turn and step.user_turn < len(users):
-            turn = step.user_turn
-            out.append(f'<div class="user"><b>user</b> {html.escape(users[turn])}</div>')
-        out.append(f'<div class="act"><b>act · step {si}</b><pre>{html.escape(step.action_text.strip())}</pre></div>')
-        if not step.observations:
-            continue
-        out.append(
-            '<table class="obs"><thead><tr><th>call</th><th>rehearsed</th><th>real (shadow)</th><th>scores</th></tr></thead><tbody>'
-        )
-        for i, obs in enumerate(step.observations):
-            src = step.sources[i] if i < len(step.sources) else "?"
-            real = step.shadow[i] if i < len(step.shadow) else None
-            call = step.calls[i].key() if i < len(step.calls) else "(unparsed)"
-            if real is None:
-                out.append(
-                    f"<tr><td><code>{html.escape(call)}</code></td><td><span class='src'>{html.escape(src)}</span> <code>{json_html(obs, set())}</code></td><td class='na'>not recorded</td><td></td></tr>"
-                )
-                continue
-            bad_r, bad_t = mismatched_leaves(obs, real)
-            sc = observation_fidelity(obs, real)
-            cls = "match" if sc["exact"] else "diff"
-            scores = " ".join(f"{k}={sc[k]:.2f}" for k in FID_METRICS)
-            out.append(
-                f"<tr class='{cls}'><td><code>{html.escape(call)}</code></td>"
-                f"<td><span class='src'>{html.escape(src)}</span> <code>{json_html(obs, bad_r, 'mm')}</code></td>"
-                f"<td><code>{json_html(real, bad_t, 'miss')}</code></td><td class='sc'>{scores}</td></tr>"
-            )
-        out.append("</tbody></table>")
-    out.append(f"<p class='meta'>counters: {html.escape(json.dumps(traj.counters, sort_keys=True))}</p></section>")
-    return "\n".join(out)
-
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;max-width:1400px}
-h1{font-size:22px}h2{font-size:18px;margin-top:28px;border-bottom:1px solid #ddd}h3{font-size:15px}
-table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;vertical-align:top}
-th{background:#f3f3f3}td{font-variant-numeric:tabular-nums;white-space:nowrap}
-.meta{color:#666;font-size:12px}img{max-width:560px;width:48%;border:1px solid #eee;margin:6px}
-code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;white-space:pre-wrap;word-break:break-word}
-pre{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;padding:6px;margin:4px 0;font-size:12px}
-.mm{background:#ffc9c9}.miss{background:#fff3b0}.k{color:#555}.src{font-size:11px;color:#fff;background:#888;border-radius:3px;padding:0 4px}
-tr.match td{background:#eefbea}.na{color:#999}.sc{font-size:11px;color:#444;white-space:nowrap}
-.user{background:#eef4ff;padding:6px;margin:6px 0}.act{margin:6px 0}.traj{border:1px solid #ddd;padding:10px;margin:12px 0}
-.legend span{padding:0 6px;margin-right:8px}details{margin:6px 0}
-"""
-
-
-def _page(title: str, body: str, script: str = "") -> str:
-    js = f"document.title = document.title + {json.dumps(LOADED_SUFFIX)};"
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n{body}\n"
-        f"<script>\n(function () {{\n{script}\n{js}\n}})();\n</script>\n</body></html>\n"
-    )
-
-
-def viewer_html(results: dict[str, Any]) -> str:
-    """The trajectory viewer page: a picker and one section per kept shadow trajectory."""
-    sections, options = [], []
-    for arm in results["arms"]:
-        for seed in sorted(results["runs"].get(arm, {}), key=int):
-            for j, d in enumerate(results["runs"][arm][seed].get("examples") or []):
-                traj = Trajectory.from_dict(d)
-                anchor = f"t-{arm}-{seed}-{j}"
-                n_pairs = sum(1 for s in traj.steps for x in s.shadow if x is not None)
-                options.append(
-                    f"<option value='{anchor}'>{html.escape(arm)} · seed {seed} · {html.escape(traj.task_id)} · {n_pairs} compared</option>"
-                )
-                sections.append(
-                    f"<div class='arm-label meta'>arm <b>{html.escape(arm)}</b>, seed {seed}</div>"
-                    + trajectory_html(traj, anchor)
-                )
-    if not sections:
-        sections = ["<p>No shadow trajectories were kept (fidelity_tasks = 0?).</p>"]
-    body = (
-        "<h1>Rehearsed vs real: shadow trajectories</h1>"
-        "<p>Each row puts the observation the model <i>rehearsed</i> for a call next to what the real environment "
-        "returned for the same call (<i>shadow</i> mode: recorded, never shown to the policy). "
-        "<span class='legend'><span class='mm'>rehearsed leaf that is wrong or invented</span>"
-        "<span class='miss'>real leaf not reproduced</span></span> Rows in green match exactly.</p>"
-        f"<p><label>trajectory: <select id='pick'>{''.join(options)}</select></label> "
-        "<label><input type='checkbox' id='all'> show all</label> · <a href='report.html'>back to the report</a></p>"
-        f"<div id='trajs'>{''.join(sections)}</div>"
-    )
-    script = """
-var pick = document.getElementById('pick'), all = document.getElementById('all');
-function show() {
-  var secs = document.querySelectorAll('section.traj');
-  for (var i = 0; i < secs.length; i++) {
-    var on = all.checked || secs[i].getAttribute('data-anchor') === pick.value;
-    secs[i].style.display = on ? '' : 'none';
-    var lab = secs[i].previousElementSibling;
-    if (lab && lab.className.indexOf('arm-label') >= 0) { lab.style.display = on ? '' : 'none'; }
-  }
-}
-pick.addEventListener('change', show); all.addEventListener('change', show); show();
-"""
-    return _page("envace trajectory viewer", body, script)
-
-
-# --------------------------------------------------------------------------------------------------------
 # The report
 # --------------------------------------------------------------------------------------------------------
 
@@ -1079,7 +662,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     if "elapsed_s" in results:
         body.append(f"<p class='meta'>Total time: {results['elapsed_s']:.0f} s.</p>")
     with open(p("report.html"), "w", encoding="utf-8") as f:
-        f.write(_page("envace experiment report", "\n".join(body)))
+        f.write(page("envace experiment report", "\n".join(body)))
     with open(p("trajectories.html"), "w", encoding="utf-8") as f:
         f.write(viewer_html(results))
     return {
@@ -1091,7 +674,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     }
 
 
-__all__ = [
+__all__ = [  # Claim ... claims_table, per_task_outcomes ... curve, viewer_html ... LOADED_SUFFIX: one-version aliases
     "Claim",
     "VERDICTS",
     "paper_claims",

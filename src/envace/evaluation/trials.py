@@ -1,7 +1,9 @@
 """Evaluation in the real environment: success, pass^k, tool F1, format validity, steps, tokens, time.
 
-Each task is run K times (``samples``) for real (``real`` rollout mode). Evaluation after private test-time
-rehearsal with a budget of N attempts, and of a model by name on a suite, is one layer up (``envace.evaluation.budget``:
+Each task is run K times (``samples``) for real (``real`` rollout mode) by a policy (``envace.evaluation.policy``):
+a backend acting at once, or one that rehearses privately first (``envace.evaluation.tts.Rehearsing``), whose
+records, metrics and tokens come back with its trials; :func:`evaluate` never calls back into it. Evaluation at a
+budget of N attempts, and of a model by name on a suite, is one layer up (``envace.evaluation.budget``:
 ``evaluate_at_budget``, ``evaluate_model``), above both this module and ``envace.evaluation.tts``.
 Success is the task's own check (``grounded`` reward) applied to the environment each trajectory ran in: the
 rollout records it when the trajectory ends (``Trajectory.env_outcome``), so every call of a real trial is
@@ -60,10 +62,11 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..envs import FAULT_KINDS, Play, prepare_tasks
-from ..rewards.functions import REWARDS, call_prf, score_trajectories, tool_name_prf
+from ..rewards.functions import call_prf, tool_name_prf
 from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..math.stats import fmt_p, fmt_rate, paired_comparison, rate_interval
 from ..core.types import Task, Trajectory
+from .policy import Policy, add_token_counts, as_policy
 
 # Metrics shown by :meth:`EvalResult.table` first, in this order (others follow alphabetically).
 HEADLINE = (
@@ -114,6 +117,9 @@ class EvalResult:
     prepared: list[Trajectory] = field(default_factory=list)
     """The episodes played to prepare the tasks (:func:`prepare`: BFCL memory's prerequisite sessions with
     ``writer=model``), in play order; never scored (``reward`` None), in no metric but ``prepare/...``."""
+    records: list[Any] = field(default_factory=list)
+    """The policy's own per-task records (test-time rehearsal: ``RehearsalRecord``s; none for a backend acting
+    at once); not part of :meth:`to_dict` (``envace.evaluation.tts.save_records`` writes them)."""
 
     def table(self) -> str:
         text = format_metrics(self.metrics)
@@ -277,7 +283,7 @@ def prepare_metrics(played: Sequence[Trajectory], wall_s: float = 0.0) -> dict[s
 
 
 def evaluate(
-    policy: Backend,
+    policy: Backend | Policy,
     tasks: list[Task],
     samples: int = 1,
     rollout: RolloutConfig | None = None,
@@ -285,24 +291,29 @@ def evaluate(
 ) -> EvalResult:
     """Run every task ``samples`` times against its real environment and compute the metrics.
 
-    The tasks are prepared first (:func:`prepare`; see the module docstring). ``memory`` (task id -> text) is
-    shown to Act as its rehearsal memory (test-time scaling, envace.evaluation.tts). ``trajectories`` come task by task,
-    ``samples`` per task, in the order of ``tasks``."""
+    ``policy`` is a backend (it acts at once: :class:`envace.evaluation.policy.Plain`, showing Act ``memory``, task
+    id -> text, where given) or a policy (:class:`envace.evaluation.policy.Policy`; test-time rehearsal:
+    :class:`envace.evaluation.tts.Rehearsing`), whose records and metrics come with the result and whose private
+    tokens go into the per-task rows (:func:`envace.evaluation.policy.add_token_counts`). The tasks are prepared
+    first (:func:`prepare`, played by ``policy.backend``; see the module docstring). ``trajectories`` come task by
+    task, ``samples`` per task, in the order of ``tasks``."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
+    agent = as_policy(policy, memory)
     cfg = dataclasses.replace(rollout or RolloutConfig(), mode="real", group_size=samples, shadow=False)
     t0 = time.perf_counter()
-    tasks, played = prepare(policy, tasks, cfg)
-    t1 = time.perf_counter()
-    trajs = RolloutEngine(policy, cfg, memory=memory).run(tasks, group_prefix="eval")
-    wall = time.perf_counter() - t1
-    score_trajectories({t.id: t for t in tasks}, trajs, REWARDS.get("grounded"))
+    tasks, played = prepare(agent.backend, tasks, cfg)
+    prepare_s = time.perf_counter() - t0
+    acted = agent.act(tasks, cfg)  # a private phase (if any), then the real trials, scored
+    trajs = acted.trajectories
     by_task: dict[str, list[Trajectory]] = {}
     for t in trajs:
         by_task.setdefault(t.task_id, []).append(t)
     per_task = [task_scores(task, by_task.get(task.id, [])) for task in tasks]
-    metrics = summarize(per_task, trajs, samples, wall) | prepare_metrics(played, t1 - t0)
-    return EvalResult(metrics, per_task, trajs, split=split_of(tasks), prepared=played)
+    if acted.private_tokens is not None:
+        add_token_counts(per_task, trajs, acted.private_tokens)
+    metrics = summarize(per_task, trajs, samples, acted.wall_s) | prepare_metrics(played, prepare_s) | acted.metrics
+    return EvalResult(metrics, per_task, trajs, split=split_of(tasks), prepared=played, records=acted.records)
 
 
 def split_of(tasks: Sequence[Task]) -> str:

@@ -20,8 +20,10 @@ runs the task **once** for real:
    the budget each). An empty model memory falls back to ``concat`` and is counted. m_x is capped at
    ``memory_max_tokens`` tokens. The format also says what a sequential attempt sees of the earlier ones:
    their lessons (``lessons``) or their transcripts and reflections (``model``, ``concat``: as before).
-4. **The real execution**: :func:`envace.evaluation.trials.evaluate` (real mode, memory={task.id: m_x}) runs each task
-   once against its real environment and scores it.
+4. **The real execution**: :class:`Rehearsing`, the policy that :func:`envace.evaluation.trials.evaluate` runs
+   at N > 0, acts as :class:`envace.evaluation.policy.Plain` does (real mode, memory={task.id: m_x}): each task
+   once against its real environment, scored. Its records, ``tts/...`` metrics and private tokens come back with
+   those trials; this module never calls ``evaluate`` (``envace.evaluation.budget`` does, above both).
 
 **The compute-matched baseline** (mode ``plan``): the same pipeline without rehearsed observations. Step 1 is
 replaced by N independent *plans* (role ``plan``): one generation each, in its own chat (:data:`PLAN_SYSTEM`; the
@@ -37,10 +39,11 @@ observations, not of extra tokens.
 
 **The firewall.** :func:`rehearse` (steps 1-3) receives only the policy, the tasks and the config; it builds
 rehearsal-mode engines only (checked: the observer needs no environment, shadow is off; plans use no engine at
-all, only ``policy.generate``) and this module never imports an environment factory. The real environment first exists inside the final ``evaluate`` call. (A task that
-needs episodes played before it can run at all, BFCL's memory questions with ``writer=model``, is prepared first,
-by :func:`envace.evaluation.trials.prepare`, before any attempt: those episodes are the task's setup, played in their
-own real environments, and the attempts, like the real run, start from what they left.)
+all, only ``policy.generate``) and this module never imports an environment factory. The real environment first
+exists inside ``Plain.act``, after every attempt. (A task that needs episodes played before it can run at all,
+BFCL's memory questions with ``writer=model``, is prepared by ``evaluate`` before the policy acts
+(:func:`envace.evaluation.trials.prepare`), so before any attempt: those episodes are the task's setup, played in
+their own real environments, and the attempts, like the real run, start from what they left.)
 
 **Where things go in prompts.** The notes on earlier attempts (sequential) and m_x reach Act through the
 "Notes from private rehearsal" block of its system prompt (:func:`envace.chat.prompts.act_system`), so N=0 (no
@@ -52,7 +55,7 @@ reader sees what the model was told.
 **Caps.** Every variable part is capped in tokens (an attempt transcript, the sequential notes block, a whole
 Reflect / Memory prompt, m_x); each cut is recorded in :attr:`RehearsalRecord.cuts` with the text removed.
 
-Choices the paper leaves open: with ``samples`` K > 1, :func:`evaluate_with_tts` rehearses once per task and
+Choices the paper leaves open: with ``samples`` K > 1, :class:`Rehearsing` rehearses once per task and
 runs the K real trials with the same m_x (so pass^k measures the memory's reliability, not K rehearsals).
 Attempts use seeds derived from ``rollout.seed`` but distinct from the final run's, which uses ``rollout.seed``
 itself (so the final run of N=0 is token for token the plain run with that seed).
@@ -67,7 +70,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable
 
 from ..backends.base import Backend, SamplingParams
-from .trials import EvalResult, evaluate, prepare, prepare_metrics
+from .policy import Acted, Plain, add_token_counts, real_tokens  # the last two: one-version aliases (issue 30)
 from ..chat.prompts import ChatFormat, render_tools, serialize_messages
 from ..core.registry import Registry
 from ..chat.parsing import tool_format_for
@@ -664,76 +667,42 @@ def private_tokens(rec: RehearsalRecord) -> int:
     return sum(rec.counters.get(f"tokens/{role}", 0) for role in PRIVATE_ROLES)
 
 
-def real_tokens(trajs: list[Trajectory]) -> int:
-    """Act tokens generated in real trials."""
-    return sum(len(r.completion_ids) for t in trajs for r in t.rows if r.role == "act")
-
-
-def add_token_counts(
-    per_task: list[dict[str, Any]], trajectories: list[Trajectory], records: list[RehearsalRecord] | None = None
-) -> None:
-    """Write each task's generated tokens into its per-task row (in place): ``attempt_tokens`` and
-    ``private_tokens`` of the rehearsal phase (0 without one), ``real_tokens`` (Act tokens of its real trials,
-    all samples) and ``gen_tokens``, their sum. The per-task record of what a budget cost, so a compute-matched
-    comparison can be checked task by task."""
-    by_rec = {r.task_id: r for r in records or []}
-    by_task: dict[str, list[Trajectory]] = {}
-    for t in trajectories:
-        by_task.setdefault(t.task_id, []).append(t)
-    for row in per_task:
-        rec = by_rec.get(row["task_id"])
-        att, priv = (attempt_tokens(rec), private_tokens(rec)) if rec else (0, 0)
-        real = real_tokens(by_task.get(row["task_id"], []))
-        row |= {"attempt_tokens": att, "private_tokens": priv, "real_tokens": real, "gen_tokens": priv + real}
-
-
 # --------------------------------------------------------------------------------------------------------
-# The real phase
+# The policy: rehearse privately, then act
 # --------------------------------------------------------------------------------------------------------
 
 
 @dataclass
-class TTSEvalResult(EvalResult):
-    """An :class:`envace.evaluation.trials.EvalResult` with ``tts/…`` metrics and the per-task records."""
+class Rehearsing:
+    """Test-time rehearsal as a policy (:class:`envace.evaluation.policy.Policy`): what
+    :func:`envace.evaluation.trials.evaluate` runs at a budget N > 0. ``act`` rehearses every task privately
+    (:func:`rehearse` with ``cfg``, ``cfg.tasks_in_flight`` tasks at a time), then acts as
+    :class:`envace.evaluation.policy.Plain` does with the memory m_x of each task: ``rollout.group_size`` real
+    trials per task (``samples``), all with the same m_x. The records (``final``: the task's first real trial),
+    the ``tts/...`` metrics and each task's private tokens come back with the trials."""
 
-    records: list[RehearsalRecord] = field(default_factory=list)
+    backend: Backend
+    cfg: TTSConfig
 
-
-def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, samples: int = 1) -> TTSEvalResult:
-    """Rehearse privately (once per task), then run every task ``samples`` times for real with m_x.
-
-    The metrics are :func:`envace.evaluation.trials.evaluate`'s (success_rate, pass^k, call_f1, ...) plus ``tts/…``
-    ones; each record's ``final`` is the task's first real run (all runs are in ``trajectories``).
-    """
-    t0 = time.perf_counter()
-    tasks, played = prepare(policy, tasks, cfg.final_rollout())  # the tasks' setup (BFCL memory, writer=model)
-    prepare_s = time.perf_counter() - t0
-    step = cfg.tasks_in_flight or max(1, len(tasks))
-    records: list[RehearsalRecord] = []
-    for i in range(0, len(tasks), step):
-        records += rehearse(policy, tasks[i : i + step], cfg)
-        if step < len(tasks) and hasattr(policy, "release_all"):
-            policy.release_all()  # kept contexts and shared prefixes of the finished tasks: memory, not results
-    # ---------------- nothing above touched a real environment; the real phase starts here ----------------
-    memory = {r.task_id: r.memory for r in records if r.memory}
-    res = evaluate(policy, tasks, samples=samples, rollout=cfg.final_rollout(), memory=memory)
-    for i, rec in enumerate(records):
-        final = res.trajectories[i * samples]
-        rec.final = final
-        rec.success = None if final.reward is None else bool(final.reward)
-        for key, v in final.counters.items():
-            rec.count(f"final/{key}", v)
-        rec.timing["real_s"] = res.metrics["wall_s"]
-    add_token_counts(res.per_task, res.trajectories, records)
-    metrics = {**res.metrics, **prepare_metrics(played, prepare_s), **tts_metrics(records)}
-    return TTSEvalResult(
-        metrics, res.per_task, res.trajectories, split=res.split, prepared=played + res.prepared, records=records
-    )
-
-
-def run_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[RehearsalRecord]:
-    """Private rehearsal, then the single real execution of each task; one complete record per task."""
-    return evaluate_with_tts(policy, tasks, cfg, samples=1).records
+    def act(self, tasks: list[Task], rollout: RolloutConfig) -> Acted:
+        step = self.cfg.tasks_in_flight or max(1, len(tasks))
+        records: list[RehearsalRecord] = []
+        for i in range(0, len(tasks), step):
+            records += rehearse(self.backend, tasks[i : i + step], self.cfg)
+            if step < len(tasks) and hasattr(self.backend, "release_all"):
+                self.backend.release_all()  # kept contexts and shared prefixes of finished tasks: memory, not results
+        # ---------------- nothing above touched a real environment; the real phase starts here ----------------
+        memory = {r.task_id: r.memory for r in records if r.memory}
+        acted = Plain(self.backend, memory).act(tasks, rollout)
+        for i, rec in enumerate(records):
+            final = acted.trajectories[i * rollout.group_size]
+            rec.final = final
+            rec.success = None if final.reward is None else bool(final.reward)
+            for key, v in final.counters.items():
+                rec.count(f"final/{key}", v)
+            rec.timing["real_s"] = acted.wall_s
+        private = {r.task_id: (attempt_tokens(r), private_tokens(r)) for r in records}
+        return replace(acted, private_tokens=private, records=records, metrics=tts_metrics(records))
 
 
 def tts_metrics(records: list[RehearsalRecord]) -> dict[str, float]:
@@ -821,7 +790,7 @@ __all__ = [
     "RehearsalRecord",
     "RehearsalMode",
     "Cut",
-    "TTSEvalResult",
+    "Rehearsing",
     "REHEARSAL_MODES",
     "MEMORY_FORMATS",
     "MemoryFormat",
@@ -838,8 +807,6 @@ __all__ = [
     "add_token_counts",
     "cap_tokens",
     "rehearse",
-    "run_tts",
-    "evaluate_with_tts",
     "tts_metrics",
     "format_record",
     "save_records",
@@ -847,3 +814,13 @@ __all__ = [
     "load_records",
     "task_header",
 ]
+
+MOVED = {"evaluate_with_tts": "budget", "run_tts": "budget", "TTSEvalResult": "trials (EvalResult, with records)"}
+"""Names that left this module (issue 30): test-time rehearsal is now a policy that ``evaluate`` runs, and what
+runs it lives above both (``envace.evaluation.budget``). Not re-exported, so this module never imports upward."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in MOVED:
+        raise AttributeError(f"envace.evaluation.tts.{name} moved to envace.evaluation.{MOVED[name]} (issue 30)")
+    raise AttributeError(f"module 'envace.evaluation.tts' has no attribute {name!r}")

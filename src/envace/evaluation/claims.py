@@ -1,0 +1,185 @@
+"""The paper's claims as contrasts of an experiment's evaluations, each with its paired difference, 95% interval
+over tasks and verdict: the first table of the experiment's report (envace.evaluation.report).
+
+:func:`paper_claims` lists them (the test-time ones at a budget N, :func:`claim_n`), :func:`measure_claim` measures
+one on the per-task outcomes of ``results.json`` (envace.evaluation.results), :func:`claim_verdict` reads its
+interval and :func:`claims_table` gives the table's rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..math.stats import fmt_p, paired_bootstrap, paired_comparison, sign_flip_p
+from .results import budget_keys, budget_label, eval_entry, per_task_outcomes
+
+Term = tuple[int, str, int, str]
+"""(coefficient, arm, N, mode) of a claim's per-task contrast: the task's mean success in that evaluation."""
+
+VERDICTS = ("holds", "does not hold", "cannot tell at this scale", "not measured")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim of the paper as a contrast of evaluations: ``sum(coef * success(arm, N, mode))`` per task, claimed
+    to be > 0 (``>``) or >= 0 (``>=``)."""
+
+    text: str
+    paper: str
+    """What the paper (or METHOD.md) reports for it."""
+    direction: str
+    terms: tuple[Term, ...]
+
+
+def paper_claims(n: int) -> list[Claim]:
+    """The claims of the report's table; the test-time ones at budget ``n``."""
+    e0 = (1, "envace", 0, "none")
+    vs = lambda arm: (-1, arm, 0, "none")  # noqa: E731
+    gain = lambda arm, mode, sign=1: ((sign, arm, n, mode), (-sign, arm, 0, "none"))  # noqa: E731
+    return [
+        Claim("EnvACE > SFT", "RL on rehearsal improves on its SFT start", ">", (e0, vs("sft"))),
+        Claim("EnvACE ≥ real-env GRPO", "tau2: 36.7 vs 31.2", ">=", (e0, vs("real_env"))),
+        Claim("shared weights ≥ per-role", "tau2: 36.7 vs 35.5", ">=", (e0, vs("per_role"))),
+        Claim("EnvACE > external simulator", "overall: 32.91 vs 20.03 (Simulator-8B)", ">", (e0, vs("simulator"))),
+        Claim(
+            "EnvACE > SFT continued (compute-matched)",
+            "not reported (METHOD.md section 6 asks for it)",
+            ">",
+            (e0, vs("sft_more")),
+        ),
+        Claim(
+            "training Rehearse helps: EnvACE > caller-only",
+            "ablation: Rehearse not trained",
+            ">",
+            (e0, vs("caller_only")),
+        ),
+        Claim(
+            f"test-time rehearsal helps EnvACE (N={n} parallel > N=0)",
+            "+4.2 (N=2 parallel)",
+            ">",
+            gain("envace", "parallel"),
+        ),
+        Claim(
+            f"TTS gain EnvACE > base (N={n} parallel)",
+            "+4.2 vs ~0",
+            ">",
+            gain("envace", "parallel") + gain("base", "parallel", -1),
+        ),
+        Claim(
+            f"TTS gain EnvACE > base (N={n} sequential)",
+            "+2.4 vs −1.8",
+            ">",
+            gain("envace", "sequential") + gain("base", "sequential", -1),
+        ),
+        Claim(
+            f"rehearsal > compute-matched plans (EnvACE, N={n} parallel vs plan)",
+            "not reported (METHOD.md section 6 asks for it)",
+            ">",
+            ((1, "envace", n, "parallel"), (-1, "envace", n, "plan")),
+        ),
+    ]
+
+
+def claim_verdict(lo: float, hi: float, direction: str = ">") -> str:
+    """The verdict of a claimed difference from its paired 95% interval [lo, hi]: ``holds`` when the interval
+    excludes 0 in the claimed direction (lo > 0), ``does not hold`` when it excludes 0 in the other direction
+    (hi < 0), else ``cannot tell at this scale``; ``not measured`` without an interval (nan). A ``>=`` claim
+    has no non-inferiority margin here, so the same rule applies: an interval that reaches below 0 cannot rule
+    out "worse", one wholly below 0 refutes it."""
+    if direction not in (">", ">="):
+        raise ValueError(f"a claim's direction is '>' or '>=', got {direction!r}")
+    if lo != lo or hi != hi:
+        return "not measured"
+    if lo > 0:
+        return "holds"
+    if hi < 0:
+        return "does not hold"
+    return "cannot tell at this scale"
+
+
+def measure_claim(
+    results: dict[str, Any], claim: Claim, resamples: int = 10_000, seed: int = 0
+) -> dict[str, Any] | None:
+    """The claim's contrast over the tasks every term was evaluated on (per-task outcomes pooled over the seeds
+    in which every term was evaluated: a test-time sweep of fewer seeds pairs its N=0 term with those seeds only): ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and
+    ``p_method``, ``n_tasks``, ``seeds``; None when some evaluation is missing. Two terms (B - A) are exactly
+    :func:`envace.math.stats.paired_comparison` (exact McNemar with one binary outcome per task); more (a difference
+    of gains) resample the per-task contrast, with a sign-flip p-value."""
+    arms = {a for _, a, _, _ in claim.terms}
+    if not arms <= set(results["arms"]):
+        return None
+    common = sorted(set.intersection(*(set(results["runs"].get(a, {})) for a in arms)), key=int)
+    seeds = [
+        s for s in common if all(eval_entry(results["runs"][a][s], n, m) is not None for _, a, n, m in claim.terms)
+    ]  # paired seed by seed
+    rows = [per_task_outcomes(results, a, n, m, seeds) for _, a, n, m in claim.terms]
+    if not seeds or not all(rows):
+        return None
+    by_id = [{r["task_id"]: r["successes"] for r in rs} for rs in rows]
+    ids = [t for t in by_id[0] if all(t in d for d in by_id[1:])]
+    if not ids:
+        return None
+    coefs = [c for c, _, _, _ in claim.terms]
+    if coefs == [1, -1]:
+        c = paired_comparison([by_id[1][t] for t in ids], [by_id[0][t] for t in ids], resamples, seed)
+        diff, ci, p, method = c["diff"], c["diff_ci"], c["p"], c["p_method"]
+    else:
+        v = np.array([sum(k * float(np.mean(d[t])) for k, d in zip(coefs, by_id)) for t in ids])  # (tasks,)
+        zero = np.zeros_like(v)
+        diff, ci, p, method = (
+            float(v.mean()),
+            paired_bootstrap(zero, v, resamples, seed),
+            sign_flip_p(zero, v, resamples, seed),
+            "sign_flip",
+        )
+    return {
+        "diff": diff,
+        "ci95": [float(ci[0]), float(ci[1])],
+        "p": p,
+        "p_method": method,
+        "n_tasks": len(ids),
+        "seeds": seeds,
+    }
+
+
+def claim_n(results: dict[str, Any]) -> int:
+    """The budget N of the test-time claims: the config's ``claim_n`` when evaluated, else the largest N > 0."""
+    ns = sorted({n for n, _ in budget_keys(results) if n > 0})
+    want = int(results["config"].get("claim_n", 2))
+    return want if want in ns or not ns else ns[-1]
+
+
+def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """One row per claim of :func:`paper_claims`: the contrast, the paper's number, the measured difference with its
+    paired 95% interval and p-value, tasks, seeds and the verdict (:func:`claim_verdict`)."""
+    head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
+    rows = []
+    for claim in paper_claims(claim_n(results)):
+        contrast = " ".join(
+            ("+ " if c > 0 else "− ") + f"{a}@{budget_label(n, m)}" for c, a, n, m in claim.terms
+        ).lstrip("+ ")
+        m = measure_claim(results, claim)
+        if m is None:
+            rows.append([claim.text, claim.paper, contrast, "–", "–", "–", "0", "0", "not measured"])
+            continue
+        lo, hi = m["ci95"]
+        rows.append(
+            [
+                claim.text,
+                claim.paper,
+                contrast,
+                f"{m['diff']:+.3f}",
+                f"[{lo:+.3f}, {hi:+.3f}]",
+                fmt_p(m["p"]),
+                str(m["n_tasks"]),
+                str(len(m["seeds"])),
+                claim_verdict(lo, hi, claim.direction),
+            ]
+        )
+    return head, rows
+
+
+__all__ = ["Term", "VERDICTS", "Claim", "paper_claims", "claim_verdict", "measure_claim", "claim_n", "claims_table"]

@@ -1,0 +1,158 @@
+"""An experiment's ``results.json`` (envace.evaluation.experiment), read: the values of an arm per seed, at a
+budget (N, mode), pooled over seeds with intervals over tasks, and the training curves. Pure functions of the dict;
+the report's tables (envace.evaluation.report) and the paper's claims (envace.evaluation.claims) read it here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from .fidelity import METRICS as FID_METRICS
+from ..math.stats import fmt_rate, rate_interval, seed_spread
+
+
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof=1; 0 for a single value). Empty -> (nan, nan)."""
+    if not len(xs):
+        return float("nan"), float("nan")
+    a = np.asarray(xs, dtype=float)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def fmt_ms(ms: tuple[float, float], digits: int = 3) -> str:
+    m, s = ms
+    if m != m:  # nan
+        return "–"
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def seed_runs(results: dict[str, Any], arm: str) -> list[dict[str, Any]]:
+    """The arm's run record of each seed, in seed order."""
+    return [results["runs"][arm][s] for s in sorted(results["runs"].get(arm, {}), key=int)]
+
+
+def eval_values(results: dict[str, Any], arm: str, n: int, mode: str, metric: str) -> list[float]:
+    """The metric of an arm at budget (n, mode), one value per seed."""
+    out = []
+    for rec in seed_runs(results, arm):
+        for e in rec["evals"]:
+            if e["n"] == n and (n == 0 or e["mode"] == mode) and metric in e["metrics"]:
+                out.append(float(e["metrics"][metric]))
+    return out
+
+
+def eval_entry(rec: dict[str, Any], n: int, mode: str) -> dict[str, Any] | None:
+    return next((e for e in rec["evals"] if e["n"] == n and (n == 0 or e["mode"] == mode)), None)
+
+
+def per_task_outcomes(
+    results: dict[str, Any], arm: str, n: int, mode: str, seeds: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The arm's per-task rows at budget (n, mode), each task's ``successes`` pooled over the seeds (every seed
+    evaluates the same held-out tasks), in task order; ``seeds`` restricts the pool. Empty when some seed's
+    evaluation kept no per-task outcomes (results written before they were recorded)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for s in sorted(results["runs"].get(arm, {}), key=int):
+        if seeds is not None and s not in seeds:
+            continue
+        e = eval_entry(results["runs"][arm][s], n, mode)
+        if e is None:
+            continue
+        if "per_task" not in e:
+            return []
+        for r in e["per_task"]:
+            row = rows.setdefault(
+                r["task_id"], {k: v for k, v in r.items() if k in ("task_id", "domain", "kind")} | {"successes": []}
+            )
+            row["successes"] = row["successes"] + list(r["successes"])
+    return list(rows.values())
+
+
+def success_cell(results: dict[str, Any], arm: str, n: int, mode: str, spread: bool = False) -> str:
+    """``rate [95% CI]``: the success rate of the arm's per-task outcomes pooled over seeds with its Wilson
+    interval over tasks (envace.math.stats.rate_interval); ``spread`` appends ``· sd X`` over seeds when there are
+    several. Results without per-task outcomes fall back to mean ± std over seeds."""
+    rows = per_task_outcomes(results, arm, n, mode)
+    per_seed = eval_values(results, arm, n, mode, "success_rate")
+    if not rows:
+        return fmt_ms(mean_std(per_seed))
+    cell = fmt_rate(*rate_interval([r["successes"] for r in rows]))
+    return cell + (f" · sd {mean_std(per_seed)[1]:.3f}" if spread and len(per_seed) > 1 else "")
+
+
+def seed_cell(values: Sequence[float], digits: int = 3) -> str:
+    """Spread over seeds: ``mean ± std (min–max)``; one seed: its value; none: ``–``."""
+    sp = seed_spread(values)
+    if not sp["n"]:
+        return "–"
+    if sp["n"] == 1:
+        return f"{sp['mean']:.{digits}f}"
+    return f"{sp['mean']:.{digits}f} ± {sp['std']:.{digits}f} ({sp['min']:.{digits}f}–{sp['max']:.{digits}f})"
+
+
+def budget_keys(results: dict[str, Any]) -> list[tuple[int, str]]:
+    """Every (N, mode) evaluated, in order."""
+    keys: list[tuple[int, str]] = []
+    for arm in results["arms"]:
+        for rec in seed_runs(results, arm):
+            for e in rec["evals"]:
+                k = (int(e["n"]), e["mode"])
+                if k not in keys:
+                    keys.append(k)
+    return sorted(keys)
+
+
+def fidelity_values(
+    results: dict[str, Any], arm: str, group: str = "overall", name: str | None = None
+) -> dict[str, list[float]]:
+    """Per-seed fidelity metrics of an arm: overall, or one entry of by_domain / by_tool."""
+    out: dict[str, list[float]] = {k: [] for k in ("n", *FID_METRICS)}
+    for rec in seed_runs(results, arm):
+        f = rec.get("fidelity")
+        if not f:
+            continue
+        s = f["overall"] if group == "overall" else f.get(group, {}).get(name)
+        if not s or not s.get("n"):
+            continue
+        for k in out:
+            out[k].append(float(s[k]))
+    return out
+
+
+def curve(results: dict[str, Any], arm: str, key: str) -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean, std) of a training metric over seeds, at the steps every seed logged."""
+    per_seed = [
+        {int(m["step"]): float(m[key]) for m in rec.get("curve") or [] if key in m} for rec in seed_runs(results, arm)
+    ]
+    per_seed = [d for d in per_seed if d]
+    if not per_seed:
+        return [], [], []
+    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+    ms = [mean_std([d[s] for d in per_seed]) for s in steps]
+    return steps, [m for m, _ in ms], [s for _, s in ms]
+
+
+MODE_SHORT = {"parallel": "par", "sequential": "seq"}
+
+
+def budget_label(n: int, mode: str) -> str:
+    return "N=0" if n == 0 else f"N={n} {MODE_SHORT.get(mode, mode)}"
+
+
+__all__ = [
+    "seed_runs",
+    "mean_std",
+    "fmt_ms",
+    "eval_values",
+    "eval_entry",
+    "per_task_outcomes",
+    "success_cell",
+    "seed_cell",
+    "budget_keys",
+    "budget_label",
+    "fidelity_values",
+    "curve",
+    "MODE_SHORT",
+]
