@@ -60,9 +60,10 @@ from ..chat.parsing import TOOL_CALL_RE, TOOL_FORMATS
 from ..chat.prompts import ACT_INSTRUCTIONS
 from ..core.registry import Registry
 from ..core.types import Message, Step, ToolSpec, Trajectory
+from ..rollout.modes import MODES
 
-REAL_MODES = frozenset({"real"})
-"""Rollout modes whose observations come from the real environment (envace.rollout.engine.OBSERVERS)."""
+REAL_MODES = frozenset(name for name in MODES if MODES.get(name).needs_env)
+"""Rollout modes whose observations come from the real environment (envace.rollout.modes.MODES)."""
 
 TOOLS_HEADER = "# Tools\n"  # envace.chat.prompts.act_system: the tools block, one JSON object per line
 
