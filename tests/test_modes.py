@@ -8,7 +8,7 @@ from envace.chat.prompts import REHEARSE_SYSTEM
 from envace.core.registry import UnknownNameError
 from envace.envs import ENVS, load_tasks, make_env
 from envace.rollout.engine import RolloutConfig, RolloutEngine
-from envace.rollout.modes import MODES, Observer, RolloutMode
+from envace.rollout.modes import MODES, Answer, Observer, RolloutMode
 from envace.rollout.variants import VARIANTS
 
 OPENED: list[str] = []  # task id of every real environment opened
@@ -115,8 +115,8 @@ class _Fixed(Observer):
 
     streams_with_policy = True
 
-    def observe(self, engine, items):
-        return [({"fixed": True}, "fixed") for _ in items]
+    def observe(self, engine, asks):
+        return [Answer({"fixed": True}, "fixed") for _ in asks]
 
 
 def test_a_new_mode_is_one_entry_and_no_engine_change(tokenizer, tasks):

@@ -74,9 +74,9 @@ from ..chat.prompts import (
     tool_message_content,
 )
 from ..core.registry import Registry
-from .modes import MODES, Observer, RehearseContext
 from ..core.seeding import derive_seed
 from ..core.types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
+from .modes import MODES, Answer, Observer, RehearseContext
 
 
 def rehearse_sampling(max_new_tokens: int = 160) -> SamplingParams:
@@ -176,7 +176,7 @@ class _Live:
     task: Task
     traj: Trajectory
     act_ids: list[int]
-    rehearse: RehearseContext
+    rehearse: RehearseContext  # what the observer answers Act's calls from
     user: UserSimulator
     env: Environment | None = None  # real env (real mode) or shadow copy
     turn: int = 0
@@ -325,7 +325,9 @@ class RolloutEngine:
                 task=task,
                 traj=traj,
                 act_ids=self.fmt.opening(system, task.tools if self.native_tools else None),
-                rehearse=RehearseContext.opening(self.fmt, rsys),
+                rehearse=RehearseContext.opening(
+                    self.fmt, rsys, traj.id + "/rehearse", env if self.rollout_mode.needs_env else None
+                ),
                 user=user,
                 env=env,
             )
@@ -417,7 +419,7 @@ class RolloutEngine:
         """Drop the backends' kept contexts (keys/values) of these trajectories: called as soon as each one is done,
         so that memory follows the trajectories still running, not every trajectory of the call (100 finished
         2k-token contexts of SmolLM2-135M hold ~9 GB)."""
-        sessions = [s for lv in lives for s in (lv.traj.id + "/act", lv.traj.id + "/rehearse")]
+        sessions = [s for lv in lives for s in (lv.traj.id + "/act", lv.rehearse.session)]
         self.policy.release(sessions)
         self.observer.release(sessions)
 
@@ -435,16 +437,15 @@ class RolloutEngine:
         if not self._fits(len(lv.act_ids), self.cfg.act):
             self._truncate(lv, "context", "act")
 
-    def _observer_input(self, lv: _Live, call: ToolCall) -> list[int] | None:
-        """What the observer answers ``call`` from: its Rehearse context when the observer rehearses (else []);
-        None, with the trajectory truncated (``context:rehearse``), when that context does not fit."""
+    def _ask(self, lv: _Live, call: ToolCall) -> bool:
+        """Ready the Rehearse context to be asked ``call`` (its prompt, when the observer rehearses); False, with the
+        trajectory truncated (``context:rehearse``), when that prompt does not fit."""
         if not self.observer.rehearses:
-            return []
-        prompt = self.rehearse_prompt(lv, call)
-        if not self._fits(len(prompt), self.cfg.rehearse):
+            return True
+        if not self._fits(len(self.rehearse_prompt(lv, call)), self.cfg.rehearse):
             self._truncate(lv, "context", "rehearse")
-            return None
-        return prompt
+            return False
+        return True
 
     def _close_step(self, lv: _Live) -> None:
         own = lv.task.metadata.get("max_steps")  # the task's own protocol (BFCL single-turn: one response), not a cut
@@ -479,7 +480,7 @@ class RolloutEngine:
             if kind == "act":
                 self._take_act(lv, req.prompt, g)
             else:
-                self._record(lv, lv.calls[len(lv.results)], *self.observer.receive(self, lv, req.prompt, g))
+                self._take(lv, lv.calls[len(lv.results)], self.observer.receive(self, lv.rehearse, g))
             nxt = self._next_request(lv)
             return ([nxt] if nxt is not None else []) + (self._start_requests(runs, bar) if lv.done else [])
 
@@ -508,14 +509,14 @@ class RolloutEngine:
                 call = lv.calls[len(lv.results)]
                 if self._answer_locally(lv, call):
                     continue
-                prompt = self._observer_input(lv, call)
-                if prompt is None:  # the Rehearse context does not fit: truncated
+                if not self._ask(lv, call):  # the Rehearse context does not fit: truncated
                     break
-                req = self.observer.request(self, lv, prompt)
+                req = self.observer.request(self, lv.rehearse, call)
                 if req is not None:  # a generation joining the running batch
+                    req.tag = (lv, "rehearse")
                     return req
-                ((obs, source),) = self.observer.observe(self, [(lv, call, prompt)])
-                self._record(lv, call, obs, source)
+                (answer,) = self.observer.observe(self, [(lv.rehearse, call)])
+                self._take(lv, call, answer)
             self._finish_calls(lv)
             lv.open_step = False
             self._close_step(lv)
@@ -580,14 +581,24 @@ class RolloutEngine:
             for lv in live:
                 if lv.done or j >= len(lv.calls) or self._answer_locally(lv, lv.calls[j]):
                     continue
-                prompt = self._observer_input(lv, lv.calls[j])
-                if prompt is not None:  # else truncated: its Rehearse context does not fit
-                    todo.append((lv, lv.calls[j], prompt))
+                if self._ask(lv, lv.calls[j]):  # else truncated: its Rehearse context does not fit
+                    todo.append(lv)
             if todo:
-                for (lv, call, _), (obs, source) in zip(todo, self.observer.observe(self, todo)):
-                    self._record(lv, call, obs, source)
+                answers = self.observer.observe(self, [(lv.rehearse, lv.calls[j]) for lv in todo])
+                for lv, answer in zip(todo, answers):
+                    self._take(lv, lv.calls[j], answer)
         for lv in live:
             self._finish_calls(lv)
+
+    def _take(self, lv: _Live, call: ToolCall, answer: Answer) -> None:
+        """An observer's answer: its Rehearse generation as a row, its counters and text in the trajectory."""
+        if answer.generation is not None:
+            lv.traj.rows.append(self.row("rehearse", lv, lv.rehearse.prompt, answer.generation))
+        for name in answer.counts:
+            lv.traj.count(name)
+        if answer.text is not None:
+            lv.traj.steps[-1].rehearse_texts.append(answer.text)
+        self._record(lv, call, answer.observation, answer.source)
 
     def _record(self, lv: _Live, call: ToolCall, obs: Any, source: str) -> None:
         """One answered call of the current step (with its shadow observation, in shadow mode)."""

@@ -15,7 +15,8 @@ keeps them (:meth:`RolloutMode.helpers`) instead of branching on mode names; the
 it streams with the policy, never its class.
 
 Rehearse's side of a trajectory is one object, :class:`RehearseContext`: its token ids, the same context as chat
-messages, and the transcript lines Act's side added since Rehearse last saw it.
+messages, the transcript lines Act's side added since Rehearse last saw it (and the real environment, in a mode
+that needs one). An observer answers ``(context, call)`` pairs with :class:`Answer` s, which the engine records.
 """
 
 from __future__ import annotations
@@ -28,25 +29,34 @@ from ..backends.base import Backend, Request
 from ..chat.parsing import parse_observation
 from ..chat.prompts import ChatFormat, rehearse_user_message
 from ..core.registry import Registry
-from ..core.types import ToolCall, ToolSpec
+from ..core.types import Generation, ToolCall, ToolSpec
+from ..envs import Environment
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
-    from .engine import RolloutEngine, _Live
+    from .engine import RolloutEngine
 
 
 @dataclass
 class RehearseContext:
-    """Rehearse's side of one trajectory: its context as token ids and as chat messages (a model answering through
-    ``chat`` sees the messages), and the transcript lines Act's side added since Rehearse last saw it."""
+    """What answers Act's calls sees of one trajectory: Rehearse's context as token ids and as chat messages (a
+    model answering through ``chat`` sees the messages), the transcript lines Act's side added since Rehearse last
+    saw it, the prompt of the call being asked, and, in a mode that needs one, the real environment."""
 
     ids: list[int]
     messages: list[dict[str, str]]
+    session: str
+    """The backends' session of Rehearse's context (its kept keys/values)."""
     pending: list[str] = field(default_factory=list)
+    prompt: list[int] = field(default_factory=list)
+    """The prompt of the last :meth:`ask` (the call being answered)."""
+    env: Environment | None = None
+    """The real environment where Act's calls run (a mode that ``needs_env``), else None."""
 
     @classmethod
-    def opening(cls, fmt: ChatFormat, system: str) -> "RehearseContext":
+    def opening(cls, fmt: ChatFormat, system: str, session: str, env: Environment | None) -> "RehearseContext":
         """The context of a new trajectory: Rehearse's system turn."""
-        return cls(ids=fmt.message("system", system, first=True), messages=[{"role": "system", "content": system}])
+        ids = fmt.message("system", system, first=True)
+        return cls(ids=ids, messages=[{"role": "system", "content": system}], session=session, env=env)
 
     def note(self, *lines: str) -> None:
         """Transcript lines (``[user] ...``, ``[assistant] ...``, ``[tool] ...``) shown with the next call."""
@@ -58,7 +68,8 @@ class RehearseContext:
         content = rehearse_user_message(self.pending, call, tool)
         self.pending = []
         self.messages.append({"role": "user", "content": content})
-        return self.ids + fmt.message("user", content) + fmt.generation_prompt()
+        self.prompt = self.ids + fmt.message("user", content) + fmt.generation_prompt()
+        return self.prompt
 
     def answered(self, ids: list[int], text: str) -> None:
         """Rehearse's answer taken: ``ids`` is the context up to and including it."""
@@ -66,28 +77,41 @@ class RehearseContext:
         self.messages.append({"role": "assistant", "content": text})
 
 
+@dataclass(frozen=True)
+class Answer:
+    """An observer's answer to one call; the engine records it in the trajectory."""
+
+    observation: Any
+    source: str
+    """Who answered, as the step records it (``rehearsed``, ``simulator``, ``real``, ...)."""
+    text: str | None = None
+    """What Rehearse wrote (kept in the step's ``rehearse_texts``), None where nothing was written."""
+    generation: Generation | None = None
+    """A token-level Rehearse generation: recorded as a row of role ``rehearse`` (from the context's prompt)."""
+    counts: tuple[str, ...] = ()
+    """Counters to add to the trajectory, in order."""
+
+
 class Observer(ABC):
-    """Answers Act's calls: ``observe`` takes a batch of (live trajectory, call, Rehearse prompt) items."""
+    """Answers Act's calls, each from ``(context, call)``: the trajectory's :class:`RehearseContext` and the call."""
 
     rehearses = False
-    """Answers from a Rehearse prompt (:meth:`RehearseContext.ask`), which the engine builds and bounds first."""
+    """Answers from the context's prompt (:meth:`RehearseContext.ask`), which the engine builds and bounds first."""
     streams_with_policy = False
     """Can join the policy's continuous batch: answers at once without a model (:meth:`request` is None), or
     generates with the policy's own backend (:meth:`request` / :meth:`receive`)."""
 
     @abstractmethod
-    def observe(
-        self, engine: "RolloutEngine", items: list[tuple["_Live", ToolCall, list[int]]]
-    ) -> list[tuple[Any, str]]:
-        """Return (observation, source) per item. The token ids are the call's Rehearse prompt (it fits
-        ``max_context_tokens``) when the observer ``rehearses``, else empty."""
+    def observe(self, engine: "RolloutEngine", asks: list[tuple[RehearseContext, ToolCall]]) -> list[Answer]:
+        """One answer per ``(context, call)``, in order (a batch: one generation call at most)."""
 
-    def request(self, engine: "RolloutEngine", lv: "_Live", prompt: list[int]) -> Request | None:
-        """The policy generation that answers the call (continuous batching), or None: :meth:`observe` answers."""
+    def request(self, engine: "RolloutEngine", context: RehearseContext, call: ToolCall) -> Request | None:
+        """The policy generation that answers the call (continuous batching; its ``tag`` is the engine's to set),
+        or None: :meth:`observe` answers."""
         return None
 
-    def receive(self, engine: "RolloutEngine", lv: "_Live", prompt: list[int], g: Any) -> tuple[Any, str]:
-        """The (observation, source) of a finished :meth:`request`."""
+    def receive(self, engine: "RolloutEngine", context: RehearseContext, g: Generation) -> Answer:
+        """The answer of a finished :meth:`request`."""
         raise NotImplementedError(f"{type(self).__name__} makes no requests")
 
     def release(self, sessions: list[str]) -> None:
@@ -99,8 +123,8 @@ class RealObserver(Observer):
 
     streams_with_policy = True
 
-    def observe(self, engine, items):
-        return [(lv.env.call(call), "real") for lv, call, _ in items]
+    def observe(self, engine, asks):
+        return [Answer(context.env.call(call), "real") for context, call in asks]
 
 
 class RehearseObserver(Observer):
@@ -112,30 +136,22 @@ class RehearseObserver(Observer):
         self.backend = backend
         self.streams_with_policy = backend is policy  # its generations join the policy's continuous batch
 
-    def observe(self, engine, items):
-        reqs = [self._request(engine, lv, prompt) for lv, _, prompt in items]
-        gens = self.backend.generate([r.prompt for r in reqs], engine.params("rehearse"), [r.session for r in reqs])
-        return [self.receive(engine, lv, r.prompt, g) for (lv, _, _), r, g in zip(items, reqs, gens)]
+    def observe(self, engine, asks):
+        prompts, sessions = [c.prompt for c, _ in asks], [c.session for c, _ in asks]
+        gens = self.backend.generate(prompts, engine.params("rehearse"), sessions)
+        return [self.receive(engine, context, g) for (context, _), g in zip(asks, gens)]
 
-    def request(self, engine, lv, prompt):
-        return self._request(engine, lv, prompt) if self.streams_with_policy else None
+    def request(self, engine, context, call):
+        if not self.streams_with_policy:
+            return None
+        return Request(prompt=context.prompt, params=engine.cfg.rehearse, session=context.session)
 
-    def _request(self, engine: "RolloutEngine", lv: "_Live", prompt: list[int]) -> Request:
-        return Request(
-            prompt=prompt, params=engine.cfg.rehearse, session=lv.traj.id + "/rehearse", tag=(lv, "rehearse")
-        )
-
-    def receive(self, engine, lv, prompt, g):
-        """Record a Rehearse generation (a row, the Rehearse context) and parse it into the observation."""
-        lv.traj.rows.append(engine.row("rehearse", lv, prompt, g))
+    def receive(self, engine, context, g):
+        """Parse a Rehearse generation into the observation; the context goes on after it."""
         obs, err = parse_observation(g.text)
-        if err:
-            lv.traj.count("rehearse/parse_errors")
-        if g.finish_reason == "length":
-            lv.traj.count("rehearse/truncated")
-        lv.rehearse.answered(prompt + g.token_ids + engine.fmt.close_completion(g.token_ids), g.text)
-        lv.traj.steps[-1].rehearse_texts.append(g.text)
-        return obs, "rehearsed"
+        counts = ("rehearse/parse_errors",) * bool(err) + ("rehearse/truncated",) * (g.finish_reason == "length")
+        context.answered(context.prompt + g.token_ids + engine.fmt.close_completion(g.token_ids), g.text)
+        return Answer(obs, "rehearsed", text=g.text, generation=g, counts=counts)
 
     def release(self, sessions):
         if not self.streams_with_policy:  # the policy's own sessions the engine releases itself
@@ -151,19 +167,17 @@ class SimulatorObserver(Observer):
     def __init__(self, backend: Backend):
         self.backend = backend
 
-    def observe(self, engine, items):
-        convs = [list(lv.rehearse.messages) for lv, _, _ in items]
-        texts = self.backend.chat(convs, engine.params("rehearse"))
+    def observe(self, engine, asks):
+        texts = self.backend.chat([list(context.messages) for context, _ in asks], engine.params("rehearse"))
         n_gen = len(engine.fmt.generation_prompt())
         out = []
-        for (lv, _, prompt), text in zip(items, texts):
+        for (context, _), text in zip(asks, texts):
             obs, err = parse_observation(text)
-            if err:
-                lv.traj.count("simulator/parse_errors")
             # the chat, as the context bound counts it
-            lv.rehearse.answered(prompt[: len(prompt) - n_gen] + engine.fmt.message("assistant", text), text)
-            lv.traj.steps[-1].rehearse_texts.append(text)
-            out.append((obs, "simulator"))
+            context.answered(
+                context.prompt[: len(context.prompt) - n_gen] + engine.fmt.message("assistant", text), text
+            )
+            out.append(Answer(obs, "simulator", text=text, counts=("simulator/parse_errors",) * bool(err)))
         return out
 
 
@@ -238,6 +252,7 @@ MODES.add(
 
 __all__ = [
     "MODES",
+    "Answer",
     "Observer",
     "RealObserver",
     "RehearseContext",
