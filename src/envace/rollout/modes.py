@@ -204,7 +204,7 @@ class RolloutMode:
 
     @property
     def trained_models(self) -> tuple[str, ...]:
-        """The models training updates and every checkpoint saves (its sub-folders): ``policy``, and a trained helper."""
+        """The models training updates and every checkpoint saves (its sub-folders): ``policy``, a trained helper."""
         return ("policy", self.helper) if self.trained and self.helper else ("policy",)
 
     @property

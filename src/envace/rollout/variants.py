@@ -35,7 +35,7 @@ class Variant:
 
     @property
     def trained_models(self) -> tuple[str, ...]:
-        """The models training updates and every checkpoint saves (its sub-folders): ``policy``, and a trained helper."""
+        """The models training updates and every checkpoint saves (its sub-folders): its mode's trained models."""
         return self.rollout_mode.trained_models
 
     @property
@@ -51,7 +51,7 @@ class Variant:
         return self.mode if self.rollout_mode.helper else "rehearsal"
 
     def model_of(self, role: str) -> str:
-        """The trained model that rows of ``role`` update: Rehearse rows a trained helper, everything else the policy."""
+        """The trained model that rows of ``role`` update: Rehearse rows a trained helper, all else the policy."""
         r = self.rollout_mode
         return r.helper if role == "rehearse" and r.trained and r.helper else "policy"
 
