@@ -140,15 +140,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _helpers(cfg: Any) -> dict[str, Any]:
-    """The RolloutEngine keywords of ``cfg.mode`` (envace.rollout.variants.REHEARSERS): the model that answers Act's calls
+    """The RolloutEngine keywords of ``cfg.mode`` (envace.rollout.modes.MODES): the model that answers Act's calls
     besides the policy, frozen, named by the config field of the same name (``cfg.rehearser``, ``cfg.simulator``),
     by default ``cfg.model`` (a checkpoint's own ``rehearser/`` for per_role); {} for rehearsal and real."""
     from .backends.loaders import frozen_backend
-    from .rollout.variants import REHEARSERS
+    from .rollout.modes import MODES
 
-    return REHEARSERS.get(cfg.mode).helpers(
-        lambda helper, role: frozen_backend(getattr(cfg, helper) or cfg.model, role)
-    )
+    return MODES.get(cfg.mode).helpers(lambda helper, role: frozen_backend(getattr(cfg, helper) or cfg.model, role))
 
 
 def cmd_fidelity(cfg: Any) -> int:

@@ -64,7 +64,7 @@ from ..config import (
 from ..core.precision import bf16_setting
 from ..core.registry import Registry
 from ..rollout.engine import RolloutConfig, rehearse_sampling
-from ..rollout.variants import REHEARSERS
+from ..rollout.modes import MODES
 
 PLAN_MATCHES = "parallel"
 """The rehearsal mode whose attempt tokens set the plan baseline's budget at the same N (the claims compare the
@@ -247,7 +247,7 @@ class ArmModels:
     simulator: str | None = None
     """The frozen external simulator of the simulator arm."""
     mode: str = "rehearsal"
-    """The rollout mode in which its models rehearse (fidelity; envace.rollout.variants.REHEARSERS): rehearsal (the policy),
+    """The rollout mode in which its models rehearse (fidelity; envace.rollout.modes.MODES): rehearsal (the policy),
     per_role (``rehearser``) or simulator (``simulator``): each helper is the field named as its engine keyword."""
     curve: list[dict[str, Any]] = field(default_factory=list)
     """Training metrics, one dict per step (empty for untrained arms)."""
@@ -505,7 +505,7 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
     from .fidelity import measure_fidelity
 
     ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
-    extra = REHEARSERS.get(models.mode).helpers(lambda helper, role: arm_backend(cfg, getattr(models, helper)))
+    extra = MODES.get(models.mode).helpers(lambda helper, role: arm_backend(cfg, getattr(models, helper)))
     fcfg = dataclasses.replace(
         cfg.rollout, mode=models.mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress
     )

@@ -59,9 +59,10 @@ from typing import Any, Iterator
 
 from ..chat.records import CONTENT, DEFAULT_TARGET, SYSTEM, TARGETS, TOOLS_HEADER, Target, task_system
 from ..core.types import ToolSpec, Trajectory
+from ..rollout.modes import MODES
 
-REAL_MODES = frozenset({"real"})
-"""Rollout modes whose observations come from the real environment (envace.rollout.engine.OBSERVERS)."""
+REAL_MODES = frozenset(name for name in MODES if MODES.get(name).needs_env)
+"""Rollout modes whose observations come from the real environment (envace.rollout.modes.MODES)."""
 
 
 def tools_from_system(text: str) -> list[dict[str, Any]]:

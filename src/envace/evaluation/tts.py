@@ -317,7 +317,7 @@ class _Rehearsal:
     ) -> list[Trajectory]:
         """One rollout batch of self-rehearsed attempts for all tasks (grouped task by task)."""
         engine = RolloutEngine(self.policy, self.cfg.attempt_rollout(group_size, attempt), memory=memory)
-        if engine.observer.needs_env or engine.cfg.shadow:  # the firewall, checked at run time too
+        if engine.rollout_mode.needs_env or engine.cfg.shadow:  # the firewall, checked at run time too
             raise RuntimeError("rehearsal attempts must not use a real environment")
         return engine.run(tasks, group_prefix=f"tts{attempt}-")
 

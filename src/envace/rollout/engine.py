@@ -1,6 +1,7 @@
 """World-rehearsal rollouts: K trajectories for each of B tasks, batched continuously (default) or in lockstep rounds.
 
-One loop serves every mode; the mode only decides where observations come from (an :class:`Observer`):
+One loop serves every mode; the mode (an entry of ``envace.rollout.modes.MODES``) only decides where observations
+come from (its :class:`Observer`, which also says whether it streams with the policy):
 
 - ``rehearsal`` (EnvACE): the policy's own weights, in a separate Rehearse context, produce the observation;
   those generations are rows with role ``rehearse`` and are trained on.
@@ -48,7 +49,6 @@ from __future__ import annotations
 
 import functools
 import json
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -61,7 +61,6 @@ from ..chat.parsing import (
     OBS_CLOSE,
     TOOL_FORMATS,
     format_observation,
-    parse_observation,
     strip_thinking,
     tool_format_for,
     validate_call,
@@ -72,12 +71,12 @@ from ..chat.prompts import (
     ChatFormat,
     act_system,
     rehearse_system,
-    rehearse_user_message,
     tool_message_content,
 )
 from ..core.registry import Registry
 from ..core.seeding import derive_seed
 from ..core.types import Message, Row, Step, Task, ToolCall, Trajectory, error_obs
+from .modes import MODES, Answer, Observer, RehearseContext
 
 
 def rehearse_sampling(max_new_tokens: int = 160) -> SamplingParams:
@@ -156,8 +155,8 @@ class RolloutConfig:
     progress: bool = False
 
     def __post_init__(self) -> None:
-        if self.mode not in OBSERVERS:
-            OBSERVERS.get(self.mode)  # raises with the valid names
+        if self.mode not in MODES:
+            MODES.get(self.mode)  # raises with the valid names
         if self.schedule not in SCHEDULES:
             SCHEDULES.get(self.schedule)
         if self.chat_format is not None and self.chat_format not in CHAT_FORMATS:
@@ -177,117 +176,17 @@ class _Live:
     task: Task
     traj: Trajectory
     act_ids: list[int]
-    reh_ids: list[int]
-    reh_messages: list[dict[str, str]]
+    rehearse: RehearseContext  # what the observer answers Act's calls from
     user: UserSimulator
     env: Environment | None = None  # real env (real mode) or shadow copy
     turn: int = 0
     steps_in_turn: int = 0
-    reh_pending: list[str] = field(default_factory=list)  # transcript lines not yet shown to Rehearse
     done: bool = False
     calls: list[ToolCall] = field(default_factory=list)  # calls of the current step awaiting observations
     results: list[tuple[ToolCall, Any, str, Any]] = field(default_factory=list)  # their answers so far
     open_step: bool = False  # an Act generation was taken and its step is not closed yet (continuous)
     act_turns: list[tuple[int, int, str]] = field(default_factory=list)  # Act's turns since the last user message:
     # (start, end) of each in act_ids and its content as the template is given it (ChatFormat.opened + the text)
-
-
-class Observer(ABC):
-    """Produces observations for a batch of (live trajectory, call, Rehearse context) items."""
-
-    needs_env = False
-    rehearses = False  # answers from a Rehearse context, which the engine builds and bounds before asking
-
-    @abstractmethod
-    def observe(self, engine: "RolloutEngine", items: list[tuple[_Live, ToolCall, list[int]]]) -> list[tuple[Any, str]]:
-        """Return (observation, source) per item. The token ids are the call's Rehearse context (it fits
-        ``max_context_tokens``) when the observer ``rehearses``, else empty."""
-
-
-OBSERVERS: Registry[Callable[..., Observer]] = Registry("rollout mode")
-
-
-class RealObserver(Observer):
-    needs_env = True
-
-    def observe(self, engine, items):
-        return [(lv.env.call(call), "real") for lv, call, _ in items]
-
-
-class RehearseObserver(Observer):
-    """The Rehearse role of a token-level backend (the policy itself, or a second model in per_role mode)."""
-
-    rehearses = True
-
-    def __init__(self, backend: Backend):
-        self.backend = backend
-
-    def observe(self, engine, items):
-        reqs = [self.request(engine, lv, prompt) for lv, _, prompt in items]
-        gens = self.backend.generate([r.prompt for r in reqs], engine.params("rehearse"), [r.session for r in reqs])
-        return [self.receive(engine, lv, r.prompt, g) for (lv, _, _), r, g in zip(items, reqs, gens)]
-
-    def request(self, engine: "RolloutEngine", lv: _Live, prompt: list[int]) -> Request:
-        """The Rehearse generation from ``prompt`` (the call's Rehearse context, see ``RolloutEngine.rehearse_prompt``)."""
-        return Request(
-            prompt=prompt, params=engine.cfg.rehearse, session=lv.traj.id + "/rehearse", tag=(lv, "rehearse")
-        )
-
-    def receive(self, engine: "RolloutEngine", lv: _Live, prompt: list[int], g: Any) -> tuple[Any, str]:
-        """Record a Rehearse generation (a row, the Rehearse context) and parse it into the observation."""
-        lv.traj.rows.append(engine.row("rehearse", lv, prompt, g))
-        obs, err = parse_observation(g.text)
-        if err:
-            lv.traj.count("rehearse/parse_errors")
-        if g.finish_reason == "length":
-            lv.traj.count("rehearse/truncated")
-        lv.reh_ids = prompt + g.token_ids + engine.fmt.close_completion(g.token_ids)
-        lv.reh_messages.append({"role": "assistant", "content": g.text})
-        lv.traj.steps[-1].rehearse_texts.append(g.text)
-        return obs, "rehearsed"
-
-
-class SimulatorObserver(Observer):
-    """A separate frozen model answers through ``chat`` (any backend: HF, HTTP ...). No rows. It sees the
-    Rehearse context as a chat (``lv.reh_messages``, which building the context extended by the call)."""
-
-    rehearses = True
-
-    def __init__(self, backend: Backend):
-        self.backend = backend
-
-    def observe(self, engine, items):
-        convs = [list(lv.reh_messages) for lv, _, _ in items]
-        texts = self.backend.chat(convs, engine.params("rehearse"))
-        n_gen = len(engine.fmt.generation_prompt())
-        out = []
-        for (lv, _, prompt), text in zip(items, texts):
-            obs, err = parse_observation(text)
-            if err:
-                lv.traj.count("simulator/parse_errors")
-            lv.reh_messages.append({"role": "assistant", "content": text})
-            lv.reh_ids = prompt[: len(prompt) - n_gen] + engine.fmt.message(
-                "assistant", text
-            )  # the chat, as the bound counts it
-            lv.traj.steps[-1].rehearse_texts.append(text)
-            out.append((obs, "simulator"))
-        return out
-
-
-OBSERVERS.add("real", lambda policy, **kw: RealObserver())
-OBSERVERS.add("rehearsal", lambda policy, **kw: RehearseObserver(policy))
-
-
-def _per_role(policy: Backend, rehearser: Backend | None = None, **kw: Any) -> Observer:
-    if rehearser is None:
-        raise ValueError("mode 'per_role' needs a second backend for the Rehearse role (rehearser=...)")
-    return RehearseObserver(rehearser)
-
-
-def _simulator(policy: Backend, simulator: Backend | None = None, **kw: Any) -> Observer:
-    if simulator is None:
-        raise ValueError("mode 'simulator' needs a frozen simulator backend (simulator=...)")
-    return SimulatorObserver(simulator)
 
 
 class _Runs:
@@ -300,7 +199,7 @@ class _Runs:
         self.lives: list[_Live] = []  # started, in order
         self.ended: set[int] = set()  # id() of the ended ones
         self.alive: dict[str, int] = {}  # environment kind -> environments open
-        self.needs_env = engine.observer.needs_env or engine.cfg.shadow
+        self.needs_env = engine.rollout_mode.needs_env or engine.cfg.shadow
 
     def _kind(self, task: Task) -> tuple[str, int | None]:
         return task.env.split(":", 1)[0], alive_bound(task) if self.needs_env else None
@@ -355,9 +254,6 @@ class _Runs:
                     pass
 
 
-OBSERVERS.add("per_role", _per_role)
-OBSERVERS.add("simulator", _simulator)
-
 # name -> fn(engine, runs, progress bar): drives the trajectories of a run (_Runs) to the end (see RolloutConfig.schedule)
 SCHEDULES: Registry[Callable[..., None]] = Registry("rollout schedule")
 SCHEDULES.add("lockstep", lambda engine, runs, bar: engine._run_lockstep(runs, bar))
@@ -394,7 +290,8 @@ class RolloutEngine:
         self.native_tools = self.fmt.uses_native_tools(cfg.native_tools)  # the template renders Act's tools
         self.thinking_history = self.fmt.thinking_history(cfg.thinking_history)  # keep | strip (None: the template's)
         self._earlier = THINKING_HISTORY.get(self.thinking_history)  # content -> as written once a user follows
-        self.observer = OBSERVERS.get(cfg.mode)(policy, rehearser=rehearser, simulator=simulator)
+        self.rollout_mode = MODES.get(cfg.mode)  # who answers Act's calls; needs a real environment or not
+        self.observer = self.rollout_mode.build(cfg.mode, policy, {"rehearser": rehearser, "simulator": simulator})
         self.memory = memory or {}  # task id -> rehearsal memory shown to Act (test-time scaling)
         self._calls = 0
 
@@ -418,19 +315,20 @@ class RolloutEngine:
         if self.native_tools:  # the system message does not list them: the template renders them
             traj.tools = list(task.tools)
         rsys = rehearse_system(task)
-        env = make_env(task) if self.observer.needs_env or self.cfg.shadow else None
+        env = make_env(task) if self.rollout_mode.needs_env or self.cfg.shadow else None
         try:
             # the user acts in the real environment only where Act's calls do (never in a shadow copy); its side is
             # recorded in the trajectory (Trajectory.user_steps), never as rows
             user = USERS.get(self.cfg.user)(
-                task, env=env if self.observer.needs_env else None, traj=traj, backend=self.user_backend
+                task, env=env if self.rollout_mode.needs_env else None, traj=traj, backend=self.user_backend
             )
             lv = _Live(
                 task=task,
                 traj=traj,
                 act_ids=self.fmt.opening(system, task.tools if self.native_tools else None),
-                reh_ids=self.fmt.message("system", rsys, first=True),
-                reh_messages=[{"role": "system", "content": rsys}],
+                rehearse=RehearseContext.opening(
+                    self.fmt, rsys, traj.id + "/rehearse", env if self.rollout_mode.needs_env else None
+                ),
                 user=user,
                 env=env,
             )
@@ -449,7 +347,7 @@ class RolloutEngine:
         self._write_earlier_turns(lv)
         lv.traj.messages.append(Message("user", text))
         lv.act_ids += self.fmt.message("user", text)
-        lv.reh_pending.append(f"[user] {text.strip()}")
+        lv.rehearse.note(f"[user] {text.strip()}")
         lv.steps_in_turn = 0
 
     def _write_earlier_turns(self, lv: _Live) -> None:
@@ -462,10 +360,8 @@ class RolloutEngine:
         lv.act_turns = []
 
     def rehearse_prompt(self, lv: _Live, call: ToolCall) -> list[int]:
-        content = rehearse_user_message(lv.reh_pending, call, lv.task.tool(call.name))
-        lv.reh_pending = []
-        lv.reh_messages.append({"role": "user", "content": content})
-        return lv.reh_ids + self.fmt.message("user", content) + self.fmt.generation_prompt()
+        """The prompt asking Rehearse for ``call``'s observation (:meth:`RehearseContext.ask`)."""
+        return lv.rehearse.ask(self.fmt, call, lv.task.tool(call.name))
 
     def _truncate(self, lv: _Live, why: str, role: str | None = None) -> None:
         """End the trajectory; ``role`` says whose generation did not fit (``truncated`` = ``why:role``)."""
@@ -524,17 +420,14 @@ class RolloutEngine:
         """Drop the backends' kept contexts (keys/values) of these trajectories: called as soon as each one is done,
         so that memory follows the trajectories still running, not every trajectory of the call (100 finished
         2k-token contexts of SmolLM2-135M hold ~9 GB)."""
-        sessions = [s for lv in lives for s in (lv.traj.id + "/act", lv.traj.id + "/rehearse")]
+        sessions = [s for lv in lives for s in (lv.traj.id + "/act", lv.rehearse.session)]
         self.policy.release(sessions)
-        if isinstance(self.observer, RehearseObserver) and self.observer.backend is not self.policy:
-            self.observer.backend.release(sessions)
+        self.observer.release(sessions)
 
     def can_stream(self) -> bool:
-        """Continuous batching needs a streaming policy backend that also plays Rehearse, or the real environment."""
-        own_rehearse = isinstance(self.observer, RehearseObserver) and self.observer.backend is self.policy
-        return bool(getattr(self.policy, "streams", False)) and (
-            own_rehearse or isinstance(self.observer, RealObserver)
-        )
+        """Continuous batching needs a streaming policy backend and an observer that streams with it (the policy's
+        own Rehearse, or the real environment)."""
+        return bool(getattr(self.policy, "streams", False)) and self.observer.streams_with_policy
 
     def _fits(self, n_prompt: int, params: SamplingParams) -> bool:
         """Whether a prompt of ``n_prompt`` tokens and its completion (+ the closing tokens) fit the context."""
@@ -545,16 +438,15 @@ class RolloutEngine:
         if not self._fits(len(lv.act_ids), self.cfg.act):
             self._truncate(lv, "context", "act")
 
-    def _observer_input(self, lv: _Live, call: ToolCall) -> list[int] | None:
-        """What the observer answers ``call`` from: its Rehearse context when the observer rehearses (else []);
-        None, with the trajectory truncated (``context:rehearse``), when that context does not fit."""
+    def _ask(self, lv: _Live, call: ToolCall) -> bool:
+        """Ready the Rehearse context to be asked ``call`` (its prompt, when the observer rehearses); False, with the
+        trajectory truncated (``context:rehearse``), when that prompt does not fit."""
         if not self.observer.rehearses:
-            return []
-        prompt = self.rehearse_prompt(lv, call)
-        if not self._fits(len(prompt), self.cfg.rehearse):
+            return True
+        if not self._fits(len(self.rehearse_prompt(lv, call)), self.cfg.rehearse):
             self._truncate(lv, "context", "rehearse")
-            return None
-        return prompt
+            return False
+        return True
 
     def _close_step(self, lv: _Live) -> None:
         own = lv.task.metadata.get("max_steps")  # the task's own protocol (BFCL single-turn: one response), not a cut
@@ -568,7 +460,7 @@ class RolloutEngine:
 
     def _shadow(self, lv: _Live, call: ToolCall) -> tuple[Any, list[str]] | None:
         """Shadow mode: (the real observation of ``call``, the top-level state fields it changed); else None."""
-        if not (self.cfg.shadow and lv.env is not None and not self.observer.needs_env):
+        if not (self.cfg.shadow and lv.env is not None and not self.rollout_mode.needs_env):
             return None
         before = lv.env.state()
         obs = lv.env.call(call)
@@ -589,7 +481,7 @@ class RolloutEngine:
             if kind == "act":
                 self._take_act(lv, req.prompt, g)
             else:
-                self._record(lv, lv.calls[len(lv.results)], *self.observer.receive(self, lv, req.prompt, g))
+                self._take(lv, lv.calls[len(lv.results)], self.observer.receive(self, lv.rehearse, g))
             nxt = self._next_request(lv)
             return ([nxt] if nxt is not None else []) + (self._start_requests(runs, bar) if lv.done else [])
 
@@ -618,13 +510,14 @@ class RolloutEngine:
                 call = lv.calls[len(lv.results)]
                 if self._answer_locally(lv, call):
                     continue
-                prompt = self._observer_input(lv, call)
-                if prompt is None:  # the Rehearse context does not fit: truncated
+                if not self._ask(lv, call):  # the Rehearse context does not fit: truncated
                     break
-                if isinstance(self.observer, RehearseObserver):
-                    return self.observer.request(self, lv, prompt)
-                ((obs, source),) = self.observer.observe(self, [(lv, call, prompt)])
-                self._record(lv, call, obs, source)
+                req = self.observer.request(self, lv.rehearse, call)
+                if req is not None:  # a generation joining the running batch
+                    req.tag = (lv, "rehearse")
+                    return req
+                (answer,) = self.observer.observe(self, [(lv.rehearse, call)])
+                self._take(lv, call, answer)
             self._finish_calls(lv)
             lv.open_step = False
             self._close_step(lv)
@@ -678,7 +571,7 @@ class RolloutEngine:
         else:
             tr.count("act/replies")
             tr.messages.append(Message("assistant", parsed.reply or ""))
-            lv.reh_pending.append(f"[assistant] {(parsed.reply or '').strip()}")
+            lv.rehearse.note(f"[assistant] {(parsed.reply or '').strip()}")
             lv.turn += 1
             self._next_user_turn(lv)
 
@@ -689,14 +582,24 @@ class RolloutEngine:
             for lv in live:
                 if lv.done or j >= len(lv.calls) or self._answer_locally(lv, lv.calls[j]):
                     continue
-                prompt = self._observer_input(lv, lv.calls[j])
-                if prompt is not None:  # else truncated: its Rehearse context does not fit
-                    todo.append((lv, lv.calls[j], prompt))
+                if self._ask(lv, lv.calls[j]):  # else truncated: its Rehearse context does not fit
+                    todo.append(lv)
             if todo:
-                for (lv, call, _), (obs, source) in zip(todo, self.observer.observe(self, todo)):
-                    self._record(lv, call, obs, source)
+                answers = self.observer.observe(self, [(lv.rehearse, lv.calls[j]) for lv in todo])
+                for lv, answer in zip(todo, answers):
+                    self._take(lv, lv.calls[j], answer)
         for lv in live:
             self._finish_calls(lv)
+
+    def _take(self, lv: _Live, call: ToolCall, answer: Answer) -> None:
+        """An observer's answer: its Rehearse generation as a row, its counters and text in the trajectory."""
+        if answer.generation is not None:
+            lv.traj.rows.append(self.row("rehearse", lv, lv.rehearse.prompt, answer.generation))
+        for name in answer.counts:
+            lv.traj.count(name)
+        if answer.text is not None:
+            lv.traj.steps[-1].rehearse_texts.append(answer.text)
+        self._record(lv, call, answer.observation, answer.source)
 
     def _record(self, lv: _Live, call: ToolCall, obs: Any, source: str) -> None:
         """One answered call of the current step (with its shadow observation, in shadow mode)."""
@@ -708,7 +611,7 @@ class RolloutEngine:
         if obs is None:
             return False
         self._record(lv, call, obs, source)
-        lv.reh_pending += [f"[assistant] {call.key()}", f"[tool] {tool_message_content(obs)}"]
+        lv.rehearse.note(f"[assistant] {call.key()}", f"[tool] {tool_message_content(obs)}")
         return True
 
     def _finish_calls(self, lv: _Live) -> None:
@@ -717,7 +620,7 @@ class RolloutEngine:
         lv.calls, lv.results = [], []
 
     def _answer_without_model(self, lv: _Live, call: ToolCall) -> tuple[Any, str]:
-        if self.observer.needs_env:
+        if self.rollout_mode.needs_env:
             return None, ""  # the real environment validates and answers itself
         if self.cfg.validate_in_code:
             err = validate_call(call, lv.task.tools)
@@ -744,7 +647,7 @@ class RolloutEngine:
             lv.traj.messages.append(Message("tool", content))
             lv.act_ids += self.fmt.message("tool", content)
             if raw:
-                lv.reh_pending += ["[assistant] (malformed tool call)", f"[tool] {content}"]
+                lv.rehearse.note("[assistant] (malformed tool call)", f"[tool] {content}")
 
 
 def changed_fields(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -779,7 +682,7 @@ __all__ = [
     "RolloutEngine",
     "rehearse_sampling",
     "Observer",
-    "OBSERVERS",
+    "MODES",
     "SCHEDULES",
     "rollout",
     "format_trajectory",

@@ -175,7 +175,7 @@ def rehearsal_lessons(
         raise ValueError(f"rehearsal_lessons needs n >= 1 attempts, got {n}")
     cfg = replace(rollout, mode="rehearsal", shadow=False, group_size=n)
     engine = RolloutEngine(policy, cfg)
-    if engine.observer.needs_env:
+    if engine.rollout_mode.needs_env:
         raise RuntimeError("rehearsal attempts must not use a real environment")
     trajs = engine.run(tasks, group_prefix="lessons")
     tools = tool_format_for(policy.tokenizer, cfg.tool_format)

@@ -319,7 +319,7 @@ def setup(cfg: TrainConfig) -> Run:
     for name, engine in engines.items():  # a separate engine (vllm) starts from the trainer's weights (resume, LoRA)
         engine.sync_weights(dist.weights(models[name]))
     frozen = {variant.frozen_helper: simulator} if simulator is not None else {}
-    helpers = variant.rehearser.helpers(
+    helpers = variant.rollout_mode.helpers(
         lambda helper, role: (engines | frozen)[helper]
     )  # a trained helper's engine, or the frozen one
     reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, engines["policy"], dist)
