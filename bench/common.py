@@ -118,7 +118,8 @@ def backend_module_at(ref: str) -> Any:
 
 
 def update_module_at(ref: str) -> Any:
-    """``envace.training.update`` as it was at git revision ``ref`` (before the subpackage layout: ``envace.update``)."""
+    """``envace.training.update`` as it was at git revision ``ref`` (before the subpackage layout:
+    ``envace.update``)."""
     tag = _ident(ref)
     src = _source_at(ref, "src/envace/training/update.py", missing_ok=True)
     if src is None:
@@ -160,7 +161,8 @@ def current_layout(src: str, package: str) -> str:
             return m.group(0)
         items = [n.strip() for n in m["names"].split(",")]
         return "\n".join(
-            f"{m['ind']}from envace.{FLAT_MODULES[n].rsplit('.', 1)[0] if '.' in FLAT_MODULES[n] else FLAT_MODULES[n]} import "
+            f"{m['ind']}from envace."
+            f"{FLAT_MODULES[n].rsplit('.', 1)[0] if '.' in FLAT_MODULES[n] else FLAT_MODULES[n]} import "
             + (f"{FLAT_MODULES[n].rsplit('.', 1)[1]} as {n}" if "." in FLAT_MODULES[n] else n)
             if n in FLAT_MODULES
             else f"{m['ind']}from . import {n}"

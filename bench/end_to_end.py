@@ -87,7 +87,8 @@ def main() -> None:
         }
         results["variants"][variant] = keep
         print(
-            f"{variant:10s} iteration {m['perf/iteration_s']:7.1f}s  rollout {m['perf/rollout_s']:7.1f}s  update {m['perf/update_s']:6.1f}s  act rows {m['act/rows']:.0f}  rehearse rows {m['rehearse/rows']:.0f}"
+            f"{variant:10s} iteration {m['perf/iteration_s']:7.1f}s  rollout {m['perf/rollout_s']:7.1f}s  update "
+            f"{m['perf/update_s']:6.1f}s  act rows {m['act/rows']:.0f}  rehearse rows {m['rehearse/rows']:.0f}"
         )
     if args.script_act:
         trainer_mod.rollout_backend = original

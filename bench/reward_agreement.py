@@ -57,7 +57,8 @@ def main() -> None:
     ap.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help="policy: an SFT checkpoint / run folder (the untrained default makes no tool calls), tiny-random for a smoke run",
+        help="policy: an SFT checkpoint / run folder (the untrained default "
+        "makes no tool calls), tiny-random for a smoke run",
     )
     ap.add_argument("--suite", default="bank")
     ap.add_argument(
@@ -92,7 +93,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.split == "test":
         raise SystemExit(
-            "reward_agreement: refusing the test split (this measurement chooses the default reward); use train or a validation split"
+            "reward_agreement: refusing the test split (this measurement "
+            "chooses the default reward); use train or a validation split"
         )
 
     specs = [yaml.safe_load(s) for s in args.reward] if args.reward else list(CANDIDATES)

@@ -45,7 +45,8 @@ def main(n: int = 100) -> None:
     )
     names = list(next(iter(rows.values())))
     lines = [
-        f"Mean reward / trajectories with full reward while the real check fails, {n} test tasks x {len(suites)} suites",
+        "Mean reward / trajectories with full reward while the "
+        f"real check fails, {n} test tasks x {len(suites)} suites",
         "",
         "| reward | " + " | ".join(names) + " |",
         "|---" * (len(names) + 1) + "|",

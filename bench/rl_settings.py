@@ -1,9 +1,9 @@
 """Choose the demo's RL settings on the validation split, never on test (issue 16, item 1).
 
 An SFT warm-up (256 bank train tasks, 30 steps of 4, lr 1e-4, bf16 where fast, seed 0, every kind; a candidate
-may change it, e.g. the *headroom* ones warm up on the simple and read-only kinds only, as the demo now does), then the candidate's RL
-setting from it (EnvACE variant, rehearsed rollouts only), each evaluated greedily on the same 100 bank *val* tasks
-(carved from train, disjoint from test) in the real environment, paired against its own warm-up.
+may change it, e.g. the *headroom* ones warm up on the simple and read-only kinds only, as the demo now does), then the
+candidate's RL setting from it (EnvACE variant, rehearsed rollouts only), each evaluated greedily on the same 100 bank
+*val* tasks (carved from train, disjoint from test) in the real environment, paired against its own warm-up.
 Resumable: a warm-up or candidate whose val result exists in the work folder is not run again, and the table holds
 every candidate with a result there.
 
@@ -201,24 +201,30 @@ def main() -> int:
     lines = [
         f"# RL settings chosen on bank {SPLIT} ({N_TASKS} tasks), never on test",
         "",
-        "A warm-up (`sft` on every kind, or the candidate's own), then the demo's EnvACE step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy evaluation in the real environment, paired against the candidate's own warm-up. "
+        "A warm-up (`sft` on every kind, or the candidate's own), then the demo's EnvACE "
+        "step (4 iterations x 2 tasks x 4 rehearsed trajectories) from it; greedy "
+        "evaluation in the real environment, paired against the candidate's own warm-up. "
         + "; ".join(f"`{w}` on val: {r['metrics']['success_rate']:.3f}" for w, r in sorted(warmups.items()))
         + ".",
         "",
-        "| setting | what it tries | warm-up (val) | val success | B - warm-up [paired 95% CI] | McNemar p | reward per iteration |",
+        "| setting | what it tries | warm-up (val) | val success | B - "
+        "warm-up [paired 95% CI] | McNemar p | reward per iteration |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         o = r["comparison"]["overall"]
         lines.append(
-            f"| `{r['name']}` | {r['what']} | `{r['warmup']}` ({r['warmup_val_success']:.3f}) | {r['val_success']:.3f} | {o['diff']:+.3f} [{o['diff_ci95'][0]:+.3f}, {o['diff_ci95'][1]:+.3f}] | {o['p']:.3g} | {r['reward_per_iteration']} |"
+            f"| `{r['name']}` | {r['what']} | `{r['warmup']}` ({r['warmup_val_success']:.3f}) "
+            f"| {r['val_success']:.3f} | {o['diff']:+.3f} [{o['diff_ci95'][0]:+.3f}, "
+            f"{o['diff_ci95'][1]:+.3f}] | {o['p']:.3g} | {r['reward_per_iteration']} |"
         )
     lines += ["", "Per task kind:", ""]
     for r in rows:
         lines += ["```", format_comparison(r["comparison"]), "```", ""]
     if reused:
         lines.append(
-            f"Read from the committed copies in {os.path.relpath(kept, ROOT)} (an earlier run of this script, same settings and seeds): {', '.join(reused)}."
+            f"Read from the committed copies in {os.path.relpath(kept, ROOT)} (an "
+            f"earlier run of this script, same settings and seeds): {', '.join(reused)}."
         )
     lines.append(
         f"Hardware: {hardware_summary()['cpu']}; command: python bench/rl_settings.py {' '.join(sys.argv[1:])}"

@@ -205,7 +205,8 @@ def main() -> None:
     envace, trajs, be = run_rollout(Forced, model, tok, tasks, cfg)
     results["envace"] = envace
     print(
-        f"envace rollout: {envace['generated_tokens']} tokens in {envace['seconds']:.1f}s = {envace['tokens_per_s']:.1f} tok/s, {envace['trajectories_per_s']:.3f} traj/s; rows {envace['rows']}"
+        f"envace rollout: {envace['generated_tokens']} tokens in {envace['seconds']:.1f}s = "
+        f"{envace['tokens_per_s']:.1f} tok/s, {envace['trajectories_per_s']:.3f} traj/s; rows {envace['rows']}"
     )
     if args.ref:
         old = backend_module_at(args.ref)
@@ -225,14 +226,16 @@ def main() -> None:
         ref |= {"ref": args.ref, "identical_tokens": same, "max_logprob_diff": lp}
         results[f"envace@{args.ref}"] = ref
         print(
-            f"envace@{args.ref}: {ref['tokens_per_s']:.1f} tok/s (current is {envace['tokens_per_s'] / ref['tokens_per_s']:.2f}x); identical tokens: {same}, max |dlogp| {lp:.2e}"
+            f"envace@{args.ref}: {ref['tokens_per_s']:.1f} tok/s (current is "
+            f"{envace['tokens_per_s'] / ref['tokens_per_s']:.2f}x); identical tokens: {same}, max |dlogp| {lp:.2e}"
         )
     if args.bf16:
         b16, b16_trajs, _ = run_rollout(Forced, model, tok, tasks, cfg, bf16=True)
         b16["logprob_drift_vs_fp32"] = bf16_drift(model, b16_trajs, cfg)
         results["envace_bf16"] = b16
         print(
-            f"envace bf16: {b16['tokens_per_s']:.1f} tok/s ({b16['tokens_per_s'] / envace['tokens_per_s']:.2f}x fp32); drift {b16['logprob_drift_vs_fp32']}"
+            f"envace bf16: {b16['tokens_per_s']:.1f} tok/s "
+            f"({b16['tokens_per_s'] / envace['tokens_per_s']:.2f}x fp32); drift {b16['logprob_drift_vs_fp32']}"
         )
     items = replay_subset(be.calls, args.replay_tokens)
     results["replay"] = {

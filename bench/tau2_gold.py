@@ -1,7 +1,7 @@
 """Gold replay of tau2-bench tasks: does the gold conversation reach tau2's own evaluator reward of 1.0?
 
-Each task is played through the rollout engine (envace.training.sft.gold_trajectories): Act follows the task's gold calls
-and gold replies (a GoldTeacher backend in place of a model), the built-in "scripted" user says the scripted turns
+Each task is played through the rollout engine (envace.training.sft.gold_trajectories): Act follows the task's gold
+calls and gold replies (a GoldTeacher backend in place of a model), the built-in "scripted" user says the scripted turns
 and, on telecom, performs the task's recorded user-side actions (toggle airplane mode, reboot, ...) on the user's
 device before the turn that reports them. In ``real`` mode every call, the agent's and the user's, runs in the
 task's one tau2 environment and the trajectory is scored by the rollout (``env_outcome``); in ``rehearsal`` mode
@@ -83,8 +83,8 @@ def main() -> None:
     args = ap.parse_args()
     result = gold_replay(args.domain, args.split, args.mode, args.n)
     print(
-        f"{args.domain}/{args.split} ({args.mode}): {result['n_full_reward']}/{result['n_tasks']} gold replays score 1.0; "
-        f"failures by category: {result['failure_categories'] or 'none'}"
+        f"{args.domain}/{args.split} ({args.mode}): {result['n_full_reward']}/{result['n_tasks']} "
+        f"gold replays score 1.0; failures by category: {result['failure_categories'] or 'none'}"
     )
     write_result(args.name or f"tau2_gold_{args.domain}_{args.mode}", result, args.out_dir)
 

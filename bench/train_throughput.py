@@ -6,8 +6,8 @@ Rows: scripted rehearsal rollouts of B tasks x K trajectories (Act follows the t
 Rehearse returns a fixed ~60-token observation), as the trainer would receive them, with old log-probs
 recomputed by the model (untimed) and advantages from random rewards (seeded).
 
-- ``envace``: :func:`envace.training.update.optimizer_step` (packing per context, shared-prefix micro-batches, logits only
-  at completion positions, the clipped surrogate of :mod:`envace.math.algos`, token-mean), ``micro_batch_tokens``.
+- ``envace``: :func:`envace.training.update.optimizer_step` (packing per context, shared-prefix micro-batches, logits
+  only at completion positions, the clipped surrogate of :mod:`envace.math.algos`, token-mean), ``micro_batch_tokens``.
 - ``envace@REF`` (``--ref``): the same with ``envace.training.update`` of git revision REF (before/after), in its own
   process (memory), and again alternating steps with the current update in one process (speed ratio).
 - ``trl``: ``trl.GRPOTrainer.compute_loss`` (its loss path: per-row prompt + completion, fused LM head log-probs,
@@ -39,7 +39,10 @@ import torch
 from envace.chat.parsing import render_act
 from envace.backends.models import DEFAULT_MODEL, load
 
-OBS = '<observation>{"ok": true, "result": {"status": "completed", "id": "TX-20931", "balance": 1824.5, "currency": "USD", "note": "the operation was applied to the account"}}</observation>'
+OBS = (
+    '<observation>{"ok": true, "result": {"status": "completed", "id": "TX-20931", "balance": '
+    '1824.5, "currency": "USD", "note": "the operation was applied to the account"}}</observation>'
+)
 
 
 def make_rows(tok, tasks_n: int, group: int, seed: int = 0):
@@ -301,7 +304,9 @@ def main() -> None:
         results[name] = run_json_subprocess(common_args + ["--worker", name])
         r = results[name]
         print(
-            f"{name}: {r['row_tokens_per_s']:.0f} row tok/s, {r['completion_tokens_per_s']:.1f} completion tok/s, step {min(r['step_seconds']):.1f}s, peak RSS {r['peak_rss_mb']:.0f} MiB (+{r['peak_growth_mb']:.0f}) [{time.perf_counter() - t0:.0f}s]"
+            f"{name}: {r['row_tokens_per_s']:.0f} row tok/s, {r['completion_tokens_per_s']:.1f} "
+            f"completion tok/s, step {min(r['step_seconds']):.1f}s, peak RSS {r['peak_rss_mb']:.0f} "
+            f"MiB (+{r['peak_growth_mb']:.0f}) [{time.perf_counter() - t0:.0f}s]"
         )
     e = results["envace"]
     ratios = {}
@@ -322,7 +327,8 @@ def main() -> None:
         )
         ratios[f"envace_vs_envace@{args.ref}_alternating"] = ab["current_over_ref_speed"]
         print(
-            f"alternating steps in one process: current {min(ab['current_step_seconds']):.1f}s, {args.ref} {min(ab['ref_step_seconds']):.1f}s per step"
+            f"alternating steps in one process: current {min(ab['current_step_seconds']):.1f}s, "
+            f"{args.ref} {min(ab['ref_step_seconds']):.1f}s per step"
         )
     results["ratios"] = ratios
     print("ratios:", {k: round(v, 2) for k, v in ratios.items()})

@@ -1,8 +1,8 @@
 """Turn scaling: the cost of a T-turn rehearsal rollout, T = 1..16, must grow with the tokens each turn adds,
 not with the whole history re-encoded every turn.
 
-One rehearsal rollout of ``--turns`` steps (K trajectories of one task, ``schedule: lockstep``) with scripted tokens so that
-every step is an Act tool call followed by a Rehearse observation of fixed text (the untrained model would
+One rehearsal rollout of ``--turns`` steps (K trajectories of one task, ``schedule: lockstep``) with scripted tokens so
+that every step is an Act tool call followed by a Rehearse observation of fixed text (the untrained model would
 stop calling tools; scripted tokens cost one batched forward each, like sampled ones). The cost of the first T
 turns is the wall time of the generate calls of those turns. Three settings, in one run:
 
@@ -40,8 +40,8 @@ def scripts(task):
 
     def rehearse(session, n):
         return (
-            '<observation>{"ok": true, "call": %d, "result": {"status": "done", "detail": "operation completed"}}</observation>'
-            % n
+            '<observation>{"ok": true, "call": %d, "result": {"status": '
+            '"done", "detail": "operation completed"}}</observation>' % n
         )
 
     return act, rehearse
@@ -145,7 +145,8 @@ def main() -> None:
             }
         rows.append(row)
         print(
-            f"T={T:2d} ctx={row['context_tokens']:5d}  reuse {row['reuse_s']:7.1f}s  new-only {row['new_only_s']:7.1f}s  ratio {row['reuse_over_new_only']:.2f}"
+            f"T={T:2d} ctx={row['context_tokens']:5d}  reuse {row['reuse_s']:7.1f}s  "
+            f"new-only {row['new_only_s']:7.1f}s  ratio {row['reuse_over_new_only']:.2f}"
             + (f"  full {row['full_s']:7.1f}s ({row['full_over_reuse']:.2f}x reuse)" if "full_s" in row else "")
         )
     last = rows[-1]

@@ -16,8 +16,8 @@ Four workloads, each run by every engine (``--engines``) one after the other, wi
   ``generate`` call, T=1, ``--max-new`` tokens at most: the same work for both engines.
 
 - ``rl_iteration``: one iteration of the demo's EnvACE training (``envace.evaluation.demo.demo_train_config``:
-  2 tasks x 4 trajectories, update in the demo's precision for every engine) with ``rollout_backend`` / ``rollout_bf16`` set
-  to the engine: rollout, update and weight sync as the trainer times them (``perf/*``).
+  2 tasks x 4 trajectories, update in the demo's precision for every engine) with ``rollout_backend`` / ``rollout_bf16``
+  set to the engine: rollout, update and weight sync as the trainer times them (``perf/*``).
 
 vLLM's Act rows are also recomputed by the float32 model (what the trainer does before an update): the log-prob
 difference shows how far its sampler is from the trainer. vLLM's start-up (engine, weights, KV cache) is timed

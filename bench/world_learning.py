@@ -203,7 +203,8 @@ def main() -> None:
                 flush=True,
             )
     lines = [
-        f"Teacher-forced Rehearse fidelity on the gold trajectories of the first {args.tasks} test tasks of each suite:",
+        "Teacher-forced Rehearse fidelity on the gold trajectories "
+        f"of the first {args.tasks} test tasks of each suite:",
         "every Rehearse row (gold call, real earlier observations) answered greedily and scored against the real",
         "observation; exact = canonical JSON equal, 95% Wilson interval over observations; NLL/token = negative",
         "log-likelihood of the real observation per token. Rehearse steps: Rehearse-only SFT steps x 4 gold",

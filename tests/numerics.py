@@ -74,8 +74,8 @@ def assert_close_rel(
     if norm > rel or worst > elem:
         i = int((a - b).abs().argmax()) if a.numel() else 0
         raise AssertionError(
-            f"{what}: relative error {norm:.3g} (bound {rel:g}), worst element {worst:.3g} of max(max|expected|, {floor:g}) "
-            f"(bound {elem:g}): flat index {i}, {float(a[i]):.9g} vs {float(b[i]):.9g}"
+            f"{what}: relative error {norm:.3g} (bound {rel:g}), worst element {worst:.3g} of max(max|expected|, "
+            f"{floor:g}) (bound {elem:g}): flat index {i}, {float(a[i]):.9g} vs {float(b[i]):.9g}"
         )
 
 

@@ -31,7 +31,8 @@ CATEGORIES = bfcl_single.CATEGORIES
 
 # Entries whose possible answer no call can pass under BFCL's own checker (data quirks of bfcl_eval 2026.3.23):
 KNOWN_UNSATISFIABLE = {
-    "simple_java_36": "value_error:list/tuple",  # ArrayList<any>: the converter keeps every element a string; the answer has ints
+    # ArrayList<any>: the converter keeps every element a string; the answer has ints
+    "simple_java_36": "value_error:list/tuple",
     "simple_java_65": "value_error:list/tuple",  # the same
     "simple_java_64": "value_error:dict_value",  # a HashMap answer value that is a string, not a list of options
     "live_simple_106-63-0": "simple_function_checker:missing_required",  # a required parameter the answer lacks

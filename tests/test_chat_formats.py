@@ -59,7 +59,7 @@ LLAMA_TEMPLATE = """{{- bos_token }}
         {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
     {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"""
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"""  # noqa: E501
 """Llama 3.1's structure: bos, a system block with its date header, ``ipython`` tool results written with
 ``tojson``, ``<|eot_id|>`` ends a turn."""
 
@@ -99,7 +99,7 @@ MISTRAL_SPLIT_TEMPLATE = """{{- bos_token }}
 """Mistral Small 3's structure: a system prompt segment of its own (it can be appended)."""
 
 QWEN3_LIKE_TEMPLATE = """{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"""
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"""  # noqa: E501
 
 QWEN25_TOOLS_TEMPLATE = """{%- for message in messages %}
     {%- if message.role == 'tool' %}
@@ -126,7 +126,7 @@ QWEN_TOOLS_TEMPLATE = """{%- if tools %}
     {%- elif message.role != 'system' %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
     {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""  # noqa: E501
 """Qwen2.5's tool prompt: with ``tools=``, the system turn holds the system message, then ``# Tools`` and one JSON
 schema a line inside ``<tools></tools>`` (here each tool result is a turn of its own, so it can be appended)."""
 
@@ -136,7 +136,7 @@ LLAMA_TOOLS_IN_USER_TEMPLATE = LLAMA_TEMPLATE.replace(
         {{- '<|start_header_id|>user<|end_header_id|>\\n\\nGiven the following functions, respond with a JSON for a function call.\\n\\n' }}
         {%- for t in tools %}{{- t | tojson }}{{- '\\n\\n' }}{%- endfor %}
         {{- message['content'] | trim + '<|eot_id|>' }}
-    {%- elif message['role'] in ['ipython', 'tool'] %}""",
+    {%- elif message['role'] in ['ipython', 'tool'] %}""",  # noqa: E501
 )
 """Llama 3.1's default (``tools_in_user_message``): the tools go into the first user message."""
 
@@ -152,7 +152,10 @@ LLAMA_RENAME = {"<|im_start|>": "<|begin_of_text|>", "<|im_end|>": "<|eot_id|>",
 MISTRAL_RENAME = {"<|im_start|>": "<s>", "<|im_end|>": "</s>", "<|endoftext|>": "<unk>"}
 
 
-LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 """Llama 3's pre-tokenizer pattern: a run of newlines is one piece, so a header's ``\n\n`` splits alike whether
 the content follows it (the template's rendering) or not (a generation prompt)."""
 
@@ -595,7 +598,10 @@ def test_the_chatml_format_and_native_tools_false_keep_envaces_tool_list_without
         assert not engine.native_tools and traj.tools is None
         assert traj.messages[0].content == act_system(task, tools=tools)
         first = next(r for r in traj.rows if r.role == "act")
-        want = f"<|im_start|>system\n{act_system(task, tools=tools)}<|im_end|>\n<|im_start|>user\n{task.user_turns[0]}<|im_end|>\n<|im_start|>assistant\n"
+        want = (
+            f"<|im_start|>system\n{act_system(task, tools=tools)}<|im_end|>\n"
+            f"<|im_start|>user\n{task.user_turns[0]}<|im_end|>\n<|im_start|>assistant\n"
+        )
         assert first.prompt_ids == qwen_tok.encode(want, add_special_tokens=False), cfg.chat_format
         assert trajectory_record(traj)["tools"] == _openai_tools(task)
     assert capsys.readouterr().err == ""

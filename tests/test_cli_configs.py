@@ -1,8 +1,8 @@
-"""Every configured CLI command (sft, train, eval, fidelity, experiment, rollout, rehearse, serve, export): ``--print-config``
-shows the dataclass defaults (for the commands that had hand-written flags: the flags' old defaults), a YAML file,
-the shorthand flags and ``--set`` resolve in the documented order, unknown fields name the valid ones, ``--help``
-lists every field with its docstring, and ``eval --backend http`` against a live ``envace serve`` gives the same
-greedy trajectories as ``--backend hf``."""
+"""Every configured CLI command (sft, train, eval, fidelity, experiment, rollout, rehearse, serve, export):
+``--print-config`` shows the dataclass defaults (for the commands that had hand-written flags: the flags' old defaults),
+a YAML file, the shorthand flags and ``--set`` resolve in the documented order, unknown fields name the valid ones,
+``--help`` lists every field with its docstring, and ``eval --backend http`` against a live ``envace serve`` gives the
+same greedy trajectories as ``--backend hf``."""
 
 import argparse
 import dataclasses
@@ -331,8 +331,8 @@ def test_an_unknown_field_is_one_error_line_naming_the_valid_fields(argv, cls, c
     err = capsys.readouterr().err.strip()
     valid = sorted(f.name for f in dataclasses.fields(config_class(f"envace.config:{cls}")))
     assert (
-        err
-        == f"envace {argv[0]}: error: unknown {cls} field(s) ['{argv[-1].split('=')[0] if '=' in argv[-1] else 'nope'}']; valid: {valid}"
+        err == f"envace {argv[0]}: error: unknown {cls} field(s) "
+        f"['{argv[-1].split('=')[0] if '=' in argv[-1] else 'nope'}']; valid: {valid}"
     )
 
 

@@ -63,7 +63,8 @@ def test_task_scores_average_tool_and_call_prf_over_the_trials():
     t1 = _traj([ToolCall("get_balance", {"account": "a"}), ToolCall("get_balance", {"account": "b"})], reward=1.0)
     t2 = _traj([], reward=0.0)
     s = task_scores(task, [t1, t2])
-    # t1: names {get_balance} vs {get_balance, transfer}: P=1, R=1/2, F1=2/3; calls: 1 of 2 right each way: 1/2, 1/2, 1/2
+    # t1: names {get_balance} vs {get_balance, transfer}: P=1, R=1/2, F1=2/3;
+    #     calls: 1 of 2 right each way: 1/2, 1/2, 1/2
     # t2: no calls vs gold -> 0, 0, 0
     assert s["successes"] == [True, False]
     assert (

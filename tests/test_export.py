@@ -1,4 +1,5 @@
-"""envace.evaluation.export / ``envace export``: trajectories as OpenAI / HF chat records (``tool_calls`` / ``tool_call_id``).
+"""envace.evaluation.export / ``envace export``: trajectories as OpenAI / HF chat records (``tool_calls`` /
+``tool_call_id``).
 
 Hand-built trajectories (built message by message as the rollout engine builds them), trajectories of the real
 rollout engine with a scripted policy (a malformed output, two calls in one step, three user turns), and gold
@@ -351,7 +352,8 @@ def test_export_cli_skips_a_bad_line_with_one_error_line_and_writes_the_rest(tmp
     assert main(["export", str(src), "--real-only", "--out", str(out)]) == 0
     printed = capsys.readouterr()
     assert printed.err.strip().splitlines() == [
-        f"envace export: skipped {src}:2: not a JSON line (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"
+        f"envace export: skipped {src}:2: not a JSON line (Expecting "
+        "property name enclosed in double quotes: line 1 column 2 (char 1))"
     ]
     assert "wrote 1 records" in printed.out and "skipped 1 malformed, 1 imagined" in printed.out
     assert [json.loads(line)["world"] for line in out.read_text().splitlines()] == ["real"]
@@ -459,7 +461,7 @@ QWEN25 = """
 {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{% endif %}
 {%- endif %}
 {%- endfor %}
-"""
+"""  # noqa: E501
 
 # Llama-3.1's tool template, shortened: one call per assistant message as {"name", "parameters": args | tojson};
 # a tool message is an ipython turn (its content is ``| tojson``'d when it is a mapping or iterable: strings too).
@@ -484,7 +486,7 @@ LLAMA31 = """
 {{- '<|start_header_id|>' + message.role + '<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}
 {%- endif %}
 {%- endfor %}
-"""
+"""  # noqa: E501
 
 
 @pytest.fixture(scope="module")

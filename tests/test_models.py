@@ -304,8 +304,8 @@ try:
 except models.ModelNotFoundError:
     missing = "ModelNotFoundError"
 print(json.dumps({"env": os.environ.get("HF_HUB_OFFLINE"), "offline": huggingface_hub.constants.HF_HUB_OFFLINE,
-                  "before": before if hub_first else None, "eos": tokenizer.eos_token, "layers": model.config.num_hidden_layers,
-                  "missing": missing, "attempts": attempts}))
+                  "before": before if hub_first else None, "eos": tokenizer.eos_token,
+                  "layers": model.config.num_hidden_layers, "missing": missing, "attempts": attempts}))
 """
 
 

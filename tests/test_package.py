@@ -53,7 +53,8 @@ def test_version_flag_prints_name_and_version(module):
 def test_import_envace_and_its_version_do_not_import_torch():
     heavy = ["torch", "transformers", "numpy", "envace.backends.models", "envace.training.trainer"]
     out = _python(
-        f"import sys, json, envace; envace.__version__; dir(envace); print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
+        "import sys, json, envace; envace.__version__; dir(envace); "
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))"
     )
     assert json.loads(out) == []
 

@@ -1,5 +1,6 @@
 """Suites from outside envace: real packages with ``envace.environments`` entry points, built and pip-installed into a
-temporary folder; envace runs in subprocesses with that folder on its path (the test process's registries stay clean)."""
+temporary folder; envace runs in subprocesses with that folder on its path (the test process's registries stay
+clean)."""
 
 from __future__ import annotations
 
@@ -182,7 +183,8 @@ def test_a_plugin_suite_loads_its_tasks_and_runs_in_its_registered_environment(p
     [
         (
             "echo-failing",
-            "from envace-echo-plugin 0.1 (envace_echo_plugin:load_failing) failed: RuntimeError: the echo data set is missing",
+            "from envace-echo-plugin 0.1 (envace_echo_plugin:load_failing) "
+            "failed: RuntimeError: the echo data set is missing",
         ),
         ("echo-not-tasks", "returned dict; expected a list of envace Task"),
         ("echo-unknown-env", "returned tasks of environment 'nowhere', which no module registered"),

@@ -40,8 +40,8 @@ def test_auto_uses_bf16_on_a_cpu_only_where_the_probe_finds_it_faster(auto):
     use, note = resolve_bf16(auto, "cpu", probe=lambda: SLOW)
     assert use is False
     assert (
-        note
-        == "bf16 is slower than float32 on this CPU (probe: 837.00 ms vs 17.00 ms, torch CPU capability AVX2); using float32"
+        note == "bf16 is slower than float32 on this CPU (probe: 837.00 ms "
+        "vs 17.00 ms, torch CPU capability AVX2); using float32"
     )
 
 
@@ -256,7 +256,8 @@ def test_where_bf16_matmuls_are_slow_the_real_probe_picks_float32_and_says_so_on
     """ONEDNN_MAX_CPU_ISA=AVX2 gives the kernels of a CPU without bf16 units (a bf16 matmul ~50x slower here);
     on a CPU that has none the probe finds the same."""
     code = (
-        "from envace.backends.models import load; from envace.backends.hf import HFBackend; from envace.core.precision import cpu_bf16_probe\n"
+        "from envace.backends.models import load; from envace.backends.hf import HFBackend; "
+        "from envace.core.precision import cpu_bf16_probe\n"
         "m, tok = load('tiny-random'); be = HFBackend(m, tok, bf16='auto'); HFBackend(m, tok, bf16='auto')\n"
         "p = cpu_bf16_probe(); print(be.bf16, be._decoder is None, p.bf16_ms > p.float32_ms)\n"
     )

@@ -226,7 +226,7 @@ def test_an_interrupted_prune_or_resave_never_leaves_a_half_checkpoint(tmp_path,
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000003", "step-000004"]
 
 
-# ------------------------------------------------------------------------------------------------ determinism + firewall
+# ----------------------------------------------------------------------------------------- determinism + firewall
 
 
 def _first_of_group(task, traj, ctx):

@@ -182,7 +182,10 @@ def _policy(tasks, honest_ids):
             if task.id in honest_ids:
                 env = make_env(task)
                 return format_observation(env.call(task.flat_gold()[0]))
-            return '<observation>{"balance": "99999.99", "transactions": [{"amount": "-1.11", "memo": "nothing"}]}</observation>'
+            return (
+                '<observation>{"balance": "99999.99", "transactions": '
+                '[{"amount": "-1.11", "memo": "nothing"}]}</observation>'
+            )
         if prompt.count("<|im_start|>tool") == 0:
             return render_act([task.flat_gold()[0]])
         last_tool = prompt.rsplit("<|im_start|>tool", 1)[1].split("<|im_end|>", 1)[0]

@@ -1,5 +1,5 @@
-"""Rewards on hand-built trajectories (envace.rewards.functions): gold matching, checklist rules, the LLM judge with fake
-backends, the grounded reward with a tiny environment defined here, composition and group scoring."""
+"""Rewards on hand-built trajectories (envace.rewards.functions): gold matching, checklist rules, the LLM judge with
+fake backends, the grounded reward with a tiny environment defined here, composition and group scoring."""
 
 from __future__ import annotations
 

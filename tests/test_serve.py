@@ -24,7 +24,9 @@ from envace.core.types import Generation, Message, Task, ToolCall, ToolSpec
 from numerics import assert_logprobs_close
 from servers import WEATHER, envace_serve
 
-SEGMENT = 3  # the subprocess server streams every 3 tokens: a 24-token answer comes in 8 pieces (one ends between its newlines and its first word)
+# the subprocess server streams every 3 tokens: a 24-token answer comes in 8 pieces (one ends between its newlines and
+# its first word)
+SEGMENT = 3
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,8 @@ def unlabelled_suite():
 def test_a_filter_that_keeps_no_task_is_an_error_naming_the_kinds_there_are(unlabelled_suite):
     with pytest.raises(
         ValueError,
-        match=r"TrainConfig.task_kinds=\['chained'\] keeps none of 5 nokinds/train tasks; their kinds: \{'simple': 2, '<no kind label>': 3\}",
+        match=r"TrainConfig.task_kinds=\['chained'\] keeps none of 5 nokinds/train tasks; their kinds: \{'simple': 2, "
+        r"'<no kind label>': 3\}",
     ):
         load_tasks_of_kinds(unlabelled_suite, "train", 8, 0, ("chained",), "TrainConfig.task_kinds")
     # a suite that runs out returns the tasks of the kind it has

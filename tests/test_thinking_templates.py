@@ -45,7 +45,7 @@ QWEN3_THINKING_TEMPLATE = """{%- set ns = namespace(last_user=-1) %}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}
     {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
-{%- endif %}"""
+{%- endif %}"""  # noqa: E501
 """Qwen3's thinking rules on ChatML turns: an assistant turn before the last user message is written without its
 thinking (the text after ``</think>``, leading newlines dropped, as Qwen3's template does); ``enable_thinking``
 False opens the generation with an empty ``<think>`` block."""

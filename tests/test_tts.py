@@ -483,7 +483,8 @@ def test_plan_baseline_calls_no_tool_and_imagines_no_result_before_the_single_re
     first_env = EVENTS.index(("env",))
     before, after = EVENTS[:first_env], EVENTS[first_env:]
     assert not any(e[0] == "real" for e in before)
-    # before the real run: only plans, their reflections and (model memory) one distillation per task; no Act, no Rehearse
+    # before the real run: only plans, their reflections and (model memory) one distillation per task; no Act, no
+    # Rehearse
     kinds = [e[1] for e in before]
     assert kinds.count("plan") == kinds.count("plan_reflect") == n * len(tasks)
     assert kinds.count("plan_memory") == (len(tasks) if memory == "model" else 0) and len(kinds) == (

@@ -36,14 +36,15 @@ def _traj() -> Trajectory:
 
 
 GOLDEN = (
-    '{"id": "g0:t/0", "task_id": "t", "group_id": "g0:t", "mode": "rehearsal", "reward": 0.5, "reward_info": {"f1": 0.5}, '
-    '"truncated": null, "counters": {"act/steps": 1}, "env_outcome": null, "messages": [{"role": "user", "content": "hi"}, '
-    '{"role": "assistant", "content": "", "tool_calls": [{"name": "get", "arguments": {"id": 1}}]}], "steps": [{"user_turn": 0, '
-    '"action_text": "x", "calls": [{"name": "get", "arguments": {"id": 1}}], "reply": null, "parse_error": null, "observations": '
-    '[{"ok": true}], "sources": ["rehearsed"], "shadow": [null], "shadow_changed": [null], "rehearse_texts": []}], "user_steps": '
-    '[{"turn": 0, "text": null, "calls": [{"name": "get", "arguments": {"id": 1}}], "observations": [1], "sources": ["unexecuted"], '
-    '"parse_error": null}], "rows": [{"role": "act", "prompt_ids": [1, 2], "completion_ids": [3], "old_logprobs": [-0.5], '
-    '"task_id": "t", "traj_id": "g0:t/0", "group_id": "g0:t", "step": 0, "truncated": false}]}'
+    '{"id": "g0:t/0", "task_id": "t", "group_id": "g0:t", "mode": "rehearsal", "reward": 0.5, "reward_info": '
+    '{"f1": 0.5}, "truncated": null, "counters": {"act/steps": 1}, "env_outcome": null, "messages": [{"role": '
+    '"user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [{"name": "get", "arguments": '
+    '{"id": 1}}]}], "steps": [{"user_turn": 0, "action_text": "x", "calls": [{"name": "get", "arguments": {"id": '
+    '1}}], "reply": null, "parse_error": null, "observations": [{"ok": true}], "sources": ["rehearsed"], '
+    '"shadow": [null], "shadow_changed": [null], "rehearse_texts": []}], "user_steps": [{"turn": 0, "text": null, '
+    '"calls": [{"name": "get", "arguments": {"id": 1}}], "observations": [1], "sources": ["unexecuted"], '
+    '"parse_error": null}], "rows": [{"role": "act", "prompt_ids": [1, 2], "completion_ids": [3], "old_logprobs": '
+    '[-0.5], "task_id": "t", "traj_id": "g0:t/0", "group_id": "g0:t", "step": 0, "truncated": false}]}'
 )
 
 

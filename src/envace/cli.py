@@ -4,13 +4,16 @@
     envace demo                      SFT warm-up -> EnvACE training -> before/after evaluation (embedded defaults)
     envace sft   [--config F] [--set key=value ...]
     envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set rollout.group_size=4
-    envace eval  --model M --suite S [--split test] [-n 20] [--samples K] [--tts-n N --tts-mode parallel|sequential] [--backend hf|http|vllm] [--out F]
+    envace eval  --model M --suite S [--split test] [-n 20] [--samples K] [--tts-n N --tts-mode parallel|sequential]
+                 [--backend hf|http|vllm] [--out F]
     envace compare A.json B.json [--json]   paired comparison of two saved eval results on the same tasks
-    envace fidelity --model M --suite S [-n 8] [-k 2] [--mode rehearsal|per_role|simulator] [--backend hf|http|vllm] [--out F]
+    envace fidelity --model M --suite S [-n 8] [-k 2] [--mode rehearsal|per_role|simulator] [--backend hf|http|vllm]
+                    [--out F]
     envace experiment [--config F] [--set key=value ...]  all arms x seeds x budgets -> report.md / report.html
     envace rollout --model M --suite S --mode rehearsal -n 2 -k 4 --out trajs.jsonl
     envace tasks --suite S [--split test] [-n 3]   (--list: the suites, built-in and plug-ins)
-    envace export FILE... [--real-only] [--target hf|openai] [--gold --suite S --split train -n 100] --out records.jsonl   OpenAI / HF chat records
+    envace export FILE... [--real-only] [--target hf|openai] [--gold --suite S --split train -n 100] --out records.jsonl
+                                     OpenAI / HF chat records
     envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory lessons|model|concat]
     envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
 
@@ -51,7 +54,10 @@ from .evaluation.demo import (  # noqa: F401
 )
 
 
-MODEL_HELP = "model name, model folder, or training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter is merged into its base)"
+MODEL_HELP = (
+    "model name, model folder, or training checkpoint / run folder "
+    "(full fine-tuning or LoRA: a LoRA adapter is merged into its base)"
+)
 SERVED_MODEL_HELP = MODEL_HELP + "; with --backend http the server's URL"
 
 
@@ -61,7 +67,8 @@ def cmd_sft(cfg: Any) -> int:
     res = sft(cfg)
     last = res.metrics[-1] if res.metrics else {}
     print(
-        f"SFT done: {len(res.metrics)} steps, final nll {last.get('sft/nll', float('nan')):.3f}; checkpoint: {res.checkpoint}"
+        f"SFT done: {len(res.metrics)} steps, final nll "
+        f"{last.get('sft/nll', float('nan')):.3f}; checkpoint: {res.checkpoint}"
     )
     return 0
 
@@ -71,7 +78,8 @@ def cmd_train(cfg: Any) -> int:
 
     res = train(cfg)
     print(
-        f"training done at step {res.step}; checkpoint: {res.checkpoint}; metrics: {os.path.join(res.out_dir, 'metrics.jsonl')}"
+        f"training done at step {res.step}; checkpoint: {res.checkpoint}; "
+        f"metrics: {os.path.join(res.out_dir, 'metrics.jsonl')}"
     )
     return 0
 
@@ -113,7 +121,8 @@ def cmd_eval(cfg: Any) -> int:
         backend_options=cfg.backend_options,
     )
     print(
-        f"{cfg.model} on {cfg.suite}/{cfg.split}: {len(res.per_task)} tasks x {cfg.samples} real trials, rehearsal budget N={cfg.tts_n}"
+        f"{cfg.model} on {cfg.suite}/{cfg.split}: {len(res.per_task)} "
+        f"tasks x {cfg.samples} real trials, rehearsal budget N={cfg.tts_n}"
         + (f" ({cfg.tts_mode})" if cfg.tts_n else "")
     )
     print(res.table())
@@ -427,7 +436,8 @@ def _bf16_arg(value: str) -> bool | str:
         raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
 
 
-# --bf16 (on), --bf16 auto|on|off; absent: the config's value (float32 by default). "on" where bf16 is slow is honoured with a warning
+# --bf16 (on), --bf16 auto|on|off; absent: the config's value (float32 by default). "on" where bf16 is slow is honoured
+# with a warning
 _BF16_ARG: dict[str, Any] = dict(nargs="?", const=True, type=_bf16_arg, metavar="auto|on|off")
 
 _CONTROL = {
@@ -497,7 +507,8 @@ def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> arg
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config field (dotted for nested: rollout.group_size=4; repeatable); wins over the file and the flags",
+        help="override a config field (dotted for nested: rollout.group_size=4; "
+        "repeatable); wins over the file and the flags",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
     p.set_defaults(fn=fn, config_class=config)
@@ -513,7 +524,8 @@ FLAGS: dict[str, str] = {
     " max_new_tokens seed show out",
     "rollout": "model backend suite split mode simulator rehearser n k max_steps max_new_tokens shadow seed show out",
     "export": "gold suite split n seed model real_only target content system out",
-    "rehearse": "model backend suite split index n mode memory memory_max_tokens max_steps max_new_tokens temperature seed out",
+    "rehearse": "model backend suite split index n mode memory memory_max_tokens "
+    "max_steps max_new_tokens temperature seed out",
     "serve": "model served_model_name host port backend device bf16 max_batch batch_wait_ms stream_segment_tokens"
     " default_max_tokens max_tokens_limit verbose",
 }
@@ -699,14 +711,16 @@ def build_parser() -> argparse.ArgumentParser:
         "export",
         "envace.config:ExportConfig",
         cmd_export,
-        "write trajectories (or a suite's gold SFT trajectories) as OpenAI / HF chat records (tool_calls, tool_call_id) in JSON lines",
+        "write trajectories (or a suite's gold SFT trajectories) as "
+        "OpenAI / HF chat records (tool_calls, tool_call_id) in JSON lines",
     )
     x.add_argument(
         "inputs",
         nargs="*",
         default=argparse.SUPPRESS,
         metavar="FILE",
-        help="same as --set inputs=FILE,...: trajectories.jsonl (or a run folder), rollout --out, eval --trajectories --out, fidelity --out",
+        help="same as --set inputs=FILE,...: trajectories.jsonl (or a run folder), "
+        "rollout --out, eval --trajectories --out, fidelity --out",
     )
 
     _config_command(

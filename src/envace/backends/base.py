@@ -61,7 +61,8 @@ OnDone = Callable[[Request, Generation], Sequence[Request]]
 """Called as each request of a stream finishes; returns the follow-up requests, which join the stream."""
 
 Poll = Callable[[], Sequence[Request]]
-"""Called between the steps of a stream: the requests that arrived since (``envace serve``'s new clients), which join."""
+"""Called between the steps of a stream: the requests that arrived since (``envace serve``'s new clients), which
+join."""
 
 
 class BackendError(RuntimeError):

@@ -86,10 +86,10 @@ class HFBackend(Backend):
     ``bf16``: true, false or ``"auto"`` (bf16 only where it is faster than float32, :mod:`envace.core.precision`; true
     where it is slow is honoured with a one-line warning). ``packed`` (default: with bf16 on CPU): run every
     forward of a Llama model through :class:`~envace.backends.fastdecode.LlamaDecoder` (packed bf16 weights,
-    float32 keys/values and attention) instead of ``model(...)``; other architectures always use ``model(...)``. ``cascade`` (packed streams): rows
-    that start with the same shared prompt prefix attend to one copy of it (exact up to rounding).
-    ``max_prefill_gib``: memory budget of one prefill's attention scores (long new prompts are prefilled a few at
-    a time; None: no bound).
+    float32 keys/values and attention) instead of ``model(...)``; other architectures always use ``model(...)``.
+    ``cascade`` (packed streams): rows that start with the same shared prompt prefix attend to one copy of it (exact up
+    to rounding). ``max_prefill_gib``: memory budget of one prefill's attention scores (long new prompts are prefilled a
+    few at a time; None: no bound).
     ``max_kv_gib``: memory budget of the running batch's keys/values (the stream's slab, counted at the columns a
     rebuild allocates): fewer sequences run at once when their contexts are long (at least one always runs); None:
     only ``max_batch`` limits them. Every sequence of the slab takes as many columns as the longest one, so 64 rows
@@ -163,7 +163,8 @@ class HFBackend(Backend):
     def generate(
         self, prompts: Sequence[list[int]], params: SamplingParams, sessions: Sequence[str | None] | None = None
     ) -> list[Generation]:
-        """One stream of all ``prompts`` (see the module docstring), seeded by ``params.seed``; results in input order."""
+        """One stream of all ``prompts`` (see the module docstring), seeded by ``params.seed``; results in input
+        order."""
         sessions = list(sessions) if sessions is not None else [None] * len(prompts)
         out: dict[int, Generation] = {}
 
@@ -196,8 +197,8 @@ class HFBackend(Backend):
         return self._n_layers() * 2 * kv_heads * head_dim * 4
 
     def _prefill_fit(self, prompts: list[list[int]], sessions: Sequence[str | None]) -> int:
-        """How many of ``prompts`` (in order, at least 1) one prefill may encode together within ``max_prefill_gib``: its
-        attention materialises (rows, heads, new tokens, context) float32 scores a few times over (softmax, mask),
+        """How many of ``prompts`` (in order, at least 1) one prefill may encode together within ``max_prefill_gib``:
+        its attention materialises (rows, heads, new tokens, context) float32 scores a few times over (softmax, mask),
         so 16 prompts of 2.5k new tokens would take ~11 GB at once; a session's kept tokens are not new."""
         if self.max_prefill_bytes is None or len(prompts) <= 1:
             return len(prompts)

@@ -196,7 +196,8 @@ class HTTPBackend(Backend):
 
     def sync_weights(self, model: Any) -> None:
         raise BackendError(
-            f"{self.base_url} serves a frozen model: an HTTP backend cannot receive trainer weights (use rollout_backend hf or vllm for training)"
+            f"{self.base_url} serves a frozen model: an HTTP backend cannot "
+            "receive trainer weights (use rollout_backend hf or vllm for training)"
         )
 
     def release_all(self) -> None:
@@ -254,7 +255,8 @@ class HTTPBackend(Backend):
                 wait = e.wait
                 if wait is not None and wait > self.max_retry_after:
                     failures[-1] += (
-                        f" (the server asks to retry after {wait:g}s, more than max_retry_after {self.max_retry_after:g}s)"
+                        f" (the server asks to retry after {wait:g}s, more "
+                        f"than max_retry_after {self.max_retry_after:g}s)"
                     )
                     break
         with self._lock:
@@ -313,12 +315,15 @@ class HTTPBackend(Backend):
             ids = [int(t.split(":", 1)[1]) for t in lp["tokens"]]
         if ids is None:
             raise BackendError(
-                f"{self.base_url}/completions returned no completion token ids: token-level generation needs a server that honours return_token_ids or return_tokens_as_token_ids (envace serve, vLLM with vllm_extensions on)"
+                f"{self.base_url}/completions returned no completion token ids: "
+                "token-level generation needs a server that honours return_token_ids or "
+                "return_tokens_as_token_ids (envace serve, vLLM with vllm_extensions on)"
             )
         logprobs = lp.get("token_logprobs")
         if not isinstance(logprobs, list) or len(logprobs) != len(ids) or any(x is None for x in logprobs):
             raise BackendError(
-                f"{self.base_url}/completions returned log-probs {str(logprobs)[:100]} for {len(ids)} tokens (one number per completion token is needed)"
+                f"{self.base_url}/completions returned log-probs {str(logprobs)[:100]} "
+                f"for {len(ids)} tokens (one number per completion token is needed)"
             )
         text = c.get("text") or ""
         reason = c.get("finish_reason")

@@ -51,7 +51,8 @@ def open_backend(
     load = LOADERS.get(backend)
     if backend not in ("hf", "auto") and bf16 is not False:
         raise ValueError(
-            f"bf16 is a setting of the hf backend, not of {backend!r} (set it off, or use the backend's own precision option)"
+            f"bf16 is a setting of the hf backend, not of {backend!r} "
+            "(set it off, or use the backend's own precision option)"
         )
     if backend != "http" and is_url(model):
         raise ValueError(f"model {model!r} is a URL: a served model needs backend http (--backend http)")
@@ -102,7 +103,8 @@ def _vllm(model: str, /, device: str = "cpu", bf16: bool | str = False, **option
     path = str(model_path(model))  # a built-in name (the embedded default) is built into its folder first
     if is_adapter(path):
         raise ValueError(
-            f"backend vllm needs a full model folder, and {path!r} is a LoRA adapter; use backend hf (which merges it into its base)"
+            f"backend vllm needs a full model folder, and {path!r} is a "
+            "LoRA adapter; use backend hf (which merges it into its base)"
         )
     return VLLMBackend(path, **options)
 

@@ -342,7 +342,8 @@ def _colocate(engine_kwargs: dict[str, Any]) -> int:
         return 0
     if int(engine_kwargs.get("tensor_parallel_size", 1)) != 1:
         raise ValueError(
-            "a colocated vLLM engine under a data-parallel trainer must have tensor_parallel_size 1 (each process rolls out its own tasks)"
+            "a colocated vLLM engine under a data-parallel trainer must have "
+            "tensor_parallel_size 1 (each process rolls out its own tasks)"
         )
     engine_kwargs.setdefault("distributed_executor_backend", "external_launcher")
     return dist.get_rank()

@@ -19,8 +19,8 @@ Out (:func:`reply`): the completion is parsed by the same tool format; it is a t
 parses and names one of the request's tools. Model output is untrusted: anything else (a malformed
 block, an unterminated one, an unknown tool) is returned as plain content, never as a call. Arguments are not
 checked against the schemas (as OpenAI without ``strict``). A call reply's content is the text before the first
-call opener (``ToolFormat.openers``: ``<tool_call>`` for hermes; trailing whitespace dropped; None if empty): text after the blocks is dropped, as Act's
-instructions allow none.
+call opener (``ToolFormat.openers``: ``<tool_call>`` for hermes; trailing whitespace dropped; None if empty): text after
+the blocks is dropped, as Act's instructions allow none.
 
 Every problem with a request is a :class:`RequestError` naming the offending field (``messages[2].tool_call_id``).
 """
@@ -99,7 +99,8 @@ def tool_specs(tools: Any) -> list[ToolSpec]:
             )
         if f.get("strict"):
             raise RequestError(
-                f"{where}.function.strict: strict function calling is not supported (the model's calls are not constrained to the schema)",
+                f"{where}.function.strict: strict function calling is not "
+                "supported (the model's calls are not constrained to the schema)",
                 f"{where}.function.strict",
             )
         specs.append(ToolSpec.from_dict({"name": name, "description": desc or "", "parameters": params}))
@@ -116,7 +117,8 @@ def parses_calls(tool_choice: Any, tools: list[ToolSpec]) -> bool:
         return False
     if tool_choice == "required" or isinstance(tool_choice, dict):
         raise RequestError(
-            f'tool_choice {json.dumps(tool_choice)} cannot be honoured: this server does not constrain the model to call a tool; use "auto" or "none"',
+            f"tool_choice {json.dumps(tool_choice)} cannot be honoured: this server does not constrain the model to "
+            'call a tool; use "auto" or "none"',
             "tool_choice",
         )
     raise RequestError(f'tool_choice must be "auto" or "none", got {tool_choice!r}', "tool_choice")

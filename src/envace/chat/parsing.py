@@ -4,8 +4,9 @@ Act emits tool calls in its model family's format (:data:`TOOL_FORMATS`, chosen 
 ``hermes``, one or several ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks (ChatML models:
 SmolLM2, Qwen); ``llama3_json``, a reply that is a JSON object ``{"name": ..., "parameters": {...}}``, optionally
 after ``<|python_tag|>`` (Llama 3.1+); ``mistral``, ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]``;
-or plain text (a reply to the user). Reasoning (``<think>...</think>``) is stripped before any of them parses. Rehearse emits ``<observation>{json}</observation>`` where the JSON is the tool's
-result or a structured error object (see :func:`envace.core.types.error_obs`).
+or plain text (a reply to the user). Reasoning (``<think>...</think>``) is stripped before any of them parses. Rehearse
+emits ``<observation>{json}</observation>`` where the JSON is the tool's result or a structured error object (see
+:func:`envace.core.types.error_obs`).
 
 Model text is data: it is parsed with ``json.loads`` only and never evaluated.
 """
@@ -286,7 +287,8 @@ class ToolFormat:
 
     name: str
     call: str
-    """How one call is written, as a prompt says it (hermes: ``<tool_call>{"name": NAME, "arguments": {...}}</tool_call>``)."""
+    """How one call is written, as a prompt says it (hermes: ``<tool_call>{"name": NAME, "arguments":
+    {...}}</tool_call>``)."""
     several: str
     """How several calls are written (Act's instructions add it in parentheses after ``call``)."""
     parse_answer: Callable[[str, str | None], ActParse]

@@ -9,8 +9,8 @@ The segments come from a chat format (:data:`CHAT_FORMATS`, chosen by :meth:`Cha
 own chat template (Llama 3.x, Phi, ...) and verified on a probe chat against the template's own tokenization; a
 template that cannot be appended to (Mistral's system prompt merged into a user turn, one that raises) falls back
 to ChatML with a one-line notice. Act's system prompt holds the task's prompt and the calling instructions of the
-model's tool format (``envace.chat.parsing.TOOL_FORMATS``); its tools are the template's own ``tools=`` rendering where a
-``template`` format renders them inside the system turn (:meth:`ChatFormat.opening`, verified on a probe chat with
+model's tool format (``envace.chat.parsing.TOOL_FORMATS``); its tools are the template's own ``tools=`` rendering where
+a ``template`` format renders them inside the system turn (:meth:`ChatFormat.opening`, verified on a probe chat with
 tools; ``RolloutConfig.native_tools``), else envace's text list (:func:`act_system`), with a one-line notice where a
 template puts them elsewhere (Llama 3.1: in the first user message), ignores them or fails on them.
 
@@ -101,7 +101,10 @@ def rehearse_user_message(transcript: list[str], call: ToolCall, spec: ToolSpec 
     """The Rehearse user message: the conversation lines since the previous rehearsed call, then the call."""
     conv = "\n".join(transcript) or "(nothing new)"
     schema = json.dumps(spec.parameters, ensure_ascii=False) if spec else "(no such tool)"
-    return f"Conversation since the last call:\n{conv}\n\nCurrent call:\nname: {call.name}\nschema: {schema}\narguments: {dumps(call.arguments)}"
+    return (
+        f"Conversation since the last call:\n{conv}\n\nCurrent call:\nname: "
+        f"{call.name}\nschema: {schema}\narguments: {dumps(call.arguments)}"
+    )
 
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -364,13 +367,15 @@ def _chatml_generation(tokenizer: Any, plain: str, thinking: bool) -> str:
         before, after = (_template_text(tokenizer, chat, g, thinking) for g in (False, True))
     except Exception as e:  # noqa: BLE001 - a template's own error (jinja, missing template) is the reason
         notice(
-            f"{_model_name(tokenizer)}: thinking={thinking} is ignored: its chat template fails ({type(e).__name__}: {str(e)[:120]})"
+            f"{_model_name(tokenizer)}: thinking={thinking} is ignored: "
+            f"its chat template fails ({type(e).__name__}: {str(e)[:120]})"
         )
         return plain
     generation = after[len(before) :]
     if not after.startswith(before) or not generation.startswith(plain):
         notice(
-            f"{_model_name(tokenizer)}: thinking={thinking} is ignored: the template's generation prompt is not ChatML's"
+            f"{_model_name(tokenizer)}: thinking={thinking} is "
+            "ignored: the template's generation prompt is not ChatML's"
         )
         return plain
     return generation
@@ -474,8 +479,9 @@ def derive_template_format(tokenizer: Any, thinking: bool | None = None) -> Chat
         fmt.generation + reply
     ):
         notice(
-            f"{_model_name(tokenizer)}: its tokenizer merges the end of the generation prompt {fmt.generation[-8:]!r} with the text after it, "
-            "so a sampled reply kept in a context is tokenized unlike the template's re-rendering of it (contexts stay as sampled)"
+            f"{_model_name(tokenizer)}: its tokenizer merges the end of the generation prompt "
+            f"{fmt.generation[-8:]!r} with the text after it, so a sampled reply kept in a context "
+            "is tokenized unlike the template's re-rendering of it (contexts stay as sampled)"
         )
     return fmt
 
@@ -528,13 +534,19 @@ def _probe_tools(fmt: ChatFormat) -> str | None:
     except Exception as e:  # noqa: BLE001 - the template's own error (Llama 3.1: tools need a first user message)
         return " ".join(f"its chat template fails with tools= ({type(e).__name__}: {str(e)[:160]})".split())
     if not all(t.name in alone for t in tools):
-        return "the system message alone, rendered with tools=, does not hold them (Llama 3.1 writes them in the first user message)"
+        return (
+            "the system message alone, rendered with tools=, does not "
+            "hold them (Llama 3.1 writes them in the first user message)"
+        )
     if generation != fmt.generation:
         return "its generation prompt changes with tools="
     opened = fmt.render(PROBE_CHAT, add_generation_prompt=False, tools=tools)  # as Act's context is built
     want = fmt.encode(full)
     if opened != want:
-        return f"the probe chat opened by its tools= system turn differs from its rendering with tools= {_where_they_differ(fmt, opened, want)}"
+        return (
+            "the probe chat opened by its tools= system turn differs from its "
+            f"rendering with tools= {_where_they_differ(fmt, opened, want)}"
+        )
     return None
 
 
@@ -605,8 +617,8 @@ def _probe_thinking(fmt: ChatFormat) -> bool:
     want, got = fmt.encode(text), fmt.render(with_thinking_history(THINK_PROBE, "strip"), add_generation_prompt=False)
     if got != want:
         notice(
-            f"{_model_name(fmt.tokenizer)}: its chat template drops earlier thinking, but not as envace's thinking_history "
-            f"'strip' does: the probe chat differs {_where_they_differ(fmt, got, want)}"
+            f"{_model_name(fmt.tokenizer)}: its chat template drops earlier thinking, but not as envace's "
+            f"thinking_history 'strip' does: the probe chat differs {_where_they_differ(fmt, got, want)}"
         )
     return True
 

@@ -4,19 +4,20 @@
 generator seed). Each use keeps its own prime and salts, so the streams it derives stay apart and the values are
 those envace has always used:
 
-=====================================  ======================================  ===============================================
-where                                  seed                                    call
-=====================================  ======================================  ===============================================
-rollout: generate call n (and stream)  ``seed * 1_000_003 + n``                ``derive_seed(seed, n)``
-process r of a launched run            ``seed + 1_000_003 * r``                ``derive_seed(r, seed)``
-training iteration i                   ``seed * 100_003 + i``                  ``derive_seed(seed, i, prime=ITERATION_PRIME)``
-real share of iteration seed s         ``s * 1_000_003 + 1``                   ``derive_seed(s, REAL_SALT)``
-test-time attempt batch a              ``(seed + 1) * 7919 + a``               ``derive_seed(seed + 1, a, prime=ATTEMPT_PRIME)``
-test-time plan / reflection / memory   ``seed * 1_000_003 + 500_009 + n``      ``derive_seed(seed, PRIVATE_SALT + n)``
-=====================================  ======================================  ===============================================
+===============================  ==================================  =================================================
+where                            seed                                call
+===============================  ==================================  =================================================
+rollout call n (and its stream)  ``seed * 1_000_003 + n``            ``derive_seed(seed, n)``
+process r of a launched run      ``seed + 1_000_003 * r``            ``derive_seed(r, seed)``
+training iteration i             ``seed * 100_003 + i``              ``derive_seed(seed, i, prime=ITERATION_PRIME)``
+real share of iteration seed s   ``s * 1_000_003 + 1``               ``derive_seed(s, REAL_SALT)``
+test-time attempt batch a        ``(seed + 1) * 7919 + a``           ``derive_seed(seed + 1, a, prime=ATTEMPT_PRIME)``
+tts plan / reflection / memory   ``seed * 1_000_003 + 500_009 + n``  ``derive_seed(seed, PRIVATE_SALT + n)``
+===============================  ==================================  =================================================
 
-(``ITERATION_PRIME``, ``REAL_SALT``: envace.training.trainer; ``ATTEMPT_PRIME``, ``PRIVATE_SALT``: envace.evaluation.tts.) A backend's stream seeded
-``s`` seeds its call n with ``s * 1_000_003 + n`` too (``Backend.generate_stream``, which computes it itself).
+(``ITERATION_PRIME``, ``REAL_SALT``: envace.training.trainer; ``ATTEMPT_PRIME``, ``PRIVATE_SALT``:
+envace.evaluation.tts.) A backend's stream seeded ``s`` seeds its call n with ``s * 1_000_003 + n`` too
+(``Backend.generate_stream``, which computes it itself).
 
 The modulo changes none of them for non-negative seeds below 2**63 / prime (every seed a config takes), and where
 a negative base reaches it the result is congruent modulo 2**63 to the old one, which is all that the rollout's

@@ -56,7 +56,8 @@ class Score:
 
 Play = Callable[[list[Task]], list[Trajectory]]
 """Plays tasks with the model under test, each once in its real environment (real mode), and returns their
-trajectories in task order: what :meth:`Environment.prepare` gets (evaluation's: ``envace.evaluation.trials.player``)."""
+trajectories in task order: what :meth:`Environment.prepare` gets (evaluation's:
+``envace.evaluation.trials.player``)."""
 Prepare = Callable[[list[Task], Play], list[Task]]
 """(tasks, play) -> the same tasks, in order, ready to run (:meth:`Environment.prepare`)."""
 UNPREPARED = "unprepared"
@@ -292,8 +293,8 @@ def replay(task: Task, calls: list[ToolCall]) -> tuple[Environment, list[Any]]:
     if not replay_allowed(task):
         raise ReplayNotAllowedError(
             f"replaying {len(calls)} call(s) of task {task.id!r} would run them again on environment {task.env!r}, "
-            "whose tools may have real side effects; score trajectories that ran in it from that run (real mode records "
-            "its outcome), or, if re-running the calls is harmless, opt in with env_config allow_replay: true "
+            "whose tools may have real side effects; score trajectories that ran in it from that run (real mode "
+            "records its outcome), or, if re-running the calls is harmless, opt in with env_config allow_replay: true "
             '(an MCP tasks file: "allow_replay": true)'
         )
     env = make_env(task)

@@ -316,7 +316,10 @@ class MCPClient:
         code = self.returncode(wait_s)
         if code is None:
             return None
-        return f"the MCP server exited ({exit_reason(code)}); its stderr ends: {_one_line(self._stderr_tail()) or '(nothing)'}"
+        return (
+            f"the MCP server exited ({exit_reason(code)}); its stderr "
+            f"ends: {_one_line(self._stderr_tail()) or '(nothing)'}"
+        )
 
     def tool_specs(self) -> list[ToolSpec]:
         return [

@@ -67,8 +67,8 @@ def ensure_registered(spec: str) -> None:
         extra = _EXTRAS.get(prefix)
         if extra and not module.endswith(str(getattr(e, "name", "")) or "\0"):
             raise MissingExtraError(
-                f"environment {prefix!r} needs optional packages that are not installed ({e}); "
-                f"install the '{extra}' extra with: bash requirements/install-bench-envs.sh <python> "
-                f"(a minimal pinned set; a plain pip install 'envace[{extra}]' pulls the benchmark's full, multi-GB dependencies)"
+                f"environment {prefix!r} needs optional packages that are not installed ({e}); install the "
+                f"'{extra}' extra with: bash requirements/install-bench-envs.sh <python> (a minimal pinned "
+                f"set; a plain pip install 'envace[{extra}]' pulls the benchmark's full, multi-GB dependencies)"
             ) from e
         raise

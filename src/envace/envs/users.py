@@ -30,7 +30,8 @@ class UserSimulator(ABC):
 
 UNEXECUTED: dict[str, Any] = {
     "status": "not executed",
-    "note": "no real environment in this rollout mode: the action is recorded and applied when the conversation is scored",
+    "note": "no real environment in this rollout mode: the action is "
+    "recorded and applied when the conversation is scored",
 }
 """What a user-side call returns to the user where no real environment runs (rehearsal, simulator, per_role)."""
 

@@ -1,1 +1,2 @@
-"""Measurement: real-environment trials, test-time rehearsal, budgets, fidelity, the experiment, its report, and export of trajectories."""
+"""Measurement: real-environment trials, test-time rehearsal, budgets, fidelity, the experiment, its report, and export
+of trajectories."""

@@ -310,13 +310,20 @@ def _fmt_diff(d: Mapping[str, Any] | None) -> str:
 def format_report(report: Mapping[str, Any]) -> str:
     """Markdown: one table overall (with the differences to the baseline), one row per (reward, kind) after it."""
     base = report.get("baseline")
-    head = "| reward | n | unscored | mean | AUC | group AUC (pairs) | point-biserial | full reward | rewarded failures | fail given full |"
+    head = (
+        "| reward | n | unscored | mean | AUC | group AUC (pairs) | "
+        "point-biserial | full reward | rewarded failures | fail given full |"
+    )
     if base:
         head += f" AUC − {base} [95% CI] | group AUC − {base} [95% CI] |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for name, e in report["rewards"].items():
         m = e["overall"]
-        row = f"| `{name}` | {m['n']} | {m['n_unscored']} | {_fmt(m['mean'])} | {_fmt(m['auc'])} | {_fmt(m['group_auc'])} ({m['n_group_pairs'] or 0}) | {_fmt(m['point_biserial'])} | {_fmt(m['full_rate'])} | {_fmt(m['rewarded_failure_rate'])} | {_fmt(m['fail_given_full'])} |"
+        row = (
+            f"| `{name}` | {m['n']} | {m['n_unscored']} | {_fmt(m['mean'])} | {_fmt(m['auc'])} | "
+            f"{_fmt(m['group_auc'])} ({m['n_group_pairs'] or 0}) | {_fmt(m['point_biserial'])} | "
+            f"{_fmt(m['full_rate'])} | {_fmt(m['rewarded_failure_rate'])} | {_fmt(m['fail_given_full'])} |"
+        )
         if base:
             vs = e.get("vs_baseline", {})
             row += f" {_fmt_diff(vs.get('auc'))} | {_fmt_diff(vs.get('group_auc'))} |"
@@ -334,7 +341,8 @@ def format_report(report: Mapping[str, Any]) -> str:
             for k in kinds:
                 m = e["by_kind"][k]
                 lines.append(
-                    f"| `{name}` | {k} | {_fmt(m['success_rate'])} | {_fmt(m['mean'])} | {_fmt(m['auc'])} | {_fmt(m['group_auc'])} ({m['n_group_pairs'] or 0}) | {_fmt(m['rewarded_failure_rate'])} |"
+                    f"| `{name}` | {k} | {_fmt(m['success_rate'])} | {_fmt(m['mean'])} | {_fmt(m['auc'])} | "
+                    f"{_fmt(m['group_auc'])} ({m['n_group_pairs'] or 0}) | {_fmt(m['rewarded_failure_rate'])} |"
                 )
     return "\n".join(lines)
 

@@ -34,7 +34,8 @@ def evaluate_at_budget(
     mode: str = "parallel",
     tts_options: dict[str, Any] | None = None,
 ) -> EvalResult:
-    """:func:`envace.evaluation.trials.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section 3).
+    """:func:`envace.evaluation.trials.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section
+    3).
 
     ``n == 0`` is plain ``evaluate``. ``n > 0`` is :func:`evaluate_with_tts` with a
     ``TTSConfig(n=n, mode=mode, rollout=<rollout in rehearsal mode>, **tts_options)``: the attempts are
@@ -91,11 +92,11 @@ def evaluate_model(
     backend_options: dict[str, Any] | None = None,
 ) -> EvalResult:
     """Evaluate ``model`` on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n``. ``backend`` says what
-    generates (:func:`envace.backends.loaders.open_backend`, with ``backend_options``): ``hf`` loads ``model`` here
-    (a name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.backends.models.load`;
+    generates (:func:`envace.backends.loaders.open_backend`, with ``backend_options``): ``hf`` loads ``model`` here (a
+    name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.backends.models.load`;
     ``bf16``: generate in bf16, true, false or ``"auto"``, see ``HFBackend``), ``http`` asks the server at the URL
-    ``model``, ``vllm`` starts a vLLM engine. The real trials sample Act greedily when ``samples == 1``
-    and at T=0.7 otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
+    ``model``, ``vllm`` starts a vLLM engine. The real trials sample Act greedily when ``samples == 1`` and at T=0.7
+    otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
     from ..backends.loaders import open_backend
     from ..envs import load_tasks, suite_summary
 

@@ -104,8 +104,9 @@ def measure_claim(
     results: dict[str, Any], claim: Claim, resamples: int = 10_000, seed: int = 0
 ) -> dict[str, Any] | None:
     """The claim's contrast over the tasks every term was evaluated on (per-task outcomes pooled over the seeds
-    in which every term was evaluated: a test-time sweep of fewer seeds pairs its N=0 term with those seeds only): ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and
-    ``p_method``, ``n_tasks``, ``seeds``; None when some evaluation is missing. Two terms (B - A) are exactly
+    in which every term was evaluated: a test-time sweep of fewer seeds pairs its N=0 term with those seeds only):
+    ``diff`` (mean over tasks), ``ci95`` (paired bootstrap over tasks), ``p`` and ``p_method``, ``n_tasks``, ``seeds``;
+    None when some evaluation is missing. Two terms (B - A) are exactly
     :func:`envace.math.stats.paired_comparison` (exact McNemar with one binary outcome per task); more (a difference
     of gains) resample the per-task contrast, with a sign-flip p-value."""
     arms = {a for _, a, _, _ in claim.terms}

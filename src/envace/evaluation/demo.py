@@ -309,10 +309,12 @@ def run_demo(args: Any) -> int:
     keys = ["success_rate", "call_f1", "format_valid_rate", "tool_calls_per_traj", "steps_per_traj"]
     tcfg = tcfgs["envace"]
     lines = [
-        f"Held-out {args.suite} test tasks: {len(results['sft']['per_task'])}, greedy, real environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
+        f"Held-out {args.suite} test tasks: {len(results['sft']['per_task'])}, greedy, real "
+        f"environment; success with its 95% Wilson interval over tasks; seed {args.seed}",
         f"SFT: {scfg.steps} steps x {scfg.batch_tasks} gold trajectories of "
         + warmup_tasks
-        + f" (lr {scfg.lr:g}); EnvACE: {tcfg.iterations} iterations x {tcfg.batch_tasks} tasks x {tcfg.rollout.group_size}"
+        + f" (lr {scfg.lr:g}); EnvACE: {tcfg.iterations} iterations "
+        f"x {tcfg.batch_tasks} tasks x {tcfg.rollout.group_size}"
         + f" rehearsed trajectories, reward {reward_label(tcfg.reward)}, lr {tcfg.lr:g}"
         + (f"; controls with the same budget: {', '.join(DEMO_CONTROLS[v] for v in controls)}" if controls else ""),
         "",
@@ -327,15 +329,16 @@ def run_demo(args: Any) -> int:
     if fidelity:
         lines += [
             "",
-            f"Rehearse fidelity on a fixed shadow set: the first {n_fid} test tasks, one trajectory each (Act at T=1.0),"
-            " every rehearsed observation against what the real environment returned for the same call; exact ="
-            " canonical JSON equal, 95% Wilson interval over observations:",
+            f"Rehearse fidelity on a fixed shadow set: the first {n_fid} test tasks, one trajectory each "
+            "(Act at T=1.0), every rehearsed observation against what the real environment returned for "
+            "the same call; exact = canonical JSON equal, 95% Wilson interval over observations:",
             "",
             *fidelity_table([(labels[name], s) for name, s in fidelity.items()]),
         ]
     lines += [
         "",
-        f"Hardware: {hardware['cpu']} ({hardware['cores']} cores, torch CPU capability {hardware['torch_cpu_capability']}; SFT bf16: {hardware['bf16_decision']})",
+        f"Hardware: {hardware['cpu']} ({hardware['cores']} cores, torch CPU capability "
+        f"{hardware['torch_cpu_capability']}; SFT bf16: {hardware['bf16_decision']})",
         "Time: "
         + ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items())
         + (f" (reused from an earlier run into {out}, not timed here: {', '.join(reused)})" if reused else ""),

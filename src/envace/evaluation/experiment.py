@@ -21,21 +21,22 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   just before, so the rehearsal modes run first at each N) -- see envace.evaluation.trials. Every per-task row holds
   its generated tokens (``attempt_tokens``, ``private_tokens``, ``real_tokens``, ``gen_tokens``);
 - **rehearsal fidelity**: shadow rollouts of held-out tasks, each rehearsed observation scored against the real
-  one (envace.evaluation.fidelity), with the arm's own Rehearse model (the policy; the second model for ``per_role``; the
-  frozen simulator that answered in its training for ``simulator``: ``train_options.simulator_model``, else the SFT
+  one (envace.evaluation.fidelity), with the arm's own Rehearse model (the policy; the second model for ``per_role``;
+  the frozen simulator that answered in its training for ``simulator``: ``train_options.simulator_model``, else the SFT
   model). With ``fidelity_every`` > 0, every RL arm is also measured on the same
   shadow set (the same tasks, rollout seed and mode) at the start (the SFT model, measured once per seed) and
   after every ``fidelity_every`` iterations: training runs in segments that end there (each resumes the
   previous segment's checkpoint, which the trainer makes exact: same data order, RNG and optimizer state), and
   the curve (``fidelity_curve``: step, summary) ends with the arm's final fidelity.
 
-Everything goes to ``out_dir``: ``results.json`` (each evaluation with its metrics and per-task outcomes; rewritten after every arm; a rerun with the same config skips
-the (arm, seed) pairs already there -- ``seeds`` may differ: more seeds are added, fewer are reported -- and training itself resumes from its checkpoints), the per-arm training
-folders, and the report (``report.md``, ``report.html``, PNG figures, ``trajectories.html``; see envace.evaluation.report).
+Everything goes to ``out_dir``: ``results.json`` (each evaluation with its metrics and per-task outcomes; rewritten
+after every arm; a rerun with the same config skips the (arm, seed) pairs already there -- ``seeds`` may differ: more
+seeds are added, fewer are reported -- and training itself resumes from its checkpoints), the per-arm training folders,
+and the report (``report.md``, ``report.html``, PNG figures, ``trajectories.html``; see envace.evaluation.report).
 
 Departures, all at CPU scale: tiny budgets; the per-role and simulator arms rehearse with their *policy* at test
-time (envace.evaluation.tts has one model); fidelity is measured on the policy's own rollouts, so arms differ in the calls
-they make as well as in the observations they imagine.
+time (envace.evaluation.tts has one model); fidelity is measured on the policy's own rollouts, so arms differ in the
+calls they make as well as in the observations they imagine.
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ class ExperimentConfig:
     tts_budgets: tuple[int, ...] = (0, 1, 2, 3)
     """Rehearsal budgets N (0 = no rehearsal; must be listed: every arm is evaluated at N=0)."""
     tts_modes: tuple[str, ...] = ("parallel", "sequential", "plan")
-    """Test-time rehearsal modes for N > 0 (envace.evaluation.tts.REHEARSAL_MODES); ``plan`` is the compute-matched baseline
-    (needs ``parallel`` too: its budget is measured there)."""
+    """Test-time rehearsal modes for N > 0 (envace.evaluation.tts.REHEARSAL_MODES); ``plan`` is the compute-matched
+    baseline (needs ``parallel`` too: its budget is measured there)."""
     tts_arms: tuple[str, ...] = ("base", "sft", "envace")
     """Arms evaluated at the budgets N > 0 (the sweep costs several evaluations per budget and mode); the others
     at N=0 only. Arms not run are ignored."""
@@ -210,20 +211,23 @@ class ExperimentConfig:
         MEMORY_FORMATS.get(self.tts_memory)
         if any(not REHEARSAL_MODES.get(m).imagined for m in self.tts_modes) and PLAN_MATCHES not in self.tts_modes:
             raise ValueError(
-                f"tts_modes {list(self.tts_modes)}: a compute-matched baseline needs {PLAN_MATCHES!r} too (its token budget is measured there)"
+                f"tts_modes {list(self.tts_modes)}: a compute-matched baseline "
+                f"needs {PLAN_MATCHES!r} too (its token budget is measured there)"
             )
         unknown = set(self.train_options) - (
             TRAIN_OPTIONS := {f.name for f in dataclasses.fields(TrainConfig)} - EXPERIMENT_SETS
         )
         if unknown:
             raise ValueError(
-                f"train_options: {', '.join(sorted(unknown))} cannot be set there (allowed: {', '.join(sorted(TRAIN_OPTIONS))})"
+                f"train_options: {', '.join(sorted(unknown))} cannot be "
+                f"set there (allowed: {', '.join(sorted(TRAIN_OPTIONS))})"
             )
         if len(set(self.arms)) != len(self.arms) or not self.arms:
             raise ValueError(f"arms must be a non-empty list without repeats, got {self.arms}")
         if not self.seeds or not self.tts_budgets or min(self.tts_budgets) < 0 or 0 not in self.tts_budgets:
             raise ValueError(
-                f"seeds must be non-empty and tts_budgets must hold 0 (every arm's main evaluation) and no negative budget, got {list(self.tts_budgets)}"
+                "seeds must be non-empty and tts_budgets must hold 0 (every arm's "
+                f"main evaluation) and no negative budget, got {list(self.tts_budgets)}"
             )
         if self.eval_tasks < 1 or self.eval_samples < 1 or self.fidelity_tasks < 0 or self.fidelity_samples < 1:
             raise ValueError("eval_tasks, eval_samples, fidelity_samples >= 1 and fidelity_tasks >= 0 are required")
@@ -491,15 +495,16 @@ def plan_budget(evals: list[dict[str, Any]], n: int, fallback: int) -> tuple[int
 
 def arm_backend(cfg: ExperimentConfig, model: str) -> Any:
     """A backend generating with ``model`` (a folder an arm saved, or a name) at the experiment's precision; an
-    http(s) URL (a served ``simulator_model``) is that server, as in training (envace.backends.loaders.frozen_backend)."""
+    http(s) URL (a served ``simulator_model``) is that server, as in training
+    (envace.backends.loaders.frozen_backend)."""
     from ..backends.loaders import frozen_backend
 
     return frozen_backend(model, bf16=cfg.generate_bf16)
 
 
 def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: Any = None) -> Any:
-    """Rehearsal fidelity (envace.evaluation.fidelity.FidelityResult) of an arm's models on the fixed shadow set: the first
-    ``fidelity_tasks`` held-out tasks, the same rollout seed for every arm and checkpoint; Rehearse is the
+    """Rehearsal fidelity (envace.evaluation.fidelity.FidelityResult) of an arm's models on the fixed shadow set: the
+    first ``fidelity_tasks`` held-out tasks, the same rollout seed for every arm and checkpoint; Rehearse is the
     policy, the per-role arm's second model, or the simulator arm's frozen simulator."""
     from ..envs import load_tasks
     from .fidelity import measure_fidelity
@@ -700,7 +705,8 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
         saved = with_defaults(old.get("config", {}), to_dict(ExperimentConfig()))
         if diff := config_diff(saved, conf, ignore=RESUMABLE):
             raise ValueError(
-                f"{cfg.out_dir} holds an experiment with another config ({describe_diff(diff)}); choose another out_dir, or set resume=false to start over there"
+                f"{cfg.out_dir} holds an experiment with another config ({describe_diff(diff)}); "
+                "choose another out_dir, or set resume=false to start over there"
             )
         results["runs"] = old.get("runs", {})
     t0 = time.perf_counter()
@@ -743,7 +749,8 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             _write_json(path, results)
             head = next(e for e in rec["evals"] if e["n"] == 0)["metrics"]
             _say(
-                f"{label}: success {rate_with_ci(head)}, tool F1 {head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)"
+                f"{label}: success {rate_with_ci(head)}, tool F1 "
+                f"{head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)"
             )
     _write_json(path, results)  # every seed ever run here; the report shows the config's seeds
     shown = {

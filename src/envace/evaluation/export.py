@@ -208,7 +208,8 @@ EXTRA_FIELDS = ("iteration",)  # fields a trajectories file adds to Trajectory.t
 def _raw_items(path: str) -> Iterator[tuple[str, Any]]:
     """``(where, parsed JSON or an error string)`` for each trajectory of a file: JSON lines (a training run's
     ``trajectories.jsonl``, ``envace rollout --out``), or one JSON document with a ``trajectories`` list (``envace
-    eval --trajectories --out``, ``envace fidelity --out``) or a list of them. A folder means its ``trajectories.jsonl``."""
+    eval --trajectories --out``, ``envace fidelity --out``) or a list of them. A folder means its
+    ``trajectories.jsonl``."""
     if os.path.isdir(path):
         path = os.path.join(path, "trajectories.jsonl")
     with open(path, encoding="utf-8", errors="replace") as f:

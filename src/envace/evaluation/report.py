@@ -1,4 +1,5 @@
-"""The experiment report: tables (95% intervals over tasks, spread over seeds), figures and a trajectory viewer, all static files.
+"""The experiment report: tables (95% intervals over tasks, spread over seeds), figures and a trajectory viewer, all
+static files.
 
 The claims table has its own module (:mod:`envace.evaluation.claims`), as has the trajectory viewer
 (:mod:`envace.evaluation.viewer`); both read ``results.json`` through :mod:`envace.evaluation.results`. Their names
@@ -329,8 +330,8 @@ def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[lis
 
 
 def fidelity_breakdown_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Fidelity where rehearsal fails (envace.evaluation.fidelity.BREAKDOWNS): per arm, read vs write calls, the number of
-    state fields changed, real success vs error and the position in the trajectory; mean ± std over seeds."""
+    """Fidelity where rehearsal fails (envace.evaluation.fidelity.BREAKDOWNS): per arm, read vs write calls, the number
+    of state fields changed, real success vs error and the position in the trajectory; mean ± std over seeds."""
     head = ["arm", "split", "bucket", "pairs", *FID_METRICS]
     rows = []
     for arm in results["arms"]:
@@ -506,12 +507,12 @@ def _img_data(path: str) -> str:
 
 def _config_summary(c: dict[str, Any]) -> str:
     return (
-        f"model `{c.get('model')}`, suite `{c.get('suite')}`, seeds {list(c.get('seeds', []))}; SFT {c.get('sft_steps')} steps; "
-        f"RL {c.get('iterations')} iterations x B={c.get('batch_tasks')} x K={c.get('group_size')} (lr {c.get('lr')}, reward {c.get('reward')}); "
-        f"evaluation on {c.get('eval_tasks')} `{c.get('eval_split')}` tasks x {c.get('eval_samples')} trials (T={c.get('eval_temperature')}), "
-        f"rehearsal budgets N={list(c.get('tts_budgets', []))} ({', '.join(c.get('tts_modes', []))}; memory format "
-        f"`{c.get('tts_memory')}`); fidelity on "
-        f"{c.get('fidelity_tasks')} tasks x {c.get('fidelity_samples')}."
+        f"model `{c.get('model')}`, suite `{c.get('suite')}`, seeds {list(c.get('seeds', []))}; SFT "
+        f"{c.get('sft_steps')} steps; RL {c.get('iterations')} iterations x B={c.get('batch_tasks')} x "
+        f"K={c.get('group_size')} (lr {c.get('lr')}, reward {c.get('reward')}); evaluation on {c.get('eval_tasks')} "
+        f"`{c.get('eval_split')}` tasks x {c.get('eval_samples')} trials (T={c.get('eval_temperature')}), rehearsal "
+        f"budgets N={list(c.get('tts_budgets', []))} ({', '.join(c.get('tts_modes', []))}; memory format "
+        f"`{c.get('tts_memory')}`); fidelity on {c.get('fidelity_tasks')} tasks x {c.get('fidelity_samples')}."
     )
 
 
@@ -554,32 +555,39 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "fidelity_breakdown": fidelity_breakdown_table(results),
     }
     captions = {
-        "claims": "Each claim as a per-task contrast of evaluations on the same held-out tasks (outcomes pooled over the seeds every arm of the claim ran): "
-        "the measured difference, its paired bootstrap 95% interval over tasks and p-value (two evaluations: envace.math.stats.paired_comparison, "
-        "exact McNemar for one binary outcome per task; a difference of gains: sign-flip permutation of the per-task contrast). "
-        "Verdict: holds = the interval excludes 0 in the claimed direction; does not hold = it excludes 0 in the other direction; "
-        "cannot tell at this scale = it contains 0 (a ≥ claim has no margin here: it needs the same evidence as >). "
-        "The paper's numbers are Qwen3-8B on tau2-Bench / BFCL; this is a small model on CPU.",
-        "main": f"Held-out tasks in the real environment, no test-time rehearsal (N=0). Success: the per-task outcomes of all {n_seeds} seed(s) pooled, "
-        "with the 95% Wilson interval over tasks (conservative with several outcomes per task, envace.math.stats); over seeds: mean ± std (min–max) "
-        "of each seed's rate. Other columns: mean ± std over seeds.",
-        "paired": "Each RL arm against SFT on the same held-out tasks (N=0, outcomes pooled over the seeds both ran): the difference with its paired "
-        "bootstrap 95% interval over tasks (10,000 resamples, seeded) and its p-value (exact McNemar for one binary outcome per task, "
-        "else a paired sign-flip permutation test of per-task mean success).",
+        "claims": "Each claim as a per-task contrast of evaluations on the same held-out tasks (outcomes pooled over "
+        "the seeds every arm of the claim ran): the measured difference, its paired bootstrap 95% interval over "
+        "tasks and p-value (two evaluations: envace.math.stats.paired_comparison, exact McNemar for one binary "
+        "outcome per task; a difference of gains: sign-flip permutation of the per-task contrast). Verdict: "
+        "holds = the interval excludes 0 in the claimed direction; does not hold = it excludes 0 in the other "
+        "direction; cannot tell at this scale = it contains 0 (a ≥ claim has no margin here: it needs the same "
+        "evidence as >). The paper's numbers are Qwen3-8B on tau2-Bench / BFCL; this is a small model on CPU.",
+        "main": "Held-out tasks in the real environment, no test-time rehearsal (N=0). Success: the per-task outcomes "
+        f"of all {n_seeds} seed(s) pooled, with the 95% Wilson interval over tasks "
+        "(conservative with several outcomes per task, envace.math.stats); over seeds: "
+        "mean ± std (min–max) of each seed's rate. Other columns: mean ± std over seeds.",
+        "paired": "Each RL arm against SFT on the same held-out tasks (N=0, outcomes pooled over the seeds both ran): "
+        "the difference with its paired bootstrap 95% interval over tasks (10,000 "
+        "resamples, seeded) and its p-value (exact McNemar for one binary outcome per "
+        "task, else a paired sign-flip permutation test of per-task mean success).",
         "kinds": "Success at N=0 by task kind (rate [95% Wilson interval] (tasks), pooled over seeds).",
-        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, seq = sequential, "
-        "plan = the compute-matched baseline: N plans without tool results): rate [95% Wilson interval over tasks] pooled over the sweep's "
-        "seeds and tasks (tts_seeds, tts_tasks; N=0 on the same ones), · sd = std of the per-seed rates.",
-        "tts_tokens": "Generated tokens per task before the real run, at each budget: attempts · all (attempts = Act + Rehearse tokens of the rehearsed "
-        "attempts, or the plans' tokens of the compute-matched baseline; all = + reflections and memory), mean over seeds; "
-        "(plan ≤ T): the plan budget, the mean tokens of one parallel attempt of the same arm at that N. Per-task counts are in results.json.",
-        "fidelity_curve": "Leaf-value accuracy of rehearsed observations on the same held-out shadow tasks (same rollout seed) at step 0 (the SFT model) "
-        "and every fidelity_every RL iterations, mean ± std over seeds.",
-        "fidelity": "Rehearsal fidelity of each arm's Rehearse model on shadow rollouts (valid JSON, exact match, key-set match, leaf-value accuracy, error-vs-success agreement).",
+        "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, "
+        "seq = sequential, plan = the compute-matched baseline: N plans without tool "
+        "results): rate [95% Wilson interval over tasks] pooled over the sweep's seeds and "
+        "tasks (tts_seeds, tts_tasks; N=0 on the same ones), · sd = std of the per-seed rates.",
+        "tts_tokens": "Generated tokens per task before the real run, at each budget: attempts · all (attempts = Act "
+        "+ Rehearse tokens of the rehearsed attempts, or the plans' tokens of the compute-matched "
+        "baseline; all = + reflections and memory), mean over seeds; (plan ≤ T): the plan budget, the mean "
+        "tokens of one parallel attempt of the same arm at that N. Per-task counts are in results.json.",
+        "fidelity_curve": "Leaf-value accuracy of rehearsed observations on the same held-out shadow tasks (same "
+        "rollout seed) at step 0 (the SFT model) and every fidelity_every RL iterations, mean ± std over seeds.",
+        "fidelity": "Rehearsal fidelity of each arm's Rehearse model on shadow rollouts (valid JSON, "
+        "exact match, key-set match, leaf-value accuracy, error-vs-success agreement).",
         "fidelity_domain": "Fidelity per domain.",
         "fidelity_tool": "Fidelity per tool.",
-        "fidelity_breakdown": "Fidelity split where rehearsal fails: read (the real call changed no top-level state field) vs write, the number of "
-        "state fields the real call changed, real success vs error observation, and the Act step the call came from (1, 2, 3+).",
+        "fidelity_breakdown": "Fidelity split where rehearsal fails: read (the real call changed no top-level state "
+        "field) vs write, the number of state fields the real call changed, real "
+        "success vs error observation, and the Act step the call came from (1, 2, 3+).",
     }
     titles = {
         "claims": "The paper's claims",
@@ -623,7 +631,8 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     ]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     md.append(
-        "## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: [trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n"
+        "## Trajectories\n\nRehearsed vs real observations, mismatches highlighted: "
+        "[trajectories.html](trajectories.html). Raw numbers: [results.json](results.json).\n"
     )
     if "elapsed_s" in results:
         md.append(f"Total time: {results['elapsed_s']:.0f} s.\n")
@@ -633,11 +642,13 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     # HTML
     arms_html = "".join(f"<li><b>{html.escape(a)}</b>: {html.escape(docs.get(a, ''))}</li>" for a in results["arms"])
     body = [
-        f"<h1>EnvACE experiment in miniature</h1><p>{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"
+        "<h1>EnvACE experiment in miniature</h1><p>"
+        f"{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"
     ]
     for key in [k for k in ("claims", "main", "paired", "kinds", "tts", "tts_tokens") if tables[k][1]]:
         body.append(
-            f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>{html.escape(captions[key])}</p>{html_table(*tables[key])}"
+            f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>"
+            f"{html.escape(captions[key])}</p>{html_table(*tables[key])}"
         )
     body.append(
         f"<h2 id='figures'>Figures</h2><p class='meta'>{html.escape(TRAIN_SUCCESS_NOTE)}</p>"
@@ -645,13 +656,16 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     )
     if tables["fidelity_curve"][1]:
         body.append(
-            f"<h3>{titles['fidelity_curve']}</h3><p class='meta'>{html.escape(captions['fidelity_curve'])}</p>{html_table(*tables['fidelity_curve'])}"
+            f"<h3>{titles['fidelity_curve']}</h3><p class='meta'>"
+            f"{html.escape(captions['fidelity_curve'])}</p>{html_table(*tables['fidelity_curve'])}"
         )
     body.append(
-        f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}"
+        f"<h2 id='fidelity'>{titles['fidelity']}</h2><p class='meta'>"
+        f"{html.escape(captions['fidelity'])}</p>{html_table(*tables['fidelity'])}"
     )
     body.append(
-        f"<h3>{titles['fidelity_breakdown']}</h3><p class='meta'>{html.escape(captions['fidelity_breakdown'])}</p>{html_table(*tables['fidelity_breakdown'])}"
+        f"<h3>{titles['fidelity_breakdown']}</h3><p class='meta'>"
+        f"{html.escape(captions['fidelity_breakdown'])}</p>{html_table(*tables['fidelity_breakdown'])}"
     )
     for key in ("fidelity_domain", "fidelity_tool"):
         body.append(f"<details><summary>{titles[key]}</summary>{html_table(*tables[key])}</details>")

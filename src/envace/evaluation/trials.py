@@ -38,7 +38,8 @@ write the memory the questions start from. Those episodes run with the model und
 :attr:`EvalResult.prepared`.
 
 A suite with its own report (``envace.envs.SUMMARIES``; BFCL: its leaderboard table with the overall score)
-adds it to the result of ``envace.evaluation.budget.evaluate_model`` (``EvalResult.summary``), printed after the metrics and saved.
+adds it to the result of ``envace.evaluation.budget.evaluate_model`` (``EvalResult.summary``), printed after the metrics
+and saved.
 
 Results keep per-task outcomes (``per_task``: ``task_id``, ``domain``, ``kind`` if any, ``successes`` one bool
 per sample, the F1s), the suite, the split and the task ids, so :func:`compare_results` (``envace compare``) can
@@ -475,7 +476,8 @@ def format_comparison(c: dict[str, Any]) -> str:
             rows.append(row(f"{group[3:]}/{name}", x))
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     lines = [
-        f"A = {c['a']}, B = {c['b']}: {c['suite'] or '?'}/{c['split'] or '?'}, {c['n_tasks']} tasks, samples per task {'/'.join(map(str, c['samples']))}"
+        f"A = {c['a']}, B = {c['b']}: {c['suite'] or '?'}/{c['split'] or '?'}, "
+        f"{c['n_tasks']} tasks, samples per task {'/'.join(map(str, c['samples']))}"
     ]
     lines += [
         "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
@@ -485,7 +487,7 @@ def format_comparison(c: dict[str, Any]) -> str:
         {c["overall"]["p_method"], *(x["p_method"] for g in ("by_kind", "by_domain") for x in c.get(g, {}).values())}
     )
     lines.append(
-        f"intervals: Wilson over tasks (per-task mean success); B - A: paired bootstrap over tasks ({c['resamples']} resamples, seed {c['seed']}); "
-        f"p: {', '.join(P_METHODS.get(m, m) for m in methods)}"
+        "intervals: Wilson over tasks (per-task mean success); B - A: paired bootstrap over tasks "
+        f"({c['resamples']} resamples, seed {c['seed']}); p: {', '.join(P_METHODS.get(m, m) for m in methods)}"
     )
     return "\n".join(lines)

@@ -30,8 +30,8 @@ replaced by N independent *plans* (role ``plan``): one generation each, in its o
 task, its tool schemas), listing the tool calls the model would make and what could go wrong -- no tool is
 called and no tool result is imagined. Each plan gets a reflection, the same memory builder distills them, and
 the real run is the same. Its cost is matched in generated tokens: a plan may use up to
-``plan_max_new_tokens``, which envace.evaluation.experiment sets to the mean tokens (Act + Rehearse) one rehearsed attempt
-of the same model generated at the same N; every record counts its tokens per role (``tokens/plan``,
+``plan_max_new_tokens``, which envace.evaluation.experiment sets to the mean tokens (Act + Rehearse) one rehearsed
+attempt of the same model generated at the same N; every record counts its tokens per role (``tokens/plan``,
 ``tokens/act``, ``tokens/rehearse``, ``tokens/reflect``, ``tokens/memory``) and the metrics report the mean
 per task (``tts/attempt_tokens_per_task``, ``tts/rehearsal_tokens_per_task``), so whether the two paths were
 matched is measured, not assumed. A gain of rehearsal over ``plan`` is then a gain of the imagined
@@ -194,7 +194,8 @@ class TTSConfig:
             raise ValueError(f"plan_max_new_tokens must be >= 1, got {self.plan_max_new_tokens}")
         if self.rollout.mode != "rehearsal" or self.rollout.shadow:
             raise ValueError(
-                "TTSConfig.rollout must have mode='rehearsal' and shadow=False: attempts are self-rehearsed and never touch the real environment (the final run is always real)"
+                "TTSConfig.rollout must have mode='rehearsal' and shadow=False: attempts are "
+                "self-rehearsed and never touch the real environment (the final run is always real)"
             )
 
     def attempt_rollout(self, group_size: int, attempt: int) -> RolloutConfig:

@@ -22,7 +22,8 @@ def json_html(obj: Any, bad: set[Path], cls: str = "mm", path: Path = ()) -> str
     """Compact JSON as HTML; leaves whose path is in ``bad`` are wrapped in ``<span class=cls>``."""
     if isinstance(obj, dict) and obj:
         inner = ", ".join(
-            f'<span class="k">{html.escape(json.dumps(k, ensure_ascii=False))}</span>: {json_html(v, bad, cls, path + (k,))}'
+            f'<span class="k">{html.escape(json.dumps(k, ensure_ascii=False))}</span>'
+            f": {json_html(v, bad, cls, path + (k,))}"
             for k, v in obj.items()
         )
         return "{" + inner + "}"
@@ -37,7 +38,8 @@ def trajectory_html(traj: Trajectory, anchor: str) -> str:
     users = [m.content for m in traj.messages if m.role == "user"]
     out = [f'<section class="traj" id="{anchor}" data-anchor="{anchor}">']
     out.append(
-        f"<h3>{html.escape(traj.id)}</h3><p class='meta'>task {html.escape(traj.task_id)} · mode {html.escape(traj.mode)} · truncated {html.escape(str(traj.truncated))}</p>"
+        f"<h3>{html.escape(traj.id)}</h3><p class='meta'>task {html.escape(traj.task_id)} · "
+        f"mode {html.escape(traj.mode)} · truncated {html.escape(str(traj.truncated))}</p>"
     )
     turn = -1
     for si, step in enumerate(traj.steps):
@@ -48,7 +50,8 @@ def trajectory_html(traj: Trajectory, anchor: str) -> str:
         if not step.observations:
             continue
         out.append(
-            '<table class="obs"><thead><tr><th>call</th><th>rehearsed</th><th>real (shadow)</th><th>scores</th></tr></thead><tbody>'
+            '<table class="obs"><thead><tr><th>call</th><th>rehearsed</th>'
+            "<th>real (shadow)</th><th>scores</th></tr></thead><tbody>"
         )
         for i, obs in enumerate(step.observations):
             src = step.sources[i] if i < len(step.sources) else "?"
@@ -56,7 +59,8 @@ def trajectory_html(traj: Trajectory, anchor: str) -> str:
             call = step.calls[i].key() if i < len(step.calls) else "(unparsed)"
             if real is None:
                 out.append(
-                    f"<tr><td><code>{html.escape(call)}</code></td><td><span class='src'>{html.escape(src)}</span> <code>{json_html(obs, set())}</code></td><td class='na'>not recorded</td><td></td></tr>"
+                    f"<tr><td><code>{html.escape(call)}</code></td><td><span class='src'>{html.escape(src)}</span>"
+                    f" <code>{json_html(obs, set())}</code></td><td class='na'>not recorded</td><td></td></tr>"
                 )
                 continue
             bad_r, bad_t = mismatched_leaves(obs, real)
@@ -85,7 +89,7 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;padding:6px;ma
 tr.match td{background:#eefbea}.na{color:#999}.sc{font-size:11px;color:#444;white-space:nowrap}
 .user{background:#eef4ff;padding:6px;margin:6px 0}.act{margin:6px 0}.traj{border:1px solid #ddd;padding:10px;margin:12px 0}
 .legend span{padding:0 6px;margin-right:8px}details{margin:6px 0}
-"""
+"""  # noqa: E501
 
 
 def page(title: str, body: str, script: str = "") -> str:
@@ -107,7 +111,8 @@ def viewer_html(results: dict[str, Any]) -> str:
                 anchor = f"t-{arm}-{seed}-{j}"
                 n_pairs = sum(1 for s in traj.steps for x in s.shadow if x is not None)
                 options.append(
-                    f"<option value='{anchor}'>{html.escape(arm)} · seed {seed} · {html.escape(traj.task_id)} · {n_pairs} compared</option>"
+                    f"<option value='{anchor}'>{html.escape(arm)} · seed {seed} "
+                    f"· {html.escape(traj.task_id)} · {n_pairs} compared</option>"
                 )
                 sections.append(
                     f"<div class='arm-label meta'>arm <b>{html.escape(arm)}</b>, seed {seed}</div>"

@@ -32,9 +32,9 @@ Built-in rewards:
 :func:`make_reward` builds a weighted sum of rewards from a spec (``"gold_f1"``, ``["gold_exact", ...]`` or
 ``{"gold_exact": 0.5, "checklist": 0.5}``); a term may be a product of registered rewards written with ``*``
 (``"gold_f1*reply_facts"``: right calls *and* right facts; ``{"gold_f1*reply_facts": 0.8, "checklist": 0.2}``).
-A term, and the whole reward, is unscored (None) when any reward in it is. :func:`score_trajectories` writes ``traj.reward`` /
-``traj.reward_info`` for a group and counts the unscored ones. :func:`call_prf` and :func:`tool_name_prf`
-are the pure metrics the evaluation harness reuses.
+A term, and the whole reward, is unscored (None) when any reward in it is. :func:`score_trajectories` writes
+``traj.reward`` / ``traj.reward_info`` for a group and counts the unscored ones. :func:`call_prf` and
+:func:`tool_name_prf` are the pure metrics the evaluation harness reuses.
 
 Argument comparisons are canonical: two values match when their canonical JSON (:func:`envace.core.types.dumps`,
 sorted keys) is equal, the same rule as :meth:`envace.core.types.ToolCall.key`. So ``1`` and ``1.0`` differ.

@@ -1,1 +1,2 @@
-"""The rollout: Act and Rehearse unrolling trajectories (the engine), and the method variants that decide who plays Rehearse."""
+"""The rollout: Act and Rehearse unrolling trajectories (the engine), and the method variants that decide who plays
+Rehearse."""

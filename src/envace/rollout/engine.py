@@ -127,9 +127,9 @@ class RolloutConfig:
     the tokenizer's own chat template and verified on a probe chat; a template that fails falls back to ChatML with
     a one-line notice). None: ``chatml`` for a ChatML vocabulary (SmolLM2, Qwen), else ``template`` (Llama, ...)."""
     tool_format: str | None = None
-    """How Act writes tool calls (envace.chat.parsing.TOOL_FORMATS): ``hermes`` (``<tool_call>`` blocks), ``llama3_json``
-    or ``mistral``; None: the one the tokenizer's chat template hints at, else hermes. The system prompt's calling
-    instructions and SFT's gold calls follow it."""
+    """How Act writes tool calls (envace.chat.parsing.TOOL_FORMATS): ``hermes`` (``<tool_call>`` blocks),
+    ``llama3_json`` or ``mistral``; None: the one the tokenizer's chat template hints at, else hermes. The system
+    prompt's calling instructions and SFT's gold calls follow it."""
     native_tools: bool = True
     """With the ``template`` chat format, Act's system turn carries the tools as the tokenizer's chat template
     renders ``tools=`` (the model's own tool prompt, e.g. Qwen's ``<tools>`` block), where the template writes them
@@ -254,7 +254,8 @@ class _Runs:
                     pass
 
 
-# name -> fn(engine, runs, progress bar): drives the trajectories of a run (_Runs) to the end (see RolloutConfig.schedule)
+# name -> fn(engine, runs, progress bar): drives the trajectories of a run (_Runs) to the end (see
+# RolloutConfig.schedule)
 SCHEDULES: Registry[Callable[..., None]] = Registry("rollout schedule")
 SCHEDULES.add("lockstep", lambda engine, runs, bar: engine._run_lockstep(runs, bar))
 SCHEDULES.add("continuous", lambda engine, runs, bar: engine._run_continuous(runs, bar))
@@ -663,7 +664,8 @@ def rollout(policy: Backend, tasks: list[Task], cfg: RolloutConfig, **kw: Any) -
 def format_trajectory(traj: Trajectory) -> str:
     """A readable transcript of a trajectory (Act chat with observation sources and shadow observations)."""
     lines = [
-        f"# trajectory {traj.id}  task={traj.task_id}  mode={traj.mode}  reward={traj.reward}  truncated={traj.truncated}"
+        f"# trajectory {traj.id}  task={traj.task_id}  mode={traj.mode}  "
+        f"reward={traj.reward}  truncated={traj.truncated}"
     ]
     for s in traj.steps:
         lines.append(f"[act] {s.action_text.strip()}")

@@ -170,7 +170,8 @@ def check_fields(body: dict[str, Any], known: frozenset[str], endpoint: str) -> 
     unknown = sorted(set(body) - known)
     if unknown:
         raise RequestError(
-            f"unsupported field(s) {', '.join(map(repr, unknown))} for {endpoint}; supported: {', '.join(sorted(known))}",
+            f"unsupported field(s) {', '.join(map(repr, unknown))} "
+            f"for {endpoint}; supported: {', '.join(sorted(known))}",
             unknown[0],
         )
     for key, (ok, accepted) in NO_OP_ONLY.items():
@@ -415,7 +416,8 @@ class EnvaceServer:
         n, least = self.cfg.context_length, fewest_tokens(chars, self.token_chars)
         if n is not None and least + params.max_new_tokens > n:
             raise RequestError(
-                f"'{param}': the prompt ({chars} characters: at least {least} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})",
+                f"'{param}': the prompt ({chars} characters: at least {least} tokens) + "
+                f"max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})",
                 param,
             )
 
@@ -434,7 +436,8 @@ class EnvaceServer:
                 raise RequestError(f"'{param}': the prompt is empty", param)
             if n is not None and len(p) + params.max_new_tokens > n:
                 raise RequestError(
-                    f"'{param}': the prompt ({len(p)} tokens) + max_tokens ({params.max_new_tokens}) exceeds the model's context length ({n})",
+                    f"'{param}': the prompt ({len(p)} tokens) + max_tokens "
+                    f"({params.max_new_tokens}) exceeds the model's context length ({n})",
                     param,
                 )
         opts = body.get("stream_options")
@@ -476,7 +479,8 @@ class EnvaceServer:
         lp = body.get("logprobs")
         if lp is not None and (isinstance(lp, bool) or not isinstance(lp, int) or lp != 0):
             raise RequestError(
-                f"'logprobs' must be 0 (the sampled tokens' log-probs; the backend gives no alternatives) or null, got {lp!r}",
+                "'logprobs' must be 0 (the sampled tokens' log-probs; "
+                f"the backend gives no alternatives) or null, got {lp!r}",
                 "logprobs",
             )
         params = self.sampling(body)
@@ -638,12 +642,14 @@ class EnvaceServer:
 
     async def _sse(self, req: GenRequest, request: Request, chat: bool) -> AsyncIterator[str]:
         """The streamed answer: per choice, the text as it becomes sure (see :func:`streamable`), its tool calls
-        and finish reason at the end; with each text chunk the log-probs (and token ids) of the tokens since the last."""
+        and finish reason at the end; with each text chunk the log-probs (and token ids) of the tokens since the
+        last."""
         obj, prefix = ("chat.completion.chunk", "chatcmpl") if chat else ("text_completion", "cmpl")
         rid, created = f"{prefix}-{uuid.uuid4().hex}", int(time.time())
 
         def event(choices: list[dict[str, Any]], **extra: Any) -> str:
-            return f"data: {json.dumps(self._envelope(obj, prefix, choices, rid, created) | extra, ensure_ascii=False)}\n\n"
+            data = json.dumps(self._envelope(obj, prefix, choices, rid, created) | extra, ensure_ascii=False)
+            return f"data: {data}\n\n"
 
         k_all = len(req.prompts) * req.n
         holds = [s for s in req.params.stop if s] + (list(self.tools.openers) if req.tools else [])

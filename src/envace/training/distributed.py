@@ -58,7 +58,8 @@ class Dist:
     grad_scale = 1.0
     """The loss is multiplied by this before backward (undoes the wrapper's gradient averaging over processes)."""
     direct_head = True
-    """Whether the update may run the model's trunk and LM head separately (a prepared DDP/FSDP model must be called whole)."""
+    """Whether the update may run the model's trunk and LM head separately (a prepared DDP/FSDP model must be called
+    whole)."""
     shards_parameters = False
     """True under FSDP: no process holds the full weights outside a forward."""
 
@@ -187,8 +188,8 @@ class AccelerateDist(Dist):
         kind = self.acc.distributed_type
         if kind == DistributedType.DEEPSPEED:
             raise ValueError(
-                "DeepSpeed is not supported: its engine steps the optimizer inside backward, which breaks envace's "
-                "one optimizer step per batch over packed micro-batches; configure accelerate for DDP (multi-GPU) or FSDP"
+                "DeepSpeed is not supported: its engine steps the optimizer inside backward, which breaks envace's one "
+                "optimizer step per batch over packed micro-batches; configure accelerate for DDP (multi-GPU) or FSDP"
             )
         self.rank = self.acc.process_index
         self.world_size = self.acc.num_processes
@@ -249,7 +250,8 @@ class AccelerateDist(Dist):
             return self.unwrap(model)
         if _is_peft(self.unwrap(model)):
             raise ValueError(
-                "syncing LoRA weights into a rollout engine under FSDP is not supported; train LoRA with DDP (it fits one GPU per process)"
+                "syncing LoRA weights into a rollout engine under FSDP is not "
+                "supported; train LoRA with DDP (it fits one GPU per process)"
             )
         if getattr(self.acc, "is_fsdp2", False):
             return (

@@ -123,7 +123,8 @@ def gold_trajectories(
     """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine. The formats
     (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given. ``memory`` (task id ->
     notes) puts notes into the Act system prompt of those tasks, as ``RolloutEngine(memory=...)`` does at test time.
-    ``shadow`` (without ``rollout``): also record which state fields each real call changed (``Step.shadow_changed``)."""
+    ``shadow`` (without ``rollout``): also record which state fields each real call changed
+    (``Step.shadow_changed``)."""
     n_steps = max((sum(len(g) for g in t.gold_actions) + len(t.user_turns) for t in tasks), default=1)
     cfg = rollout or RolloutConfig(
         mode="rehearsal",

@@ -66,7 +66,8 @@ from ..rollout.variants import VARIANTS, Variant
 
 ROLE_INDEX = {"act": 0, "rehearse": 1}
 ITERATION_PRIME = 100_003
-"""Iteration ``i`` of a run seeded ``s`` rolls out and shuffles its update with ``derive_seed(s, i, prime=ITERATION_PRIME)``."""
+"""Iteration ``i`` of a run seeded ``s`` rolls out and shuffles its update with ``derive_seed(s, i,
+prime=ITERATION_PRIME)``."""
 REAL_SALT = 1
 """With ``real_share``, iteration seed ``s``'s real-environment rollouts are seeded ``derive_seed(s, REAL_SALT)``."""
 
@@ -74,9 +75,9 @@ REAL_SALT = 1
 def task_stream(n_tasks: int, seed: int, start: int, count: int) -> list[int]:
     """Which of a pool of ``n_tasks`` training tasks stand at positions ``start .. start + count - 1`` of a run's task
     stream (batch ``it`` is positions ``it * B ..``). Epoch ``e`` (positions ``e * n_tasks ..``) is a permutation of the
-    pool seeded ``seed`` for the first epoch (the fixed order of before) and ``derive_seed(seed, e)`` after. A position's
-    task depends on (n_tasks, seed, position) only, never on ``iterations``: a resumed or extended run continues the
-    stream where it stopped, and no task comes twice before the pool is used up."""
+    pool seeded ``seed`` for the first epoch (the fixed order of before) and ``derive_seed(seed, e)`` after. A
+    position's task depends on (n_tasks, seed, position) only, never on ``iterations``: a resumed or extended run
+    continues the stream where it stopped, and no task comes twice before the pool is used up."""
     perms: dict[int, list[int]] = {}
 
     def at(p: int) -> int:
@@ -248,7 +249,8 @@ class Run:
     engines: dict[str, Backend]
     """The rollout engine of each trained model (``engines["policy"]`` plays Act)."""
     helpers: dict[str, Backend]
-    """The RolloutEngine keywords of the variant's mode: who answers Act's calls besides the policy (rehearser, simulator)."""
+    """The RolloutEngine keywords of the variant's mode: who answers Act's calls besides the policy (rehearser,
+    simulator)."""
     ref: Reference | None
     tasks: list[Task]
     """The pool of training tasks (:func:`train_tasks`); batches walk through it along :func:`task_stream`."""
@@ -385,8 +387,8 @@ def rollout_batch(run: Run, it: int) -> list[Trajectory]:
 def grounded_rollouts(run: Run, rcfg: RolloutConfig, tasks: list[Task], prefix: str, it_seed: int) -> list[Trajectory]:
     """K trajectories for each task as one GRPO group: trajectories 0 .. K-m-1 rehearsed as configured (``rcfg``),
     K-m .. K-1 in the task's real environment (mode ``real``, Act rows only), m = round(real_share * K); the two
-    engines' seeds are apart (the real one's is the iteration seed ``it_seed`` with :data:`REAL_SALT` folded in). Returned
-    task by task, the rehearsed ones of each group first."""
+    engines' seeds are apart (the real one's is the iteration seed ``it_seed`` with :data:`REAL_SALT` folded in).
+    Returned task by task, the rehearsed ones of each group first."""
     cfg = run.cfg
     m = real_share_setting(cfg.real_share, cfg.variant, rcfg.group_size)
     k = rcfg.group_size
@@ -539,7 +541,8 @@ def check_resume(cfg: TrainConfig, ckpt: str) -> None:
     state = load_state(ckpt)
     if cfg.resume == "never":
         raise ValueError(
-            f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh"
+            f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; "
+            f"use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh"
         )
     saved = with_defaults(state.get("config") or {}, to_dict(TrainConfig()))
     diff = config_diff(saved, to_dict(cfg), ignore=RESUMABLE_FIELDS)
@@ -552,8 +555,9 @@ def check_resume(cfg: TrainConfig, ckpt: str) -> None:
         )
         return
     raise ValueError(
-        f"{cfg.out_dir} holds a checkpoint (step {state['step']}) of a run with another config ({describe_diff(diff)}); "
-        f"to start fresh use another out_dir or delete {os.path.dirname(ckpt)}; to resume it anyway set resume=force (--set resume=force)"
+        f"{cfg.out_dir} holds a checkpoint (step {state['step']}) of a run with another "
+        f"config ({describe_diff(diff)}); to start fresh use another out_dir or delete "
+        f"{os.path.dirname(ckpt)}; to resume it anyway set resume=force (--set resume=force)"
     )
 
 
@@ -621,7 +625,8 @@ def reward_context(cfg: TrainConfig, policy: Backend, dist: Dist) -> RewardConte
     with ``checklist_judge`` and no judge is a configuration error, raised before any rollout."""
     if cfg.judge is None and "checklist_judge" in reward_names(cfg.reward):
         raise ValueError(
-            "reward 'checklist_judge' needs a judge: set judge to policy, a local model or an http(s)://.../v1 URL (e.g. --set judge=policy)"
+            "reward 'checklist_judge' needs a judge: set judge to policy, a "
+            "local model or an http(s)://.../v1 URL (e.g. --set judge=policy)"
         )
     if dist.is_main and (note := unanchored_note(cfg.reward)):
         print(note, file=sys.stderr, flush=True)
@@ -642,7 +647,8 @@ def _check_model_context(model: Any, tok: Any, cfg: TrainConfig) -> None:
         return
     if cfg.rollout.max_context_tokens > n:
         raise ValueError(
-            f"rollout.max_context_tokens={cfg.rollout.max_context_tokens} exceeds the context length of model {cfg.model!r} ({n} tokens)"
+            f"rollout.max_context_tokens={cfg.rollout.max_context_tokens} "
+            f"exceeds the context length of model {cfg.model!r} ({n} tokens)"
         )
 
 
@@ -652,9 +658,11 @@ def _check_context(trajs: list[Trajectory], cfg: TrainConfig) -> None:
     if trajs and all(t.truncated == "context:act" and not t.steps for t in trajs):
         r = cfg.rollout
         raise ValueError(
-            f"no task of the batch fits the context: the first prompt of each ({', '.join(sorted({t.task_id for t in trajs}))[:200]}) "
-            f"plus rollout.act.max_new_tokens={r.act.max_new_tokens} exceeds rollout.max_context_tokens={r.max_context_tokens}; "
-            "raise rollout.max_context_tokens (up to the model's context length) or use shorter tasks"
+            "no task of the batch fits the context: the first prompt of each "
+            f"({', '.join(sorted({t.task_id for t in trajs}))[:200]}) plus "
+            f"rollout.act.max_new_tokens={r.act.max_new_tokens} exceeds "
+            f"rollout.max_context_tokens={r.max_context_tokens}; raise "
+            "rollout.max_context_tokens (up to the model's context length) or use shorter tasks"
         )
 
 

@@ -13,8 +13,8 @@ schemas and the first user turn) are put in the same micro-batch, and their comm
 keys/values (with grad) are expanded over the micro-batch and the packs only run their own suffixes. This is
 exact too (the gradient of the shared prefix is the sum over packs, as without sharing).
 
-Over several processes (:mod:`envace.training.distributed`) :func:`optimizer_step` divides by the normalizer of the whole
-batch (all-reduced), runs as many micro-batches on every process (padding with idle ones) and synchronises
+Over several processes (:mod:`envace.training.distributed`) :func:`optimizer_step` divides by the normalizer of the
+whole batch (all-reduced), runs as many micro-batches on every process (padding with idle ones) and synchronises
 gradients once; with ``dist`` left out it is the single-process step.
 """
 
@@ -257,8 +257,8 @@ def optimizer_step(
     for token_mean, non-empty rows for seq_mean; summed over processes), so the accumulated gradient is the
     full-batch one. Every process must call it (with its own rows, maybe none, maybe without completion
     tokens: those join no micro-batch); when no process has a completion token it updates nothing and returns
-    ``{"micro_batches": 0.0}``. ``share_prefixes``: run the common prefix of a micro-batch's packs once (exact; needs the
-    trunk, so only where ``dist.direct_head``).
+    ``{"micro_batches": 0.0}``. ``share_prefixes``: run the common prefix of a micro-batch's packs once (exact; needs
+    the trunk, so only where ``dist.direct_head``).
     """
     share_prefixes = share_prefixes and dist.direct_head
     local = rows_normalizer([len(r.completion_ids) for r in rows], agg)

@@ -21,17 +21,17 @@ is not a call (``agentic_checker``: normalised, word-bounded containment).
   rehearsal) calls :meth:`BFCLMemoryEnv.prepare`, which plays, per (category, scenario) of its questions, the
   scenario's prerequisite sessions in BFCL's order (the questions' ``depends_on``) with the model under test in
   the real memory environment (real mode, the evaluation's rollout settings; the step bound scaled to the turns,
-  ``envace.evaluation.trials.player``): each session is a task (:func:`session_task`: its user turns, one after each text
-  reply, as BFCL's multi-turn tasks; BFCL's memory prompt showing the memory it starts from; a fresh context),
+  ``envace.evaluation.trials.player``): each session is a task (:func:`session_task`: its user turns, one after each
+  text reply, as BFCL's multi-turn tasks; BFCL's memory prompt showing the memory it starts from; a fresh context),
   session i of every scenario in one batch. The backend's memory when a session ends (:func:`memory_after`: the
   outcome the rollout records in the environment its calls ran in) is the next session's initial memory, and the
   last one is every question's of the scenario (:func:`with_memory`: its prompt shows it). The sessions are never
   scored nor counted (``EvalResult.prepared`` keeps them; ``prepare/...`` metrics); a wrong call in them is an
   error observation; the step and context bounds are envace's (``max_steps_per_turn`` per user turn, where BFCL
   allows 20; ``max_context_tokens``), and a session cut by one leaves what it wrote, as BFCL flushes the memory
-  of a session it force-quits (counted: ``prepare/truncated_rate``). The summary says the memory was the model's (:data:`MODEL_NOTE`).
-  **Training and rehearsal** do not play them: a ``writer=model`` question outside an evaluation (``envace
-  train``, a rehearsal or shadow rollout, a replay, SFT's gold trajectories) is refused with the reason
+  of a session it force-quits (counted: ``prepare/truncated_rate``). The summary says the memory was the model's
+  (:data:`MODEL_NOTE`). **Training and rehearsal** do not play them: a ``writer=model`` question outside an evaluation
+  (``envace train``, a rehearsal or shadow rollout, a replay, SFT's gold trajectories) is refused with the reason
   (``envace.envs.require_prepared``, checked by every rollout and by ``make_env``); train with ``writer=gold``.
 - **writer=gold (the default): not BFCL's score.** A scripted *gold writer* plays the prerequisite phase instead:
   per prerequisite session, in order, it stores the facts of that session that the dataset's possible answers
@@ -533,7 +533,8 @@ def _answers() -> list[dict]:
 
 
 def unprepared_reason(scenario: str) -> str:
-    """Why a ``writer=model`` question cannot run before :meth:`BFCLMemoryEnv.prepare` (``env_config["unprepared"]``)."""
+    """Why a ``writer=model`` question cannot run before :meth:`BFCLMemoryEnv.prepare`
+    (``env_config["unprepared"]``)."""
     return (
         f"its memory is written by the model under test in the {scenario} scenario's prerequisite sessions "
         "(BFCL memory, writer=model), which evaluation plays first (envace.evaluation.trials.evaluate, envace eval); "

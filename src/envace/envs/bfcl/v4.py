@@ -14,15 +14,15 @@ summary table (non-live, live, multi-turn, agentic, overall) after an evaluation
   :mod:`envace.envs.bfcl.memory`). An unknown option or value, or an option no selected category takes, is an
   error listing the valid ones.
 
-**Categories** (:data:`CATEGORIES`): the single-turn ones are :mod:`envace.envs.bfcl.single_turn`'s, the
-multi-turn ones :mod:`envace.envs.bfcl.multi_turn`'s (unchanged), ``memory_kv`` and ``memory_rec_sum``
-:mod:`envace.envs.bfcl.memory`'s (by default their prerequisite conversations are not played by the model: a gold writer fills the memory, so their
-scores are not BFCL's memory scores, and the summary says so; with ``?writer=model`` the model under test plays
-them before the questions, as in BFCL: :meth:`BFCLEnvs.prepare`, called by evaluation). The other agentic ones are **unavailable** here, each with its
-reason (:func:`unavailable`): web search needs the internet; ``memory_vector`` loads a sentence-transformers
-embedding model from the Hugging Face Hub when imported (it is never imported here); a memory backend that does
-not import (the bfcl extra's ``overrides`` / ``rank-bm25`` missing) makes its category unavailable, the reason
-being the actual import error (checked when asked). A selection skips its unavailable categories (the summary
+**Categories** (:data:`CATEGORIES`): the single-turn ones are :mod:`envace.envs.bfcl.single_turn`'s, the multi-turn ones
+:mod:`envace.envs.bfcl.multi_turn`'s (unchanged), ``memory_kv`` and ``memory_rec_sum`` :mod:`envace.envs.bfcl.memory`'s
+(by default their prerequisite conversations are not played by the model: a gold writer fills the memory, so their
+scores are not BFCL's memory scores, and the summary says so; with ``?writer=model`` the model under test plays them
+before the questions, as in BFCL: :meth:`BFCLEnvs.prepare`, called by evaluation). The other agentic ones are
+**unavailable** here, each with its reason (:func:`unavailable`): web search needs the internet; ``memory_vector`` loads
+a sentence-transformers embedding model from the Hugging Face Hub when imported (it is never imported here); a memory
+backend that does not import (the bfcl extra's ``overrides`` / ``rank-bm25`` missing) makes its category unavailable,
+the reason being the actual import error (checked when asked). A selection skips its unavailable categories (the summary
 names them); a selection with no available category is an error that says why.
 
 **Loading**: the (category, entry) pairs of the selection and split, in selection order then dataset order; with
@@ -118,7 +118,10 @@ OPTIONS: dict[str, tuple[str, ...]] = {"writer": tuple(memory.WRITER_NOTES)}
 
 
 def _web_search_reason() -> str:
-    return "unavailable offline: BFCL's web-search backend queries the internet (SerpAPI's DuckDuckGo engine) and fetches the pages it finds"
+    return (
+        "unavailable offline: BFCL's web-search backend queries the internet "
+        "(SerpAPI's DuckDuckGo engine) and fetches the pages it finds"
+    )
 
 
 def _memory_reason(category: str) -> str | None:
@@ -416,8 +419,9 @@ def summary(per_task: Sequence[dict[str, Any]], spec: str = "bfcl") -> dict[str,
             info["note"] = CATEGORIES.get(c).note(options)
         categories[c] = info
     lines = [
-        f"BFCL-v4 summary (bfcl_eval {importlib.metadata.version('bfcl_eval')}, its generate_leaderboard_csv): "
-        "categories weighted by their full size, each scored on the tasks evaluated here; not evaluated = N/A, counted 0"
+        f"BFCL-v4 summary (bfcl_eval {importlib.metadata.version('bfcl_eval')}, "
+        "its generate_leaderboard_csv): categories weighted by their full size, "
+        "each scored on the tasks evaluated here; not evaluated = N/A, counted 0"
     ]
     overall = files["data_overall"]
     width = 34

@@ -537,7 +537,8 @@ def _ood_undo_last_payment(rng: random.Random) -> TaskBuilder:
     c = -cents(float(t["amount"]))
     o2 = b.call("deposit", account=a, amount=c / 100)
     b.reply(
-        f"The last payment was {t['memo']} for ${money(c)}; I deposited ${money(c)} into {a}, which now has ${o2['balance']}.",
+        f"The last payment was {t['memo']} for ${money(c)}; I deposited "
+        f"${money(c)} into {a}, which now has ${o2['balance']}.",
         expect=[money(c)],
     )
     plausible(b, rng, a, pool=OOD_NAMES)
