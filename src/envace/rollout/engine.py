@@ -99,8 +99,7 @@ class RolloutConfig:
     max_context_tokens: int = 4096
     """An Act or Rehearse context that would exceed this (prompt + max_new_tokens) truncates the trajectory before
     that generation (``truncated`` = ``context:act`` / ``context:rehearse``, counters ``truncated/context`` and
-    ``context/act`` / ``context/rehearse``). The Rehearse context (references, schema, serialized conversation)
-    is usually the longer one."""
+    ``context/act`` / ``context/rehearse``). The Rehearse context is usually the longer one."""
     act: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=160))
     rehearse: SamplingParams = field(default_factory=rehearse_sampling)
     validate_in_code: bool = False
@@ -134,23 +133,15 @@ class RolloutConfig:
     """With the ``template`` chat format, Act's system turn carries the tools as the tokenizer's chat template
     renders ``tools=`` (the model's own tool prompt, e.g. Qwen's ``<tools>`` block), where the template writes them
     inside the system turn (verified on a probe chat: the appended context stays the template's tokenization of
-    the chat with ``tools=``); a template that writes them elsewhere (Llama 3.1: in the first user message),
-    ignores them or fails on them gets envace's text list, with a one-line notice naming the model. False, or the
-    ``chatml`` format: envace's text list (envace.chat.prompts.act_system). The calling instructions of ``tool_format``
-    are in the system prompt either way."""
+    the chat with ``tools=``), else envace's text list, with a notice (envace.chat.prompts); False: the text list."""
     thinking: bool | None = None
     """Reasoning models' thinking (Qwen3's ``enable_thinking``): True / False is passed to the chat template where
     the generation prompt is derived (False: an empty ``<think>`` block); None: the template's default. Any
     ``<think>`` text of an Act output is stripped before parsing and never shown to a user or to Rehearse."""
     thinking_history: str | None = None
     """What Act's context keeps of its earlier thinking once a new user message comes (envace.chat.prompts.
-    THINKING_HISTORY): ``keep`` (append-only: every turn stays as sampled, thinking included, which differs from
-    the rendering of a template that drops it) or ``strip`` (the turns before the last user message lose their
-    ``<think>`` block, as Qwen3's template renders a history: each Act turn is one sample whose prompt is the
-    template's rendering of the chat so far and whose completion is the exact sampled ids; a user turn's first
-    prompt is then not an extension of the last context, and backends reuse only the common prefix). None: what
-    the tokenizer's template does (``strip`` where it drops earlier thinking, ``ChatFormat.drops_thinking``, else
-    ``keep``)."""
+    THINKING_HISTORY): ``keep`` (append-only, every turn as sampled) or ``strip`` (as Qwen3's template renders it:
+    earlier turns lose their ``<think>`` block). None: what the chat template does (``ChatFormat.drops_thinking``)."""
     seed: int = 0
     progress: bool = False
 

@@ -12,7 +12,9 @@ Departures from the paper / reference code:
 - Rows of one context are packed into one sequence for the update (exact for a causal LM; see envace.training.update).
 - A trajectory whose reward is None (unscored, e.g. a judge failure) is masked out and counted.
 - Beyond the paper (off by default): ``real_share`` rolls out a share of each group in the real environment
-  (Dyna / DreamGym-style grounding, :func:`grounded_rollouts`); the group's baselines then mix both worlds.
+  (Dyna / DreamGym-style grounding, :func:`grounded_rollouts`); the group's baselines then mix both worlds. Only for
+  variants whose rollout mode is ``rehearsal``, on tasks with a real environment; a run with it is an arm of its own,
+  never reported as EnvACE (metrics ``rollout/real_trajectories``, ``reward/real_mean``, ``reward/rehearsed_mean``).
 
 Scaling out (envace.training.distributed, docs/scaling.md): under torchrun / accelerate launch each process rolls out
 whole GRPO groups (its share of the B tasks), so the baselines are exact locally; the update's normalizer is
