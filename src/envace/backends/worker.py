@@ -231,7 +231,8 @@ class GenerationWorker:
         self.stats["streams"] += 1
         try:
             self.backend.generate_stream(requests, on_done, seed, poll)
-        except Exception as e:  # noqa: BLE001 - handed to every waiting job (the server answers 500); the worker lives on
+        except Exception as e:  # noqa: BLE001 - handed to every waiting job (the server answers 500)
+            # the worker lives on
             self.stats["failures"] += 1
             for job, seqs in running.values():
                 _emit(job, Update(-1, None, True, error=f"{type(e).__name__}: {e}"))

@@ -331,7 +331,8 @@ def _helper() -> types.ModuleType:
     """BFCL's eval_runner_helper, privately (:func:`envace.envs.bfcl.single_turn.load_private`); its dataset loader,
     which it uses only to count the entries of a category not evaluated, is memoized in this copy."""
     module = single_turn.load_private("bfcl_eval.eval_checker.eval_runner_helper")
-    module.load_dataset_entry = functools.lru_cache(maxsize=None)(module.load_dataset_entry)  # type: ignore[attr-defined]
+    load_entry = module.load_dataset_entry
+    module.load_dataset_entry = functools.lru_cache(maxsize=None)(load_entry)  # type: ignore[attr-defined]
     return module
 
 

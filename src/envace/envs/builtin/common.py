@@ -99,7 +99,8 @@ def tool(
     }
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        fn.__tool__ = (ToolSpec(name=fn.__name__, description=description, parameters=schema), mutates)  # type: ignore[attr-defined]
+        spec = ToolSpec(name=fn.__name__, description=description, parameters=schema)
+        fn.__tool__ = (spec, mutates)  # type: ignore[attr-defined]
         return fn
 
     return deco
