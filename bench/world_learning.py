@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from envace.config import SFTConfig  # noqa: E402
 from envace.core.precision import hardware_summary  # noqa: E402
-from envace.evaluation.fidelity import exact_cell, summary_bucket  # noqa: E402
+from envace.evaluation.fidelity import exact_cell, summary_bucket, unshown_leaves  # noqa: E402
 from envace.training.sft import sft  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -77,7 +77,7 @@ def rehearse_stage(start: str, suite: str, out: str, seed: int, steps: int) -> s
 def measure(model: str, suite: str, n_tasks: int, path: Path) -> dict:
     if path.exists():
         saved = json.loads(path.read_text())
-        return {**saved["summary"], "by_context": context_split(suite, n_tasks, saved["pairs"])}
+        return with_context(saved["summary"], suite, n_tasks, saved["pairs"])
     from envace.backends.hf import HFBackend
     from envace.backends.models import load_frozen
     from envace.envs import load_tasks
@@ -101,7 +101,17 @@ def measure(model: str, suite: str, n_tasks: int, path: Path) -> dict:
             indent=1,
         )
     )
-    return {**res.summary, "by_context": context_split(suite, n_tasks, [p.to_dict() for p in res.pairs])}
+    return with_context(res.summary, suite, n_tasks, [p.to_dict() for p in res.pairs])
+
+
+def with_context(summary: dict, suite: str, n_tasks: int, pairs: list[dict]) -> dict:
+    """A stage's fidelity summary plus the splits by what Rehearse's prompt shows (reads by whether all values
+    are shown; leaf accuracy on the values not shown)."""
+    return {
+        **summary,
+        "by_context": context_split(suite, n_tasks, pairs),
+        "unshown_leaves": unshown_leaf_accuracy(suite, n_tasks, pairs),
+    }
 
 
 def _values_shown(real: object, prompt: str) -> bool:
@@ -116,8 +126,8 @@ def _values_shown(real: object, prompt: str) -> bool:
 _PROMPTS: dict[tuple[str, int], list[str]] = {}
 
 
-def context_split(suite: str, n_tasks: int, pairs: list[dict]) -> dict[str, dict[str, float]]:
-    """Reads split by whether the real observation's values are all shown in Rehearse's prompt: {bucket: {n, exact}}."""
+def _prompts(suite: str, n_tasks: int) -> list[str]:
+    """The decoded Rehearse prompts of the fixed held-out set, in the order of its pairs (built once per suite)."""
     if (suite, n_tasks) not in _PROMPTS:
         from envace.backends.models import load_tokenizer
         from envace.envs import load_tasks
@@ -127,11 +137,44 @@ def context_split(suite: str, n_tasks: int, pairs: list[dict]) -> dict[str, dict
         _PROMPTS[suite, n_tasks] = [
             tok.decode(r.prompt_ids) for r in gold_rehearse_rows(tok, load_tasks(suite, "test", n=n_tasks))[1]
         ]
+    return _PROMPTS[suite, n_tasks]
+
+
+def context_split(suite: str, n_tasks: int, pairs: list[dict]) -> dict[str, dict[str, float]]:
+    """Reads split by whether the real observation's values are all shown in Rehearse's prompt: {bucket: {n, exact}}."""
+    prompts = _prompts(suite, n_tasks)
     out: dict[str, list[float]] = {"shown": [], "not shown": []}
-    for p, prompt in zip(pairs, _PROMPTS[suite, n_tasks], strict=True):
+    for p, prompt in zip(pairs, prompts, strict=True):
         if p["changed"] == []:  # a read
             out["shown" if _values_shown(p["real"], prompt) else "not shown"].append(p["scores"]["exact"])
     return {k: {"n": float(len(v)), "exact": sum(v) / len(v) if v else 0.0} for k, v in out.items()}
+
+
+def unshown_leaf_accuracy(suite: str, n_tasks: int, pairs: list[dict]) -> dict[str, dict]:
+    """Leaf accuracy on the values Rehearse cannot copy (`envace.evaluation.fidelity.unshown_leaves`), for reads
+    and for writes: {"read" | "write": {n (leaves), distinct (values), acc, by_key: {key: {n, distinct, acc}}}}.
+    The measure of what the weights hold about the world; a value asked again counts again (``distinct``: how
+    many values)."""
+    prompts = _prompts(suite, n_tasks)
+    out: dict[str, list[tuple[str, str, bool]]] = {"read": [], "write": []}
+    for p, prompt in zip(pairs, prompts, strict=True):
+        out["read" if p["changed"] == [] else "write"] += unshown_leaves(p["real"], p["rehearsed"], prompt)
+
+    def rate(leaves: list[tuple[str, str, bool]]) -> dict[str, float]:
+        n = len(leaves)
+        return {
+            "n": float(n),
+            "distinct": float(len({(k, v) for k, v, _ in leaves})),
+            "acc": sum(ok for _, _, ok in leaves) / n if n else 0.0,
+        }
+
+    return {
+        kind: {
+            **rate(leaves),
+            "by_key": {k: rate([x for x in leaves if x[0] == k]) for k in sorted({x[0] for x in leaves})},
+        }
+        for kind, leaves in out.items()
+    }
 
 
 CELLS = (("all", "overall", None), ("reads", "by_state", "read"), ("writes", "by_state", "write"))
@@ -152,6 +195,11 @@ def _nll(summary: dict, group: str, bucket: str | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
+def _unshown(summary: dict, kind: str) -> str:
+    u = summary.get("unshown_leaves", {}).get(kind)
+    return "-" if not u or not u["n"] else f"{u['acc']:.2f} ({int(u['n'])} leaves, {int(u['distinct'])} values)"
+
+
 def table(rows: list[tuple[str, dict]]) -> list[str]:
     head = [
         "suite, Rehearse steps",
@@ -159,13 +207,16 @@ def table(rows: list[tuple[str, dict]]) -> list[str]:
         "leaf acc, reads",
         "leaf acc, writes",
         "error vs success agrees",
+        "leaf acc, values not in prompt, reads",
+        "leaf acc, values not in prompt, writes",
         *(f"NLL/token, {h}" for h, _, _ in CELLS),
     ]
     out = ["| " + " | ".join(head) + " |", "|---|" + "---|" * (len(head) - 1)]
     for name, s in rows:
         cells = [_cell(s, g, b) for _, g, b in (*CELLS, *CONTEXT, ERRORS)]
         cells += [_cell(s, "by_state", "read", "leaf_acc"), _cell(s, "by_state", "write", "leaf_acc")]
-        cells += [f"{s['overall']['outcome']:.2f}", *(_nll(s, g, b) for _, g, b in CELLS)]
+        cells += [f"{s['overall']['outcome']:.2f}", *(_unshown(s, k) for k in ("read", "write"))]
+        cells += [_nll(s, g, b) for _, g, b in CELLS]
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     return out
 
@@ -207,7 +258,10 @@ def main() -> None:
         f"of the first {args.tasks} test tasks of each suite:",
         "every Rehearse row (gold call, real earlier observations) answered greedily and scored against the real",
         "observation; exact = canonical JSON equal, 95% Wilson interval over observations; NLL/token = negative",
-        "log-likelihood of the real observation per token. Rehearse steps: Rehearse-only SFT steps x 4 gold",
+        "log-likelihood of the real observation per token; leaf acc, values not in prompt = the share of the real",
+        "observation's string and number values that Rehearse's prompt does not show (so they cannot be copied) and",
+        "that Rehearse reproduces (leaves: how many were asked; values: how many distinct ones, summary.json has them",
+        "by key). Rehearse steps: Rehearse-only SFT steps x 4 gold",
         f"trajectories from {args.model}.",
         f"`python bench/world_learning.py {' '.join(sys.argv[1:])}`",
         "",

@@ -365,3 +365,19 @@ def test_exact_cell_shows_the_rate_with_its_wilson_interval_and_a_dash_for_no_ob
     assert exact_cell(summary_bucket(summary, "by_state", "write")) == "-"
     row = fidelity_table([("m", summary)])[2]
     assert row.startswith(f"| m | 0.50 [{lo:.2f}, {hi:.2f}] (n=4) | -") and row.endswith("| 0.70 | 1.00 |")
+
+
+def test_unshown_leaves_are_the_values_the_prompt_does_not_show_and_say_whether_rehearse_got_them():
+    from envace.evaluation.fidelity import unshown_leaves
+
+    real = {"products": [{"product_id": "P-708", "price": "37.50", "stock": 14, "ok": True}], "note": "fragile"}
+    rehearsed = {"products": [{"product_id": "P-560", "price": "37.50", "stock": 14, "ok": True}], "note": "fragile"}
+    prompt = 'User: is the "P-708" in stock? It was 14 dollars, or $37.50 with tax.'
+    # P-708 (JSON text), 14 (number) and 37.50 (bare text) are shown; booleans never count; "fragile" is not shown
+    assert unshown_leaves(real, rehearsed, prompt) == [("note", '"fragile"', True)]
+    assert unshown_leaves(real, {"note": "sturdy"}, "nothing here") == [
+        ("product_id", '"P-708"', False),
+        ("price", '"37.50"', False),
+        ("stock", "14", False),
+        ("note", '"fragile"', False),
+    ]

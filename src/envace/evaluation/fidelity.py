@@ -123,6 +123,28 @@ def leaf_accuracy(rehearsed: Any, real: Any) -> float:
     return sum(p in lr and _same(lr[p], v) for p, v in lt.items()) / len(lt)
 
 
+def in_prompt_text(value: str | int | float, prompt: str) -> bool:
+    """Whether ``value`` is in ``prompt`` as JSON text or, for a string, as bare text ("37.50" in "$37.50")."""
+    return dumps(value) in prompt or (isinstance(value, str) and value in prompt)
+
+
+def unshown_leaves(real: Any, rehearsed: Any, prompt: str) -> list[tuple[str, str, bool]]:
+    """For each string or number leaf of the real observation that ``prompt`` (Rehearse's context) does not show
+    (:func:`in_prompt_text`), so that Rehearse cannot copy it: (its key, its value as JSON, whether ``rehearsed``
+    has the same value at the same path). A small number is almost always somewhere in a prompt, so the leaves
+    left are conservative: what Rehearse gets right here comes from its weights (or from arithmetic)."""
+    got = leaf_paths(rehearsed)
+    return [
+        (
+            next((str(k) for k in reversed(path) if isinstance(k, str)), "$"),
+            dumps(v),
+            path in got and _same(got[path], v),
+        )
+        for path, v in leaf_paths(real).items()
+        if isinstance(v, (str, int, float)) and not isinstance(v, bool) and not in_prompt_text(v, prompt)
+    ]
+
+
 def keys_match(rehearsed: Any, real: Any) -> bool:
     if isinstance(rehearsed, dict) and isinstance(real, dict):
         return set(rehearsed) == set(real)
@@ -454,6 +476,8 @@ __all__ = [
     "is_valid_rehearsal",
     "mismatched_leaves",
     "leaf_accuracy",
+    "in_prompt_text",
+    "unshown_leaves",
     "keys_match",
     "observation_fidelity",
     "FidelityPair",
