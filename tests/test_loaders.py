@@ -1,8 +1,6 @@
 """One way to open a model (envace.backends.loaders): one registry, :func:`open_backend`, and one URL test that every
 room asking for a helper model (simulator, judge, user simulator, an experiment arm's model) goes through."""
 
-import warnings
-
 import pytest
 
 from envace.backends.hf import HFBackend
@@ -86,12 +84,10 @@ def test_every_helper_named_by_url_is_the_served_model(monkeypatch):
     assert isinstance(arm_backend(ExperimentConfig(model="tiny-random"), URL), HTTPBackend)
 
 
-def test_the_old_second_registry_name_is_the_loader_registry_for_one_version():
+def test_the_old_second_registry_name_says_where_models_open_now():
     import envace.backends.base as base
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert base.BACKENDS is LOADERS
-    assert [w.category for w in caught] == [DeprecationWarning] and "open_backend" in str(caught[0].message)
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="LOADERS / open_backend"):
+        base.BACKENDS  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute"):
         base.NO_SUCH_NAME  # noqa: B018

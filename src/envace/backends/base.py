@@ -126,18 +126,12 @@ class Backend(ABC):
 
 
 def __getattr__(name: str) -> Any:
-    """``BACKENDS``, the second registry of backend factories, is gone: models open through one registry,
-    :data:`envace.backends.loaders.LOADERS` (``open_backend``). The old name gives that one for one version."""
+    """``BACKENDS``, the second registry of backend factories, is gone: its entries took other arguments than the
+    one registry that replaced it, :data:`envace.backends.loaders.LOADERS` (``open_backend``), so the old name
+    says where to go instead of handing back something that cannot be called the old way."""
     if name == "BACKENDS":
-        import warnings
-
-        from .loaders import LOADERS
-
-        warnings.warn(
-            "envace.backends.base.BACKENDS is deprecated: use envace.backends.loaders.LOADERS / open_backend "
-            "(entries take (model, device=, bf16=, **options))",
-            DeprecationWarning,
-            stacklevel=2,
+        raise AttributeError(
+            "envace.backends.base.BACKENDS is gone: models open through envace.backends.loaders.LOADERS / "
+            "open_backend (entries take (model, /, device=, bf16=, **options))"
         )
-        return LOADERS
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

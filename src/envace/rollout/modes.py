@@ -23,17 +23,24 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from ..backends.base import Backend, Request
+from ..backends.base import Backend, Request, SamplingParams
 from ..chat.parsing import parse_observation
 from ..chat.prompts import ChatFormat, rehearse_user_message
 from ..core.registry import Registry
 from ..core.types import Generation, ToolCall, ToolSpec
 from ..envs import Environment
 
-if TYPE_CHECKING:  # annotations only: the engine imports this module
-    from .engine import RolloutEngine
+
+class Engine(Protocol):
+    """What an observer uses of the rollout engine that asks it (``envace.rollout.engine.RolloutEngine``, which
+    imports this module): its rollout config, its chat format and the sampling parameters of a role."""
+
+    cfg: Any
+    fmt: ChatFormat
+
+    def params(self, role: str) -> SamplingParams: ...
 
 
 @dataclass
@@ -102,15 +109,15 @@ class Observer(ABC):
     generates with the policy's own backend (:meth:`request` / :meth:`receive`)."""
 
     @abstractmethod
-    def observe(self, engine: "RolloutEngine", asks: list[tuple[RehearseContext, ToolCall]]) -> list[Answer]:
+    def observe(self, engine: Engine, asks: list[tuple[RehearseContext, ToolCall]]) -> list[Answer]:
         """One answer per ``(context, call)``, in order (a batch: one generation call at most)."""
 
-    def request(self, engine: "RolloutEngine", context: RehearseContext, call: ToolCall) -> Request | None:
+    def request(self, engine: Engine, context: RehearseContext, call: ToolCall) -> Request | None:
         """The policy generation that answers the call (continuous batching; its ``tag`` is the engine's to set),
         or None: :meth:`observe` answers."""
         return None
 
-    def receive(self, engine: "RolloutEngine", context: RehearseContext, g: Generation) -> Answer:
+    def receive(self, engine: Engine, context: RehearseContext, g: Generation) -> Answer:
         """The answer of a finished :meth:`request`."""
         raise NotImplementedError(f"{type(self).__name__} makes no requests")
 
