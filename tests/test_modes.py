@@ -6,36 +6,21 @@ from envace.backends.scripted import ScriptedBackend
 from envace.chat.parsing import render_act
 from envace.chat.prompts import REHEARSE_SYSTEM
 from envace.core.registry import UnknownNameError
-from envace.envs import ENVS, load_tasks, make_env
 from envace.rollout.engine import RolloutConfig, RolloutEngine
 from envace.rollout.modes import MODES, Answer, Observer, RolloutMode
 from envace.rollout.variants import VARIANTS
+
+from spies import spied_bank_tasks
 
 OPENED: list[str] = []  # task id of every real environment opened
 EXECUTED: list[str] = []  # every call a real environment executed
 
 
-def _counted_bank(task):
-    env = ENVS.get("bank")(task)
-    OPENED.append(task.id)
-    inner = env._execute
-
-    def spy(call):
-        EXECUTED.append(call.key())
-        return inner(call)
-
-    env._execute = spy
-    return env
-
-
 @pytest.fixture
 def tasks():
-    make_env(load_tasks("bank", "train", n=1)[0])  # registers the built-in environments
-    if "counted_bank" not in ENVS:
-        ENVS.add("counted_bank", _counted_bank)
-    out = load_tasks("bank", "train", n=2)
-    for t in out:
-        t.env = "counted_bank"
+    out = spied_bank_tasks(
+        "counted_bank", 2, on_open=lambda t: OPENED.append(t.id), on_call=lambda c: EXECUTED.append(c.key())
+    )
     OPENED.clear()
     EXECUTED.clear()
     return out

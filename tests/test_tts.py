@@ -14,7 +14,7 @@ from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
-from envace.envs import ENVS, load_tasks, make_env
+from envace.envs import ENVS
 from envace.evaluation.trials import EvalResult, evaluate
 from envace.chat.prompts import REHEARSE_SYSTEM
 from envace.rollout.engine import RolloutConfig, RolloutEngine
@@ -36,32 +36,16 @@ from envace.evaluation.tts import (
     save_records,
 )
 from envace.evaluation.budget import evaluate_with_tts, run_tts
+from spies import spied_bank_tasks
 
 EVENTS: list[tuple] = []  # ("env",) when a real environment is built, ("real", key) per real call, ("gen", kind)
 
 
-def _spy_factory(task):
-    """A bank environment that logs its creation and every executed call into EVENTS."""
-    EVENTS.append(("env",))
-    env = ENVS.get("bank")(task)
-    inner = env._execute
-
-    def spy(call):
-        EVENTS.append(("real", call.key()))
-        return inner(call)
-
-    env._execute = spy
-    return env
-
-
 @pytest.fixture
 def tasks():
-    make_env(load_tasks("bank", "train", n=1)[0])  # registers the built-in environments
-    if "tts_spy" not in ENVS:
-        ENVS.add("tts_spy", _spy_factory)
-    ts = load_tasks("bank", "train", n=3)
-    for t in ts:
-        t.env = "tts_spy"
+    ts = spied_bank_tasks(
+        "tts_spy", 3, on_open=lambda t: EVENTS.append(("env",)), on_call=lambda c: EVENTS.append(("real", c.key()))
+    )
     EVENTS.clear()
     return ts
 
