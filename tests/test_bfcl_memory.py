@@ -20,6 +20,7 @@ from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.evaluation.budget import evaluate_at_budget
+from envace.evaluation.tts import TTSConfig
 from envace.envs import check_env, load_tasks, make_env, suite_summary
 from envace.envs.bfcl import memory as bfcl_memory, multi_turn as bfcl, v4 as bfcl_v4
 from envace.evaluation.trials import evaluate
@@ -415,7 +416,7 @@ def test_the_summary_says_who_wrote_the_memory():
 def test_test_time_rehearsal_starts_from_the_prepared_memory(tokenizer):
     t = first_question("memory_kv", "notetaker")
     be = ScriptedBackend(tokenizer, writing_policy(firsts(("memory_kv", "notetaker"))))
-    res = evaluate_at_budget(be, [t], rollout=WIDE, n=1, mode="sequential", tts_options={"memory": "concat"})
+    res = evaluate_at_budget(be, [t], rollout=WIDE, n=1, mode="sequential", tts=TTSConfig(memory="concat"))
     assert len(res.prepared) == 5 and res.metrics["prepare/episodes"] == 5.0
     attempt = res.records[0].attempts[0]
     assert '"session_4": "wrote 4"' in attempt.messages[0].content  # the private attempt saw the model's memory

@@ -23,7 +23,7 @@ from envace.envs.bfcl import single_turn as bfcl_single, v4 as bfcl_v4
 from envace.evaluation.budget import evaluate_at_budget
 from envace.evaluation.trials import evaluate
 from envace.chat.prompts import REHEARSE_SYSTEM
-from envace.evaluation.tts import MEMORY_SYSTEM, REFLECT_SYSTEM
+from envace.evaluation.tts import MEMORY_SYSTEM, REFLECT_SYSTEM, TTSConfig
 from envace.rollout.engine import RolloutConfig
 from envace.core.types import Step, Task, ToolCall, Trajectory, is_error_obs
 
@@ -434,7 +434,7 @@ def test_test_time_rehearsal_runs_on_single_turn_tasks_and_scores_the_real_first
         rollout=RolloutConfig(group_size=1, max_steps=3, max_steps_per_turn=2),
         n=2,
         mode=mode,
-        tts_options={"memory": "concat"},
+        tts=TTSConfig(memory="concat"),
     )
     assert res.metrics["tts/n"] == 2.0 and res.metrics["success_rate"] == 1.0
     assert any('{"imagined": true}' in p for p in be.prompts) and any(

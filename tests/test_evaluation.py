@@ -11,6 +11,7 @@ import pytest
 from envace.chat.parsing import render_act
 from envace.backends.scripted import ScriptedBackend
 from envace.evaluation.budget import evaluate_at_budget
+from envace.evaluation.tts import TTSConfig
 from envace.envs import load_tasks
 from envace.evaluation.trials import (
     compare_results,
@@ -216,7 +217,7 @@ def test_a_rehearsal_budget_runs_private_attempts_and_shows_the_memory_to_the_re
     plain = evaluate_at_budget(be, tasks, rollout=rc, n=0)
     assert plain.metrics["tts/n"] == 0.0 and "Notes from private rehearsal" not in "".join(be.prompts)
     be.prompts.clear()
-    res = evaluate_at_budget(be, tasks, rollout=rc, n=1, mode="sequential", tts_options={"memory": "concat"})
+    res = evaluate_at_budget(be, tasks, rollout=rc, n=1, mode="sequential", tts=TTSConfig(memory="concat"))
     assert res.metrics["tts/n"] == 1.0 and res.metrics["gen_tokens_per_task"] > plain.metrics["gen_tokens_per_task"]
     assert all(t.mode == "real" for t in res.trajectories) and len(res.trajectories) == 2
     assert any("Notes from private rehearsal" in p for p in be.prompts)
@@ -402,3 +403,14 @@ def test_evaluation_scores_each_trial_from_its_own_run_and_executes_every_call_o
             [c.key() for c in task.flat_gold()] * 2
         )  # two trials (interleaved), every call once
     assert all(t.reward_info["scored_in"] == "rollout" and t.reward_info["n_replayed"] == 0 for t in res.trajectories)
+
+
+def test_tts_options_dict_still_works_one_version_with_a_warning_and_equals_the_typed_config(tokenizer):
+    from envace.evaluation.budget import _tts_config
+
+    with pytest.warns(DeprecationWarning, match="tts=TTSConfig"):
+        old = _tts_config(None, {"memory": "concat", "memory_max_tokens": 64})
+    assert old == TTSConfig(memory="concat", memory_max_tokens=64)
+    assert _tts_config(None, None) == TTSConfig()
+    with pytest.raises(ValueError, match="not both"), pytest.warns(DeprecationWarning):
+        _tts_config(TTSConfig(), {"memory": "concat"})

@@ -94,7 +94,7 @@ def cmd_eval(cfg: Any) -> int:
     from .config import to_dict
     from .evaluation.budget import evaluate_model
     from .evaluation.trials import save_result
-    from .evaluation.tts import save_records
+    from .evaluation.tts import TTSConfig, save_records
     from .rollout.engine import RolloutConfig, rehearse_sampling
 
     check_outputs({"--out": cfg.out, "--tts-records": cfg.tts_records})  # before the evaluation, not after it
@@ -115,7 +115,7 @@ def cmd_eval(cfg: Any) -> int:
         tts_mode=cfg.tts_mode,
         rollout=rc,
         temperature=cfg.temperature,
-        tts_options={"memory": cfg.tts_memory},
+        tts=TTSConfig(memory=cfg.tts_memory),
         bf16=cfg.bf16,
         backend=cfg.backend,
         backend_options=cfg.backend_options,

@@ -32,16 +32,19 @@ def evaluate_at_budget(
     rollout: RolloutConfig | None = None,
     n: int = 0,
     mode: str = "parallel",
+    tts: TTSConfig | None = None,
     tts_options: dict[str, Any] | None = None,
 ) -> EvalResult:
     """:func:`envace.evaluation.trials.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section
     3).
 
-    ``n == 0`` is plain ``evaluate``. ``n > 0`` is :func:`evaluate_with_tts` with a
-    ``TTSConfig(n=n, mode=mode, rollout=<rollout in rehearsal mode>, **tts_options)``: the attempts are
-    self-rehearsed (no real call), then each task runs ``samples`` times for real with the rehearsal memory.
-    The result's metrics gain ``tts/...`` keys and ``gen_tokens_per_task`` counts rehearsal tokens too."""
+    ``n == 0`` is plain ``evaluate``. ``n > 0`` is :func:`evaluate_with_tts` with ``tts`` (its other options: memory,
+    sampling, final Act, caps; default ``TTSConfig()``) at ``n``, ``mode`` and ``rollout`` in rehearsal mode: the
+    attempts are self-rehearsed (no real call), then each task runs ``samples`` times for real with the rehearsal
+    memory. The result's metrics gain ``tts/...`` keys and ``gen_tokens_per_task`` counts rehearsal tokens too.
+    ``tts_options`` (a dict of TTSConfig fields) is the old spelling, kept one version with a warning."""
     rollout = rollout or RolloutConfig()
+    tts = _tts_config(tts, tts_options)
     if n < 0:
         raise ValueError(f"rehearsal budget n must be >= 0, got {n}")
     if n == 0:
@@ -49,14 +52,30 @@ def evaluate_at_budget(
         res.metrics["tts/n"] = 0.0
         res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples
         return res
-    tcfg = TTSConfig(
-        n=n, mode=mode, rollout=dataclasses.replace(rollout, mode="rehearsal", shadow=False), **(tts_options or {})
+    tcfg = dataclasses.replace(
+        tts, n=n, mode=mode, rollout=dataclasses.replace(rollout, mode="rehearsal", shadow=False)
     )
     res = evaluate_with_tts(policy, tasks, tcfg, samples=samples)
     res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples + res.metrics.get(
         "tts/rehearsal_tokens_per_task", 0.0
     )
     return res
+
+
+def _tts_config(tts: TTSConfig | None, tts_options: dict[str, Any] | None) -> TTSConfig:
+    """``tts``, or a TTSConfig of the deprecated ``tts_options`` dict (with a warning), or the default."""
+    if tts_options is not None:
+        import warnings
+
+        warnings.warn(
+            "tts_options (a dict) is deprecated: pass tts=TTSConfig(...) (envace.evaluation.tts.TTSConfig)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        if tts is not None:
+            raise ValueError("give tts or tts_options, not both")
+        return TTSConfig(**tts_options)
+    return tts or TTSConfig()
 
 
 def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, samples: int = 1) -> EvalResult:
@@ -86,17 +105,20 @@ def evaluate_model(
     rollout: RolloutConfig | None = None,
     temperature: float | None = None,
     progress: bool = True,
-    tts_options: dict[str, Any] | None = None,
+    tts: TTSConfig | None = None,
     bf16: bool | str = False,
     backend: str = "hf",
     backend_options: dict[str, Any] | None = None,
+    tts_options: dict[str, Any] | None = None,
 ) -> EvalResult:
     """Evaluate ``model`` on ``n`` tasks of ``suite`` / ``split`` at rehearsal budget ``tts_n``. ``backend`` says what
     generates (:func:`envace.backends.loaders.open_backend`, with ``backend_options``): ``hf`` loads ``model`` here (a
     name, a model or LoRA adapter folder, a training checkpoint or run folder: see :func:`envace.backends.models.load`;
     ``bf16``: generate in bf16, true, false or ``"auto"``, see ``HFBackend``), ``http`` asks the server at the URL
     ``model``, ``vllm`` starts a vLLM engine. The real trials sample Act greedily when ``samples == 1`` and at T=0.7
-    otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``."""
+    otherwise, unless ``temperature`` is given; rehearsal attempts keep ``rollout.act``. ``tts``: the other
+    test-time options (its n, mode and rollout come from ``tts_n``, ``tts_mode`` and ``rollout``; its ``final_act``,
+    if None, is the trials' Act sampling)."""
     from ..backends.loaders import open_backend
     from ..envs import load_tasks, suite_summary
 
@@ -108,8 +130,10 @@ def evaluate_model(
     if tts_n == 0:
         res = evaluate_at_budget(policy, tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act))
     else:
-        opts = {"final_act": final_act, **(tts_options or {})}
-        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts_options=opts)
+        tts = _tts_config(tts, tts_options)
+        if tts.final_act is None:  # act greedily (one sample) unless the config says how
+            tts = dataclasses.replace(tts, final_act=final_act)
+        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts=tts)
     res.suite, res.split = suite, split
     res.summary = suite_summary(suite, res.per_task)
     return res

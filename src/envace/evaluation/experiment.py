@@ -593,7 +593,7 @@ def evaluate_budgets(
     from .budget import evaluate_at_budget
     from ..envs import load_tasks
     from .policy import add_token_counts
-    from .tts import REHEARSAL_MODES, save_records
+    from .tts import REHEARSAL_MODES, TTSConfig, save_records
 
     evals = list(evals)
     tasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.eval_tasks, seed=0)  # the same held-out tasks for every seed
@@ -605,13 +605,13 @@ def evaluate_budgets(
         seed=seed,
         progress=cfg.progress,
     )
-    tts_options = {
-        "memory": cfg.tts_memory,
-        "reflect_sampling": SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=cfg.tts_max_new_tokens),
-        "memory_sampling": SamplingParams(temperature=0.0, max_new_tokens=cfg.tts_max_new_tokens),
-        "final_act": rc.act,
-        "tasks_in_flight": cfg.tts_tasks_in_flight,
-    }
+    tts = TTSConfig(
+        memory=cfg.tts_memory,
+        reflect_sampling=SamplingParams(temperature=0.7, top_p=0.95, max_new_tokens=cfg.tts_max_new_tokens),
+        memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.tts_max_new_tokens),
+        final_act=rc.act,
+        tasks_in_flight=cfg.tts_tasks_in_flight,
+    )
     attempts_rc = dataclasses.replace(rc, act=cfg.rollout.act)  # rehearsal attempts sample at the training temperature
     for n, mode in todo:
         ts = tasks if n == 0 else tts_tasks
@@ -626,7 +626,7 @@ def evaluate_budgets(
             + f" on {len(ts)} tasks x {cfg.eval_samples}"
             + (f", {extra['plan_max_new_tokens']} tokens per plan" if extra else "")
         )
-        opts = tts_options | ({"plan_max_new_tokens": extra["plan_max_new_tokens"]} if extra else {})
+        at_n = dataclasses.replace(tts, plan_max_new_tokens=extra["plan_max_new_tokens"]) if extra else tts
         res = evaluate_at_budget(
             policy,
             ts,
@@ -634,7 +634,7 @@ def evaluate_budgets(
             rollout=rc if n == 0 else attempts_rc,
             n=n,
             mode=mode,
-            tts_options=opts,
+            tts=at_n,
         )
         policy.release_all()
         if n == 0:
