@@ -258,6 +258,24 @@ def test_a_replayed_real_trajectory_gives_the_rehearse_rows_sft_trains_on(tokeni
     assert real_observations(rehearsed) is None  # rehearsed observations are not real, and no shadow was kept
 
 
+def test_shadow_observations_are_real_observations_and_replay_as_the_gold_does(tokenizer):
+    """A rehearsed trajectory with shadow copies holds a real observation for every call: the shadow's, never the
+    rehearsed one; replayed, it gives the gold's Rehearse rows."""
+    tasks = load_tasks("bank", "train", n=2)
+    shadowed = gold_trajectories(tokenizer, tasks, shadow=True)
+    for t in shadowed:
+        for s in t.steps:
+            s.observations = [{"imagined": True}] * len(s.observations)  # what Rehearse said is not what counts
+    assert all(real_observations(t) == [o for s in t.steps for o in s.shadow] for t in shadowed)
+    assert all({"imagined": True} not in real_observations(t) and real_observations(t) for t in shadowed)
+    replayed = replayed_trajectories(tokenizer, shadowed, {t.id: t for t in tasks})
+    gold = gold_trajectories(tokenizer, tasks)
+    for r, g in zip(replayed, gold):
+        assert [x.completion_ids for x in r.rows if x.role == "rehearse"] == [
+            x.completion_ids for x in g.rows if x.role == "rehearse"
+        ]
+
+
 def test_observation_rows_are_real_observations_under_the_rehearse_prompt_and_never_get_an_advantage(tmp_path):
     run = trainer.setup(_cfg(tmp_path, "rows", obs_loss_alpha=0.1, variant="real_env"))
     tasks = run.batch(0)
@@ -357,3 +375,20 @@ def test_each_option_is_an_arm_of_its_own_beside_an_unchanged_envace_arm(tmp_pat
         assert seen[arm].kl_coef == 1e-4  # train_options reach these arms too
     assert "envace" not in OPTION_ARMS and not set(OPTION_ARMS) & set(ExperimentConfig().arms)
     assert experiment.OPTION_ARMS is OPTION_ARMS
+
+
+def test_the_observation_loss_trains_the_model_that_plays_rehearse(tmp_path, monkeypatch):
+    """per_role: the observation rows go to the second model (it plays Rehearse); the policy, with no signal of its
+    own (equal rewards), stays bit-equal to a run without the loss."""
+    from safetensors.torch import load_file
+
+    _constant_on({t.id for t in trainer.train_tasks(_cfg(tmp_path, "x"))}, monkeypatch)
+    runs = {a: train(_cfg(tmp_path, f"per_role{a}", variant="per_role", obs_loss_alpha=a)) for a in (0.0, 1.0)}
+    w = {
+        (a, name): load_file(os.path.join(r.checkpoint, name, "model.safetensors"))
+        for a, r in runs.items()
+        for name in ("policy", "rehearser")
+    }
+    assert all(torch.equal(w[0.0, "policy"][k], w[1.0, "policy"][k]) for k in w[0.0, "policy"])
+    assert any(not torch.equal(w[0.0, "rehearser"][k], w[1.0, "rehearser"][k]) for k in w[0.0, "rehearser"])
+    assert runs[1.0].metrics[-1]["loss/obs_ce"] > 0

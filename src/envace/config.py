@@ -111,8 +111,8 @@ class TrainConfig:
     kl_coef: float = 0.0
     """KL to the frozen initial model (k3); 0 = off (reference). 1e-4 if on."""
     obs_loss_alpha: float = 0.0
-    """Weight of a cross-entropy on *real* observations under the Rehearse prompt (ECHO / prime-rl ``echo``; 0 = off):
-    the batch tasks' gold episodes, and real_share / shadow observations (``loss/obs_ce``, docs/training.md)."""
+    """Weight of a cross-entropy on *real* observations under the Rehearse prompt (ECHO, prime-rl's ``echo``; 0 = off):
+    the batch tasks' gold episodes, real_env / real_share / shadow observations (``loss/obs_ce``, docs/training.md)."""
     micro_batch_tokens: int = 4096
     """Padded tokens per micro-batch in the update (gradient accumulation over micro-batches)."""
     lora_r: int = 0
