@@ -78,6 +78,9 @@ class TrainConfig:
     """Share of each group's K trajectories rolled out in the task's real environment instead of rehearsed
     (Dyna / DreamGym-style grounding, beyond the paper): m = round(real_share * K) real ones (Act rows only) and
     K - m rehearsed ones (Act and Rehearse rows) form one GRPO group, scored by the same reward (an arm of its own)."""
+    dynamic_sampling: int = 0
+    """DAPO's dynamic sampling (beyond the paper; 0 = off): drop each group whose K rewards are all equal (advantage 0
+    on every row) and refill with further tasks, at most this many extra rollout rounds (then train on what is kept)."""
     advantage: str = "rolewise"
     """Baseline estimator (envace.math.algos.ADVANTAGES): rolewise (paper), rolewise_std, pooled, pooled_std."""
     reward: Any = field(default_factory=lambda: dict(DEFAULT_REWARD))
@@ -94,6 +97,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     clip_eps: float = 0.2
     """PPO clip range."""
+    clip_eps_high: float | None = None
+    """Upper clip range, DAPO's "clip-higher" (e.g. 0.28 beside clip_eps 0.2): a token whose probability rose keeps
+    its gradient up to ratio 1 + clip_eps_high; None: clip_eps (the symmetric clip of the paper)."""
     update_epochs: int = 1
     """Passes over each iteration's batch (PPO epochs). With one pass of one mini-batch the sampled policy is the
     updated one, so the ratio is 1 and the clip never acts; more passes reuse the rollouts and the clip bounds
@@ -104,6 +110,9 @@ class TrainConfig:
     """Loss aggregation (envace.math.algos.AGGREGATIONS): token_mean (reference) or seq_mean."""
     kl_coef: float = 0.0
     """KL to the frozen initial model (k3); 0 = off (reference). 1e-4 if on."""
+    obs_loss_alpha: float = 0.0
+    """Weight of a cross-entropy on *real* observations under the Rehearse prompt (ECHO, prime-rl's ``echo``; 0 = off):
+    the batch tasks' gold episodes, real_env / real_share / shadow observations (``loss/obs_ce``, docs/training.md)."""
     micro_batch_tokens: int = 4096
     """Padded tokens per micro-batch in the update (gradient accumulation over micro-batches)."""
     lora_r: int = 0
@@ -186,6 +195,13 @@ class TrainConfig:
             raise ValueError(
                 "TrainConfig: update_epochs >= 1 and mini_batches >= 1 are "
                 f"required (got {self.update_epochs}, {self.mini_batches})"
+            )
+        if self.clip_eps_high is not None and not self.clip_eps_high >= 0:
+            raise ValueError(f"TrainConfig.clip_eps_high: must be None or >= 0, got {self.clip_eps_high}")
+        if self.dynamic_sampling < 0 or not self.obs_loss_alpha >= 0:
+            raise ValueError(
+                "TrainConfig: dynamic_sampling >= 0 and obs_loss_alpha >= 0 are "
+                f"required (got {self.dynamic_sampling}, {self.obs_loss_alpha})"
             )
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise ValueError(f"TrainConfig.tis_cap: must be None or >= 1, got {self.tis_cap}")

@@ -14,6 +14,9 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
 - **RL arms** (one per :data:`envace.config.VARIANTS` entry: ``real_env``, ``envace``, ``per_role``,
   ``simulator``, ``caller_frozen``, ``caller_only``): role-wise GRPO from the SFT checkpoint with the *same*
   budget (``iterations`` x ``batch_tasks`` tasks x ``group_size`` trajectories, same reward, same rollout limits).
+  Beyond the paper, :data:`OPTION_ARMS` add one training option each to a variant, run beside it and never in place
+  of it: ``envace+clip_higher`` (``clip_eps_high``), ``envace+dynamic`` (``dynamic_sampling``), ``envace+obs_loss``
+  (``obs_loss_alpha``); the plain ``envace`` arm is unchanged.
 - **evaluation**: held-out tasks in the real environment, ``eval_samples`` trials each, at N=0 (plain acting)
   for every arm and, for the arms of ``tts_arms``, at every rehearsal budget N > 0 of ``tts_budgets`` in each
   mode of ``tts_modes`` (envace.evaluation.tts; ``plan`` is the compute-matched baseline: its plan budget is the mean
@@ -117,7 +120,8 @@ class ExperimentConfig:
     suite: str = "builtin"
     """Task suite: training tasks from its train split, evaluation tasks from ``eval_split``."""
     arms: tuple[str, ...] = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
-    """Arms to run (envace.evaluation.experiment.ARMS): base, sft, sft_more, and any training variant."""
+    """Arms to run (envace.evaluation.experiment.ARMS): base, sft, sft_more, any training variant, and a variant with
+    one training option beyond the paper (OPTION_ARMS: envace+clip_higher, envace+dynamic, envace+obs_loss)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """One full run of every arm per seed; the report shows mean +- std over seeds."""
     sft_steps: int = 60
@@ -388,7 +392,13 @@ ARMS.add(
 )
 
 
-def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
+def _rl_arm(
+    variant: str, options: dict[str, Any] | None = None, name: str | None = None
+) -> Callable[[SeedRun], ArmModels]:
+    """The build of an RL arm: ``variant`` trained from the SFT checkpoint into ``<seed dir>/<name>`` (default: the
+    variant's name), with ``train_options`` and then the arm's own ``options`` (TrainConfig fields, OPTION_ARMS)."""
+    arm = name or variant
+
     def build(run: SeedRun) -> ArmModels:
         from ..core.checkpoint import load_state
         from ..core.logging import read_metrics
@@ -397,7 +407,7 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
         c = run.cfg
         start, _ = run.sft()
         rc = dataclasses.replace(c.rollout, group_size=c.group_size, progress=False)
-        out = os.path.join(run.dir, variant)
+        out = os.path.join(run.dir, arm)
         tcfg = TrainConfig(
             model=start,
             suite=c.suite,
@@ -415,7 +425,7 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
             seed=run.seed,
             tensorboard=False,
             progress=c.progress,
-            **c.train_options,
+            **(c.train_options | (options or {})),
         )
         steps = fidelity_steps(c)
         cache = os.path.join(out, "fidelity_curve.json")
@@ -426,12 +436,12 @@ def _rl_arm(variant: str) -> Callable[[SeedRun], ArmModels]:
             if end == c.iterations or str(end) in points:
                 continue
             if res.checkpoint and int(load_state(res.checkpoint)["step"]) == end:
-                _say(f"seed {run.seed} arm {variant}: rehearsal fidelity after {end} of {c.iterations} iterations")
+                _say(f"seed {run.seed} arm {arm}: rehearsal fidelity after {end} of {c.iterations} iterations")
                 at = _arm_models(variant, res.checkpoint, start, tcfg.simulator_model)
                 points[str(end)] = arm_fidelity(c, at, run.seed).summary
                 _write_json(cache, points)
             else:  # a later checkpoint already existed (a rerun after a crash): this point cannot be measured any more
-                _say(f"seed {run.seed} arm {variant}: no checkpoint at step {end}; its fidelity point is missing")
+                _say(f"seed {run.seed} arm {arm}: no checkpoint at step {end}; its fidelity point is missing")
         assert res is not None
         models = _arm_models(variant, res.checkpoint, start, tcfg.simulator_model)
         models.curve = read_metrics(out)  # every step, also those of earlier runs of a resumed arm
@@ -454,6 +464,37 @@ def _arm_models(variant: str, ckpt: str | None, start: str, simulator_model: str
 
 for _v in VARIANTS.names():
     ARMS.add(_v, Arm(VARIANTS.get(_v).doc + " (GRPO from the SFT checkpoint)", _rl_arm(_v)))
+
+
+@dataclass(frozen=True)
+class OptionArm:
+    """An RL arm that is a variant plus training options beyond the paper (TrainConfig fields), run beside it."""
+
+    variant: str
+    options: dict[str, Any]
+    doc: str
+
+
+OPTION_ARMS: dict[str, OptionArm] = {
+    "envace+clip_higher": OptionArm(
+        "envace", {"clip_eps_high": 0.28}, "EnvACE with DAPO's clip-higher (clip_eps_high 0.28 beside clip_eps 0.2)"
+    ),
+    "envace+dynamic": OptionArm(
+        "envace",
+        {"dynamic_sampling": 3},
+        "EnvACE with DAPO's dynamic sampling (groups with equal rewards dropped, refilled in up to 3 extra rounds)",
+    ),
+    "envace+obs_loss": OptionArm(
+        "envace",
+        {"obs_loss_alpha": 0.1},
+        "EnvACE plus a cross-entropy (weight 0.1) on real observations under the Rehearse prompt (ECHO)",
+    ),
+}
+"""Arms that add one training option to a variant (``<variant>+<option>``); the plain variant's arm stays as it is.
+Their option overrides the same field of ``train_options``. Not among the default ``arms``: list them to run them."""
+
+for _name, _o in OPTION_ARMS.items():
+    ARMS.add(_name, Arm(_o.doc + " (GRPO from the SFT checkpoint)", _rl_arm(_o.variant, _o.options, _name)))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -772,6 +813,8 @@ __all__ = [
     "ArmModels",
     "Arm",
     "ARMS",
+    "OPTION_ARMS",
+    "OptionArm",
     "SeedRun",
     "budgets",
     "sweeps",

@@ -11,6 +11,7 @@ Pieces:
   ``"rolewise"`` (the paper's setting: one row-weighted mean per (task group, role), ``A = R - mu``, no std
   division), ``"rolewise_std"``, ``"pooled"`` (one mean per task group over the rows of every role) and
   ``"pooled_std"``. Every estimator has the signature of :func:`rolewise_advantages`.
+- :func:`informative_groups`: which groups carry a signal at all (DAPO's dynamic sampling drops the others).
 - The PPO-clipped surrogate :func:`policy_loss` over all completion tokens of a batch, aggregated by an
   entry of :data:`AGGREGATIONS` (``"token_mean"``, the reference setting, or ``"seq_mean"``).
 - :func:`rollout_correction`: truncated importance weights ``min(pi_old / pi_sampler, C)`` per token against the
@@ -188,6 +189,34 @@ def pooled_std_advantages(
     """``A = (R - mu[group]) / (std[group] + eps)`` over the rows of all roles of the group."""
     _check_rows(rewards, groups, roles, valid)
     return cell_advantages(rewards, groups, valid, scale_by_std=True, eps=eps)
+
+
+def informative_groups(
+    rewards: Tensor, groups: Tensor, valid: Tensor | None = None, *, tol: float = 0.0
+) -> tuple[Tensor, dict[str, float]]:
+    """Which GRPO groups carry a learning signal (DAPO's dynamic sampling, Yu et al. 2025): those whose scored
+    trajectories do not all share one reward. Every row of a trajectory gets its reward and both roles' baselines
+    are means of those rewards, so a group whose K rewards are equal has advantage 0 on every row of every role
+    (rolewise and pooled alike); so has a group with fewer than two scored trajectories.
+
+    Args:
+        rewards: (trajs,) float, one reward per trajectory (any value where not ``valid``, NaN included).
+        groups: (trajs,) long in [0, n_groups), the group of each trajectory.
+        valid: (trajs,) bool or None (all scored); unscored trajectories are left out.
+        tol: rewards closer than this count as equal.
+
+    Returns:
+        keep (n_groups,) bool, and metrics ``groups`` (n_groups), ``informative`` and ``degenerate`` counts.
+    """
+    r, v = _check_rows(rewards, groups, groups, valid)
+    n_groups = int(groups.max()) + 1 if groups.numel() else 0
+    g = groups.long()
+    inf = torch.full((n_groups,), float("inf"), dtype=r.dtype, device=r.device)
+    lo = inf.scatter_reduce(0, g[v], r[v], "amin")  # (groups,) lowest scored reward, +inf where none
+    hi = (-inf).scatter_reduce(0, g[v], r[v], "amax")  # (groups,) highest scored reward, -inf where none
+    keep = (hi - lo) > tol  # (groups,) False where all equal or fewer than two scored
+    n_keep = int(keep.sum())
+    return keep, {"groups": float(n_groups), "informative": float(n_keep), "degenerate": float(n_groups - n_keep)}
 
 
 # --------------------------------------------------------------------------------------------------------

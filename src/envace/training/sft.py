@@ -82,12 +82,15 @@ class GoldTeacher(Backend):
             env.close()
         return acts, obs
 
+    def _script_of(self, traj_id: str) -> tuple[list[str], list[str]]:
+        """(Act outputs, Rehearse outputs) that trajectory ``traj_id`` plays: its task's gold script."""
+        return self._script(self.tasks[traj_id.split(":", 1)[1].rsplit("/", 1)[0]])
+
     def _queue(self, session: str, kind: str) -> list[str]:
         traj_id = session.rsplit("/", 1)[0]
         store = self._act if kind == "act" else self._obs
         if traj_id not in store:
-            task_id = traj_id.split(":", 1)[1].rsplit("/", 1)[0]
-            self._act[traj_id], self._obs[traj_id] = self._script(self.tasks[task_id])
+            self._act[traj_id], self._obs[traj_id] = self._script_of(traj_id)
         return store[traj_id]
 
     def generate(
@@ -126,7 +129,101 @@ def gold_trajectories(
     ``shadow`` (without ``rollout``): also record which state fields each real call changed
     (``Step.shadow_changed``)."""
     n_steps = max((sum(len(g) for g in t.gold_actions) + len(t.user_turns) for t in tasks), default=1)
-    cfg = rollout or RolloutConfig(
+    cfg = rollout or _teacher_config(
+        n_steps, chat_format, tool_format, thinking, native_tools, thinking_history, shadow
+    )
+    cfg.group_size = 1
+    teacher = GoldTeacher(
+        tokenizer,
+        tasks,
+        tools=tool_format_for(tokenizer, cfg.tool_format),
+        end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id,
+    )
+    return RolloutEngine(teacher, cfg, memory=memory).run(tasks, group_prefix="gold-notes" if memory else "gold")
+
+
+class ReplayTeacher(GoldTeacher):
+    """Plays recorded trajectories again with their *real* observations (``replays[i]`` is trajectory i of a replay
+    run, group prefix :data:`REPLAY_PREFIX`): Act writes the recorded outputs, Rehearse the real environment's answer
+    to each call (:func:`real_observations`), so Rehearse's rows are real observations under the Rehearse prompt."""
+
+    def __init__(self, tokenizer: Any, replays: list[Trajectory], **kw: Any):
+        super().__init__(tokenizer, [], **kw)
+        self.replays = replays
+
+    def _script_of(self, traj_id: str) -> tuple[list[str], list[str]]:
+        t = self.replays[int(traj_id.split(":", 1)[0].removeprefix(REPLAY_PREFIX))]
+        obs = real_observations(t)
+        assert obs is not None, f"trajectory {t.id} has no real observation of every call"
+        return [s.action_text for s in t.steps], [format_observation(o) for o in obs]
+
+
+REPLAY_PREFIX = "replay"
+
+
+def real_observations(traj: Trajectory) -> list[Any] | None:
+    """The real environment's answer to each parsed call of ``traj``, in order: its observations where it ran in the
+    real environment (mode ``real``), else the shadow copy's (``RolloutConfig.shadow``); None where some call has none
+    (a rehearsed trajectory without shadow, a call never answered)."""
+    out: list[Any] = []
+    for s in traj.steps:
+        for i, _ in enumerate(s.calls):
+            if i >= len(s.observations):  # never answered (the trajectory was cut there)
+                return None
+            real = traj.mode == "real" and s.sources[i] == "real"
+            obs = s.observations[i] if real else (s.shadow[i] if i < len(s.shadow) else None)
+            if obs is None:
+                return None
+            out.append(obs)
+    return out
+
+
+def replayed_trajectories(
+    tokenizer: Any,
+    trajs: list[Trajectory],
+    tasks_by_id: dict[str, Task],
+    chat_format: str | None = None,
+    tool_format: str | None = None,
+    thinking: bool | None = None,
+    native_tools: bool = True,
+    thinking_history: str | None = None,
+) -> list[Trajectory]:
+    """``trajs`` (each with :func:`real_observations`) played again by :class:`ReplayTeacher` through the rollout
+    engine, as :func:`gold_trajectories` plays the gold: their Rehearse rows are those SFT would make of these calls
+    and real observations. Every parsed call goes to Rehearse (no validation in code, no reference cache); the user
+    turns are the task's scripted ones."""
+    if not trajs:
+        return []
+    tasks = [tasks_by_id[t.task_id] for t in trajs]
+    cfg = _teacher_config(
+        max(len(t.steps) for t in trajs) + max(len(t.user_turns) for t in tasks),
+        chat_format,
+        tool_format,
+        thinking,
+        native_tools,
+        thinking_history,
+    )
+    teacher = ReplayTeacher(
+        tokenizer,
+        trajs,
+        tools=tool_format_for(tokenizer, cfg.tool_format),
+        end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id,
+    )
+    return RolloutEngine(teacher, cfg).run(tasks, group_prefix=REPLAY_PREFIX)
+
+
+def _teacher_config(
+    n_steps: int,
+    chat_format: str | None,
+    tool_format: str | None,
+    thinking: bool | None,
+    native_tools: bool,
+    thinking_history: str | None,
+    shadow: bool = False,
+) -> RolloutConfig:
+    """The rollout of a teacher (gold, replay): one trajectory per task, room for ``n_steps`` Act steps, no
+    context bound (the rows are trained on, whatever their length)."""
+    return RolloutConfig(
         mode="rehearsal",
         group_size=1,
         max_steps=n_steps + 1,
@@ -139,14 +236,6 @@ def gold_trajectories(
         native_tools=native_tools,
         shadow=shadow,
     )
-    cfg.group_size = 1
-    teacher = GoldTeacher(
-        tokenizer,
-        tasks,
-        tools=tool_format_for(tokenizer, cfg.tool_format),
-        end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id,
-    )
-    return RolloutEngine(teacher, cfg, memory=memory).run(tasks, group_prefix="gold-notes" if memory else "gold")
 
 
 def lesson_rollout(cfg: SFTConfig) -> RolloutConfig:

@@ -15,6 +15,11 @@ Departures from the paper / reference code:
   (Dyna / DreamGym-style grounding, :func:`grounded_rollouts`); the group's baselines then mix both worlds. Only for
   variants whose rollout mode is ``rehearsal``, on tasks with a real environment; a run with it is an arm of its own,
   never reported as EnvACE (metrics ``rollout/real_trajectories``, ``reward/real_mean``, ``reward/rehearsed_mean``).
+- Beyond the paper, one setting each, off by default (docs/training.md): ``clip_eps_high`` (DAPO's clip-higher);
+  ``dynamic_sampling`` (DAPO: a group whose K rewards are all equal has advantage 0 on every row of both roles; it is
+  dropped and refilled by further tasks, :func:`dynamic_sampling`, metrics ``sampling/*``); ``obs_loss_alpha`` (ECHO:
+  a cross-entropy on *real* observations under the Rehearse prompt, rows of role :data:`OBS_ROLE` from the batch
+  tasks' gold episodes and real / shadow rollouts, :func:`observation_rows`, :func:`with_obs_loss`, ``loss/obs_ce``).
 
 Scaling out (envace.training.distributed, docs/scaling.md): under torchrun / accelerate launch each process rolls out
 whole GRPO groups (its share of the B tasks), so the baselines are exact locally; the update's normalizer is
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import math
 import os
@@ -63,6 +69,7 @@ from ..rewards.functions import RewardContext, make_reward, reward_names, score_
 from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..core.seeding import derive_seed, seed_everything
 from ..core.types import Row, Task, Trajectory, write_jsonl
+from .sft import gold_trajectories, real_observations, replayed_trajectories
 from .update import optimizer_step, pad_rows, recompute_old_logprobs
 from ..rollout.variants import VARIANTS, Variant
 
@@ -72,6 +79,15 @@ ITERATION_PRIME = 100_003
 prime=ITERATION_PRIME)``."""
 REAL_SALT = 1
 """With ``real_share``, iteration seed ``s``'s real-environment rollouts are seeded ``derive_seed(s, REAL_SALT)``."""
+REFILL_SALT = 2
+"""With ``dynamic_sampling``, refill round r of iteration seed ``s`` draws its tasks and rollouts from
+``derive_seed(s, REFILL_SALT, r)``."""
+OBS_SALT = 3
+"""With ``obs_loss_alpha``, iteration ``i`` splits its observation rows over the optimizer steps with
+``derive_seed(seed, i, OBS_SALT)``."""
+OBS_ROLE = "observation"
+"""The role of a row whose completion is a *real* observation under the Rehearse prompt (``obs_loss_alpha``): no
+advantage, no policy loss (not in :data:`ROLE_INDEX`), only the observation cross-entropy."""
 
 
 def task_stream(n_tasks: int, seed: int, start: int, count: int) -> list[int]:
@@ -201,10 +217,15 @@ def train(cfg: TrainConfig) -> TrainResult:
             t_roll = time.perf_counter() - t0
             # 2. rewards (shared by both roles of a trajectory); the whole batch for the logs and metrics
             score_trajectories(run.tasks_by_id, trajs, run.reward_fn, run.ctx)
+            dropped: list[Trajectory] = []
+            if cfg.dynamic_sampling:  # DAPO: groups whose K rewards are equal out, groups of further tasks in
+                trajs, dropped, sampling_m = dynamic_sampling(run, it, trajs)
             # the whole batch (light copies); `trajs` itself on one process
             everyone = run.dist.gather_trajectories(trajs)
-            _check_context(everyone, cfg)
+            everyone_dropped = run.dist.gather_trajectories(dropped) if cfg.dynamic_sampling else []
+            _check_context(everyone + everyone_dropped, cfg)
             run.log_trajectories(everyone, it)
+            run.log_trajectories(everyone_dropped, it, dropped=True)
             # 3. advantages per (group, role) from this process's whole groups
             rows, adv, _ = rows_with_advantages(trajs, cfg.advantage, cfg.train_roles)
             _, _, adv_m = rows_with_advantages(everyone, cfg.advantage, cfg.train_roles)  # metrics of the whole batch
@@ -213,9 +234,16 @@ def train(cfg: TrainConfig) -> TrainResult:
             }
             if cfg.real_share > 0:  # the grounded share of the groups
                 metrics |= _real_share_metrics(everyone)
+            if cfg.dynamic_sampling:
+                metrics |= sampling_m
+            # real observations under the Rehearse prompt, for the observation cross-entropy (obs_loss_alpha)
+            obs: list[Row] = []
+            if cfg.obs_loss_alpha > 0:
+                obs, obs_m = observation_rows(run, trajs)
+                metrics |= obs_m
             # 4. one update per trained model on the rows of its roles; the rollout engines get the new weights
             t1 = time.perf_counter()
-            metrics |= update(run, rows, adv, it)
+            metrics |= update(run, rows, adv, it, obs)
             # 5. log and checkpoint
             step = it + 1
             metrics |= {
@@ -277,9 +305,11 @@ class Run:
     def traj_log(self) -> str:
         return os.path.join(self.cfg.out_dir, "trajectories.jsonl")
 
-    def log_trajectories(self, trajs: list[Trajectory], it: int) -> None:
-        if self.dist.is_main:  # rank 0 writes the logs
-            write_jsonl(self.traj_log, [t.to_dict(with_rows=False) | {"iteration": it} for t in trajs])
+    def log_trajectories(self, trajs: list[Trajectory], it: int, dropped: bool = False) -> None:
+        """Append ``trajs`` to the trajectory log; ``dropped``: groups dynamic sampling left out (marked so)."""
+        mark = {"dropped": True} if dropped else {}
+        if self.dist.is_main and trajs:  # rank 0 writes the logs
+            write_jsonl(self.traj_log, [t.to_dict(with_rows=False) | {"iteration": it} | mark for t in trajs])
 
     def save(self, step: int) -> str | None:
         c = self.cfg
@@ -370,20 +400,107 @@ def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, A
     )
 
 
-def rollout_batch(run: Run, it: int) -> list[Trajectory]:
+def rollout_batch(run: Run, it: int, refill: int = 0, tasks: list[Task] | None = None) -> list[Trajectory]:
     """Batch ``it``: B tasks at data position ``it * B`` of the task stream (:meth:`Run.batch`); this process rolls
     out K trajectories for each of its whole tasks (a GRPO group never spans processes), seeded by iteration and rank.
-    With ``real_share`` each group's last m of them run in the real environment (:func:`grounded_rollouts`)."""
+    With ``real_share`` each group's last m of them run in the real environment (:func:`grounded_rollouts`).
+    ``refill`` r > 0: dynamic sampling's round r, on this process's ``tasks`` (:func:`dynamic_sampling`)."""
     cfg = run.cfg
-    batch = run.batch(it)
     rcfg = copy.copy(cfg.rollout)
     it_seed = derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
+    if refill:
+        it_seed = derive_seed(it_seed, REFILL_SALT, refill)
+    mine = run.dist.shard(run.batch(it)) if tasks is None else tasks
     rcfg.seed = run.dist.rank_seed(it_seed)
-    prefix = run.dist.group_prefix(f"i{it}-")
+    prefix = run.dist.group_prefix(f"i{it}-" if not refill else f"i{it}r{refill}-")
     if cfg.real_share > 0:
-        return grounded_rollouts(run, rcfg, run.dist.shard(batch), prefix, it_seed)
+        return grounded_rollouts(run, rcfg, mine, prefix, it_seed)
     engine = RolloutEngine(run.engines["policy"], rcfg, **run.helpers)
-    return engine.run(run.dist.shard(batch), group_prefix=prefix)
+    return engine.run(mine, group_prefix=prefix)
+
+
+def informative_trajectories(trajs: list[Trajectory]) -> tuple[list[Trajectory], list[Trajectory]]:
+    """(kept, dropped): the trajectories of the groups that carry a GRPO signal (:func:`envace.math.algos.
+    informative_groups`: their scored rewards are not all equal) and those of the others, each in order."""
+    index = {g: i for i, g in enumerate(dict.fromkeys(t.group_id for t in trajs))}
+    if not index:
+        return [], []
+    rewards = torch.tensor([math.nan if t.reward is None else t.reward for t in trajs], dtype=torch.float32)
+    groups = torch.tensor([index[t.group_id] for t in trajs], dtype=torch.long)
+    keep, _ = algos.informative_groups(rewards, groups, ~torch.isnan(rewards))
+    kept = [t for t in trajs if keep[index[t.group_id]]]
+    return kept, [t for t in trajs if not keep[index[t.group_id]]]
+
+
+def dynamic_sampling(
+    run: Run, it: int, trajs: list[Trajectory]
+) -> tuple[list[Trajectory], list[Trajectory], dict[str, float]]:
+    """DAPO's dynamic sampling on this process's scored groups ``trajs``: drop each group whose K rewards are all
+    equal (advantage 0 on every row of both roles) and roll out as many further tasks (drawn from the pool by
+    ``derive_seed(iteration seed, REFILL_SALT, r)``, the task stream untouched) in round r, up to
+    ``dynamic_sampling`` rounds; then go on with what is kept. Returns (kept, dropped, ``sampling/*`` metrics of the
+    whole batch: groups dropped, extra rounds, share kept of the groups rolled out, groups short of B; and
+    ``perf/refill_s``, the time of the extra rounds)."""
+    cfg, t0 = run.cfg, time.perf_counter()
+    kept, dropped = informative_trajectories(trajs)
+    want = len({t.group_id for t in trajs})
+    rolled, rounds = want, 0
+    while len({t.group_id for t in kept}) < want and rounds < cfg.dynamic_sampling:
+        rounds += 1
+        missing = want - len({t.group_id for t in kept})
+        seed = run.dist.rank_seed(derive_seed(derive_seed(cfg.seed, it, prime=ITERATION_PRIME), REFILL_SALT, rounds))
+        tasks = [run.tasks[i] for i in task_stream(len(run.tasks), seed, 0, missing)]
+        more = rollout_batch(run, it, refill=rounds, tasks=tasks)
+        score_trajectories(run.tasks_by_id, more, run.reward_fn, run.ctx)
+        k, d = informative_trajectories(more)
+        kept, dropped, rolled = kept + k, dropped + d, rolled + missing
+    n_kept, n_want = run.dist.sum(len({t.group_id for t in kept})), run.dist.sum(want)
+    n_rolled = run.dist.sum(rolled)
+    return (
+        kept,
+        dropped,
+        {
+            "sampling/groups_dropped": n_rolled - n_kept,
+            "sampling/extra_rounds": run.dist.max(rounds),
+            "sampling/kept_share": n_kept / max(1.0, n_rolled),
+            "sampling/groups_short": n_want - n_kept,
+            "perf/refill_s": time.perf_counter() - t0,
+        },
+    )
+
+
+def observation_rows(run: Run, trajs: list[Trajectory]) -> tuple[list[Row], dict[str, float]]:
+    """Rows of role :data:`OBS_ROLE` for the observation cross-entropy: the Rehearse rows of the gold episodes of this
+    process's batch tasks (:func:`envace.training.sft.gold_trajectories`, the rows SFT trains on) and of replays of
+    its trajectories with a real observation for every call (real_share, real_env, shadow:
+    :func:`envace.training.sft.replayed_trajectories`), in the rollouts' chat and tool formats. A row longer than
+    ``rollout.max_context_tokens`` is left out, counted (``obs/too_long``)."""
+    r, tasks_by_id = run.cfg.rollout, run.tasks_by_id
+    io = dict(
+        chat_format=r.chat_format,
+        tool_format=r.tool_format,
+        thinking=r.thinking,
+        native_tools=r.native_tools,
+        thinking_history=r.thinking_history,
+    )
+    tasks = [tasks_by_id[i] for i in dict.fromkeys(t.task_id for t in trajs)]
+    real = [t for t in trajs if real_observations(t) is not None and any(s.calls for s in t.steps)]
+    sources = {
+        "gold": gold_trajectories(run.tok, tasks, **io),
+        "replayed": replayed_trajectories(run.tok, real, tasks_by_id, **io),
+    }
+    rows: list[Row] = []
+    metrics: dict[str, float] = {}
+    too_long = 0
+    for name, done in sources.items():
+        mine = [x for t in done for x in t.rows if x.role == "rehearse" and x.completion_ids]
+        fits = [x for x in mine if len(x.prompt_ids) + len(x.completion_ids) <= r.max_context_tokens]
+        too_long += len(mine) - len(fits)
+        rows += [dataclasses.replace(x, role=OBS_ROLE) for x in fits]
+        metrics[f"obs/{name}_rows"] = run.dist.sum(len(fits))
+    metrics["obs/tokens"] = run.dist.sum(sum(len(x.completion_ids) for x in rows))
+    metrics["obs/too_long"] = run.dist.sum(too_long)
+    return rows, metrics
 
 
 def grounded_rollouts(run: Run, rcfg: RolloutConfig, tasks: list[Task], prefix: str, it_seed: int) -> list[Trajectory]:
@@ -409,14 +526,16 @@ def grounded_rollouts(run: Run, rcfg: RolloutConfig, tasks: list[Task], prefix: 
     return [t for group in groups.values() for t in group]
 
 
-def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, float]:
+def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int, obs: list[Row] | None = None) -> dict[str, float]:
     """One update of every trained model on the rows its roles route to it (``variant.model_of``): old log-probs
     recomputed where the sampler's are not the trainer's (the sampler's own kept for the rollout correction,
     ``tis_cap``), then ``update_epochs`` x ``mini_batches`` optimizer steps (the KL reference applies to the policy
     only); the rollout engines then get the new weights. Every process steps every model, with its rows (maybe
     none). Returns the ``loss/<model>/...`` metrics of the last step that updated the model (a part can be empty
     when there are fewer rows than mini-batches), or ``loss/<model>/micro_batches: 0`` when none did; where the
-    old log-probs were recomputed, the batch's ``mismatch/...`` (:func:`mismatch_metrics`)."""
+    old log-probs were recomputed, the batch's ``mismatch/...`` (:func:`mismatch_metrics`). ``obs`` (with
+    ``obs_loss_alpha`` > 0): real-observation rows (:func:`observation_rows`), split over the optimizer steps like the
+    rows, whose cross-entropy the model that plays Rehearse adds to each step (``loss/obs_ce``: the last step's)."""
     cfg, dist, temps = run.cfg, run.dist, run.temps
     metrics: dict[str, float] = {}
     engine = "hf" if all(isinstance(e, HFBackend) for e in run.engines.values()) else "separate"
@@ -438,16 +557,27 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
             )
         ref = run.ref if name == "policy" else None
         last: dict[str, float] = {}
-        for epoch, part in update_parts(
+        steps = update_parts(
             len(sub_rows), cfg.update_epochs, cfg.mini_batches, seed=derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
-        ):
+        )
+        learns_obs = cfg.obs_loss_alpha > 0 and name == run.variant.model_of("rehearse")  # the same on every process
+        my_obs = list(obs or []) if learns_obs else []
+        obs_steps = update_parts(
+            len(my_obs), cfg.update_epochs, cfg.mini_batches, seed=derive_seed(cfg.seed, it, OBS_SALT)
+        )  # as many steps as `steps`, in the same (epoch, part) order
+        for (epoch, part), (_, obs_part) in zip(steps, obs_steps):
             p_rows, p_adv = [sub_rows[i] for i in part], sub_adv[part]
             p_sampler = [sampler[mine[i]] for i in part] if recompute and cfg.tis_cap is not None else None
+            loss_fn, step_rows = _grpo_loss(p_rows, p_adv, cfg, ref, temps, p_sampler), p_rows
+            if learns_obs:  # the observation cross-entropy joins this step: its rows after the policy rows
+                o_rows = [my_obs[i] for i in obs_part]
+                loss_fn, obs_ce = with_obs_loss(loss_fn, p_rows, o_rows, cfg.obs_loss_alpha, cfg.loss_agg, dist)
+                step_rows = p_rows + o_rows
             um = optimizer_step(
                 model,
                 run.optimizers[name],
-                p_rows,
-                _grpo_loss(p_rows, p_adv, cfg, ref, temps, p_sampler),
+                step_rows,
+                loss_fn,
                 agg=cfg.loss_agg,
                 micro_batch_tokens=cfg.micro_batch_tokens,
                 temperatures=temps,
@@ -456,6 +586,8 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
                 dist=dist,
             )
             updated = um.get("micro_batches", 0.0) > 0
+            if learns_obs:
+                metrics["loss/obs_ce"] = obs_ce()
             if epoch == 0 and updated:  # the first pass: the sampled policy's view (ratio 1 on its first part)
                 metrics |= {f"loss/{name}/first_pass/{k}": v for k, v in um.items() if k in ("clip_frac", "loss")}
             if updated or not last:
@@ -467,6 +599,40 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int) -> dict[str, f
     for name, engine in run.engines.items():  # new weights: hf drops its kept caches, vllm loads them
         engine.sync_weights(dist.weights(run.models[name]))
     return metrics | {"perf/sync_s": time.perf_counter() - t_sync}
+
+
+def with_obs_loss(
+    loss_fn: Callable, rows: list[Row], obs: list[Row], alpha: float, agg: str, dist: Dist
+) -> tuple[Callable, Callable[[], float]]:
+    """The loss of one optimizer step over ``rows + obs``: ``loss_fn`` (the policy loss of ``rows``, with their own
+    normalizer, as without ``obs``) plus ``alpha`` x the token-mean negative log-likelihood of the rows ``obs`` (real
+    observations, role :data:`OBS_ROLE`; ECHO's auxiliary loss). A micro-batch index ``i < len(rows)`` is a policy
+    row, any other an observation row: roles decide which loss sees a token. Also returns ``obs_ce()``: the step's
+    token-mean NLL of the observation tokens (every process's; call it after the step, on every process)."""
+    n = len(rows)
+    policy_norm = dist.sum(algos.rows_normalizer([len(r.completion_ids) for r in rows], agg))
+    obs_norm = dist.sum(sum(len(r.completion_ids) for r in obs))
+    seen = {"nll": 0.0, "n_tokens": 0.0}
+
+    def fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
+        pol = [j for j, i in enumerate(idxs) if i < n]  # micro-batch rows of the policy loss
+        ob = [j for j, i in enumerate(idxs) if i >= n]  # micro-batch rows of real observations
+        loss, m = logp.sum() * 0.0, {}
+        if pol:  # as wide as the policy rows' longest completion, as in a micro-batch of policy rows alone
+            w = int(mask[pol].sum(-1).max())
+            loss, m = loss_fn(logp[pol, :w], mask[pol, :w], [idxs[j] for j in pol], policy_norm)
+        if ob:
+            ce, om = algos.sft_loss(logp[ob], mask[ob], "token_mean", obs_norm)
+            loss = loss + alpha * ce
+            seen["nll"] += om["nll"] * om["n_tokens"]
+            seen["n_tokens"] += om["n_tokens"]
+        return loss, m
+
+    def obs_ce() -> float:
+        total = dist.merge_metrics(dict(seen))
+        return total["nll"] / max(1.0, total["n_tokens"])
+
+    return fn, obs_ce
 
 
 def mismatch_metrics(rows: list[Row], sampler: list[list[float]], cap: float | None, dist: Dist) -> dict[str, float]:
@@ -689,7 +855,15 @@ def _grpo_loss(
         w = None if sampler is None else algos.rollout_correction(old, padded(sampler), mask, cfg.tis_cap)[0]
         a = adv[idxs].to(logp.device)  # (n,)
         loss, m = algos.policy_loss(
-            logp, old, a, mask, clip_eps=cfg.clip_eps, agg=cfg.loss_agg, normalizer=normalizer, is_weights=w
+            logp,
+            old,
+            a,
+            mask,
+            clip_eps=cfg.clip_eps,
+            clip_eps_high=cfg.clip_eps_high,
+            agg=cfg.loss_agg,
+            normalizer=normalizer,
+            is_weights=w,
         )
         if ref_model is not None and cfg.kl_coef > 0:
             sub = [rows[i] for i in idxs]
