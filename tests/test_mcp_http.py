@@ -1,4 +1,4 @@
-"""MCP over streamable HTTP: the test server of tests/test_mcp.py (FastMCP) served on a free loopback port, and a
+"""MCP over streamable HTTP: the test server of tests/test_mcp.py (MCPServer) served on a free loopback port, and a
 stub HTTP server for answers that are not MCP. The same observations, timeouts and faults as over stdio."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 @contextmanager
 def http_server(**env: str) -> Iterator[tuple[subprocess.Popen, str]]:
-    """The FastMCP test server on a free loopback port: (its process, its URL), stopped on exit."""
+    """The MCPServer test server on a free loopback port: (its process, its URL), stopped on exit."""
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, str(SERVER), "--http", str(port)],
