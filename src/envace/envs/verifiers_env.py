@@ -141,14 +141,13 @@ def _import(module: str, ref: str) -> Any:
 
 def _tasksets_in(mod: Any) -> list[str]:
     """The names in ``mod`` that a spec may name: Taskset instances and subclasses (functions are not listed)."""
-    names = []
-    for k, v in vars(mod).items():
-        if k.startswith("_"):
-            continue
-        if isinstance(v, vf.Taskset) or (isinstance(v, type) and issubclass(v, vf.Taskset) and v is not vf.Taskset):
-            if getattr(v, "__module__", mod.__name__) == mod.__name__ or isinstance(v, vf.Taskset):
-                names.append(k)
-    return sorted(names)
+
+    def own_subclass(v: Any) -> bool:  # defined in mod, not imported into it
+        return isinstance(v, type) and issubclass(v, vf.Taskset) and v.__module__ == mod.__name__
+
+    return sorted(
+        k for k, v in vars(mod).items() if not k.startswith("_") and (isinstance(v, vf.Taskset) or own_subclass(v))
+    )
 
 
 def _build(obj: Any, what: str, ref: str) -> vf.Taskset:
