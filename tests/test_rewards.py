@@ -117,6 +117,7 @@ def test_reward_registry_names_and_unknown_name():
         "grounded",
         "outcome_checklist",
         "reply_facts",
+        "verifiers_rubric",
     ]
     with pytest.raises(UnknownNameError, match="gold_f1"):
         REWARDS.get("gold")

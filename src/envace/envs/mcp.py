@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import datetime
 import json
 import os
 import random
@@ -94,6 +93,21 @@ class MCPStartupError(EnvStartupError):
 
 class NotMCPError(ConnectionError):
     """What answers at an MCP server's URL does not speak MCP JSON-RPC (the message says what came back)."""
+
+
+NOT_MCP_ANSWERS = ("Unexpected content type:", "Failed to parse JSON response:")
+"""How the SDK's streamable HTTP transport (``mcp`` 2.x) answers a request whose HTTP answer is not MCP JSON-RPC
+(another content type, a body that is not JSON-RPC): a JSON-RPC error it makes up itself, with a message that starts
+so."""
+
+
+def not_mcp_answer(e: BaseException) -> str | None:
+    """What came back, in one line, when ``e`` is the SDK's error for an HTTP answer that is not MCP JSON-RPC
+    (:data:`NOT_MCP_ANSWERS`); else None."""
+    message = getattr(getattr(e, "error", None), "message", None)
+    if not isinstance(message, str) or not message.startswith(NOT_MCP_ANSWERS):
+        return None
+    return " ".join(message.split())[:300]
 
 
 STDERR_TAIL_CHARS = 300
@@ -260,8 +274,14 @@ class MCPClient:
                 self.process = process
                 async with ClientSession(read, write, message_handler=self._on_message) as session:
                     with anyio.CancelScope() as self._startup:
-                        await session.initialize()
-                        self.tools_raw = list((await session.list_tools()).tools)
+                        try:
+                            await session.initialize()
+                            self.tools_raw = list((await session.list_tools()).tools)
+                        except Exception as e:
+                            garbled = not_mcp_answer(e) if self.url else None
+                            if garbled is None:
+                                raise
+                            raise NotMCPError(f"its answer is not MCP JSON-RPC ({garbled})") from e
                     if self._startup.cancelled_caught:
                         raise NotMCPError(f"its answer is not MCP JSON-RPC ({self._garbled.result()})")
                     self._startup = None
@@ -326,7 +346,7 @@ class MCPClient:
             ToolSpec(
                 name=t.name,
                 description=t.description or "",
-                parameters=dict(t.inputSchema or {"type": "object", "properties": {}}),
+                parameters=dict(t.input_schema or {"type": "object", "properties": {}}),
             )
             for t in self.tools_raw
         ]
@@ -344,7 +364,7 @@ class MCPClient:
             return error_obs("tool_exception", self.exited_note() or "the MCP server is not running"), "tool_exception"
         self._garbled = concurrent.futures.Future()
         fut = asyncio.run_coroutine_threadsafe(
-            session.call_tool(name, arguments, read_timeout_seconds=datetime.timedelta(seconds=timeout_s)), self._loop
+            session.call_tool(name, arguments, read_timeout_seconds=timeout_s), self._loop
         )
         # the answer, or an answer that is not MCP, or the end of the session (an HTTP server gone: no answer comes)
         concurrent.futures.wait([fut, self._garbled, self._owner], timeout_s + 1.0, concurrent.futures.FIRST_COMPLETED)
@@ -362,6 +382,10 @@ class MCPClient:
             fut.cancel()
             return error_obs("timeout", f"tool {name!r} did not return within {timeout_s:g}s"), "timeout"
         except Exception as e:  # noqa: BLE001 - protocol errors (bad request, server gone, read timeout)
+            garbled = not_mcp_answer(e) if self.url else None
+            if garbled is not None:
+                why = f"the MCP server {self.where} answered with something that is not MCP JSON-RPC"
+                return error_obs("tool_exception", f"tool {name!r} failed: {why} ({garbled})"), "non_json"
             msg = str(getattr(getattr(e, "error", None), "message", "") or e)
             gone = type(e).__name__ in _CLOSED or "connection closed" in msg.lower()
             exited = self.exited_note(EXIT_WAIT_S if gone else 0.0)
@@ -387,7 +411,7 @@ def _content_value(block: Any) -> Any:
     if kind in ("image", "audio"):
         return {
             "type": kind,
-            "mimeType": getattr(block, "mimeType", None),
+            "mimeType": getattr(block, "mime_type", None),
             "data_chars": len(getattr(block, "data", "") or ""),
         }
     if hasattr(block, "model_dump"):
@@ -396,12 +420,12 @@ def _content_value(block: Any) -> Any:
 
 
 def result_observation(result: Any) -> Any:
-    """An MCP ``CallToolResult`` as an observation: ``isError`` -> ``tool_error``; else the structured
+    """An MCP ``CallToolResult`` as an observation: ``is_error`` -> ``tool_error``; else the structured
     content if the tool declared one, else the content blocks (text parsed as JSON where it is JSON)."""
-    if getattr(result, "isError", False):
+    if result.is_error:
         texts = [b.text for b in (result.content or []) if getattr(b, "type", None) == "text"]
         return error_obs("tool_error", "\n".join(texts) or "the tool reported an error")
-    structured = getattr(result, "structuredContent", None)
+    structured = result.structured_content
     if structured is not None:
         return structured
     values = [_content_value(b) for b in (result.content or [])]

@@ -1,18 +1,21 @@
 """The streamable HTTP transport to an MCP server that runs elsewhere (``mcp:http://host:port/mcp``).
 
 The server is not envace's: nothing is started or ended here. :func:`http_transport` opens the MCP SDK's
-``streamable_http_client`` on one ``httpx`` client and yields the same ``(read, write, process)`` triple as
-:func:`.mcp_stdio.stdio_process`, with no process. On leaving it the session is ended (an HTTP ``DELETE``, where the
-server gave one) and the client closed, so no connection or task outlives :meth:`envace.envs.mcp.MCPClient.close`.
+``streamable_http_client`` on one ``httpx2`` client (the HTTP client of ``mcp`` 2.x) and yields the same
+``(read, write, process)`` triple as :func:`.mcp_stdio.stdio_process`, with no process. On leaving it the session
+is ended (an HTTP ``DELETE``, where the server gave one) and the client closed, so no connection or task outlives
+:meth:`envace.envs.mcp.MCPClient.close`.
 
 How the failures look to :class:`~envace.envs.mcp.MCPClient` (which turns them into one-line errors):
 
-- nothing listens at the URL: the first request fails (``httpx.ConnectError``) and ends the transport;
+- nothing listens at the URL: the first request fails (``httpx2.ConnectError``) and ends the transport;
 - the server stops mid-run: the next call's request fails the same way, and the pending call is answered
   ``Connection closed`` by the session;
-- an answer that is not MCP JSON-RPC (another content type, a body that is not JSON): the SDK hands an exception
-  to the session instead of a message; the client's message handler sees it (the call it answered gets no reply);
-- a status that is not 2xx (a 500, a redirect off the server's origin): ``httpx.HTTPStatusError`` ends the transport.
+- an answer that is not MCP JSON-RPC (another content type, a body that is not JSON): the SDK answers the request
+  with a JSON-RPC error of its own (``Unexpected content type: ...``, ``Failed to parse JSON response: ...``), which
+  the client tells from a server's error (:data:`envace.envs.mcp.NOT_MCP_ANSWERS`); an exception the transport hands
+  to the session instead of a message (older SDKs) reaches the client's message handler;
+- a status that is not 2xx (a 500, a redirect off the server's origin): ``httpx2.HTTPStatusError`` ends the transport.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 from urllib.parse import urlsplit
 
-import httpx
+import httpx2
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -48,7 +51,7 @@ def check_url(url: str) -> str:
 async def http_transport(url: str, headers: dict[str, str] | None = None) -> AsyncIterator[tuple[Any, Any, None]]:
     """Yield ``(read stream, write stream, None)`` for a ``ClientSession`` to the server at ``url``; on exit end
     the session and close the HTTP client, even when cancelled."""
-    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
+    timeout = httpx2.Timeout(REQUEST_TIMEOUT_S, read=STREAM_READ_TIMEOUT_S)
     async with create_mcp_http_client(headers=headers, timeout=timeout) as client:
-        async with streamable_http_client(check_url(url), http_client=client) as (read, write, _):
+        async with streamable_http_client(check_url(url), http_client=client) as (read, write):
             yield read, write, None

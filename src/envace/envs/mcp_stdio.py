@@ -117,7 +117,7 @@ async def stdio_process(
                     *lines, buffer = (buffer + chunk).split("\n")
                     for line in lines:
                         try:
-                            message: Any = SessionMessage(types.JSONRPCMessage.model_validate_json(line))
+                            message: Any = SessionMessage(types.jsonrpc_message_adapter.validate_json(line))
                         except Exception as exc:  # noqa: BLE001 - the session reports a line that is not JSON-RPC
                             message = exc
                         await read_writer.send(message)
@@ -128,7 +128,7 @@ async def stdio_process(
         try:
             async with write_reader:
                 async for m in write_reader:
-                    text = m.message.model_dump_json(by_alias=True, exclude_none=True)
+                    text = m.message.model_dump_json(by_alias=True, exclude_unset=True)  # as the SDK's stdio_client
                     await process.stdin.send((text + "\n").encode("utf-8"))
         except gone:
             pass

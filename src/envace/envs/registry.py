@@ -44,8 +44,9 @@ _PROVIDERS: dict[str, str] = {
     "bfcl": "envace.envs.bfcl.v4",
     "tau2": "envace.envs.tau2",
     "mcp": "envace.envs.mcp",
+    "verifiers": "envace.envs.verifiers_env",
 }
-_EXTRAS = {"bfcl": "bfcl", "tau2": "tau2", "mcp": "mcp"}
+_EXTRAS = {"bfcl": "bfcl", "tau2": "tau2", "mcp": "mcp", "verifiers": "verifiers"}
 
 
 class MissingExtraError(ImportError):

@@ -28,6 +28,9 @@ Built-in rewards:
   of the task, and that is refused for environments whose tools have real side effects (MCP) unless the task
   opts in (``env_config["allow_replay"]``, envace.envs.replay). It is the only reward here that runs the world;
   use it for evaluation or for the real-env GRPO baseline, not when training must be env-free.
+- ``"verifiers_rubric"``: the rubric of a task adapted from a verifiers taskset (``envace.envs.verifiers_env``):
+  its reward functions on the trajectory as it stands, real or rehearsed, without running a tool (env-free, so a
+  training reward); the weighted sum over the positive weights, in [0, 1]. Unscored for tasks of other suites.
 
 :func:`make_reward` builds a weighted sum of rewards from a spec (``"gold_f1"``, ``["gold_exact", ...]`` or
 ``{"gold_exact": 0.5, "checklist": 0.5}``); a term may be a product of registered rewards written with ``*``
@@ -619,6 +622,23 @@ def grounded(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
         "n_error_obs": sum(is_error_obs(o) for o in observations),
     }
     return RewardResult(1.0 if out["success"] else 0.0, info)
+
+
+@REWARDS.register("verifiers_rubric")
+def verifiers_rubric(task: Task, traj: Trajectory, ctx: RewardContext) -> RewardResult:
+    """The task's verifiers rubric (``envace.envs.verifiers_env.rubric_score``) on the trajectory as it stands: its
+    ``@vf.reward`` functions (async ones awaited) over the trajectory's messages and observations, real or
+    rehearsed; nothing runs in the world. Unscored (None) for a task that is not from a verifiers taskset, or when
+    a reward function raised (``info["rubric_error"]``)."""
+    if task.env.split(":", 1)[0] != "verifiers":
+        return RewardResult(None, {"note": f"task {task.id!r} of environment {task.env!r} has no verifiers rubric"})
+    from ..envs.verifiers_env import rubric_score
+
+    try:
+        s = rubric_score(task, traj)
+    except Exception as e:  # noqa: BLE001 - a failing reward function is an unscored trajectory, counted
+        return RewardResult(None, {"rubric_error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"})
+    return RewardResult(float(s.reward), {"success": bool(s.success), **s.details})
 
 
 # --------------------------------------------------------------------------------------------------------
