@@ -74,6 +74,8 @@ def test_sft_then_eval(tmp_path):
 
 
 def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
+    from envace.evaluation.demo import DEMO_SUITE, demo_sft_config, finished_warmup
+
     out = run("demo", "--quick", "--untrained", "--model", "tiny-random", "--eval-tasks", "2", "--out", str(tmp_path))
     assert "| after SFT + EnvACE |" in out and "| untrained |" in out
     assert "gold trajectories of every kind" in out and "0.5 grounded + 0.5 gold_f1*reply_facts" in out
@@ -87,15 +89,13 @@ def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     assert (
         "paired 95% CI" in out
         and "Hardware:" in out
-        and (tmp_path / "results.md").read_text().startswith("Held-out bank-world test tasks: 2")
+        and (tmp_path / "results.md").read_text().startswith(f"Held-out {DEMO_SUITE} test tasks: 2")
     )
     row = next(line for line in out.splitlines() if line.startswith("| untrained |"))
     assert re.match(r"\| untrained \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \|", row)  # success with its 95% interval
     sft, envace = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("sft", "envace"))
     assert sft["task_ids"] == envace["task_ids"] and len(sft["per_task"]) == 2  # comparable with envace compare
-    from envace.evaluation.demo import demo_sft_config, finished_warmup
-
-    quick_warmup = demo_sft_config("tiny-random", "bank-world", str(tmp_path / "sft"), quick=True)
+    quick_warmup = demo_sft_config("tiny-random", DEMO_SUITE, str(tmp_path / "sft"), quick=True)
     assert finished_warmup(quick_warmup) == str(tmp_path / "sft" / "checkpoints" / "step-000002" / "policy")
     quick_warmup.lr *= 2  # another setting: not the same warm-up
     assert finished_warmup(quick_warmup) is None
@@ -145,7 +145,7 @@ def _demo_spies(monkeypatch, stop_training: bool):
     return cli, Stop, seen
 
 
-def test_the_demo_warms_up_on_every_kind_of_bank_world_and_skips_the_untrained_model_unless_asked(
+def test_the_demo_warms_up_on_every_kind_of_shop_world_and_skips_the_untrained_model_unless_asked(
     monkeypatch, tmp_path
 ):
     cli, Stop, seen = _demo_spies(monkeypatch, stop_training=True)
@@ -158,9 +158,9 @@ def test_the_demo_warms_up_on_every_kind_of_bank_world_and_skips_the_untrained_m
 
     demo()
     assert seen["evaluated"] == ["WARM"]  # the SFT model only, before EnvACE; no untrained evaluation by default
-    assert seen["fidelity"] == [("WARM", "bank-world", 24)]  # Rehearse fidelity before RL, on the shadow set
+    assert seen["fidelity"] == [("WARM", "shop-world", 24)]  # Rehearse fidelity before RL, on the shadow set
     warm = seen["warmups"][-1]
-    assert (warm.suite, warm.task_kinds, warm.steps, warm.bf16) == ("bank-world", None, 30, "auto")
+    assert (warm.suite, warm.task_kinds, warm.steps, warm.bf16) == ("shop-world", None, 30, "auto")
     cfg = seen["trained"][-1]
     assert (cfg.model, cfg.variant, cfg.reward) == ("WARM", "envace", {"grounded": 0.5, "gold_f1*reply_facts": 0.5})
     assert (cfg.bf16, cfg.rollout_bf16, cfg.iterations, cfg.batch_tasks, cfg.suite) == (
@@ -168,7 +168,7 @@ def test_the_demo_warms_up_on_every_kind_of_bank_world_and_skips_the_untrained_m
         "auto",
         4,
         2,
-        "bank-world",
+        "shop-world",
     )
     demo("--untrained", "--sft-kinds", ",".join(HEADROOM_KINDS), "--reward", "gold_f1", "--suite", "bank")
     assert seen["evaluated"] == ["tiny-random", "WARM"]

@@ -618,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--suite",
         default=DEMO_SUITE,
-        help="built-in suite to train and evaluate on: bank-world (default), shop-world, files-world, builtin-world"
+        help="built-in suite to train and evaluate on: shop-world (default), bank-world, files-world, builtin-world"
         " (persistent customers' records), or bank, shop, files, builtin (a fresh random world per task)",
     )
     d.add_argument("--out", default="runs/demo")
