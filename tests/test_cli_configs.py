@@ -9,6 +9,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 import pytest
@@ -16,7 +17,18 @@ import yaml
 
 import envace.cli as cli
 from envace.cli import build_parser, command_config, config_class, main
-from envace.config import config_fields, config_help, field_docs, first_sentence, to_dict
+from envace.config import (
+    TrainConfig,
+    config_fields,
+    config_help,
+    config_yaml,
+    field_docs,
+    first_sentence,
+    load_config,
+    to_dict,
+    train_config_dict,
+)
+from envace.rollout.engine import RolloutConfig
 from servers import envace_serve
 
 COMMANDS = {
@@ -164,14 +176,38 @@ def test_file_then_shorthand_flags_then_set_win_in_that_order(tmp_path):
         cfg.backend_options == {"timeout": 9, "max_retries": 1} and cfg.samples == 1 and cfg.model == MODEL
     )  # dotted --set reaches into a dict
     # the same order for the commands without shorthands, and nested fields
+    f.write_text("iterations: 3\ngroup_size: 2\nrollout: {act: {max_new_tokens: 7}}\n")
+    cfg = _cfg("train", "--config", str(f), "--set", "group_size=6")
+    assert (cfg.iterations, cfg.group_size, cfg.rollout.act.max_new_tokens, cfg.rollout.max_steps) == (3, 6, 7, 8)
+
+
+def test_the_old_rollout_group_size_key_of_train_is_read_one_version_with_a_warning(tmp_path):
+    """``rollout.group_size`` (before ``TrainConfig.group_size``): a file and ``--set`` still set K, with a
+    DeprecationWarning; both keys with different values are an error; a saved config round-trips without one."""
+    f = tmp_path / "old.yaml"
     f.write_text("iterations: 3\nrollout: {group_size: 2, act: {max_new_tokens: 7}}\n")
-    cfg = _cfg("train", "--config", str(f), "--set", "rollout.group_size=6")
-    assert (cfg.iterations, cfg.rollout.group_size, cfg.rollout.act.max_new_tokens, cfg.rollout.max_steps) == (
-        3,
-        6,
-        7,
-        8,
-    )
+    with pytest.warns(DeprecationWarning, match="rollout.group_size is now group_size"):
+        cfg = _cfg("train", "--config", str(f))
+    assert (cfg.group_size, cfg.rollout.group_size, cfg.rollout.act.max_new_tokens) == (2, 4, 7)
+    with pytest.warns(DeprecationWarning, match="rollout.group_size is now group_size"):
+        assert _cfg("train", "--set", "rollout.group_size=6").group_size == 6
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="give group_size only"):
+        _cfg("train", "--config", str(f), "--set", "group_size=5")
+    with pytest.warns(DeprecationWarning):  # Python: a RolloutConfig with the old field (it warns itself)
+        old = TrainConfig(rollout=RolloutConfig(group_size=3))
+    assert (old.group_size, old.rollout.group_size) == (3, 4)
+    assert TrainConfig(rollout={"max_steps": 2}, group_size=5).group_size == 5
+    (tmp_path / "saved.yaml").write_text(config_yaml(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        again = load_config(TrainConfig, str(tmp_path / "saved.yaml"))
+    assert to_dict(again) == to_dict(cfg)
+    saved_before = to_dict(cfg) | {"rollout": to_dict(cfg)["rollout"] | {"group_size": 2, "mode": "real"}}
+    del saved_before["group_size"]  # a checkpoint's config.json of the version before: the resume check reads it
+    assert train_config_dict(saved_before, warn=False) == {
+        **{k: v for k, v in to_dict(cfg).items()},
+        "rollout": {k: v for k, v in to_dict(cfg)["rollout"].items() if k not in ("group_size", "mode")},
+    }
 
 
 def test_old_flags_still_parse_into_their_fields():

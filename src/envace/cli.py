@@ -3,7 +3,7 @@
     envace --version                 prints `envace <version>`
     envace demo                      SFT warm-up -> EnvACE training -> before/after evaluation (embedded defaults)
     envace sft   [--config F] [--set key=value ...]
-    envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set rollout.group_size=4
+    envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set group_size=4
     envace eval  --model M --suite S [--split test] [-n 20] [--samples K] [--tts-n N --tts-mode parallel|sequential]
                  [--backend hf|http|vllm] [--out F]
     envace compare A.json B.json [--json]   paired comparison of two saved eval results on the same tasks
@@ -171,17 +171,14 @@ def cmd_fidelity(cfg: Any) -> int:
     extra = _helpers(cfg)
     rc = RolloutConfig(
         **cfg.chat_io(),
-        mode=cfg.mode,
-        group_size=cfg.k,
         max_steps=cfg.max_steps,
-        seed=cfg.seed,
         validate_in_code=cfg.validate_in_code,
         reference_cache=cfg.reference_cache,
         progress=True,
         act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens),
         rehearse=rehearse_sampling(cfg.max_new_tokens),
     )
-    res = measure_fidelity(policy, tasks, rc, **extra)
+    res = measure_fidelity(policy, tasks, rc, **extra, mode=cfg.mode, group_size=cfg.k, seed=cfg.seed)
     for t in res.trajectories[: cfg.show]:
         print(format_trajectory(t) + "\n")
     print(f"rehearsal fidelity of {cfg.model} ({cfg.mode}) on {len(tasks)} {cfg.suite}/{cfg.split} tasks x {cfg.k}:")
@@ -214,17 +211,14 @@ def cmd_rollout(cfg: Any) -> int:
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
     rc = RolloutConfig(
         **cfg.chat_io(),
-        mode=cfg.mode,
-        group_size=cfg.k,
         max_steps=cfg.max_steps,
-        seed=cfg.seed,
-        shadow=cfg.shadow,
         progress=True,
         act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens),
         rehearse=rehearse_sampling(cfg.max_new_tokens),
     )
     t0 = time.perf_counter()
-    trajs = RolloutEngine(policy, rc, **_helpers(cfg)).run(tasks)
+    engine = RolloutEngine(policy, rc, **_helpers(cfg), mode=cfg.mode, shadow=cfg.shadow)
+    trajs = engine.run(tasks, group_size=cfg.k, seed=cfg.seed)
     dt = time.perf_counter() - t0
     if os.path.exists(cfg.out):
         os.remove(cfg.out)
@@ -297,10 +291,7 @@ def cmd_rehearse(cfg: Any) -> int:
     gen = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
     rc = RolloutConfig(
         **cfg.chat_io(),
-        mode="rehearsal",
-        group_size=1,
         max_steps=cfg.max_steps,
-        seed=cfg.seed,
         act=gen,
         rehearse=rehearse_sampling(cfg.max_new_tokens),
     )
@@ -312,6 +303,7 @@ def cmd_rehearse(cfg: Any) -> int:
         reflect_sampling=gen.with_(temperature=0.7),
         memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.memory_max_tokens),
         rollout=rc,
+        seed=cfg.seed,
         final_act=gen.with_(temperature=0.0),
     )
     rec = run_tts(policy, [task], tts)[0]
@@ -507,7 +499,7 @@ def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> arg
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config field (dotted for nested: rollout.group_size=4; "
+        help="override a config field (dotted for nested: rollout.max_steps=6; "
         "repeatable); wins over the file and the flags",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")

@@ -8,6 +8,7 @@ the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewi
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import inspect
 import json
@@ -16,6 +17,7 @@ import re
 import textwrap
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +30,11 @@ from .chat.records import CONTENT, SYSTEM, TARGETS
 from .core.logging import report_sinks
 from .core.precision import bf16_setting
 from .rewards.functions import DEFAULT_REWARD, JUDGE_MAX_NEW_TOKENS
-from .rollout.engine import RolloutConfig
+from .rollout.engine import PER_CALL_DEFAULTS, RolloutConfig
 from .rollout.variants import VARIANTS
+
+K_DEFAULT = PER_CALL_DEFAULTS["group_size"]
+"""K's default (``TrainConfig.group_size``, and the deprecated ``RolloutConfig.group_size``)."""
 
 
 RESUME_POLICIES = ("auto", "force", "never")
@@ -88,6 +93,9 @@ class TrainConfig:
     """Training iterations (one batch of B tasks x K trajectories each)."""
     batch_tasks: int = 4
     """B: tasks per iteration."""
+    group_size: int = 4
+    """K: trajectories per task, one GRPO group (``rollout.group_size`` before: still read, one version, with a
+    DeprecationWarning)."""
     lr: float = 1e-6
     """AdamW learning rate, both roles (reference: 1e-6 for Qwen3-8B; small models need more)."""
     weight_decay: float = 0.0
@@ -168,13 +176,18 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from .math.algos import ADVANTAGES, AGGREGATIONS
 
-        v = VARIANTS.get(self.variant)
+        VARIANTS.get(self.variant)
         ADVANTAGES.get(self.advantage)
         AGGREGATIONS.get(self.loss_agg)
+        given = {} if self.group_size == K_DEFAULT else {"group_size": self.group_size}
         if isinstance(self.rollout, dict):
-            self.rollout = from_dict(RolloutConfig, self.rollout)
-        self.rollout.mode = v.mode  # derived: the variant decides the rollout mode
-        self.rollout.__post_init__()
+            d = train_config_dict({"rollout": self.rollout, **given})
+            self.group_size, self.rollout = d.get("group_size", self.group_size), from_dict(RolloutConfig, d["rollout"])
+        elif (self.rollout.group_size, self.rollout.mode) != (K_DEFAULT, "rehearsal"):  # deprecated fields (warned)
+            old = train_config_dict({"rollout": {"group_size": self.rollout.group_size}, **given}, warn=False)
+            self.group_size = old.get("group_size", self.group_size)
+            self.rollout = copy.copy(self.rollout)  # (the caller's own stays as it was)
+            self.rollout.group_size, self.rollout.mode = K_DEFAULT, "rehearsal"  # the trainer gives the variant's
         self.bf16 = bf16_setting(self.bf16, "TrainConfig.bf16")
         self.report_to = report_to_setting(self.report_to, "TrainConfig.report_to")
         self.task_kinds = task_kinds_setting(self.task_kinds, "TrainConfig.task_kinds")
@@ -182,6 +195,7 @@ class TrainConfig:
             self.rollout_bf16 = bf16_setting(self.rollout_bf16, "TrainConfig.rollout_bf16")
         if self.iterations < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("iterations >= 0, batch_tasks >= 1 and lr > 0 are required")
+        check_minimums(self, group_size=1)
         if self.update_epochs < 1 or self.mini_batches < 1:
             raise ValueError(
                 "TrainConfig: update_epochs >= 1 and mini_batches >= 1 are "
@@ -193,7 +207,7 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}"
             )
-        real_share_setting(self.real_share, self.variant, self.rollout.group_size)
+        real_share_setting(self.real_share, self.variant, self.group_size)
 
     @property
     def train_roles(self) -> tuple[str, ...]:
@@ -600,6 +614,35 @@ class ExportConfig:
 MAX_PORT = 65535
 
 
+def train_config_dict(d: dict[str, Any], warn: bool = True) -> dict[str, Any]:
+    """A TrainConfig mapping (a YAML file with its overrides, a saved ``config.json``) in this version's keys:
+    ``rollout.group_size`` (the key before ``group_size`` moved to the top level) moved there, with a
+    DeprecationWarning (``warn``) where it is not the default; ``rollout.mode`` dropped (the variant decides the
+    mode, as it always did: saved configs hold the variant's). A top-level ``group_size`` that differs from a
+    non-default ``rollout.group_size`` is an error."""
+    r = d.get("rollout")
+    if not isinstance(r, dict) or not {"group_size", "mode"} & set(r):
+        return d
+    r = dict(r)
+    r.pop("mode", None)
+    k = r.pop("group_size", K_DEFAULT)
+    out = {**d, "rollout": r}
+    if k == K_DEFAULT:
+        return out
+    if warn:
+        warnings.warn(
+            "TrainConfig: rollout.group_size is now group_size (top level); the old key is read for one version",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    if d.get("group_size", k) != k:
+        raise ValueError(
+            f"TrainConfig: group_size={d['group_size']!r} and the deprecated rollout.group_size={k!r} differ; "
+            "give group_size only"
+        )
+    return out | {"group_size": k}
+
+
 def check_minimums(cfg: Any, **least: int) -> None:
     """Raise ``ValueError`` naming the first field of ``cfg`` below its least value (``n=1``: at least one task)."""
     for name, low in least.items():
@@ -634,7 +677,7 @@ def real_share_setting(share: float, variant: str, group_size: int) -> int:
     m = round(share * group_size)
     if share > 0 and m == 0:
         raise ValueError(
-            f"TrainConfig.real_share={share} gives round({share} * rollout.group_size={group_size}) = 0 real "
+            f"TrainConfig.real_share={share} gives round({share} * group_size={group_size}) = 0 real "
             f"trajectories per group; use real_share >= 1/{group_size} or 0"
         )
     return m
@@ -799,6 +842,8 @@ def load_config(
         if not isinstance(d, dict):
             raise ValueError(f"{path}: a config file must hold a mapping")
     d = apply_overrides({**d, **(values or {})}, overrides or [])
+    if cls is TrainConfig:
+        d = train_config_dict(d)
     if "rollout" in d and isinstance(d["rollout"], dict):
         r = dict(d["rollout"])
         for k in ("act", "rehearse"):
