@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -30,7 +31,7 @@ from .chat.records import CONTENT, SYSTEM, TARGETS
 from .core.logging import report_sinks
 from .core.precision import bf16_setting
 from .rewards.functions import DEFAULT_REWARD, JUDGE_MAX_NEW_TOKENS
-from .rollout.engine import PER_CALL_DEFAULTS, RolloutConfig
+from .rollout.engine import PER_CALL_DEFAULTS, RolloutConfig, rehearse_sampling
 from .rollout.variants import VARIANTS
 
 K_DEFAULT = PER_CALL_DEFAULTS["group_size"]
@@ -291,40 +292,103 @@ class SFTConfig:
         return report_sinks(self.report_to, self.tensorboard)
 
 
+CHAT_IO = ("chat_format", "tool_format", "native_tools", "thinking", "thinking_history", "user", "user_model")
+"""How the policy's chats and tool calls are written and who plays the user: the ``RolloutConfig`` fields the
+command configs took flat (``ChatIO``) before they nested one ``rollout`` (issue 30)."""
+
+FLAT_ROLLOUT_KEYS: dict[str, tuple[str, ...]] = {
+    **{k: (k,) for k in CHAT_IO},
+    "max_steps": ("max_steps",),
+    "max_new_tokens": ("act.max_new_tokens", "rehearse.max_new_tokens"),
+    "validate_in_code": ("validate_in_code",),
+    "reference_cache": ("reference_cache",),
+    "temperature": ("act.temperature",),
+}
+"""A key the command configs (eval, fidelity, rollout, rehearse) took flat before they nested one ``rollout:
+RolloutConfig`` (issue 30) -> where it is now, under ``rollout.`` (``max_new_tokens`` sets both roles' budgets).
+Each config reads the keys of its ``FLAT_ROLLOUT`` one version, with a DeprecationWarning; their shorthand flags
+(``--max-steps``, ``--max-new-tokens``, ...) set the nested fields and do not warn."""
+
+
+def flat_rollout_keys(*keys: str) -> Any:
+    """Class decorator of a command config with a ``rollout`` field: it still takes the flat keys ``keys`` (of
+    :data:`FLAT_ROLLOUT_KEYS`) as keywords, one version, with a DeprecationWarning, setting the nested fields; a
+    YAML file or ``--set`` with them is read the same way (:func:`moved_flat_keys`)."""
+
+    def decorate(cls: type) -> type:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kw: Any) -> None:
+            flat = {k: kw.pop(k) for k in keys if k in kw}
+            init(self, *args, **kw)
+            if flat:
+                _warn_flat(cls, flat, stacklevel=3)
+                for k, v in flat.items():
+                    for path in FLAT_ROLLOUT_KEYS[k]:
+                        self.rollout = _replaced(self.rollout, path, v)
+                type(self).__post_init__(self)
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        cls.FLAT_ROLLOUT = keys  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+def _warn_flat(cls: type, flat: typing.Iterable[str], stacklevel: int = 4) -> None:
+    moved = ", ".join(f"{k} -> " + " and ".join(f"rollout.{p}" for p in FLAT_ROLLOUT_KEYS[k]) for k in flat)
+    warnings.warn(
+        f"{cls.__name__}: these keys are now under rollout ({moved}); the flat ones are read for one version",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def _replaced(obj: Any, path: str, value: Any) -> Any:
+    """A copy of the dataclass ``obj`` with the (dotted) field ``path`` set to ``value``."""
+    head, _, rest = path.partition(".")
+    return dataclasses.replace(obj, **{head: _replaced(getattr(obj, head), rest, value) if rest else value})
+
+
+def moved_flat_keys(cls: type, d: dict[str, Any], warn: bool = True) -> dict[str, Any]:
+    """A mapping of ``cls``'s fields with the flat keys of its ``FLAT_ROLLOUT`` moved under ``rollout`` (with a
+    DeprecationWarning, ``warn``); the mapping as it is for a config without them."""
+    flat = [k for k in getattr(cls, "FLAT_ROLLOUT", ()) if k in d]
+    if not flat:
+        return d
+    if warn:
+        _warn_flat(cls, flat)
+    d = dict(d)
+    for k in flat:
+        value = d.pop(k)
+        for path in FLAT_ROLLOUT_KEYS[k]:
+            set_dotted(d, f"rollout.{path}", value)
+    return d
+
+
+def _check_token_budgets(cfg: Any) -> None:
+    for role in ("act", "rehearse"):
+        n = getattr(cfg.rollout, role).max_new_tokens
+        if n < 1:
+            raise ValueError(f"{type(cfg).__name__}.rollout.{role}.max_new_tokens: bad value {n!r}: at least 1")
+
+
+def _command_rollout(max_steps: int = 8, max_new_tokens: int = 160, progress: bool = False) -> Any:
+    """The default ``rollout`` of a command config: ``max_steps`` Act generations, ``max_new_tokens`` per
+    generation of either role (Act at T=1, Rehearse with its own sampling: envace.rollout.engine.rehearse_sampling),
+    a progress bar where ``progress``."""
+    return lambda: RolloutConfig(
+        max_steps=max_steps,
+        act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens),
+        rehearse=rehearse_sampling(max_new_tokens),
+        progress=progress,
+    )
+
+
+@flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens")
 @dataclass
-class ChatIO:
-    """How the policy's chats and tool calls are written, and who plays the user: the ``RolloutConfig`` fields of
-    the same names, for the commands that build their rollout config themselves (eval, fidelity, rollout,
-    rehearse); train and the experiment take them under ``rollout.``."""
-
-    chat_format: str | None = None
-    """envace.chat.prompts.CHAT_FORMATS: ``chatml`` or ``template`` (the tokenizer's own chat template, verified; a
-    template that fails falls back to ChatML with a notice); None: chatml for ChatML vocabularies, else template."""
-    tool_format: str | None = None
-    """envace.chat.parsing.TOOL_FORMATS: ``hermes``, ``llama3_json``, ``mistral``; None: the one the template hints
-    at."""
-    native_tools: bool = True
-    """With the ``template`` chat format, the tools as the chat template renders ``tools=`` where it writes them in
-    its system turn, else (with a notice) envace's text list; False: envace's text list."""
-    thinking: bool | None = None
-    """Reasoning models' thinking (Qwen3's ``enable_thinking``); None: the template's default."""
-    thinking_history: str | None = None
-    """``keep`` or ``strip`` the thinking of Act's turns before the last user message
-    (``RolloutConfig.thinking_history``); None: as the chat template does (strip where it drops earlier thinking, as
-    Qwen3's)."""
-    user: str = "scripted"
-    """User simulator (envace.envs.USERS): ``scripted`` (the task's recorded turns and user actions) or ``llm``."""
-    user_model: str | None = None
-    """The model playing the ``llm`` user: a model name or folder, or a served model's http(s)://.../v1 URL."""
-
-    def chat_io(self) -> dict[str, Any]:
-        """These fields, as RolloutConfig keyword arguments."""
-        fields = ("chat_format", "tool_format", "native_tools", "thinking", "thinking_history", "user", "user_model")
-        return {f: getattr(self, f) for f in fields}
-
-
-@dataclass
-class EvalConfig(ChatIO):
+class EvalConfig:
     """``envace eval``: a model in the real environment, optionally after private test-time rehearsal
     (envace.evaluation.budget.evaluate_model)."""
 
@@ -357,11 +421,13 @@ class EvalConfig(ChatIO):
     """With tts_n > 0: write one JSON line per task here (attempts, reflections, memory as Act saw it, the real
     run; envace.evaluation.tts.save_records, without token ids)."""
     temperature: float | None = None
-    """Act temperature of the real trials (None: 0 for one sample, else 0.7)."""
-    max_steps: int = 8
-    """Act generations per trajectory."""
-    max_new_tokens: int = 160
-    """Most tokens of one generation."""
+    """Act temperature of the real trials (None: 0 for one sample, else 0.7); ``rollout.act``'s is the rehearsal
+    attempts'."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout())
+    """How trajectories are unrolled (envace.rollout.engine.RolloutConfig): limits (``max_steps``, ...), each
+    role's sampling (``act``, ``rehearse``), chat and tool formats, thinking, the user simulator (``user``,
+    ``user_model``), the schedule; ``--max-steps`` and ``--max-new-tokens`` set ``max_steps`` and both roles'
+    ``max_new_tokens``. Keys given are laid over this command's defaults."""
     seed: int = 0
     """Seed of the task sample and of the sampling."""
     bf16: bool | str = False
@@ -375,11 +441,13 @@ class EvalConfig(ChatIO):
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)  # an unknown name lists the valid ones
         self.bf16 = bf16_setting(self.bf16, "EvalConfig.bf16")
-        check_minimums(self, n=1, samples=1, tts_n=0, max_steps=1, max_new_tokens=1)
+        check_minimums(self, n=1, samples=1, tts_n=0)
+        _check_token_budgets(self)
 
 
+@flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens", "validate_in_code", "reference_cache")
 @dataclass
-class FidelityConfig(ChatIO):
+class FidelityConfig:
     """``envace fidelity``: rehearsed vs real observations on shadow rollouts
     (envace.evaluation.fidelity.measure_fidelity)."""
 
@@ -405,14 +473,12 @@ class FidelityConfig(ChatIO):
     """per_role: the Rehearse model (None: the checkpoint's rehearser/); an http(s) URL is a served model."""
     simulator: str | None = None
     """simulator: the frozen simulator model (None: ``model``); an http(s) URL is a served model."""
-    validate_in_code: bool = False
-    """Answer unknown-tool / schema errors by code instead of asking Rehearse."""
-    reference_cache: bool = False
-    """Answer a call identical to a recorded reference call from the record."""
-    max_steps: int = 8
-    """Act generations per trajectory."""
-    max_new_tokens: int = 160
-    """Most tokens of one generation."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout(progress=True))
+    """How trajectories are unrolled (envace.rollout.engine.RolloutConfig): limits (``max_steps``, ...), each
+    role's sampling (``act``, ``rehearse``), ``validate_in_code`` and ``reference_cache`` (answers without
+    Rehearse), chat and tool formats, thinking, the user simulator, the schedule; ``--max-steps`` and
+    ``--max-new-tokens`` set ``max_steps`` and both roles' ``max_new_tokens``. Keys given are laid over this
+    command's defaults."""
     seed: int = 0
     """Seed of the task sample and of the rollouts."""
     show: int = 0
@@ -422,11 +488,13 @@ class FidelityConfig(ChatIO):
 
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)
-        check_minimums(self, n=1, k=1, max_steps=1, max_new_tokens=1, show=0)
+        check_minimums(self, n=1, k=1, show=0)
+        _check_token_budgets(self)
 
 
+@flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens")
 @dataclass
-class RolloutBatchConfig(ChatIO):
+class RolloutBatchConfig:
     """``envace rollout``: one batch of rollouts written as JSON lines (the engine's own settings are
     :class:`~envace.rollout.engine.RolloutConfig`)."""
 
@@ -451,10 +519,11 @@ class RolloutBatchConfig(ChatIO):
     """Tasks."""
     k: int = 4
     """Trajectories per task."""
-    max_steps: int = 4
-    """Act generations per trajectory."""
-    max_new_tokens: int = 96
-    """Most tokens of one generation."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout(max_steps=4, max_new_tokens=96, progress=True))
+    """How trajectories are unrolled (envace.rollout.engine.RolloutConfig): limits (``max_steps``, ...), each
+    role's sampling (``act``, ``rehearse``), chat and tool formats, thinking, the user simulator (``user``,
+    ``user_model``), the schedule; ``--max-steps`` and ``--max-new-tokens`` set ``max_steps`` and both roles'
+    ``max_new_tokens``. Keys given are laid over this command's defaults."""
     shadow: bool = False
     """Also run each rehearsed call in a real environment copy and record its observation."""
     seed: int = 0
@@ -466,11 +535,13 @@ class RolloutBatchConfig(ChatIO):
 
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)
-        check_minimums(self, n=1, k=1, max_steps=1, max_new_tokens=1, show=0)
+        check_minimums(self, n=1, k=1, show=0)
+        _check_token_budgets(self)
 
 
+@flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens", "temperature")
 @dataclass
-class RehearseConfig(ChatIO):
+class RehearseConfig:
     """``envace rehearse``: test-time scaling on one task: N private attempts and reflections, a memory, one real
     run (envace.evaluation.budget.run_tts)."""
 
@@ -496,12 +567,12 @@ class RehearseConfig(ChatIO):
     """Memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | model | concat (as ``EvalConfig.tts_memory``)."""
     memory_max_tokens: int = 256
     """Most tokens of the memory."""
-    max_steps: int = 6
-    """Act generations per trajectory."""
-    max_new_tokens: int = 128
-    """Most tokens of one generation."""
-    temperature: float = 1.0
-    """Act sampling temperature of the attempts (the real run is greedy)."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout(max_steps=6, max_new_tokens=128))
+    """How trajectories are unrolled (envace.rollout.engine.RolloutConfig): limits (``max_steps``, ...), each
+    role's sampling (``act``: the attempts' Act, at ``act.temperature``, ``--temperature``; the real run is
+    greedy; reflections sample ``act`` at T=0.7), chat and tool formats, thinking, the user simulator, the
+    schedule; ``--max-steps`` and ``--max-new-tokens`` set ``max_steps`` and both roles' ``max_new_tokens``. Keys
+    given are laid over this command's defaults."""
     seed: int = 0
     """Seed of the sampling (the task is chosen by ``index`` alone)."""
     out: str | None = None
@@ -509,6 +580,7 @@ class RehearseConfig(ChatIO):
 
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)
+        _check_token_budgets(self)
 
 
 @dataclass
@@ -810,14 +882,26 @@ def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
         if "=" not in ov:
             raise ValueError(f"override {ov!r} is not key=value")
         key, raw = ov.split("=", 1)
-        val = _yaml(raw, f"override {ov!r}")
-        node = d
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node[p] = dict(node.get(p) or {})
-            node = node[p]
-        node[parts[-1]] = val
+        set_dotted(d, key.strip(), _yaml(raw, f"override {ov!r}"))
     return d
+
+
+def set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``key`` of the mapping ``d`` in place; a dotted key reaches nested mappings (copied, or made)."""
+    node = d
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node[p] = dict(node.get(p) or {})
+        node = node[p]
+    node[parts[-1]] = value
+
+
+def _laid_over(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` laid over ``base``: nested mappings merged key by key, any other value replaced."""
+    out = dict(base)
+    for k, v in given.items():
+        out[k] = _laid_over(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
 
 
 def _yaml(text: str, where: str) -> Any:
@@ -830,9 +914,11 @@ def _yaml(text: str, where: str) -> Any:
 def load_config(
     cls: type, path: str | None = None, overrides: list[str] | None = None, values: dict[str, Any] | None = None
 ) -> Any:
-    """A config from an optional YAML file, then ``values`` (field -> value: the CLI's shorthand flags such as
-    ``-n 20``), then ``key=value`` overrides; each later one wins over the earlier ones, the dataclass defaults
-    fill the rest. An unknown field anywhere is an error that lists the valid ones."""
+    """A config from an optional YAML file, then ``values`` (field -> value, dotted for a nested one: the CLI's
+    shorthand flags such as ``-n 20``), then ``key=value`` overrides; each later one wins over the earlier ones, the
+    dataclass defaults fill the rest. An unknown field anywhere is an error that lists the valid ones. Keys of
+    an older version are read for one version with a DeprecationWarning (:func:`moved_flat_keys`,
+    :func:`train_config_dict`)."""
     d: dict[str, Any] = {}
     if path:
         if os.path.isdir(path):
@@ -841,9 +927,14 @@ def load_config(
             d = _yaml(f.read(), path) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{path}: a config file must hold a mapping")
-    d = apply_overrides({**d, **(values or {})}, overrides or [])
+    d = moved_flat_keys(cls, d)
+    for key, value in (values or {}).items():
+        set_dotted(d, key, value)
+    d = moved_flat_keys(cls, apply_overrides(d, overrides or []))
     if cls is TrainConfig:
         d = train_config_dict(d)
+    if hasattr(cls, "FLAT_ROLLOUT") and isinstance(d.get("rollout"), dict):  # over this command's own defaults
+        d["rollout"] = _laid_over(json.loads(json.dumps(to_dict(cls().rollout))), d["rollout"])
     if "rollout" in d and isinstance(d["rollout"], dict):
         r = dict(d["rollout"])
         for k in ("act", "rehearse"):

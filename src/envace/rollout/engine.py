@@ -154,6 +154,7 @@ class RolloutConfig:
     seed: int = 0
     """Deprecated (one version): ``RolloutEngine.run(seed=...)``; ``run``'s default when it is given none."""
     progress: bool = False
+    """Show a progress bar over the trajectories of each run."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -166,8 +167,9 @@ class RolloutConfig:
             TOOL_FORMATS.get(self.tool_format)
         if self.thinking_history is not None and self.thinking_history not in THINKING_HISTORY:
             THINKING_HISTORY.get(self.thinking_history)
-        if self.group_size < 1 or self.max_steps < 1 or self.max_steps_per_turn < 1:
-            raise ValueError("group_size, max_steps and max_steps_per_turn must be >= 1")
+        for name in ("group_size", "max_steps", "max_steps_per_turn"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name}: bad value {getattr(self, name)!r}: at least 1")
         per_call = [f"{k}={getattr(self, k)!r}" for k, v in PER_CALL_DEFAULTS.items() if getattr(self, k) != v]
         if per_call:
             warnings.warn(
