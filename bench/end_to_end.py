@@ -68,7 +68,8 @@ def main() -> None:
             rollout_bf16=bf16,
             iterations=1,
             batch_tasks=args.tasks,
-            rollout=RolloutConfig(group_size=args.group),
+            group_size=args.group,
+            rollout=RolloutConfig(),
             out_dir=out,
             tensorboard=False,
             progress=False,
@@ -100,7 +101,7 @@ def main() -> None:
             if k != "envace"
         }
         print("ratios:", {k: round(x, 2) for k, x in results["ratios"].items()})
-    results["config"] = dataclasses.asdict(RolloutConfig(group_size=args.group))
+    results["config"] = dataclasses.asdict(RolloutConfig()) | {"group_size": args.group}  # (as the results before)
     write_result("end_to_end", results, args.out)
 
 

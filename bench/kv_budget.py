@@ -35,10 +35,10 @@ def one(model: str, tasks: int, budget: float | None) -> dict:
     m, tok = load(model)
     be = HFBackend(m, tok, bf16="auto", max_kv_gib=budget)
     ts = load_tasks("bank", "test", n=tasks, seed=0)
-    rc = RolloutConfig(mode="real", seed=0, progress=False)
+    rc = RolloutConfig(progress=False)
     rc = dataclasses.replace(rc, act=rc.act.with_(temperature=0.0))
     t = time.perf_counter()
-    res = evaluate(be, ts, samples=1, rollout=rc)
+    res = evaluate(be, ts, samples=1, rollout=rc, seed=0)
     return {
         "budget_gib": budget,
         "wall_s": time.perf_counter() - t,

@@ -111,7 +111,7 @@ def main() -> None:
             judge_params=SamplingParams(temperature=0.0, max_new_tokens=args.judge_max_new_tokens),
         )
     tasks = load_tasks(args.suite, args.split, n=args.n, seed=args.seed)
-    rollout_cfg = demo_rollout(group_size=args.k, shadow=True, seed=args.seed)
+    rollout_cfg = demo_rollout()
     t1 = time.perf_counter()
     report, records, trajs = measure_reward_agreement(
         policy,
@@ -123,6 +123,8 @@ def main() -> None:
         baseline=args.baseline,
         resamples=args.resamples,
         seed=args.seed,
+        group_size=args.k,
+        rollout_seed=args.seed,
     )
     wall = time.perf_counter() - t1
     table = format_report(report)
@@ -138,7 +140,7 @@ def main() -> None:
         "judge": args.judge,
         "judge_max_new_tokens": args.judge_max_new_tokens if args.judge else None,
         "rewards": [spec_label(s) for s in specs],
-        "rollout": "envace.evaluation.demo.demo_rollout(group_size=K, shadow=True)",
+        "rollout": "envace.evaluation.demo.demo_rollout(), K per task, shadow",
         "load_s": round(t1 - t0, 1),
         "rollout_and_scoring_s": round(wall, 1),
         "n_calls_per_traj": sum(len(t.calls()) for t in trajs) / max(len(trajs), 1),

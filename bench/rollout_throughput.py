@@ -40,10 +40,10 @@ from envace.backends.models import DEFAULT_MODEL, gguf_path, load
 from envace.rollout.engine import RolloutConfig, RolloutEngine
 
 
-def run_rollout(backend_cls, model, tok, tasks, cfg, **kw):
+def run_rollout(backend_cls, model, tok, tasks, cfg, group, **kw):
     be = backend_cls(model, tok, act_script=gold_act_script({t.id: t for t in tasks}), **kw)
     with Timer() as t:
-        trajs = RolloutEngine(be, cfg).run(tasks)
+        trajs = RolloutEngine(be, cfg, mode="rehearsal").run(tasks, group_size=group, seed=0)
     gen = be.stats["generated_tokens"]
     rows = [r for tr in trajs for r in tr.rows]
     res = {
@@ -190,7 +190,7 @@ def main() -> None:
 
     model, tok = load(args.model)
     tasks = load_tasks(args.suite, "train", n=args.tasks, seed=0)
-    cfg = RolloutConfig(mode="rehearsal", group_size=args.group, seed=0)
+    cfg = RolloutConfig()
     Forced = forced_backend(HFBackend)
     # warm-up (first-call allocations, kernel selection) on one tiny generation
     HFBackend(model, tok).generate([tok.encode("Hello")], cfg.act.with_(max_new_tokens=4, seed=0))
@@ -200,9 +200,9 @@ def main() -> None:
         "B": args.tasks,
         "K": args.group,
         "suite": args.suite,
-        "rollout_config": dataclasses.asdict(cfg),
+        "rollout_config": dataclasses.asdict(cfg) | {"group_size": args.group},  # (as the results before)
     }
-    envace, trajs, be = run_rollout(Forced, model, tok, tasks, cfg)
+    envace, trajs, be = run_rollout(Forced, model, tok, tasks, cfg, args.group)
     results["envace"] = envace
     print(
         f"envace rollout: {envace['generated_tokens']} tokens in {envace['seconds']:.1f}s = "
@@ -210,7 +210,7 @@ def main() -> None:
     )
     if args.ref:
         old = backend_module_at(args.ref)
-        ref, ref_trajs, _ = run_rollout(forced_backend(old.HFBackend), model, tok, tasks, cfg)
+        ref, ref_trajs, _ = run_rollout(forced_backend(old.HFBackend), model, tok, tasks, cfg, args.group)
         same = all(
             a.completion_ids == b.completion_ids for x, y in zip(trajs, ref_trajs) for a, b in zip(x.rows, y.rows)
         )
@@ -230,7 +230,7 @@ def main() -> None:
             f"{envace['tokens_per_s'] / ref['tokens_per_s']:.2f}x); identical tokens: {same}, max |dlogp| {lp:.2e}"
         )
     if args.bf16:
-        b16, b16_trajs, _ = run_rollout(Forced, model, tok, tasks, cfg, bf16=True)
+        b16, b16_trajs, _ = run_rollout(Forced, model, tok, tasks, cfg, args.group, bf16=True)
         b16["logprob_drift_vs_fp32"] = bf16_drift(model, b16_trajs, cfg)
         results["envace_bf16"] = b16
         print(

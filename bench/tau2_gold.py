@@ -53,9 +53,9 @@ def failure_category(traj: Trajectory, out: dict[str, Any]) -> str:
 
 def gold_replay(domain: str, split: str, mode: str, n: int | None = None) -> dict[str, Any]:
     tasks = load_tasks(f"tau2:{domain}", split, n=n)
-    cfg = RolloutConfig(mode=mode, group_size=1, max_steps=256, max_steps_per_turn=256, max_context_tokens=1 << 24)
+    cfg = RolloutConfig(max_steps=256, max_steps_per_turn=256, max_context_tokens=1 << 24)
     t0 = time.perf_counter()
-    trajs = gold_trajectories(load_tokenizer("tiny-random"), tasks, cfg)
+    trajs = gold_trajectories(load_tokenizer("tiny-random"), tasks, cfg, mode=mode)
     results = [(t, tr, outcome(t, tr)) for t, tr in zip(tasks, trajs)]
     failures = {t.id: failure_category(tr, o) for t, tr, o in results if not o.get("success")}
     return {

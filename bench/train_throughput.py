@@ -66,7 +66,7 @@ def make_rows(tok, tasks_n: int, group: int, seed: int = 0):
             else "All done: every operation you asked for has been carried out and checked."
         )
 
-    trajs = RolloutEngine(ScriptedBackend(tok, respond), RolloutConfig(group_size=group, max_steps=8)).run(tasks)
+    trajs = RolloutEngine(ScriptedBackend(tok, respond), RolloutConfig(max_steps=8)).run(tasks, group_size=group)
     g = torch.Generator().manual_seed(seed)
     for t in trajs:
         t.reward = float(torch.rand((), generator=g))

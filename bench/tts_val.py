@@ -58,12 +58,12 @@ def parse_cell(cell: str) -> tuple[int, str, str]:
 
 def run_cell(policy, tasks, cell: str, seed: int):
     n, mode, memory = parse_cell(cell)
-    rollout = demo_rollout(group_size=1, seed=seed)
+    rollout = demo_rollout()
     greedy = rollout.act.with_(temperature=0.0)
     if n == 0:
-        return evaluate_at_budget(policy, tasks, rollout=dataclasses.replace(rollout, act=greedy))
-    tts = TTSConfig(n=n, mode=mode, memory=memory, rollout=rollout, final_act=greedy)
-    return evaluate_at_budget(policy, tasks, rollout=rollout, n=n, mode=mode, tts=tts)
+        return evaluate_at_budget(policy, tasks, rollout=dataclasses.replace(rollout, act=greedy), seed=seed)
+    tts = TTSConfig(n=n, mode=mode, memory=memory, rollout=rollout, final_act=greedy, seed=seed)
+    return evaluate_at_budget(policy, tasks, rollout=rollout, n=n, mode=mode, tts=tts, seed=seed)
 
 
 def main() -> int:

@@ -61,10 +61,10 @@ def per_turn(calls) -> list[dict]:
     return turns
 
 
-def rollout(Forced, model, tok, task, cfg, **kw):
+def rollout(Forced, model, tok, task, cfg, group, **kw):
     act, reh = scripts(task)
     be = Forced(model, tok, act_script=act, rehearse_script=reh, **kw)
-    trajs = RolloutEngine(be, cfg).run([task])
+    trajs = RolloutEngine(be, cfg, mode="rehearsal").run([task], group_size=group, seed=0)
     assert all(len(t.steps) == cfg.max_steps for t in trajs), [len(t.steps) for t in trajs]
     return be
 
@@ -106,20 +106,19 @@ def main() -> None:
     def cfg(turns):
         # lockstep: every turn's calls are separate generate calls, timed one by one (the KV reuse is the same
         # as under continuous batching, where a turn has no wall-clock boundary of its own)
-        return RolloutConfig(
-            mode="rehearsal",
-            group_size=args.group,
-            max_steps=turns,
-            max_steps_per_turn=turns,
-            max_context_tokens=8192,
-            seed=0,
-            schedule="lockstep",
-        )
+        return RolloutConfig(max_steps=turns, max_steps_per_turn=turns, max_context_tokens=8192, schedule="lockstep")
 
-    reuse = rollout(Forced, model, tok, task, cfg(args.turns))
+    reuse = rollout(Forced, model, tok, task, cfg(args.turns), args.group)
     new_only = replay_new_only(Forced, model, tok, task, reuse.calls, cfg(args.turns))
     full = rollout(
-        Forced, model, tok, task, cfg(min(args.full_turns, args.turns)), keep_sessions=False, share_prefixes=False
+        Forced,
+        model,
+        tok,
+        task,
+        cfg(min(args.full_turns, args.turns)),
+        args.group,
+        keep_sessions=False,
+        share_prefixes=False,
     )
     tr, tn, tf = per_turn(reuse.calls), per_turn(new_only.calls), per_turn(full.calls)
     rows = []

@@ -57,10 +57,10 @@ ENGINES = ("hf_float32", "hf_bf16", "vllm")
 ENGINE_SETTINGS = {"hf_float32": ("hf", False), "hf_bf16": ("hf", True), "vllm": ("vllm", "auto")}
 
 
-def rollout(be, tasks, cfg) -> tuple[dict, list]:
+def rollout(be, tasks, cfg, group: int) -> tuple[dict, list]:
     before = be.stats["generated_tokens"]
     with Timer() as t:
-        trajs = RolloutEngine(be, cfg).run(tasks)
+        trajs = RolloutEngine(be, cfg).run(tasks, group_size=group, seed=0)
     gen = be.stats["generated_tokens"] - before
     rows = [r for tr in trajs for r in tr.rows]
     return {
@@ -85,12 +85,12 @@ def gold_act(tasks):
     return respond
 
 
-def rehearse_only(be, tasks, cfg) -> dict:
+def rehearse_only(be, tasks, cfg, group: int) -> dict:
     """Scripted Act, ``be`` as the Rehearse role: the rollout's rows are all Rehearse generations of ``be``."""
     before = be.stats["generated_tokens"]
     scripted = ScriptedBackend(be.tokenizer, gold_act(tasks))
     with Timer() as t:
-        trajs = RolloutEngine(scripted, dataclasses.replace(cfg, mode="per_role"), rehearser=be).run(tasks)
+        trajs = RolloutEngine(scripted, cfg, rehearser=be, mode="per_role").run(tasks, group_size=group, seed=0)
     gen = be.stats["generated_tokens"] - before
     return {
         "seconds": round(t.s, 2),
@@ -171,7 +171,7 @@ def main() -> None:
         policy_dir = warm_model(args)
     model, tok = load(policy_dir)
     tasks = load_tasks(args.suite, "test", n=args.tasks, seed=0)
-    cfg = demo_rollout(mode="rehearsal", group_size=args.group, seed=0)
+    cfg = demo_rollout()
     act = SamplingParams(temperature=1.0, max_new_tokens=args.max_new, seed=0)
 
     result: dict = {
@@ -203,11 +203,11 @@ def main() -> None:
         else:
             be = HFBackend(model, tok, bf16=ENGINE_SETTINGS[name][1])
             be.generate([tok.encode("Hello")], act.with_(max_new_tokens=4))  # warm-up
-        roll, trajs = rollout(be, tasks, cfg)
+        roll, trajs = rollout(be, tasks, cfg, args.group)
         if prompts is None:  # the first engine's first Act prompts: the same fixed work for every engine
             prompts = [tr.rows[0].prompt_ids for tr in trajs]
         result.setdefault("rehearsal", {})[name] = roll
-        result.setdefault("rehearse_gold_act", {})[name] = rehearse_only(be, tasks, cfg)
+        result.setdefault("rehearse_gold_act", {})[name] = rehearse_only(be, tasks, cfg, args.group)
         result.setdefault(
             "act_prompts",
             {"prompts": len(prompts), "prompt_tokens_mean": round(statistics.fmean(map(len, prompts)), 1)},

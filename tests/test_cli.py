@@ -195,7 +195,7 @@ def test_the_full_demo_trains_each_control_with_envaces_budget_from_the_same_war
             envace.reward,
             envace.seed,
         )
-        assert c.rollout.group_size == envace.rollout.group_size and c.out_dir != envace.out_dir
+        assert c.group_size == envace.group_size and c.out_dir != envace.out_dir
     policies = [os.path.join(f"RL-{v}", "policy") for v in ("envace", "caller_only", "real_env")]
     assert seen["evaluated"] == ["WARM", *policies]
     assert [m for m, _, _ in seen["fidelity"]] == ["WARM", *policies]  # fidelity of every trained model

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 import pytest
@@ -16,7 +17,19 @@ import yaml
 
 import envace.cli as cli
 from envace.cli import build_parser, command_config, config_class, main
-from envace.config import config_fields, config_help, field_docs, first_sentence, to_dict
+from envace.config import (
+    FLAT_ROLLOUT_KEYS,
+    TrainConfig,
+    config_fields,
+    config_help,
+    config_yaml,
+    field_docs,
+    first_sentence,
+    load_config,
+    to_dict,
+    train_config_dict,
+)
+from envace.rollout.engine import RolloutConfig
 from servers import envace_serve
 
 COMMANDS = {
@@ -131,14 +144,18 @@ def test_print_config_shows_the_defaults_and_reads_back_as_the_same_config(cmd, 
     assert cls.__name__ == COMMANDS[cmd]
     assert printed == json.loads(json.dumps(to_dict(cls()), default=str))
     for name, old in OLD_FLAG_DEFAULTS.get(cmd, {}).items():
-        assert printed[name] == old, (cmd, name)
+        for key in [name] if name in printed else [f"rollout.{p}" for p in FLAT_ROLLOUT_KEYS[name]]:
+            value = printed
+            for part in key.split("."):
+                value = value[part]
+            assert value == old, (cmd, key)
     (tmp_path / "c.yaml").write_text(out)
     assert _printed([cmd, "--config", str(tmp_path / "c.yaml"), "--print-config"], capsys) == out
 
 
 def test_file_then_shorthand_flags_then_set_win_in_that_order(tmp_path):
     f = tmp_path / "eval.yaml"
-    f.write_text("n: 5\nseed: 3\nsplit: val\nmax_steps: 2\nbackend_options: {timeout: 9}\n")
+    f.write_text("n: 5\nseed: 3\nsplit: val\nrollout: {max_steps: 2}\nbackend_options: {timeout: 9}\n")
     cfg = _cfg(
         "eval",
         "--config",
@@ -153,7 +170,7 @@ def test_file_then_shorthand_flags_then_set_win_in_that_order(tmp_path):
         "--set",
         "backend_options.max_retries=1",
     )
-    assert (cfg.n, cfg.seed, cfg.split, cfg.max_steps, cfg.trajectories) == (
+    assert (cfg.n, cfg.seed, cfg.split, cfg.rollout.max_steps, cfg.trajectories) == (
         7,
         3,
         "ood",
@@ -164,14 +181,38 @@ def test_file_then_shorthand_flags_then_set_win_in_that_order(tmp_path):
         cfg.backend_options == {"timeout": 9, "max_retries": 1} and cfg.samples == 1 and cfg.model == MODEL
     )  # dotted --set reaches into a dict
     # the same order for the commands without shorthands, and nested fields
+    f.write_text("iterations: 3\ngroup_size: 2\nrollout: {act: {max_new_tokens: 7}}\n")
+    cfg = _cfg("train", "--config", str(f), "--set", "group_size=6")
+    assert (cfg.iterations, cfg.group_size, cfg.rollout.act.max_new_tokens, cfg.rollout.max_steps) == (3, 6, 7, 8)
+
+
+def test_the_old_rollout_group_size_key_of_train_is_read_one_version_with_a_warning(tmp_path):
+    """``rollout.group_size`` (before ``TrainConfig.group_size``): a file and ``--set`` still set K, with a
+    DeprecationWarning; both keys with different values are an error; a saved config round-trips without one."""
+    f = tmp_path / "old.yaml"
     f.write_text("iterations: 3\nrollout: {group_size: 2, act: {max_new_tokens: 7}}\n")
-    cfg = _cfg("train", "--config", str(f), "--set", "rollout.group_size=6")
-    assert (cfg.iterations, cfg.rollout.group_size, cfg.rollout.act.max_new_tokens, cfg.rollout.max_steps) == (
-        3,
-        6,
-        7,
-        8,
-    )
+    with pytest.warns(DeprecationWarning, match="rollout.group_size is now group_size"):
+        cfg = _cfg("train", "--config", str(f))
+    assert (cfg.group_size, cfg.rollout.group_size, cfg.rollout.act.max_new_tokens) == (2, 4, 7)
+    with pytest.warns(DeprecationWarning, match="rollout.group_size is now group_size"):
+        assert _cfg("train", "--set", "rollout.group_size=6").group_size == 6
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="give group_size only"):
+        _cfg("train", "--config", str(f), "--set", "group_size=5")
+    with pytest.warns(DeprecationWarning):  # Python: a RolloutConfig with the old field (it warns itself)
+        old = TrainConfig(rollout=RolloutConfig(group_size=3))
+    assert (old.group_size, old.rollout.group_size) == (3, 4)
+    assert TrainConfig(rollout={"max_steps": 2}, group_size=5).group_size == 5
+    (tmp_path / "saved.yaml").write_text(config_yaml(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        again = load_config(TrainConfig, str(tmp_path / "saved.yaml"))
+    assert to_dict(again) == to_dict(cfg)
+    saved_before = to_dict(cfg) | {"rollout": to_dict(cfg)["rollout"] | {"group_size": 2, "mode": "real"}}
+    del saved_before["group_size"]  # a checkpoint's config.json of the version before: the resume check reads it
+    assert train_config_dict(saved_before, warn=False) == {
+        **{k: v for k, v in to_dict(cfg).items()},
+        "rollout": {k: v for k, v in to_dict(cfg)["rollout"].items() if k not in ("group_size", "mode")},
+    }
 
 
 def test_old_flags_still_parse_into_their_fields():
@@ -216,10 +257,14 @@ def test_old_flags_still_parse_into_their_fields():
         "concat",
         0.5,
     )
-    assert (cfg.max_steps, cfg.max_new_tokens, cfg.seed, cfg.bf16, cfg.out, cfg.backend) == (
+    assert (cfg.rollout.max_steps, cfg.rollout.act.max_new_tokens, cfg.rollout.rehearse.max_new_tokens, cfg.seed) == (
         2,
         9,
+        9,
         4,
+    )
+    assert cfg.rollout.rehearse.stop == ["</observation>"] and cfg.rollout.act.temperature == 1.0  # the rest stays
+    assert (cfg.bf16, cfg.out, cfg.backend) == (
         "auto",
         "x.json",
         "vllm",
@@ -230,12 +275,12 @@ def test_old_flags_still_parse_into_their_fields():
         "auto",
         False,
     ]
-    assert (
-        _cfg(
-            "fidelity", "-k", "3", "--mode", "per_role", "--rehearser", "r", "--validate-in-code", "--backend", "http"
-        ).k
-        == 3
+    fid = _cfg(
+        "fidelity", "-k", "3", "--mode", "per_role", "--rehearser", "r", "--validate-in-code", "--backend", "http"
     )
+    assert fid.k == 3 and fid.rollout.validate_in_code and not fid.rollout.reference_cache and fid.rollout.progress
+    reh = _cfg("rehearse", "--temperature", "0.3", "--max-new-tokens", "7")
+    assert (reh.rollout.act.temperature, reh.rollout.act.max_new_tokens, reh.rollout.max_steps) == (0.3, 7, 6)
     assert _cfg("rehearse", "-N", "0", "--index", "4").n == 0 and _cfg("rollout", "--shadow", "--out", "t.jsonl").shadow
     serve = _cfg(
         "serve", "--served-model-name", "x", "--port", "0", "--batch-wait-ms", "2", "--verbose", "--bf16", "auto"
@@ -263,7 +308,7 @@ def flag_faults(parser) -> list[str]:
     config, a shorthand spelled otherwise than from its field (or its FLAG_EXTRAS), a table entry without its flag."""
     faults = []
     for name, (sp, cls) in _commands(parser).items():
-        fields = {f.name for f in dataclasses.fields(cls)}
+        fields = {f.name for f in dataclasses.fields(cls)} | set(getattr(cls, "FLAT_ROLLOUT", ()))  # (shorthands)
         table = cli.FLAGS.get(name, "").split()
         for a in sp._actions:
             if a.dest in {"help", "config", "overrides", "print_config"}:
@@ -388,20 +433,17 @@ def test_chat_and_user_settings_reach_the_rollout_of_eval(monkeypatch):
     monkeypatch.setattr(envace.evaluation.budget, "evaluate_model", fake)
     sets = ["chat_format=template", "tool_format=mistral", "native_tools=false", "thinking=false", "user=llm"]
     sets += ["user_model=tiny-random", "thinking_history=keep"]
-    with pytest.raises(SystemExit):
-        main(["eval", "-n", "1"] + [x for kv in sets for x in ("--set", kv)])
-    rc = seen["rollout"]
-    got = (rc.chat_format, rc.tool_format, rc.native_tools, rc.thinking, rc.user, rc.user_model, rc.thinking_history)
-    assert got == ("template", "mistral", False, False, "llm", "tiny-random", "keep")
-    assert EvalConfig().chat_io() == {
-        "chat_format": None,
-        "tool_format": None,
-        "native_tools": True,
-        "thinking": None,
-        "thinking_history": None,
-        "user": "scripted",
-        "user_model": None,
-    }
+    want = ("template", "mistral", False, False, "llm", "tiny-random", "keep")
+    for prefix in ("rollout.", ""):  # "": the flat keys of before (ChatIO), one version, with a warning
+        with pytest.raises(SystemExit), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            main(["eval", "-n", "1", "--max-steps", "3"] + [x for kv in sets for x in ("--set", prefix + kv)])
+        rc = seen["rollout"]
+        got = (rc.chat_format, rc.tool_format, rc.native_tools, rc.thinking, rc.user, rc.user_model)
+        assert got + (rc.thinking_history,) == want and rc.max_steps == 3
+        deprecated = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+        assert bool(deprecated) == (prefix == "") and all("rollout.chat_format" in str(w.message) for w in deprecated)
+    assert EvalConfig().rollout == RolloutConfig()  # eval's own defaults are the engine's
 
 
 @dataclass
@@ -526,3 +568,51 @@ def test_rollout_and_rehearse_backend_http_against_envace_serve(tmp_path, capsys
         rec = tmp_path / "r.json"
         assert main(["rehearse", "--model", url, *common, "-N", "1", "--out", str(rec)]) == 0
         assert json.loads(rec.read_text())["attempts"] and log.read_text().count("POST /v1/completions") > served
+
+
+@pytest.mark.parametrize(
+    "cls,flat,path,value",
+    [
+        ("EvalConfig", "max_new_tokens", ("act.max_new_tokens", "rehearse.max_new_tokens"), 9),
+        ("FidelityConfig", "reference_cache", ("reference_cache",), True),
+        ("RolloutBatchConfig", "max_steps", ("max_steps",), 3),
+        ("RehearseConfig", "temperature", ("act.temperature",), 0.25),
+        ("EvalConfig", "user", ("user",), "llm"),
+    ],
+)
+def test_the_flat_keys_of_before_set_the_nested_rollout_one_version_with_a_warning(tmp_path, cls, flat, path, value):
+    """A command config's flat keys of before it nested one ``rollout`` (issue 30): as a keyword, in a file and with
+    ``--set``, each sets the nested field(s) with a DeprecationWarning; the nested key given later wins."""
+    import envace.config as config
+
+    klass = getattr(config, cls)
+
+    def nested(cfg):
+        out = []
+        for p in path:
+            v = cfg.rollout
+            for part in p.split("."):
+                v = getattr(v, part)
+            out.append(v)
+        return out
+
+    with pytest.warns(DeprecationWarning, match=f"{flat} -> rollout"):
+        assert nested(klass(**{flat: value})) == [value] * len(path)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({flat: value}))
+    with pytest.warns(DeprecationWarning, match=f"{flat} -> rollout"):
+        from_file = load_config(klass, str(tmp_path / "c.yaml"))
+    assert nested(from_file) == [value] * len(path)
+    with pytest.warns(DeprecationWarning):
+        assert nested(load_config(klass, None, [f"{flat}={yaml.safe_dump(value).split(chr(10))[0]}"])) == [value] * len(
+            path
+        )
+    default = nested(klass())
+    with pytest.warns(DeprecationWarning):  # the file's flat key, then the nested key of --set: the later one wins
+        later = load_config(
+            klass,
+            str(tmp_path / "c.yaml"),
+            [f"rollout.{p}={yaml.safe_dump(d).split(chr(10))[0]}" for p, d in zip(path, default)],
+        )
+    assert nested(later) == default
+    other = {k: v for k, v in dataclasses.asdict(klass()).items() if k != "rollout"}
+    assert {k: v for k, v in dataclasses.asdict(from_file).items() if k != "rollout"} == other

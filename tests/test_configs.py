@@ -26,7 +26,7 @@ def test_config_loads_into_train_config(path):
 def test_reference_config_is_the_papers_setting():
     cfg = load_config(TrainConfig, str(Path(__file__).parent.parent / "configs" / "qwen3_8b_reference.yaml"))
     assert cfg.model == "Qwen/Qwen3-8B" and cfg.variant == "envace" and cfg.advantage == "rolewise"
-    assert cfg.rollout.group_size == 4 and cfg.lr == 1e-6 and cfg.batch_tasks == 16 and cfg.loss_agg == "token_mean"
+    assert cfg.group_size == 4 and cfg.lr == 1e-6 and cfg.batch_tasks == 16 and cfg.loss_agg == "token_mean"
     assert (cfg.rollout.rehearse.temperature, cfg.rollout.rehearse.top_p) == (0.6, 0.8) and cfg.kl_coef == 0.0
 
 

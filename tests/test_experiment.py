@@ -865,7 +865,6 @@ def test_training_in_fidelity_segments_ends_with_the_weights_of_one_uninterrupte
     monkeypatch.setitem(REWARDS._entries, "segments_first_of_group", _first_of_group)  # only for this test
     small = SamplingParams(temperature=1.0, max_new_tokens=8)
     rc = RolloutConfig(
-        group_size=2,
         max_steps=2,
         max_steps_per_turn=2,
         act=small,
@@ -881,6 +880,7 @@ def test_training_in_fidelity_segments_ends_with_the_weights_of_one_uninterrupte
         iterations=2,
         batch_tasks=1,
         lr=1e-3,
+        group_size=2,
         rollout=rc,
         save_every=2,
         keep_checkpoints=1,

@@ -153,12 +153,12 @@ class WrongBalances(GoldTeacher):
 
 
 def _cfg(**kw):
-    return RolloutConfig(mode="rehearsal", group_size=1, max_steps=12, max_steps_per_turn=8, **kw)
+    return RolloutConfig(max_steps=12, max_steps_per_turn=8, **kw)
 
 
 def test_a_rehearser_that_returns_the_real_observations_has_perfect_fidelity(tokenizer):
     tasks = load_tasks("bank", "test", n=3)
-    res = measure_fidelity(GoldTeacher(tokenizer, tasks), tasks, _cfg())
+    res = measure_fidelity(GoldTeacher(tokenizer, tasks), tasks, _cfg(), group_size=1)
     n_gold = sum(len(t.flat_gold()) for t in tasks)
     assert res.summary["overall"] == {"n": float(n_gold), **{k: 1.0 for k in METRICS}}
     assert set(res.summary["by_domain"]) == {"bank"} and all(k.startswith("bank/") for k in res.summary["by_tool"])
@@ -168,7 +168,7 @@ def test_a_rehearser_that_returns_the_real_observations_has_perfect_fidelity(tok
 
 def test_a_corrupted_rehearser_loses_exactly_what_it_got_wrong(tokenizer):
     tasks = load_tasks("bank", "test", n=3)
-    res = measure_fidelity(WrongBalances(tokenizer, tasks), tasks, _cfg())
+    res = measure_fidelity(WrongBalances(tokenizer, tasks), tasks, _cfg(), group_size=1)
     pairs = res.pairs
     firsts = [p for p in pairs if p.step == 0 and p.index == 0]
     assert len(firsts) == 3 and all(p.scores == {k: 0.0 for k in METRICS} for p in firsts)  # garbage -> invalid
@@ -193,10 +193,10 @@ def test_code_validation_answers_are_counted_not_scored_and_real_mode_is_refused
             else "Done."
         )
 
-    res = measure_fidelity(ScriptedBackend(tokenizer, respond), tasks, _cfg(validate_in_code=True))
+    res = measure_fidelity(ScriptedBackend(tokenizer, respond), tasks, _cfg(validate_in_code=True), group_size=1)
     assert res.pairs == [] and res.summary["skipped"]["n_validation"] == 1 and res.summary["overall"]["n"] == 0
     with pytest.raises(ValueError, match="rehearsed observations"):
-        measure_fidelity(ScriptedBackend(tokenizer, respond), tasks, RolloutConfig(mode="real"))
+        measure_fidelity(ScriptedBackend(tokenizer, respond), tasks, RolloutConfig(), mode="real")
 
 
 def test_fidelity_cli_prints_the_table_and_writes_pairs_and_trajectories(tmp_path):
@@ -285,7 +285,7 @@ def test_shadow_rollouts_record_what_each_real_call_changed_and_the_breakdowns_a
     tasks = load_tasks(
         "bank", "test", n=3
     )  # gold: balance reads, transfers / deposits (3 fields), a freeze (1), a failing transfer
-    res = measure_fidelity(WrongBalances(tokenizer, tasks), tasks, _cfg())
+    res = measure_fidelity(WrongBalances(tokenizer, tasks), tasks, _cfg(), group_size=1)
     by_call = {(p.tool, bool(p.changed), len(p.changed)) for p in res.pairs}
     assert (
         ("get_balance", False, 0) in by_call

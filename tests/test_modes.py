@@ -47,8 +47,8 @@ def test_each_mode_entry_says_who_rehearses_what_is_trained_and_whether_a_real_e
     mode = MODES.get(name)
     backends = {"policy": ScriptedBackend(tokenizer, _script(tasks))}
     helpers = {h: ScriptedBackend(tokenizer, _script(tasks)) for h in ("rehearser", "simulator")}
-    cfg = RolloutConfig(mode=name, group_size=2, max_steps=4)
-    trajs = RolloutEngine(backends["policy"], cfg, **helpers).run(tasks)
+    cfg = RolloutConfig(max_steps=4)
+    trajs = RolloutEngine(backends["policy"], cfg, **helpers, mode=name).run(tasks, group_size=2)
     backends |= helpers
 
     # who plays Rehearse: the only backend asked Rehearse's prompts (none where the environment answers)
@@ -108,7 +108,7 @@ def test_a_new_mode_is_one_entry_and_no_engine_change(tokenizer, tasks):
     MODES.add("fixed", RolloutMode("a fixed answer", lambda policy, helper: _Fixed()))
     try:
         be = ScriptedBackend(tokenizer, _script(tasks))
-        trajs = RolloutEngine(be, RolloutConfig(mode="fixed", group_size=1, max_steps=4)).run(tasks)
+        trajs = RolloutEngine(be, RolloutConfig(max_steps=4), mode="fixed").run(tasks, group_size=1)
     finally:
         MODES.remove("fixed")
     assert all(t.steps[0].sources == ["fixed"] and t.steps[0].observations == [{"fixed": True}] for t in trajs)

@@ -1,7 +1,5 @@
 """TrainConfig.real_share: a share of each GRPO group rolled out in the real environment, the rest rehearsed."""
 
-import copy
-
 import pytest
 
 import envace.training.trainer as trainer
@@ -16,7 +14,6 @@ from envace.rollout.engine import RolloutConfig, RolloutEngine
 
 def _cfg(tmp_path, group_size=4, **kw):
     rc = RolloutConfig(
-        group_size=group_size,
         max_steps=2,
         act=SamplingParams(max_new_tokens=8),
         rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
@@ -27,6 +24,7 @@ def _cfg(tmp_path, group_size=4, **kw):
         suite="bank",
         iterations=1,
         lr=1e-3,
+        group_size=group_size,
         rollout=rc,
         out_dir=str(tmp_path),
         tensorboard=False,
@@ -124,9 +122,9 @@ def test_zero_real_share_rolls_out_exactly_the_rehearsal_batch_of_before(tmp_pat
         trajs = batch(run, it)
         now.extend(t.to_dict() for t in trajs)
         tasks = [run.tasks[i] for i in trainer.task_stream(len(run.tasks), run.cfg.seed, it * 2, 2)]
-        rcfg = copy.copy(run.cfg.rollout)
-        rcfg.seed = derive_seed(run.cfg.seed, it, prime=trainer.ITERATION_PRIME)
-        ref = RolloutEngine(run.engines["policy"], rcfg).run(tasks, group_prefix=f"i{it}-")
+        seed = derive_seed(run.cfg.seed, it, prime=trainer.ITERATION_PRIME)
+        engine = RolloutEngine(run.engines["policy"], run.cfg.rollout)
+        ref = engine.run(tasks, group_prefix=f"i{it}-", group_size=run.cfg.group_size, seed=seed)
         before.extend(t.to_dict() for t in ref)
         return trajs
 

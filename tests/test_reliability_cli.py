@@ -25,7 +25,7 @@ TINY = [
     "--set",
     "progress=false",
     "--set",
-    "rollout.group_size=1",
+    "group_size=1",
 ]
 
 
@@ -94,8 +94,8 @@ def test_cli_errors_are_one_line_with_exit_code_2(tmp_path):
 @pytest.mark.parametrize(
     "argv,words",
     [
-        (["train", "--set", "rollout.group_size=abc"], ["RolloutConfig.group_size", "'abc'"]),
-        (["train", "--set", "rollout.group_size=[2]"], ["RolloutConfig.group_size", "expected int"]),
+        (["train", "--set", "group_size=abc"], ["TrainConfig.group_size", "'abc'"]),
+        (["train", "--set", "group_size=[2]"], ["TrainConfig.group_size", "expected int"]),
         (["train", "--set", "lr=-1"], ["lr > 0"]),
         (["train", "--set", "variant=magic"], ["unknown variant 'magic'", "envace", "real_env"]),
         (["train", "--set", "reward=nosuch"], ["unknown reward 'nosuch'", "gold_f1"]),

@@ -82,7 +82,7 @@ def _args(out: Path) -> list[str]:
         "batch_tasks": 1,
         "save_every": 2,
         "keep_checkpoints": 2,
-        "rollout.group_size": 2,
+        "group_size": 2,
         "rollout.max_steps": 2,
         "rollout.act.max_new_tokens": 8,
         "rollout.rehearse.max_new_tokens": 8,
@@ -236,7 +236,6 @@ def _first_of_group(task, traj, ctx):
 
 def _cfg(out: Path, variant: str = "envace") -> TrainConfig:
     rc = RolloutConfig(
-        group_size=2,
         max_steps=2,
         act=SamplingParams(max_new_tokens=12),
         rehearse=SamplingParams(max_new_tokens=12, stop=["</observation>"]),
@@ -249,6 +248,7 @@ def _cfg(out: Path, variant: str = "envace") -> TrainConfig:
         batch_tasks=1,
         n_train_tasks=4,
         lr=1e-3,
+        group_size=2,
         rollout=rc,
         out_dir=str(out),
         tensorboard=False,

@@ -198,9 +198,9 @@ def test_measurement_finds_gold_f1_rewards_invented_facts_and_reply_facts_does_n
     tasks = _read_only_bank_tasks(4)
     honest = {tasks[0].id, tasks[1].id}
     be = ScriptedBackend(tokenizer, _policy(tasks, honest))
-    cfg = RolloutConfig(mode="rehearsal", group_size=2, max_steps=4, shadow=True)
+    cfg = RolloutConfig(max_steps=4)
     rep, recs, trajs = measure_reward_agreement(
-        be, tasks, ["gold_f1", "reply_facts", "gold_f1*reply_facts", "checklist"], cfg, resamples=100
+        be, tasks, ["gold_f1", "reply_facts", "gold_f1*reply_facts", "checklist"], cfg, resamples=100, group_size=2
     )
     assert [r.real_success for r in recs] == [t.task_id in honest for t in trajs]  # invented facts fail in the world
     assert all(len(s.shadow) == len(s.calls) for t in trajs for s in t.steps)
@@ -214,11 +214,11 @@ def test_measurement_finds_gold_f1_rewards_invented_facts_and_reply_facts_does_n
     assert set(rep["kinds"]) == {"read_only_report"}
 
 
-def test_shadow_rollouts_refuse_a_rollout_without_the_real_outcome(tokenizer):
+def test_shadow_rollouts_always_record_the_real_outcome_and_refuse_another_mode(tokenizer):
     be = ScriptedBackend(tokenizer, lambda p: "hi")
-    with pytest.raises(ValueError, match="shadow=True"):
-        shadow_rollouts(be, [], RolloutConfig(mode="rehearsal", shadow=False))
-    with pytest.raises(ValueError, match="shadow=True"):
+    (t,) = shadow_rollouts(be, _read_only_bank_tasks(1), RolloutConfig(max_steps=1), group_size=1)
+    assert t.mode == "rehearsal" and t.env_outcome is not None  # the shadow environment ran (engine shadow=True)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="shadow=True"):
         shadow_rollouts(be, [], RolloutConfig(mode="real", shadow=True))
 
 

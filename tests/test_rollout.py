@@ -62,13 +62,14 @@ def gold_policy(tasks):
     return respond
 
 
-def cfg(mode="rehearsal", **kw):
-    return RolloutConfig(mode=mode, group_size=2, max_steps=6, **kw)
+def cfg(**kw):
+    """How these tests unroll (K=2 and the mode are the engine's and run's arguments)."""
+    return RolloutConfig(max_steps=6, **kw)
 
 
 def test_rehearsal_rows_are_role_tagged_and_never_touch_the_real_env(tokenizer, bank_tasks):
     be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
-    trajs = RolloutEngine(be, cfg()).run(bank_tasks)
+    trajs = RolloutEngine(be, cfg()).run(bank_tasks, group_size=2)
     assert len(trajs) == 8
     assert REAL_CALLS == []  # the firewall: no real call while rehearsing
     for tr in trajs:
@@ -81,7 +82,7 @@ def test_rehearsal_rows_are_role_tagged_and_never_touch_the_real_env(tokenizer, 
 
 def test_each_role_sees_what_the_method_says(tokenizer, bank_tasks):
     be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
-    tr = RolloutEngine(be, cfg()).run(bank_tasks[:1])[0]
+    tr = RolloutEngine(be, cfg()).run(bank_tasks[:1], group_size=2)[0]
     task = bank_tasks[0]
     act0, reh0, act1 = (tokenizer.decode(r.prompt_ids) for r in tr.rows[:3])
     # Act: system prompt with tool schemas, the user turn; no simulator instructions
@@ -101,7 +102,7 @@ def test_each_role_sees_what_the_method_says(tokenizer, bank_tasks):
 
 def test_real_mode_observations_equal_the_environment_and_have_no_rehearse_rows(tokenizer, bank_tasks):
     be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
-    trajs = RolloutEngine(be, cfg("real")).run(bank_tasks)
+    trajs = RolloutEngine(be, cfg(), mode="real").run(bank_tasks, group_size=2)
     for tr in trajs:
         task = next(t for t in bank_tasks if t.id == tr.task_id)
         assert {r.role for r in tr.rows} == {"act"}
@@ -113,7 +114,7 @@ def test_real_mode_observations_equal_the_environment_and_have_no_rehearse_rows(
 
 def test_shadow_records_the_real_observation_without_showing_it(tokenizer, bank_tasks):
     be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
-    tr = RolloutEngine(be, cfg(shadow=True)).run(bank_tasks[:1])[0]
+    tr = RolloutEngine(be, cfg(), shadow=True).run(bank_tasks[:1], group_size=2)[0]
     task = bank_tasks[0]
     real = ENVS.get("bank")(task).call(task.flat_gold()[0])
     assert tr.steps[0].shadow == [real] and tr.steps[0].observations == [{"rehearsed": True}]
@@ -127,7 +128,7 @@ def _cache_run(tokenizer, task, call):
             return '<observation>{"rehearsed": true}</observation>'
         return render_act([call]) if "<|im_start|>tool" not in prompt else "ok"
 
-    return RolloutEngine(ScriptedBackend(tokenizer, respond), cfg(reference_cache=True)).run([task])[0]
+    return RolloutEngine(ScriptedBackend(tokenizer, respond), cfg(reference_cache=True)).run([task], group_size=2)[0]
 
 
 def test_reference_cache_hits_are_answered_from_the_record_and_counted(tokenizer, bank_tasks):
@@ -151,12 +152,12 @@ def test_a_record_of_another_tasks_world_is_not_a_cache_hit(tokenizer, bank_task
 
 def test_parse_errors_and_truncation_are_counted_not_silent(tokenizer, bank_tasks):
     be = ScriptedBackend(tokenizer, lambda p: '<tool_call>{"name": broken</tool_call>')
-    tr = RolloutEngine(be, RolloutConfig(group_size=1, max_steps=3, max_steps_per_turn=5)).run(bank_tasks[:1])[0]
+    tr = RolloutEngine(be, RolloutConfig(max_steps=3, max_steps_per_turn=5)).run(bank_tasks[:1], group_size=1)[0]
     assert tr.counters["act/parse_errors"] == 3
     assert tr.truncated == "max_steps" and tr.counters["truncated/max_steps"] == 1
     assert tr.steps[0].observations[0]["error"]["kind"] == "bad_format"
     assert tr.steps[0].sources == ["validation"]
-    tr2 = RolloutEngine(be, RolloutConfig(group_size=1, max_steps=9, max_steps_per_turn=2)).run(bank_tasks[:1])[0]
+    tr2 = RolloutEngine(be, RolloutConfig(max_steps=9, max_steps_per_turn=2)).run(bank_tasks[:1], group_size=1)[0]
     assert tr2.truncated == "max_steps_per_turn"
 
 
@@ -164,7 +165,7 @@ def test_validation_in_code_answers_unknown_tools_without_rehearse(tokenizer, ba
     be = ScriptedBackend(
         tokenizer, lambda p: render_act([ToolCall("launch_rocket", {})]) if "<|im_start|>tool" not in p else "no"
     )
-    tr = RolloutEngine(be, cfg(validate_in_code=True)).run(bank_tasks[:1])[0]
+    tr = RolloutEngine(be, cfg(validate_in_code=True)).run(bank_tasks[:1], group_size=2)[0]
     assert tr.steps[0].observations[0]["error"]["kind"] == "unknown_tool"
     assert {r.role for r in tr.rows} == {"act"} and tr.counters["rehearse/validation_errors"] >= 1
 
@@ -173,7 +174,7 @@ def test_multi_turn_tasks_get_the_next_user_turn_after_a_text_reply(tokenizer):
     tasks = [t for t in load_tasks("bank", "train", n=60) if len(t.user_turns) >= 2][:1]
     assert tasks, "the bank suite should have multi-turn tasks"
     be = ScriptedBackend(tokenizer, lambda p: "Sure.")
-    tr = RolloutEngine(be, cfg("real")).run(tasks)[0]
+    tr = RolloutEngine(be, cfg(), mode="real").run(tasks, group_size=2)[0]
     assert [m.content for m in tr.messages if m.role == "user"] == tasks[0].user_turns
     assert tr.truncated is None and tr.counters["act/replies"] == len(tasks[0].user_turns)
 
@@ -181,9 +182,9 @@ def test_multi_turn_tasks_get_the_next_user_turn_after_a_text_reply(tokenizer):
 def test_per_role_and_simulator_modes_route_rehearse_to_the_other_backend(tokenizer, bank_tasks):
     act = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
     other = ScriptedBackend(tokenizer, lambda p: '<observation>{"other": 1}</observation>')
-    tr = RolloutEngine(act, cfg("per_role"), rehearser=other).run(bank_tasks[:1])[0]
+    tr = RolloutEngine(act, cfg(), mode="per_role", rehearser=other).run(bank_tasks[:1], group_size=2)[0]
     assert tr.steps[0].observations == [{"other": 1}] and [r.role for r in tr.rows][:2] == ["act", "rehearse"]
-    tr = RolloutEngine(act, cfg("simulator"), simulator=other).run(bank_tasks[:1])[0]
+    tr = RolloutEngine(act, cfg(), mode="simulator", simulator=other).run(bank_tasks[:1], group_size=2)[0]
     assert tr.steps[0].observations == [{"other": 1}] and tr.steps[0].sources == ["simulator"]
     assert {r.role for r in tr.rows} == {"act"}
     assert REAL_CALLS == []
@@ -197,14 +198,12 @@ def test_unknown_mode_lists_the_valid_ones():
 def test_tiny_model_rehearsal_batch_is_deterministic_and_round_trips_as_jsonl(tiny, bank_tasks, tmp_path):
     model, tok = tiny
     c = RolloutConfig(
-        group_size=4,
         max_steps=2,
-        seed=7,
         act=SamplingParams(max_new_tokens=12),
         rehearse=SamplingParams(max_new_tokens=12, stop=["</observation>"]),
     )
-    a = RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:2])
-    b = RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:2])
+    a = RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:2], group_size=4, seed=7)
+    b = RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:2], group_size=4, seed=7)
     assert [r.completion_ids for t in a for r in t.rows] == [r.completion_ids for t in b for r in t.rows]
     for t in a:
         for r in t.rows:
@@ -266,15 +265,13 @@ def test_continuous_batching_unrolls_the_same_trajectories_as_lockstep(tiny, mod
     runs = {}
     for schedule in ("lockstep", "continuous"):
         c = RolloutConfig(
-            mode=mode,
             schedule=schedule,
-            group_size=2,
             max_steps=6,
             act=greedy,
             rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]),
         )
         be = _GoldActHF(model, tok, tasks)
-        runs[schedule] = (RolloutEngine(be, c).run(tasks), be.lockstep_calls)
+        runs[schedule] = (RolloutEngine(be, c, mode=mode).run(tasks, group_size=2), be.lockstep_calls)
     (lock, lock_calls), (cont, cont_calls) = runs["lockstep"], runs["continuous"]
     assert sum(len(t.steps) for t in cont) > 2 * len(cont)  # several steps each, with observations
     for a, b in zip(lock, cont):
@@ -315,15 +312,9 @@ def test_a_finished_trajectorys_kept_contexts_are_dropped_while_the_others_run(t
     model, tok = tiny
     tasks = load_tasks("builtin", "train", n=4, seed=3)
     greedy = SamplingParams(temperature=0, max_new_tokens=48)
-    c = RolloutConfig(
-        mode=mode,
-        group_size=2,
-        max_steps=6,
-        act=greedy,
-        rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]),
-    )
+    c = RolloutConfig(max_steps=6, act=greedy, rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]))
     be = _KeptGoldHF(model, tok, tasks)
-    trajs = RolloutEngine(be, c).run(tasks)
+    trajs = RolloutEngine(be, c, mode=mode).run(tasks, group_size=2)
     steps = sorted(len(t.steps) for t in trajs)
     assert steps[0] < steps[-1]  # some end while others still run
     assert len(be.done) == len(trajs) and be.stale == []
@@ -380,9 +371,7 @@ def test_a_rehearse_context_over_the_limit_is_never_generated_from_and_is_counte
     task = load_tasks("builtin", "train", n=4, seed=3)[0]
     greedy = SamplingParams(temperature=0, max_new_tokens=48)
     base = RolloutConfig(
-        mode="rehearsal",
         schedule=schedule,
-        group_size=2,
         max_steps=4,
         act=greedy,
         rehearse=greedy.with_(max_new_tokens=10, stop=["</observation>"]),
@@ -395,10 +384,14 @@ def test_a_rehearse_context_over_the_limit_is_never_generated_from_and_is_counte
 
     def run(limit):
         be, other = _SeenGoldHF(model, tok, [task]), _SeenHF(model, tok)
-        c = dataclasses.replace(base, mode=mode, max_context_tokens=limit)
+        c = dataclasses.replace(base, max_context_tokens=limit)
         trajs = RolloutEngine(
-            be, c, rehearser=other if mode == "per_role" else None, simulator=other if mode == "simulator" else None
-        ).run([task])
+            be,
+            c,
+            rehearser=other if mode == "per_role" else None,
+            simulator=other if mode == "simulator" else None,
+            mode=mode,
+        ).run([task], group_size=2)
         rehearse_gens = [n for s, n in be.seen if s is None or not s.endswith("/act")] + [n for _, n in other.seen]
         return trajs, rehearse_gens
 
@@ -425,6 +418,52 @@ def test_a_rehearse_context_over_the_limit_is_never_generated_from_and_is_counte
 
 def test_an_act_context_over_the_limit_ends_the_trajectory_before_acting(tokenizer, bank_tasks):
     be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
-    tr = RolloutEngine(be, cfg(max_context_tokens=64)).run(bank_tasks[:1])[0]
+    tr = RolloutEngine(be, cfg(max_context_tokens=64)).run(bank_tasks[:1], group_size=2)[0]
     assert tr.truncated == "context:act" and tr.counters["context/act"] == 1 and tr.counters["truncated/context"] == 1
     assert tr.steps == [] and tr.rows == [] and be.prompts == []
+
+
+# ------------------------------------------- per-call arguments: mode / shadow of the engine, K / seed of run
+
+
+@pytest.mark.parametrize(
+    "per_call", [dict(mode="real"), dict(shadow=True), dict(mode="per_role"), dict(group_size=3), dict(seed=9)]
+)
+def test_the_deprecated_rollout_config_fields_warn_and_unroll_as_the_arguments_do(tokenizer, bank_tasks, per_call):
+    """One version: a per-call field set on RolloutConfig warns (DeprecationWarning) and still applies, giving the
+    trajectories the engine's / run's argument gives."""
+    engine_kw = {k: v for k, v in per_call.items() if k in ("mode", "shadow")}
+    run_kw = {k: v for k, v in per_call.items() if k in ("group_size", "seed")}
+    helper = {"rehearser": ScriptedBackend(tokenizer, gold_policy(bank_tasks))} if "mode" in per_call else {}
+    with pytest.warns(DeprecationWarning, match=next(iter(per_call))):
+        old_cfg = RolloutConfig(max_steps=6, **per_call)
+    old = RolloutEngine(ScriptedBackend(tokenizer, gold_policy(bank_tasks)), old_cfg, **helper).run(bank_tasks[:2])
+    REAL_CALLS.clear()
+    new_be = ScriptedBackend(tokenizer, gold_policy(bank_tasks))
+    new = RolloutEngine(new_be, cfg(), **helper, **engine_kw).run(bank_tasks[:2], **run_kw)
+    assert [t.to_dict() for t in new] == [t.to_dict() for t in old] and new
+
+
+def test_the_arguments_win_over_the_deprecated_fields_and_the_config_is_never_changed(tokenizer, bank_tasks):
+    with pytest.warns(DeprecationWarning):
+        c = RolloutConfig(max_steps=6, mode="real", group_size=3, seed=4)
+    before = dataclasses.asdict(c)
+    engine = RolloutEngine(ScriptedBackend(tokenizer, gold_policy(bank_tasks)), c, mode="rehearsal", shadow=False)
+    trajs = engine.run(bank_tasks[:2], group_size=1, seed=5)
+    assert len(trajs) == 2 and {t.mode for t in trajs} == {"rehearsal"} and REAL_CALLS == []
+    assert engine.seed == 5 and dataclasses.asdict(c) == before
+    assert len(engine.run(bank_tasks[:1])) == 3 and engine.seed == 4  # None: the config's (deprecated) values
+
+
+def test_the_default_config_does_not_warn_and_run_seeds_the_sampling(tiny, bank_tasks):
+    import warnings
+
+    model, tok = tiny
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        c = RolloutConfig(max_steps=2, act=SamplingParams(max_new_tokens=8), rehearse=SamplingParams(max_new_tokens=8))
+    engine = RolloutEngine(HFBackend(model, tok), c)
+    a, b = (engine.run(bank_tasks[:1], group_size=2, seed=s) for s in (1, 2))
+    ids = lambda ts: [r.completion_ids for t in ts for r in t.rows]  # noqa: E731
+    assert len(a) == 2 and ids(a) != ids(b)
+    assert ids(RolloutEngine(HFBackend(model, tok), c).run(bank_tasks[:1], group_size=2, seed=1)) == ids(a)

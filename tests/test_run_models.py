@@ -19,7 +19,6 @@ from envace.training.trainer import train
 
 def _train(out_dir, **kw):
     rc = RolloutConfig(
-        group_size=2,
         max_steps=2,
         act=SamplingParams(max_new_tokens=8),
         rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
@@ -30,6 +29,7 @@ def _train(out_dir, **kw):
         iterations=1,
         batch_tasks=1,
         lr=1e-3,
+        group_size=2,
         rollout=rc,
         out_dir=str(out_dir),
         tensorboard=False,
@@ -241,7 +241,7 @@ def test_train_starts_from_a_lora_run(runs, tmp_path):
         "suite=bank",
         "iterations=1",
         "batch_tasks=1",
-        "rollout.group_size=2",
+        "group_size=2",
         "rollout.max_steps=2",
         "rollout.act.max_new_tokens=8",
         "rollout.rehearse.max_new_tokens=8",

@@ -3,6 +3,8 @@ and primes keep the streams apart."""
 
 import itertools
 
+import pytest
+
 from envace.core.seeding import SEED_MODULUS, derive_seed
 from envace.training.trainer import ITERATION_PRIME
 from envace.evaluation.tts import ATTEMPT_PRIME, PRIVATE_SALT, TTSConfig
@@ -31,9 +33,12 @@ def test_a_huge_or_negative_base_stays_a_valid_seed_congruent_to_the_old_value()
 
 def test_the_attempt_seeds_of_test_time_rehearsal_are_the_old_ones_and_never_the_final_runs():
     for seed in SEEDS:
-        cfg = TTSConfig(n=2, rollout=RolloutConfig(group_size=1, seed=seed))
-        assert [cfg.attempt_rollout(1, a).seed for a in range(3)] == [(seed + 1) * 7919 + a for a in range(3)]
-        assert cfg.final_rollout().seed == seed and seed not in [cfg.attempt_rollout(1, a).seed for a in range(3)]
+        cfg = TTSConfig(n=2, seed=seed)
+        assert [cfg.attempt_seed(a) for a in range(3)] == [(seed + 1) * 7919 + a for a in range(3)]
+        assert cfg.run_seed == seed and seed not in [cfg.attempt_seed(a) for a in range(3)]
+        with pytest.warns(DeprecationWarning, match="seed"):  # the old spelling, one version: RolloutConfig.seed
+            old = TTSConfig(n=2, rollout=RolloutConfig(seed=seed + 1))
+        assert old.run_seed == seed + 1 and old.attempt_seed(0) == (seed + 2) * 7919
 
 
 def test_nearby_bases_and_salts_do_not_collide():

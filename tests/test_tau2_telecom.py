@@ -19,7 +19,7 @@ from envace.training.trainer import rows_with_advantages
 from envace.core.types import Task, ToolCall, Trajectory, is_error_obs
 from tau2.data_model.message import UserMessage
 
-BIG = dict(group_size=1, max_steps=64, max_steps_per_turn=64, max_context_tokens=1 << 22)
+BIG = dict(max_steps=64, max_steps_per_turn=64, max_context_tokens=1 << 22)
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,9 @@ def run_llm_user(tokenizer, task: Task, replies: list[str], mode: str = "real", 
     """The task's gold agent (GoldTeacher) against an LLM user played by ``replies``."""
     user = ChatScript(replies, default=kw.pop("default", None))
     user.tokenizer = kw.pop("user_tokenizer", None)  # the user model's (its tool format); None: hermes
-    cfg = RolloutConfig(mode=mode, user="llm", **BIG)
-    (traj,) = RolloutEngine(GoldTeacher(tokenizer, [task]), cfg, user_backend=user).run([task], group_prefix="t")
+    cfg = RolloutConfig(user="llm", **BIG)
+    engine = RolloutEngine(GoldTeacher(tokenizer, [task]), cfg, user_backend=user, mode=mode)
+    (traj,) = engine.run([task], group_prefix="t", group_size=1)
     return traj, user
 
 
@@ -180,7 +181,7 @@ def test_invalid_user_calls_are_error_observations_never_exceptions(telecom):
 
 def test_gold_replay_with_the_scripted_users_actions_gets_full_reward(tokenizer, sample):
     assert sum(bool(t.user_actions) for t in sample) >= 3
-    trajs = gold_trajectories(tokenizer, sample, RolloutConfig(mode="real", **BIG))
+    trajs = gold_trajectories(tokenizer, sample, RolloutConfig(**BIG), mode="real")
     failures = [(t.id, tr.env_outcome) for t, tr in zip(sample, trajs) if not tr.env_outcome["success"]]
     assert not failures, failures
     for task, tr in zip(sample, trajs):
@@ -192,7 +193,7 @@ def test_gold_replay_with_the_scripted_users_actions_gets_full_reward(tokenizer,
     bare = [copy.deepcopy(t) for t in sample]
     for t in bare:
         t.user_actions = []
-    trajs = gold_trajectories(tokenizer, bare, RolloutConfig(mode="real", **BIG))
+    trajs = gold_trajectories(tokenizer, bare, RolloutConfig(**BIG), mode="real")
     assert [tr.env_outcome["success"] for tr in trajs] == [not t.user_actions for t in sample]
 
 
@@ -201,7 +202,7 @@ def test_in_rehearsal_user_actions_run_nowhere_and_count_when_scored(tokenizer, 
     envs = []
     real_call = UserSide.call
     monkeypatch.setattr(UserSide, "call", lambda self, call: envs.append(self.env) or real_call(self, call))
-    trajs = gold_trajectories(tokenizer, sample, RolloutConfig(mode="rehearsal", shadow=shadow, **BIG))
+    trajs = gold_trajectories(tokenizer, sample, RolloutConfig(**BIG), shadow=shadow)
     assert envs and all(e is None for e in envs)  # no real environment, not even the shadow copy
     for task, tr in zip(sample, trajs):
         assert all(s.sources == ["unexecuted"] and s.observations == [UNEXECUTED] for s in tr.user_steps)
@@ -212,7 +213,7 @@ def test_in_rehearsal_user_actions_run_nowhere_and_count_when_scored(tokenizer, 
 
 def test_scoring_puts_user_calls_before_the_message_of_their_turn(tokenizer, telecom):
     task = two_toggles(telecom)
-    (tr,) = gold_trajectories(tokenizer, [task], RolloutConfig(mode="real", **BIG))
+    (tr,) = gold_trajectories(tokenizer, [task], RolloutConfig(**BIG), mode="real")
     msgs = t2.tau2_messages(task, tr)
     kinds = [("user-calls" if m.is_tool_call() else "user") if isinstance(m, UserMessage) else m.role for m in msgs]
     assert kinds == ["user", "assistant", "user-calls", "tool", "user-calls", "tool", "user", "assistant"]
@@ -272,11 +273,9 @@ def test_the_llm_user_is_a_config_setting_opened_once_per_process(telecom):
     from envace.rollout.engine import user_backend_for
 
     task = two_toggles(telecom)
-    cfg = RolloutConfig(
-        mode="real", group_size=1, user="llm", user_model="tiny-random", max_steps=2, max_steps_per_turn=1
-    )
+    cfg = RolloutConfig(user="llm", user_model="tiny-random", max_steps=2, max_steps_per_turn=1)
     gold = GoldTeacher(user_backend_for("tiny-random").tokenizer, [task])
-    (tr,) = RolloutEngine(gold, cfg).run([task], group_prefix="t")
+    (tr,) = RolloutEngine(gold, cfg, mode="real").run([task], group_prefix="t", group_size=1)
     assert RolloutEngine(gold, cfg).user_backend is user_backend_for("tiny-random")
     assert tr.counters["user/generations"] >= 1 and tr.user_steps and {r.role for r in tr.rows} <= {"act", "rehearse"}
 
@@ -303,7 +302,7 @@ def test_llm_user_that_only_calls_tools_ends_the_conversation(tokenizer, telecom
     assert [m.content for m in tr.messages if m.role == "user"] == ["Help."]
     assert sum(bool(s.calls) for s in tr.user_steps) == 10  # max_moves generations in the second turn
     with pytest.raises(ValueError, match="user_backend"):
-        RolloutEngine(GoldTeacher(tokenizer, [task]), RolloutConfig(mode="real", user="llm", **BIG)).run([task])
+        RolloutEngine(GoldTeacher(tokenizer, [task]), RolloutConfig(user="llm", **BIG), mode="real").run([task])
 
 
 def test_the_llm_user_s_default_tool_format_is_hermes_word_for_word(telecom):

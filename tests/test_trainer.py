@@ -156,7 +156,6 @@ def test_a_step_with_nothing_to_learn_updates_nothing_and_says_so(tiny):
 
 def _tiny_cfg(tmp_path, variant, **kw):
     rc = RolloutConfig(
-        group_size=2,
         max_steps=2,
         act=SamplingParams(max_new_tokens=8),
         rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
@@ -168,6 +167,7 @@ def _tiny_cfg(tmp_path, variant, **kw):
         iterations=1,
         batch_tasks=1,
         lr=1e-3,
+        group_size=2,
         rollout=rc,
         out_dir=str(tmp_path / variant),
         tensorboard=False,
@@ -388,9 +388,9 @@ def test_lora_and_pooled_baseline_and_kl_are_config_values(tmp_path):
 
 def test_config_loads_from_yaml_with_cli_overrides_and_rejects_unknown_fields(tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text("variant: real_env\nrollout:\n  group_size: 3\n  act: {temperature: 0.7}\n")
+    p.write_text("variant: real_env\ngroup_size: 3\nrollout:\n  act: {temperature: 0.7}\n")
     cfg = load_config(TrainConfig, str(p), ["lr=1e-5", "rollout.max_steps=3"])
-    assert cfg.variant == "real_env" and cfg.rollout.mode == "real" and cfg.rollout.group_size == 3
+    assert cfg.variant == "real_env" and cfg.group_size == 3
     assert cfg.rollout.act.temperature == 0.7 and cfg.lr == 1e-5 and cfg.rollout.max_steps == 3
     assert load_config(TrainConfig, None, ["rollout_bf16=true"]).rollout_bf16 is True
     with pytest.raises(ValueError, match="unknown TrainConfig field"):
@@ -417,7 +417,7 @@ def test_killed_training_resumes_from_the_last_checkpoint_without_gaps(tmp_path)
         "--set",
         "save_every=1",
         "--set",
-        "rollout.group_size=2",
+        "group_size=2",
         "--set",
         "rollout.max_steps=2",
         "--set",

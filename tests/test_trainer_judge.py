@@ -27,7 +27,6 @@ def judge_server(tmp_path_factory):
 
 def _cfg(out, **kw):
     rc = RolloutConfig(
-        group_size=2,
         max_steps=2,
         act=SamplingParams(max_new_tokens=8),
         rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
@@ -39,6 +38,7 @@ def _cfg(out, **kw):
         batch_tasks=2,
         n_train_tasks=4,
         lr=1e-3,
+        group_size=2,
         rollout=rc,
         out_dir=str(out),
         tensorboard=False,

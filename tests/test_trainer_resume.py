@@ -37,7 +37,6 @@ def moving_reward(monkeypatch):
 
 def _cfg(out, reward="gold_f1", **kw):
     rc = RolloutConfig(
-        group_size=2,
         max_steps=2,
         act=SamplingParams(max_new_tokens=8),
         rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
@@ -49,6 +48,7 @@ def _cfg(out, reward="gold_f1", **kw):
         batch_tasks=1,
         n_train_tasks=4,
         lr=1e-3,
+        group_size=2,
         rollout=rc,
         out_dir=str(out),
         tensorboard=False,
@@ -139,7 +139,6 @@ def test_a_rerun_with_another_config_is_refused_naming_the_fields_unless_forced(
             _cfg(
                 out,
                 rollout=RolloutConfig(
-                    group_size=2,
                     max_steps=2,
                     act=SamplingParams(max_new_tokens=9),
                     rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
@@ -177,9 +176,9 @@ def test_config_diff_names_nested_fields_and_compares_saved_json(tmp_path):
     a = to_dict(_cfg(tmp_path))
     saved = json.loads(json.dumps(a, default=str))  # tuples became lists
     assert config_diff(saved, a) == []
-    b = to_dict(_cfg(tmp_path / "elsewhere", lr=0.5, iterations=9, rollout=RolloutConfig(group_size=3)))
+    b = to_dict(_cfg(tmp_path / "elsewhere", lr=0.5, iterations=9, group_size=3))
     names = [n for n, _, _ in config_diff(saved, b, ignore=RESUMABLE_FIELDS)]
-    assert "lr" in names and "rollout.group_size" in names and "iterations" not in names and "out_dir" not in names
+    assert "lr" in names and "group_size" in names and "iterations" not in names and "out_dir" not in names
     assert ("x", "<absent>", 1) in config_diff({}, {"x": 1})
 
 
@@ -191,7 +190,7 @@ def test_cli_train_prints_a_one_line_error_for_a_changed_config(tmp_path):
         "iterations": 1,
         "batch_tasks": 1,
         "n_train_tasks": 4,
-        "rollout.group_size": 2,
+        "group_size": 2,
         "rollout.max_steps": 2,
         "rollout.act.max_new_tokens": 8,
         "rollout.rehearse.max_new_tokens": 8,
@@ -242,12 +241,11 @@ def test_an_extended_run_goes_on_with_new_tasks_as_a_fresh_run_of_that_length(tm
     extended to two, trains on 80 different tasks, those of a fresh two-iteration run (the pool used to be sized by
     ``iterations``, max(64, iterations x batch_tasks), so the extension reshuffled it and re-trained seen tasks)."""
     rc = RolloutConfig(
-        group_size=1,
         max_steps=1,
         act=SamplingParams(max_new_tokens=2),
         rehearse=SamplingParams(max_new_tokens=2, stop=["</observation>"]),
     )
-    kw = dict(batch_tasks=40, n_train_tasks=None, rollout=rc)
+    kw = dict(batch_tasks=40, n_train_tasks=None, group_size=1, rollout=rc)
     train(_cfg(tmp_path / "extended", iterations=1, **kw))
     train(_cfg(tmp_path / "extended", iterations=2, **kw))
     train(_cfg(tmp_path / "fresh", iterations=2, **kw))

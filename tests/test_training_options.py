@@ -25,7 +25,6 @@ ONE = Dist()
 
 def _cfg(tmp_path, name, **kw):
     rc = RolloutConfig(
-        group_size=2,
         max_steps=2,
         act=SamplingParams(max_new_tokens=8),
         rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
@@ -38,6 +37,7 @@ def _cfg(tmp_path, name, **kw):
         batch_tasks=2,
         n_train_tasks=6,
         lr=1e-3,
+        group_size=2,
         rollout=rc,
         out_dir=str(tmp_path / name),
         tensorboard=False,
@@ -237,8 +237,8 @@ def test_the_observation_loss_adds_alpha_times_the_token_mean_nll_of_observation
 
 def _real_gold_runs(tokenizer, tasks):
     """The gold calls played in the real environment (mode real): trajectories with real observations."""
-    cfg = RolloutConfig(mode="real", group_size=1, max_steps=12, max_steps_per_turn=8, max_context_tokens=1 << 20)
-    return RolloutEngine(GoldTeacher(tokenizer, tasks), cfg).run(tasks, group_prefix="real")
+    cfg = RolloutConfig(max_steps=12, max_steps_per_turn=8, max_context_tokens=1 << 20)
+    return RolloutEngine(GoldTeacher(tokenizer, tasks), cfg, mode="real").run(tasks, group_prefix="real", group_size=1)
 
 
 def test_a_replayed_real_trajectory_gives_the_rehearse_rows_sft_trains_on(tokenizer):

@@ -95,7 +95,7 @@ def scripted(tasks, memory_text="Remember: call the gold tool first.", reflectio
 
 
 def tcfg(**kw):
-    base = dict(n=2, rollout=RolloutConfig(group_size=1, max_steps=4, seed=3))
+    base = dict(n=2, seed=3, rollout=RolloutConfig(max_steps=4))
     return TTSConfig(**{**base, **kw})
 
 
@@ -211,10 +211,10 @@ def test_the_execution_count_catches_a_final_run_that_happens_twice_or_is_replay
 
 def test_zero_budget_equals_plain_acting(tiny, tasks):
     model, tok = tiny
-    rc = RolloutConfig(group_size=1, max_steps=2, seed=11, act=SamplingParams(temperature=1.0, max_new_tokens=8))
-    rec = run_tts(HFBackend(model, tok), tasks[:2], TTSConfig(n=0, rollout=rc))
-    plain = RolloutEngine(HFBackend(model, tok), dataclasses.replace(rc, mode="real")).run(tasks[:2])
-    ev = evaluate(HFBackend(model, tok), tasks[:2], samples=1, rollout=rc)
+    rc = RolloutConfig(max_steps=2, act=SamplingParams(temperature=1.0, max_new_tokens=8))
+    rec = run_tts(HFBackend(model, tok), tasks[:2], TTSConfig(n=0, rollout=rc, seed=11))
+    plain = RolloutEngine(HFBackend(model, tok), rc, mode="real").run(tasks[:2], group_size=1, seed=11)
+    ev = evaluate(HFBackend(model, tok), tasks[:2], samples=1, rollout=rc, seed=11)
     for r, p, e in zip(rec, plain, ev.trajectories):
         assert r.attempts == [] and r.memory == "" and r.memory_source == "none" and r.memory_row is None
         assert "Notes from private rehearsal" not in r.final.messages[0].content

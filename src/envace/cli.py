@@ -3,7 +3,7 @@
     envace --version                 prints `envace <version>`
     envace demo                      SFT warm-up -> EnvACE training -> before/after evaluation (embedded defaults)
     envace sft   [--config F] [--set key=value ...]
-    envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set rollout.group_size=4
+    envace train [--config F] [--set key=value ...]     e.g. --set variant=real_env --set group_size=4
     envace eval  --model M --suite S [--split test] [-n 20] [--samples K] [--tts-n N --tts-mode parallel|sequential]
                  [--backend hf|http|vllm] [--out F]
     envace compare A.json B.json [--json]   paired comparison of two saved eval results on the same tasks
@@ -90,20 +90,12 @@ def _reward_spec(text: str) -> Any:
 
 
 def cmd_eval(cfg: Any) -> int:
-    from .backends.base import SamplingParams
     from .config import to_dict
     from .evaluation.budget import evaluate_model
     from .evaluation.trials import save_result
     from .evaluation.tts import TTSConfig, save_records
-    from .rollout.engine import RolloutConfig, rehearse_sampling
 
     check_outputs({"--out": cfg.out, "--tts-records": cfg.tts_records})  # before the evaluation, not after it
-    rc = RolloutConfig(
-        **cfg.chat_io(),
-        max_steps=cfg.max_steps,
-        act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=cfg.max_new_tokens),
-        rehearse=rehearse_sampling(cfg.max_new_tokens),
-    )
     res = evaluate_model(
         cfg.model,
         cfg.suite,
@@ -113,7 +105,7 @@ def cmd_eval(cfg: Any) -> int:
         cfg.seed,
         tts_n=cfg.tts_n,
         tts_mode=cfg.tts_mode,
-        rollout=rc,
+        rollout=cfg.rollout,
         temperature=cfg.temperature,
         tts=TTSConfig(memory=cfg.tts_memory),
         bf16=cfg.bf16,
@@ -159,29 +151,16 @@ def _helpers(cfg: Any) -> dict[str, Any]:
 
 
 def cmd_fidelity(cfg: Any) -> int:
-    from .backends.base import SamplingParams
     from .backends.loaders import open_backend
     from .envs import load_tasks
     from .evaluation.fidelity import measure_fidelity
-    from .rollout.engine import RolloutConfig, format_trajectory, rehearse_sampling
+    from .rollout.engine import format_trajectory
 
     check_outputs({"--out": cfg.out})
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)  # a bad suite fails before a model loads
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
     extra = _helpers(cfg)
-    rc = RolloutConfig(
-        **cfg.chat_io(),
-        mode=cfg.mode,
-        group_size=cfg.k,
-        max_steps=cfg.max_steps,
-        seed=cfg.seed,
-        validate_in_code=cfg.validate_in_code,
-        reference_cache=cfg.reference_cache,
-        progress=True,
-        act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens),
-        rehearse=rehearse_sampling(cfg.max_new_tokens),
-    )
-    res = measure_fidelity(policy, tasks, rc, **extra)
+    res = measure_fidelity(policy, tasks, cfg.rollout, **extra, mode=cfg.mode, group_size=cfg.k, seed=cfg.seed)
     for t in res.trajectories[: cfg.show]:
         print(format_trajectory(t) + "\n")
     print(f"rehearsal fidelity of {cfg.model} ({cfg.mode}) on {len(tasks)} {cfg.suite}/{cfg.split} tasks x {cfg.k}:")
@@ -203,28 +182,17 @@ def cmd_experiment(cfg: Any) -> int:
 
 
 def cmd_rollout(cfg: Any) -> int:
-    from .backends.base import SamplingParams
     from .backends.loaders import open_backend
     from .envs import load_tasks
-    from .rollout.engine import RolloutConfig, RolloutEngine, format_trajectory, rehearse_sampling
+    from .rollout.engine import RolloutEngine, format_trajectory
     from .core.types import write_jsonl
 
     check_outputs({"--out": cfg.out})
     tasks = load_tasks(cfg.suite, cfg.split, n=cfg.n, seed=cfg.seed)  # a bad suite fails before a model loads
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
-    rc = RolloutConfig(
-        **cfg.chat_io(),
-        mode=cfg.mode,
-        group_size=cfg.k,
-        max_steps=cfg.max_steps,
-        seed=cfg.seed,
-        shadow=cfg.shadow,
-        progress=True,
-        act=SamplingParams(temperature=1.0, max_new_tokens=cfg.max_new_tokens),
-        rehearse=rehearse_sampling(cfg.max_new_tokens),
-    )
     t0 = time.perf_counter()
-    trajs = RolloutEngine(policy, rc, **_helpers(cfg)).run(tasks)
+    engine = RolloutEngine(policy, cfg.rollout, **_helpers(cfg), mode=cfg.mode, shadow=cfg.shadow)
+    trajs = engine.run(tasks, group_size=cfg.k, seed=cfg.seed)
     dt = time.perf_counter() - t0
     if os.path.exists(cfg.out):
         os.remove(cfg.out)
@@ -288,22 +256,12 @@ def cmd_rehearse(cfg: Any) -> int:
     from .backends.base import SamplingParams
     from .backends.loaders import open_backend
     from .envs import task_at
-    from .rollout.engine import RolloutConfig, rehearse_sampling
     from .evaluation.budget import run_tts
     from .evaluation.tts import TTSConfig, format_record
 
     task = task_at(cfg.suite, cfg.split, cfg.index)  # the suite's own order; past its end: an error before the model
     policy = open_backend(cfg.model, cfg.backend, cfg.backend_options)
-    gen = SamplingParams(temperature=cfg.temperature, top_p=1.0, max_new_tokens=cfg.max_new_tokens)
-    rc = RolloutConfig(
-        **cfg.chat_io(),
-        mode="rehearsal",
-        group_size=1,
-        max_steps=cfg.max_steps,
-        seed=cfg.seed,
-        act=gen,
-        rehearse=rehearse_sampling(cfg.max_new_tokens),
-    )
+    gen = cfg.rollout.act  # the attempts' Act; reflections sample it at T=0.7, the real run greedily
     tts = TTSConfig(
         n=cfg.n,
         mode=cfg.mode,
@@ -311,7 +269,8 @@ def cmd_rehearse(cfg: Any) -> int:
         memory_max_tokens=cfg.memory_max_tokens,
         reflect_sampling=gen.with_(temperature=0.7),
         memory_sampling=SamplingParams(temperature=0.0, max_new_tokens=cfg.memory_max_tokens),
-        rollout=rc,
+        rollout=cfg.rollout,
+        seed=cfg.seed,
         final_act=gen.with_(temperature=0.0),
     )
     rec = run_tts(policy, [task], tts)[0]
@@ -507,7 +466,7 @@ def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> arg
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config field (dotted for nested: rollout.group_size=4; "
+        help="override a config field (dotted for nested: rollout.max_steps=6; "
         "repeatable); wins over the file and the flags",
     )
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
@@ -532,7 +491,9 @@ FLAGS: dict[str, str] = {
 """Configured command -> the fields of its config that have a flag of their own, in ``--help``'s order. Each flag is
 ``--set FIELD=VALUE`` in short, spelled from its field (``--max-new-tokens`` for max_new_tokens, ``-n`` for n) and
 parsed by its field's type (:data:`FLAG_KINDS`); :data:`FLAG_EXTRAS` lists what else a few of them have. A new
-shorthand is a field name here, not a new argument."""
+shorthand is a field name here, not a new argument. A name of the config's ``FLAT_ROLLOUT`` (``max_steps``,
+``max_new_tokens``, ...: envace.config.FLAT_ROLLOUT_KEYS) is the shorthand of the nested fields it sets
+(``--max-new-tokens`` is ``--set rollout.act.max_new_tokens=... --set rollout.rehearse.max_new_tokens=...``)."""
 
 FLAG_EXTRAS: dict[str, dict[str, Any]] = {
     "eval.model": dict(help=SERVED_MODEL_HELP),
@@ -586,26 +547,57 @@ def _add_flags(p: argparse.ArgumentParser, command: str, cls: type) -> None:
     command is parsed: tests/test_cli_configs.py parses each)."""
     import dataclasses
 
+    from .config import FLAT_ROLLOUT_KEYS
+
     types = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    flat = getattr(cls, "FLAT_ROLLOUT", ())
+    sets = {k: [k] for k in types} | {k: [f"rollout.{p}" for p in FLAT_ROLLOUT_KEYS[k]] for k in flat if k not in types}
+    types |= {k: _nested_type(cls, sets[k][0]) for k in flat if k not in types}
     for field in FLAGS.get(command, "").split():
         if field not in types:
-            raise ValueError(f"FLAGS[{command!r}]: {cls.__name__} has no field {field!r}; fields: {', '.join(types)}")
+            raise ValueError(
+                f"FLAGS[{command!r}]: {cls.__name__} has no field {field!r}; fields: {', '.join(types)}"
+                + (f" (rollout shorthands: {', '.join(flat)})" if flat else "")
+            )
         if types[field] not in FLAG_KINDS:
             raise ValueError(
                 f"{cls.__name__}.{field}: no flag parses a {types[field]!r}; valid: {', '.join(FLAG_KINDS)}"
             )
         kw = {**FLAG_KINDS[types[field]], **FLAG_EXTRAS.get(f"{command}.{field}", {})}
         names = kw.pop("flags", flag_names(field))
-        kw.setdefault("help", f"same as --set {field}=" + ("true" if kw.get("action") == "store_true" else "..."))
+        value = "true" if kw.get("action") == "store_true" else "..."
+        kw.setdefault("help", "same as " + " ".join(f"--set {name}={value}" for name in sets[field]))
         p.add_argument(*names, dest=field, default=argparse.SUPPRESS, **kw)
+
+
+def _nested_type(cls: type, path: str) -> str:
+    """The type annotation (as written) of the dotted field ``path`` of the config dataclass ``cls``."""
+    import dataclasses
+    import typing
+
+    head, _, rest = path.partition(".")
+    if not rest:
+        return str(next(f.type for f in dataclasses.fields(cls) if f.name == head))
+    return _nested_type(typing.get_type_hints(cls)[head], rest)
 
 
 def command_config(args: argparse.Namespace) -> Any:
     """The config of a configured command: defaults < ``--config`` file < shorthand flags < ``--set``."""
-    from .config import load_config
+    import dataclasses
 
-    flags = {k: v for k, v in vars(args).items() if k not in _CONTROL}
-    return load_config(config_class(args.config_class), args.config, args.overrides, flags)
+    from .config import FLAT_ROLLOUT_KEYS, load_config
+
+    cls = config_class(args.config_class)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    flags: dict[str, Any] = {}
+    for k, v in vars(args).items():
+        if k in _CONTROL:
+            continue
+        if k in fields or k not in FLAT_ROLLOUT_KEYS:
+            flags[k] = v
+        else:  # a shorthand of nested rollout fields (--max-new-tokens: both roles' budgets)
+            flags |= {f"rollout.{path}": v for path in FLAT_ROLLOUT_KEYS[k]}
+    return load_config(cls, args.config, args.overrides, flags)
 
 
 def build_parser() -> argparse.ArgumentParser:

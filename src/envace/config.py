@@ -3,33 +3,54 @@
 Every method variant of METHOD.md is one value of :attr:`TrainConfig.variant` (see
 :data:`envace.rollout.variants.VARIANTS`, importable from here too);
 the baseline estimator is :attr:`TrainConfig.advantage` (``rolewise`` | ``rolewise_std`` | ``pooled`` | ...).
+The generic codec (``from_dict``, ``to_dict``, ``config_diff``, ``config_help``, ...) is envace.core.config's,
+re-exported here; this module keeps the fields and :func:`load_config`.
 """
 
 from __future__ import annotations
 
-import ast
-import dataclasses
-import inspect
+import copy
+import functools
 import json
 import os
-import re
-import textwrap
-import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
 
 from .backends.base import SamplingParams
 from .backends.loaders import LOADERS
 from .chat.prompts import THINKING_HISTORY
 from .chat.records import CONTENT, SYSTEM, TARGETS
+from .core.config import (  # noqa: F401 - the generic codec, re-exported here (where it was defined before)
+    _coerce,
+    _laid_over,
+    _replaced,
+    _type_ok,
+    _yaml,
+    apply_overrides,
+    check_minimums,
+    config_diff,
+    config_fields,
+    config_help,
+    config_yaml,
+    describe_diff,
+    field_docs,
+    first_sentence,
+    from_dict,
+    set_dotted,
+    to_dict,
+    with_defaults,
+)
 from .core.logging import report_sinks
 from .core.precision import bf16_setting
 from .rewards.functions import DEFAULT_REWARD, JUDGE_MAX_NEW_TOKENS
-from .rollout.engine import RolloutConfig
+from .rollout.engine import PER_CALL_DEFAULTS, RolloutConfig, rehearse_sampling
 from .rollout.variants import VARIANTS
+
+K_DEFAULT = PER_CALL_DEFAULTS["group_size"]
+"""K's default (``TrainConfig.group_size``, and the deprecated ``RolloutConfig.group_size``)."""
 
 
 RESUME_POLICIES = ("auto", "force", "never")
@@ -91,6 +112,9 @@ class TrainConfig:
     """Training iterations (one batch of B tasks x K trajectories each)."""
     batch_tasks: int = 4
     """B: tasks per iteration."""
+    group_size: int = 4
+    """K: trajectories per task, one GRPO group (``rollout.group_size`` before: still read, one version, with a
+    DeprecationWarning)."""
     lr: float = 1e-6
     """AdamW learning rate, both roles (reference: 1e-6 for Qwen3-8B; small models need more)."""
     weight_decay: float = 0.0
@@ -177,13 +201,18 @@ class TrainConfig:
     def __post_init__(self) -> None:
         from .math.algos import ADVANTAGES, AGGREGATIONS
 
-        v = VARIANTS.get(self.variant)
+        VARIANTS.get(self.variant)
         ADVANTAGES.get(self.advantage)
         AGGREGATIONS.get(self.loss_agg)
+        given = {} if self.group_size == K_DEFAULT else {"group_size": self.group_size}
         if isinstance(self.rollout, dict):
-            self.rollout = from_dict(RolloutConfig, self.rollout)
-        self.rollout.mode = v.mode  # derived: the variant decides the rollout mode
-        self.rollout.__post_init__()
+            d = train_config_dict({"rollout": self.rollout, **given})
+            self.group_size, self.rollout = d.get("group_size", self.group_size), from_dict(RolloutConfig, d["rollout"])
+        elif (self.rollout.group_size, self.rollout.mode) != (K_DEFAULT, "rehearsal"):  # deprecated fields (warned)
+            old = train_config_dict({"rollout": {"group_size": self.rollout.group_size}, **given}, warn=False)
+            self.group_size = old.get("group_size", self.group_size)
+            self.rollout = copy.copy(self.rollout)  # (the caller's own stays as it was)
+            self.rollout.group_size, self.rollout.mode = K_DEFAULT, "rehearsal"  # the trainer gives the variant's
         self.bf16 = bf16_setting(self.bf16, "TrainConfig.bf16")
         self.report_to = report_to_setting(self.report_to, "TrainConfig.report_to")
         self.task_kinds = task_kinds_setting(self.task_kinds, "TrainConfig.task_kinds")
@@ -191,6 +220,7 @@ class TrainConfig:
             self.rollout_bf16 = bf16_setting(self.rollout_bf16, "TrainConfig.rollout_bf16")
         if self.iterations < 0 or self.batch_tasks < 1 or self.lr <= 0:
             raise ValueError("iterations >= 0, batch_tasks >= 1 and lr > 0 are required")
+        check_minimums(self, group_size=1)
         if self.update_epochs < 1 or self.mini_batches < 1:
             raise ValueError(
                 "TrainConfig: update_epochs >= 1 and mini_batches >= 1 are "
@@ -209,7 +239,7 @@ class TrainConfig:
             raise ValueError(
                 f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}"
             )
-        real_share_setting(self.real_share, self.variant, self.rollout.group_size)
+        real_share_setting(self.real_share, self.variant, self.group_size)
 
     @property
     def train_roles(self) -> tuple[str, ...]:
@@ -293,40 +323,97 @@ class SFTConfig:
         return report_sinks(self.report_to, self.tensorboard)
 
 
+CHAT_IO = ("chat_format", "tool_format", "native_tools", "thinking", "thinking_history", "user", "user_model")
+"""How the policy's chats and tool calls are written and who plays the user: the ``RolloutConfig`` fields the
+command configs took flat (``ChatIO``) before they nested one ``rollout`` (issue 30)."""
+
+FLAT_ROLLOUT_KEYS: dict[str, tuple[str, ...]] = {
+    **{k: (k,) for k in CHAT_IO},
+    "max_steps": ("max_steps",),
+    "max_new_tokens": ("act.max_new_tokens", "rehearse.max_new_tokens"),
+    "validate_in_code": ("validate_in_code",),
+    "reference_cache": ("reference_cache",),
+    "temperature": ("act.temperature",),
+}
+"""A key the command configs (eval, fidelity, rollout, rehearse) took flat before they nested one ``rollout:
+RolloutConfig`` (issue 30) -> where it is now, under ``rollout.`` (``max_new_tokens`` sets both roles' budgets).
+Each config reads the keys of its ``FLAT_ROLLOUT`` one version, with a DeprecationWarning; their shorthand flags
+(``--max-steps``, ``--max-new-tokens``, ...) set the nested fields and do not warn."""
+
+
+def flat_rollout_keys(*keys: str) -> Any:
+    """Class decorator of a command config with a ``rollout`` field: it still takes the flat keys ``keys`` (of
+    :data:`FLAT_ROLLOUT_KEYS`) as keywords, one version, with a DeprecationWarning, setting the nested fields; a
+    YAML file or ``--set`` with them is read the same way (:func:`moved_flat_keys`)."""
+
+    def decorate(cls: type) -> type:
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def __init__(self: Any, *args: Any, **kw: Any) -> None:
+            flat = {k: kw.pop(k) for k in keys if k in kw}
+            init(self, *args, **kw)
+            if flat:
+                _warn_flat(cls, flat, stacklevel=3)
+                for k, v in flat.items():
+                    for path in FLAT_ROLLOUT_KEYS[k]:
+                        self.rollout = _replaced(self.rollout, path, v)
+                type(self).__post_init__(self)
+
+        cls.__init__ = __init__  # type: ignore[method-assign]
+        cls.FLAT_ROLLOUT = keys  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+def _warn_flat(cls: type, flat: typing.Iterable[str], stacklevel: int = 4) -> None:
+    moved = ", ".join(f"{k} -> " + " and ".join(f"rollout.{p}" for p in FLAT_ROLLOUT_KEYS[k]) for k in flat)
+    warnings.warn(
+        f"{cls.__name__}: these keys are now under rollout ({moved}); the flat ones are read for one version",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def moved_flat_keys(cls: type, d: dict[str, Any], warn: bool = True) -> dict[str, Any]:
+    """A mapping of ``cls``'s fields with the flat keys of its ``FLAT_ROLLOUT`` moved under ``rollout`` (with a
+    DeprecationWarning, ``warn``); the mapping as it is for a config without them."""
+    flat = [k for k in getattr(cls, "FLAT_ROLLOUT", ()) if k in d]
+    if not flat:
+        return d
+    if warn:
+        _warn_flat(cls, flat)
+    d = dict(d)
+    for k in flat:
+        value = d.pop(k)
+        for path in FLAT_ROLLOUT_KEYS[k]:
+            set_dotted(d, f"rollout.{path}", value)
+    return d
+
+
+def _check_token_budgets(cfg: Any) -> None:
+    for role in ("act", "rehearse"):
+        n = getattr(cfg.rollout, role).max_new_tokens
+        if n < 1:
+            raise ValueError(f"{type(cfg).__name__}.rollout.{role}.max_new_tokens: bad value {n!r}: at least 1")
+
+
+def _command_rollout(max_steps: int = 8, max_new_tokens: int = 160, progress: bool = False) -> Any:
+    """The default ``rollout`` of a command config: ``max_steps`` Act generations, ``max_new_tokens`` per
+    generation of either role (Act at T=1, Rehearse with its own sampling: envace.rollout.engine.rehearse_sampling),
+    a progress bar where ``progress``."""
+    return lambda: RolloutConfig(
+        max_steps=max_steps,
+        act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens),
+        rehearse=rehearse_sampling(max_new_tokens),
+        progress=progress,
+    )
+
+
+@flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens")
 @dataclass
-class ChatIO:
-    """How the policy's chats and tool calls are written, and who plays the user: the ``RolloutConfig`` fields of
-    the same names, for the commands that build their rollout config themselves (eval, fidelity, rollout,
-    rehearse); train and the experiment take them under ``rollout.``."""
-
-    chat_format: str | None = None
-    """envace.chat.prompts.CHAT_FORMATS: ``chatml`` or ``template`` (the tokenizer's own chat template, verified; a
-    template that fails falls back to ChatML with a notice); None: chatml for ChatML vocabularies, else template."""
-    tool_format: str | None = None
-    """envace.chat.parsing.TOOL_FORMATS: ``hermes``, ``llama3_json``, ``mistral``; None: the one the template hints
-    at."""
-    native_tools: bool = True
-    """With the ``template`` chat format, the tools as the chat template renders ``tools=`` where it writes them in
-    its system turn, else (with a notice) envace's text list; False: envace's text list."""
-    thinking: bool | None = None
-    """Reasoning models' thinking (Qwen3's ``enable_thinking``); None: the template's default."""
-    thinking_history: str | None = None
-    """``keep`` or ``strip`` the thinking of Act's turns before the last user message
-    (``RolloutConfig.thinking_history``); None: as the chat template does (strip where it drops earlier thinking, as
-    Qwen3's)."""
-    user: str = "scripted"
-    """User simulator (envace.envs.USERS): ``scripted`` (the task's recorded turns and user actions) or ``llm``."""
-    user_model: str | None = None
-    """The model playing the ``llm`` user: a model name or folder, or a served model's http(s)://.../v1 URL."""
-
-    def chat_io(self) -> dict[str, Any]:
-        """These fields, as RolloutConfig keyword arguments."""
-        fields = ("chat_format", "tool_format", "native_tools", "thinking", "thinking_history", "user", "user_model")
-        return {f: getattr(self, f) for f in fields}
-
-
-@dataclass
-class EvalConfig(ChatIO):
+class EvalConfig:
     """``envace eval``: a model in the real environment, optionally after private test-time rehearsal
     (envace.evaluation.budget.evaluate_model)."""
 
@@ -359,11 +446,13 @@ class EvalConfig(ChatIO):
     """With tts_n > 0: write one JSON line per task here (attempts, reflections, memory as Act saw it, the real
     run; envace.evaluation.tts.save_records, without token ids)."""
     temperature: float | None = None
-    """Act temperature of the real trials (None: 0 for one sample, else 0.7)."""
-    max_steps: int = 8
-    """Act generations per trajectory."""
-    max_new_tokens: int = 160
-    """Most tokens of one generation."""
+    """Act temperature of the real trials (None: 0 for one sample, else 0.7); ``rollout.act``'s is the rehearsal
+    attempts'."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout())
+    """How trajectories are unrolled (envace.rollout.engine.RolloutConfig): limits (``max_steps``, ...), each
+    role's sampling (``act``, ``rehearse``), chat and tool formats, thinking, the user simulator (``user``,
+    ``user_model``), the schedule; ``--max-steps`` and ``--max-new-tokens`` set ``max_steps`` and both roles'
+    ``max_new_tokens``. Keys given are laid over this command's defaults."""
     seed: int = 0
     """Seed of the task sample and of the sampling."""
     bf16: bool | str = False
@@ -377,11 +466,13 @@ class EvalConfig(ChatIO):
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)  # an unknown name lists the valid ones
         self.bf16 = bf16_setting(self.bf16, "EvalConfig.bf16")
-        check_minimums(self, n=1, samples=1, tts_n=0, max_steps=1, max_new_tokens=1)
+        check_minimums(self, n=1, samples=1, tts_n=0)
+        _check_token_budgets(self)
 
 
+@flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens", "validate_in_code", "reference_cache")
 @dataclass
-class FidelityConfig(ChatIO):
+class FidelityConfig:
     """``envace fidelity``: rehearsed vs real observations on shadow rollouts
     (envace.evaluation.fidelity.measure_fidelity)."""
 
@@ -407,14 +498,12 @@ class FidelityConfig(ChatIO):
     """per_role: the Rehearse model (None: the checkpoint's rehearser/); an http(s) URL is a served model."""
     simulator: str | None = None
     """simulator: the frozen simulator model (None: ``model``); an http(s) URL is a served model."""
-    validate_in_code: bool = False
-    """Answer unknown-tool / schema errors by code instead of asking Rehearse."""
-    reference_cache: bool = False
-    """Answer a call identical to a recorded reference call from the record."""
-    max_steps: int = 8
-    """Act generations per trajectory."""
-    max_new_tokens: int = 160
-    """Most tokens of one generation."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout(progress=True))
+    """How trajectories are unrolled (envace.rollout.engine.RolloutConfig): limits (``max_steps``, ...), each
+    role's sampling (``act``, ``rehearse``), ``validate_in_code`` and ``reference_cache`` (answers without
+    Rehearse), chat and tool formats, thinking, the user simulator, the schedule; ``--max-steps`` and
+    ``--max-new-tokens`` set ``max_steps`` and both roles' ``max_new_tokens``. Keys given are laid over this
+    command's defaults."""
     seed: int = 0
     """Seed of the task sample and of the rollouts."""
     show: int = 0
@@ -424,11 +513,13 @@ class FidelityConfig(ChatIO):
 
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)
-        check_minimums(self, n=1, k=1, max_steps=1, max_new_tokens=1, show=0)
+        check_minimums(self, n=1, k=1, show=0)
+        _check_token_budgets(self)
 
 
+@flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens")
 @dataclass
-class RolloutBatchConfig(ChatIO):
+class RolloutBatchConfig:
     """``envace rollout``: one batch of rollouts written as JSON lines (the engine's own settings are
     :class:`~envace.rollout.engine.RolloutConfig`)."""
 
@@ -453,10 +544,11 @@ class RolloutBatchConfig(ChatIO):
     """Tasks."""
     k: int = 4
     """Trajectories per task."""
-    max_steps: int = 4
-    """Act generations per trajectory."""
-    max_new_tokens: int = 96
-    """Most tokens of one generation."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout(max_steps=4, max_new_tokens=96, progress=True))
+    """How trajectories are unrolled (envace.rollout.engine.RolloutConfig): limits (``max_steps``, ...), each
+    role's sampling (``act``, ``rehearse``), chat and tool formats, thinking, the user simulator (``user``,
+    ``user_model``), the schedule; ``--max-steps`` and ``--max-new-tokens`` set ``max_steps`` and both roles'
+    ``max_new_tokens``. Keys given are laid over this command's defaults."""
     shadow: bool = False
     """Also run each rehearsed call in a real environment copy and record its observation."""
     seed: int = 0
@@ -468,11 +560,13 @@ class RolloutBatchConfig(ChatIO):
 
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)
-        check_minimums(self, n=1, k=1, max_steps=1, max_new_tokens=1, show=0)
+        check_minimums(self, n=1, k=1, show=0)
+        _check_token_budgets(self)
 
 
+@flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens", "temperature")
 @dataclass
-class RehearseConfig(ChatIO):
+class RehearseConfig:
     """``envace rehearse``: test-time scaling on one task: N private attempts and reflections, a memory, one real
     run (envace.evaluation.budget.run_tts)."""
 
@@ -498,12 +592,12 @@ class RehearseConfig(ChatIO):
     """Memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | model | concat (as ``EvalConfig.tts_memory``)."""
     memory_max_tokens: int = 256
     """Most tokens of the memory."""
-    max_steps: int = 6
-    """Act generations per trajectory."""
-    max_new_tokens: int = 128
-    """Most tokens of one generation."""
-    temperature: float = 1.0
-    """Act sampling temperature of the attempts (the real run is greedy)."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout(max_steps=6, max_new_tokens=128))
+    """How trajectories are unrolled (envace.rollout.engine.RolloutConfig): limits (``max_steps``, ...), each
+    role's sampling (``act``: the attempts' Act, at ``act.temperature``, ``--temperature``; the real run is
+    greedy; reflections sample ``act`` at T=0.7), chat and tool formats, thinking, the user simulator, the
+    schedule; ``--max-steps`` and ``--max-new-tokens`` set ``max_steps`` and both roles' ``max_new_tokens``. Keys
+    given are laid over this command's defaults."""
     seed: int = 0
     """Seed of the sampling (the task is chosen by ``index`` alone)."""
     out: str | None = None
@@ -511,6 +605,7 @@ class RehearseConfig(ChatIO):
 
     def __post_init__(self) -> None:
         LOADERS.get(self.backend)
+        _check_token_budgets(self)
 
 
 @dataclass
@@ -616,12 +711,33 @@ class ExportConfig:
 MAX_PORT = 65535
 
 
-def check_minimums(cfg: Any, **least: int) -> None:
-    """Raise ``ValueError`` naming the first field of ``cfg`` below its least value (``n=1``: at least one task)."""
-    for name, low in least.items():
-        value = getattr(cfg, name)
-        if value < low:
-            raise ValueError(f"{type(cfg).__name__}.{name}: bad value {value!r}: at least {low}")
+def train_config_dict(d: dict[str, Any], warn: bool = True) -> dict[str, Any]:
+    """A TrainConfig mapping (a YAML file with its overrides, a saved ``config.json``) in this version's keys:
+    ``rollout.group_size`` (the key before ``group_size`` moved to the top level) moved there, with a
+    DeprecationWarning (``warn``) where it is not the default; ``rollout.mode`` dropped (the variant decides the
+    mode, as it always did: saved configs hold the variant's). A top-level ``group_size`` that differs from a
+    non-default ``rollout.group_size`` is an error."""
+    r = d.get("rollout")
+    if not isinstance(r, dict) or not {"group_size", "mode"} & set(r):
+        return d
+    r = dict(r)
+    r.pop("mode", None)
+    k = r.pop("group_size", K_DEFAULT)
+    out = {**d, "rollout": r}
+    if k == K_DEFAULT:
+        return out
+    if warn:
+        warnings.warn(
+            "TrainConfig: rollout.group_size is now group_size (top level); the old key is read for one version",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    if d.get("group_size", k) != k:
+        raise ValueError(
+            f"TrainConfig: group_size={d['group_size']!r} and the deprecated rollout.group_size={k!r} differ; "
+            "give group_size only"
+        )
+    return out | {"group_size": k}
 
 
 def report_to_setting(value: Any, where: str) -> tuple[str, ...]:
@@ -650,7 +766,7 @@ def real_share_setting(share: float, variant: str, group_size: int) -> int:
     m = round(share * group_size)
     if share > 0 and m == 0:
         raise ValueError(
-            f"TrainConfig.real_share={share} gives round({share} * rollout.group_size={group_size}) = 0 real "
+            f"TrainConfig.real_share={share} gives round({share} * group_size={group_size}) = 0 real "
             f"trajectories per group; use real_share >= 1/{group_size} or 0"
         )
     return m
@@ -671,141 +787,14 @@ def task_kinds_setting(value: Any, where: str) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(kinds))
 
 
-def _coerce(tp: Any, value: Any) -> Any:
-    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        return from_dict(tp, value)
-    origin = typing.get_origin(tp)
-    if tp in (int, float, str) and isinstance(value, str):
-        return tp(value)
-    if tp is bool and isinstance(value, str):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"not a boolean: {value!r}")
-    if tp is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # --set model=123 is the name "123"
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if isinstance(value, str) and value.lower() in ("none", "null"):
-            return None
-        if len(args) == 1:
-            return _coerce(args[0], value)
-    if origin in (tuple, list) and isinstance(value, str):
-        return tuple(x for x in value.split(",") if x) if origin is tuple else [x for x in value.split(",") if x]
-    if tp is float and isinstance(value, int):
-        return float(value)
-    return value
-
-
-def from_dict(cls: type, d: dict[str, Any]) -> Any:
-    """Build a config dataclass from a dict; unknown keys are an error that lists the valid ones."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - names
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; valid: {sorted(names)}")
-    values = {}
-    for k, v in d.items():
-        try:
-            values[k] = _coerce(hints[k], v)
-        except (TypeError, ValueError) as e:  # name the field: "invalid literal for int()" alone says too little
-            raise ValueError(f"{cls.__name__}.{k}: bad value {v!r}: {e}") from None
-        if not _type_ok(hints[k], values[k]):
-            raise ValueError(f"{cls.__name__}.{k}: bad value {v!r}: expected {getattr(hints[k], '__name__', hints[k])}")
-    return cls(**values)
-
-
-def _type_ok(tp: Any, value: Any) -> bool:
-    """Whether a value fits a plain field type (int, float, bool, str, optional); other types pass here."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return any(_type_ok(a, value) for a in typing.get_args(tp))
-    if tp is type(None):
-        return value is None
-    if tp is bool:
-        return isinstance(value, bool)
-    if tp in (int, float):
-        return isinstance(value, (int, float) if tp is float else int) and not isinstance(value, bool)
-    if tp is str:
-        return isinstance(value, str)
-    return True
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-def config_diff(
-    old: dict[str, Any], new: dict[str, Any], ignore: typing.Collection[str] = ()
-) -> list[tuple[str, Any, Any]]:
-    """The fields in which two config dicts (:func:`to_dict`, or its JSON as saved) differ: ``(dotted name, old,
-    new)``, nested configs compared field by field, values compared as JSON (a tuple equals the list it was saved
-    as). A field absent on one side is ``"<absent>"`` there. ``ignore`` holds dotted names to leave out."""
-    old, new = (json.loads(json.dumps(d, default=str)) for d in (old, new))
-    out: list[tuple[str, Any, Any]] = []
-
-    def walk(a: Any, b: Any, prefix: str) -> None:
-        for k in sorted(set(a) | set(b), key=str):
-            name = f"{prefix}{k}"
-            if name in ignore:
-                continue
-            x, y = a.get(k, "<absent>"), b.get(k, "<absent>")
-            if isinstance(x, dict) and isinstance(y, dict):
-                walk(x, y, name + ".")
-            elif x != y:
-                out.append((name, x, y))
-
-    walk(old, new, "")
-    return out
-
-
-def with_defaults(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``saved`` with the fields it lacks (nested ones too) filled from ``defaults``: a config saved before a setting
-    existed is compared as if it had that setting's default (which keeps the behaviour it had)."""
-    out = dict(defaults) | saved
-    for k, v in defaults.items():
-        if isinstance(v, dict) and isinstance(saved.get(k), dict) and v:
-            out[k] = with_defaults(saved[k], v)
-    return out
-
-
-def describe_diff(diff: list[tuple[str, Any, Any]], limit: int = 60) -> str:
-    """``name: old -> new`` for each difference, on one line (long values cut to ``limit`` characters)."""
-    cut = lambda v: r if len(r := repr(v)) <= limit else r[: limit - 3] + "..."  # noqa: E731
-    return "; ".join(f"{name}: {cut(a)} -> {cut(b)}" for name, a, b in diff)
-
-
-def apply_overrides(d: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``key=value`` overrides (dotted keys reach nested configs; values are parsed as YAML)."""
-    d = dict(d)
-    for ov in overrides:
-        if "=" not in ov:
-            raise ValueError(f"override {ov!r} is not key=value")
-        key, raw = ov.split("=", 1)
-        val = _yaml(raw, f"override {ov!r}")
-        node = d
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node[p] = dict(node.get(p) or {})
-            node = node[p]
-        node[parts[-1]] = val
-    return d
-
-
-def _yaml(text: str, where: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{where}: not valid YAML ({' '.join(str(e).split())})") from None
-
-
 def load_config(
     cls: type, path: str | None = None, overrides: list[str] | None = None, values: dict[str, Any] | None = None
 ) -> Any:
-    """A config from an optional YAML file, then ``values`` (field -> value: the CLI's shorthand flags such as
-    ``-n 20``), then ``key=value`` overrides; each later one wins over the earlier ones, the dataclass defaults
-    fill the rest. An unknown field anywhere is an error that lists the valid ones."""
+    """A config from an optional YAML file, then ``values`` (field -> value, dotted for a nested one: the CLI's
+    shorthand flags such as ``-n 20``), then ``key=value`` overrides; each later one wins over the earlier ones, the
+    dataclass defaults fill the rest. An unknown field anywhere is an error that lists the valid ones. Keys of
+    an older version are read for one version with a DeprecationWarning (:func:`moved_flat_keys`,
+    :func:`train_config_dict`)."""
     d: dict[str, Any] = {}
     if path:
         if os.path.isdir(path):
@@ -814,7 +803,14 @@ def load_config(
             d = _yaml(f.read(), path) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{path}: a config file must hold a mapping")
-    d = apply_overrides({**d, **(values or {})}, overrides or [])
+    d = moved_flat_keys(cls, d)
+    for key, value in (values or {}).items():
+        set_dotted(d, key, value)
+    d = moved_flat_keys(cls, apply_overrides(d, overrides or []))
+    if cls is TrainConfig:
+        d = train_config_dict(d)
+    if hasattr(cls, "FLAT_ROLLOUT") and isinstance(d.get("rollout"), dict):  # over this command's own defaults
+        d["rollout"] = _laid_over(json.loads(json.dumps(to_dict(cls().rollout))), d["rollout"])
     if "rollout" in d and isinstance(d["rollout"], dict):
         r = dict(d["rollout"])
         for k in ("act", "rehearse"):
@@ -822,75 +818,3 @@ def load_config(
                 r[k] = from_dict(SamplingParams, r[k])
         d["rollout"] = from_dict(RolloutConfig, r)
     return from_dict(cls, d)
-
-
-def config_yaml(cfg: Any) -> str:
-    """A config as YAML that :func:`load_config` reads back into an equal config (tuples become lists)."""
-    return yaml.safe_dump(json.loads(json.dumps(to_dict(cfg), default=str)), sort_keys=False, allow_unicode=True)
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (and of its dataclass bases), read from its source (Python
-    keeps none at runtime); fields without one are absent."""
-    docs: dict[str, str] = {}
-    for base in reversed(cls.__mro__[1:]):
-        if dataclasses.is_dataclass(base):
-            docs |= field_docs(base)
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    for node, nxt in zip(body, body[1:]):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(nxt, ast.Expr)
-            and isinstance(nxt.value, ast.Constant)
-            and isinstance(nxt.value.value, str)
-        ):
-            docs[node.target.id] = inspect.cleandoc(nxt.value.value)
-    return docs
-
-
-def first_sentence(doc: str, limit: int = 300) -> str:
-    """The first sentence of a docstring on one line (a period before whitespace and a capital ends it; ``e.g.``
-    does not), cut to ``limit`` characters."""
-    text = " ".join(doc.split("\n\n")[0].split())
-    m = re.search(r"(?<!e\.g)(?<!i\.e)\.(?=\s+[A-Z`(\"])", text)
-    text = text[: m.start() + 1] if m else text
-    return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."
-
-
-def config_fields(cls: type, prefix: str = "", values: Any = None) -> list[tuple[str, Any, str]]:
-    """(dotted name, default, first sentence of its docstring) of each field of a config dataclass; a nested
-    config is listed field by field (``rollout.group_size``) with the defaults it has there (``values``)."""
-    docs = field_docs(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        if values is not None:
-            default = getattr(values, f.name)
-        else:
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            out += config_fields(type(default), f"{prefix}{f.name}.", default)
-        else:
-            out.append((prefix + f.name, default, first_sentence(docs.get(f.name, ""))))
-    return out
-
-
-def config_help(cls: type, width: int = 110) -> str:
-    """The ``--help`` epilog of a command configured by ``cls``: every field with its default and the first
-    sentence of its docstring."""
-    lines = [
-        f"{cls.__name__} fields (defaults < --config F.yaml < shorthand "
-        "flags < --set key=value; --print-config shows the result):"
-    ]
-    for name, default, doc in config_fields(cls):
-        lines.append(f"  {name} = {default!r}")
-        lines += textwrap.wrap(
-            doc,
-            width,
-            initial_indent=" " * 6,
-            subsequent_indent=" " * 6,
-            break_long_words=False,
-            break_on_hyphens=False,
-        )
-    return "\n".join(lines)

@@ -26,9 +26,11 @@ class SamplingParams:
     temperature: float = 1.0
     """0 means greedy."""
     top_p: float = 1.0
+    """Nucleus sampling: only the most likely tokens whose probabilities add up to this are sampled (1.0: off)."""
     top_k: int = 0
     """0 disables top-k."""
     max_new_tokens: int = 256
+    """Most tokens of one generation (one cut there ends with finish_reason ``length``)."""
     stop: list[str] = field(default_factory=list)
     """Generation stops after the first completed occurrence of any of these strings (it is kept in the output)."""
     seed: int | None = None

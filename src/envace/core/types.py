@@ -2,10 +2,11 @@
 
 Everything here is a plain dataclass. All but a backend's :class:`Generation` (made into a :class:`Row` before
 anything is saved) round-trip through JSON (``to_dict`` / ``from_dict``) so that tasks, trajectories and rows can
-be written as JSON lines and read back by a person or a later process. Most get
-both from :class:`JSONable`: one key per field, in field order (so the field order is the JSON key order), nested
-dataclasses by their own ``to_dict`` / ``from_dict`` as the field types say; a missing key takes the field default.
-The few that write another shape (a ``Message`` without calls, an OpenAI tool wrapper) say so in their own methods.
+be written as JSON lines and read back by a person or a later process. Most get both from :class:`JSONable`
+(envace.core.config, with the config codec): one key per field, in field order (so the field order is the JSON key
+order), nested dataclasses by their own ``to_dict`` / ``from_dict`` as the field types say; a missing key takes
+the field default. The few that write another shape (a ``Message`` without calls, an OpenAI tool wrapper) say so
+in their own methods.
 
 Observations are JSON values. An error observation is ``{"error": {"kind": KIND, "message": TEXT}}`` with
 KIND one of :data:`ERROR_KINDS`; the same shape is used by real environments, by the Rehearse role and by
@@ -14,14 +15,12 @@ the parsers, so a rehearsed error can be compared with a real one.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import re
-import types
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
+
+from .config import JSONable, fields_from_dict, fields_to_dict  # noqa: F401 - (defined here before)
 
 # Error kinds shared by parsers, real environments and rehearsed observations.
 ERROR_KINDS: tuple[str, ...] = (
@@ -59,74 +58,6 @@ def is_error_obs(obs: Any) -> bool:
 def dumps(obj: Any) -> str:
     """Canonical compact JSON used everywhere an observation or arguments are shown to a model."""
     return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(", ", ": "))
-
-
-class JSONable:
-    """A dataclass's ``to_dict`` / ``from_dict``, field by field (the module docstring)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return fields_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Any:
-        return fields_from_dict(cls, d)
-
-
-def fields_to_dict(obj: Any, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``obj``'s fields (but ``leave_out``) in field order; a nested dataclass by its ``to_dict``, lists and dicts
-    rebuilt around their items."""
-    return {f.name: _encode(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name not in leave_out}
-
-
-def _encode(v: Any) -> Any:
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return v.to_dict()
-    if isinstance(v, list):
-        return [_encode(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _encode(x) for k, x in v.items()}
-    return v
-
-
-def fields_from_dict(cls: type, d: dict[str, Any], **missing: Any) -> Any:
-    """``cls`` from a :func:`fields_to_dict` dict: each field from its key, decoded by the field's type (a dataclass
-    by its ``from_dict``, a list item by item, an optional one when not None); a key that is absent takes
-    ``missing[name]`` if given, else the field's default (a field without one: KeyError naming it). Keys that are
-    no field are ignored."""
-    values = {}
-    for name, (decode, required) in _decoders(cls).items():
-        if name in d:
-            values[name] = d[name] if decode is None else decode(d[name])
-        elif name in missing:
-            values[name] = missing[name]
-        elif required:
-            raise KeyError(name)
-    return cls(**values)
-
-
-@functools.cache
-def _decoders(cls: type) -> dict[str, tuple[Callable[[Any], Any] | None, bool]]:
-    """Per field of ``cls``: its decoder (:func:`_decoder`) and whether it has no default."""
-    hints = typing.get_type_hints(cls)
-    no_default = (dataclasses.MISSING, dataclasses.MISSING)
-    return {
-        f.name: (_decoder(hints[f.name]), (f.default, f.default_factory) == no_default) for f in dataclasses.fields(cls)
-    }
-
-
-def _decoder(tp: Any) -> Callable[[Any], Any] | None:
-    """How a JSON value becomes a value of type ``tp``; None: as it is."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        inner = _decoder(args[0]) if len(args) == 1 else None
-        return None if inner is None else (lambda v: None if v is None else inner(v))
-    if origin is list:
-        item = _decoder(typing.get_args(tp)[0])
-        return list if item is None else (lambda v: [item(x) for x in v])
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return tp.from_dict  # type: ignore[attr-defined]
-    return None
 
 
 @dataclass

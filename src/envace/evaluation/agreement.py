@@ -353,18 +353,26 @@ def format_report(report: Mapping[str, Any]) -> str:
 
 
 def shadow_rollouts(
-    policy: Backend, tasks: list[Task], rollout_cfg: RolloutConfig, batch_tasks: int = 8
+    policy: Backend,
+    tasks: list[Task],
+    rollout_cfg: RolloutConfig,
+    batch_tasks: int = 8,
+    *,
+    group_size: int | None = None,
+    seed: int | None = None,
 ) -> list[Trajectory]:
     """Rehearsal rollouts with the shadow environment on (the policy's own Rehearse), ``batch_tasks`` tasks per
-    engine run (bounds the KV caches held at once)."""
-    if rollout_cfg.mode != "rehearsal" or not rollout_cfg.shadow:
+    engine run (bounds the KV caches held at once); ``group_size`` per task from ``seed`` (None: the deprecated
+    fields of ``rollout_cfg``). A ``rollout_cfg`` that still sets the deprecated ``mode`` to another mode than
+    rehearsal is an error."""
+    if rollout_cfg.mode != "rehearsal":
         raise ValueError(
             "reward agreement needs rehearsal rollouts with shadow=True (the real outcome of imagined trajectories)"
         )
-    engine = RolloutEngine(policy, rollout_cfg)
+    engine = RolloutEngine(policy, rollout_cfg, mode="rehearsal", shadow=True)
     out: list[Trajectory] = []
     for i in range(0, len(tasks), batch_tasks):
-        out += engine.run(tasks[i : i + batch_tasks], group_prefix=f"b{i}-")
+        out += engine.run(tasks[i : i + batch_tasks], group_prefix=f"b{i}-", group_size=group_size, seed=seed)
     return out
 
 
@@ -378,8 +386,12 @@ def measure_reward_agreement(
     baseline: str | None = DEFAULT_BASELINE,
     resamples: int = 1000,
     seed: int = 0,
+    *,
+    group_size: int | None = None,
+    rollout_seed: int | None = None,
 ) -> tuple[dict[str, Any], list[Record], list[Trajectory]]:
-    """Shadow rollouts of ``tasks``, every spec scored on each imagined trajectory, and :func:`agreement_report`."""
-    trajs = shadow_rollouts(policy, tasks, rollout_cfg, batch_tasks)
+    """Shadow rollouts of ``tasks`` (``group_size`` each, sampled from ``rollout_seed``: :func:`shadow_rollouts`),
+    every spec scored on each imagined trajectory, and :func:`agreement_report` (bootstrap seeded ``seed``)."""
+    trajs = shadow_rollouts(policy, tasks, rollout_cfg, batch_tasks, group_size=group_size, seed=rollout_seed)
     records = score_records(tasks, trajs, specs, ctx)
     return agreement_report(records, specs, baseline, resamples, seed), records, trajs

@@ -34,6 +34,7 @@ def evaluate_at_budget(
     mode: str = "parallel",
     tts: TTSConfig | None = None,
     tts_options: dict[str, Any] | None = None,
+    seed: int | None = None,
 ) -> EvalResult:
     """:func:`envace.evaluation.trials.evaluate` after private test-time rehearsal with budget ``n`` (METHOD.md section
     3).
@@ -42,19 +43,20 @@ def evaluate_at_budget(
     sampling, final Act, caps; default ``TTSConfig()``) at ``n``, ``mode`` and ``rollout`` in rehearsal mode: the
     attempts are self-rehearsed (no real call), then each task runs ``samples`` times for real with the rehearsal
     memory. The result's metrics gain ``tts/...`` keys and ``gen_tokens_per_task`` counts rehearsal tokens too.
-    ``tts_options`` (a dict of TTSConfig fields) is the old spelling, kept one version with a warning."""
+    ``tts_options`` (a dict of TTSConfig fields) is the old spelling, kept one version with a warning. ``seed``
+    seeds the run (None: ``tts.seed``, else the deprecated ``rollout.seed``)."""
     rollout = rollout or RolloutConfig()
     tts = _tts_config(tts, tts_options)
     if n < 0:
         raise ValueError(f"rehearsal budget n must be >= 0, got {n}")
     if n == 0:
-        res = evaluate(policy, tasks, samples=samples, rollout=rollout)
+        res = evaluate(policy, tasks, samples=samples, rollout=rollout, seed=seed if seed is not None else tts.seed)
         res.metrics["tts/n"] = 0.0
         res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples
         return res
-    tcfg = dataclasses.replace(
-        tts, n=n, mode=mode, rollout=dataclasses.replace(rollout, mode="rehearsal", shadow=False)
-    )
+    if (rollout.mode, rollout.shadow) != ("rehearsal", False):  # (deprecated fields: the attempts never run the world)
+        rollout = dataclasses.replace(rollout, mode="rehearsal", shadow=False)
+    tcfg = dataclasses.replace(tts, n=n, mode=mode, rollout=rollout, seed=seed if seed is not None else tts.seed)
     res = evaluate_with_tts(policy, tasks, tcfg, samples=samples)
     res.metrics["gen_tokens_per_task"] = res.metrics["act_tokens_per_traj"] * samples + res.metrics.get(
         "tts/rehearsal_tokens_per_task", 0.0
@@ -85,7 +87,7 @@ def evaluate_with_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig, sample
     The metrics are :func:`envace.evaluation.trials.evaluate`'s (success_rate, pass^k, call_f1, ...) plus ``tts/…``
     ones; ``records`` holds one RehearsalRecord per task, whose ``final`` is the task's first real run (all runs
     are in ``trajectories``)."""
-    return evaluate(Rehearsing(policy, cfg), tasks, samples=samples, rollout=cfg.final_rollout())
+    return evaluate(Rehearsing(policy, cfg), tasks, samples=samples, rollout=cfg.final_rollout(), seed=cfg.run_seed)
 
 
 def run_tts(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[RehearsalRecord]:
@@ -126,14 +128,16 @@ def evaluate_model(
     policy = open_backend(model, backend, backend_options, bf16=bf16)
     base = rollout or RolloutConfig(act=SamplingParams(max_new_tokens=160))
     final_act = base.act.with_(temperature=(0.0 if samples == 1 else 0.7) if temperature is None else temperature)
-    rc = dataclasses.replace(base, seed=seed, progress=progress)
+    rc = dataclasses.replace(base, progress=progress)
     if tts_n == 0:
-        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act))
+        res = evaluate_at_budget(
+            policy, tasks, samples=samples, rollout=dataclasses.replace(rc, act=final_act), seed=seed
+        )
     else:
         tts = _tts_config(tts, tts_options)
         if tts.final_act is None:  # act greedily (one sample) unless the config says how
             tts = dataclasses.replace(tts, final_act=final_act)
-        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts=tts)
+        res = evaluate_at_budget(policy, tasks, samples=samples, rollout=rc, n=tts_n, mode=tts_mode, tts=tts, seed=seed)
     res.suite, res.split = suite, split
     res.summary = suite_summary(suite, res.per_task)
     return res

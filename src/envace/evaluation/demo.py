@@ -112,7 +112,8 @@ def demo_train_config(
         iterations=1 if quick else iterations,
         batch_tasks=2 if quick else batch,
         lr=lr,
-        rollout=demo_rollout(group_size=4),
+        group_size=4,
+        rollout=demo_rollout(),
         micro_batch_tokens=4096,
         seed=seed,
         out_dir=out_dir,
@@ -150,7 +151,7 @@ def demo_fidelity(model: str, suite: str, n: int, seed: int = 1) -> dict[str, An
     from .fidelity import measure_fidelity
 
     policy = open_backend(model, "auto", bf16="auto")
-    res = measure_fidelity(policy, load_tasks(suite, "test", n=n), demo_rollout(group_size=1, seed=seed))
+    res = measure_fidelity(policy, load_tasks(suite, "test", n=n), demo_rollout(), group_size=1, seed=seed)
     return res.summary
 
 
@@ -316,7 +317,7 @@ def run_demo(args: Any) -> int:
         f"SFT: {scfg.steps} steps x {scfg.batch_tasks} gold trajectories of "
         + warmup_tasks
         + f" (lr {scfg.lr:g}); EnvACE: {tcfg.iterations} iterations "
-        f"x {tcfg.batch_tasks} tasks x {tcfg.rollout.group_size}"
+        f"x {tcfg.batch_tasks} tasks x {tcfg.group_size}"
         + f" rehearsed trajectories, reward {reward_label(tcfg.reward)}, lr {tcfg.lr:g}"
         + (f"; controls with the same budget: {', '.join(DEMO_CONTROLS[v] for v in controls)}" if controls else ""),
         "",

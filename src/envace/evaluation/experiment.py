@@ -77,7 +77,6 @@ two)."""
 
 def _small_rollout() -> RolloutConfig:
     return RolloutConfig(
-        group_size=4,
         max_steps=6,
         max_steps_per_turn=4,
         act=SamplingParams(temperature=1.0, max_new_tokens=96),
@@ -406,7 +405,7 @@ def _rl_arm(
 
         c = run.cfg
         start, _ = run.sft()
-        rc = dataclasses.replace(c.rollout, group_size=c.group_size, progress=False)
+        rc = dataclasses.replace(c.rollout, progress=False)
         out = os.path.join(run.dir, arm)
         tcfg = TrainConfig(
             model=start,
@@ -417,6 +416,7 @@ def _rl_arm(
             iterations=c.iterations,
             batch_tasks=c.batch_tasks,
             lr=c.lr,
+            group_size=c.group_size,
             rollout=rc,
             out_dir=out,
             save_every=max(1, c.iterations),
@@ -552,10 +552,16 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
 
     ftasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.fidelity_tasks, seed=0)
     extra = MODES.get(models.mode).helpers(lambda helper, role: arm_backend(cfg, getattr(models, helper)))
-    fcfg = dataclasses.replace(
-        cfg.rollout, mode=models.mode, group_size=cfg.fidelity_samples, seed=seed, progress=cfg.progress
+    fcfg = dataclasses.replace(cfg.rollout, progress=cfg.progress)
+    return measure_fidelity(
+        policy or arm_backend(cfg, models.policy),
+        ftasks,
+        fcfg,
+        **extra,
+        mode=models.mode,
+        group_size=cfg.fidelity_samples,
+        seed=seed,
     )
-    return measure_fidelity(policy or arm_backend(cfg, models.policy), ftasks, fcfg, **extra)
 
 
 def evaluate_arm(
@@ -640,11 +646,7 @@ def evaluate_budgets(
     tasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.eval_tasks, seed=0)  # the same held-out tasks for every seed
     tts_tasks = tasks[: cfg.tts_tasks] if cfg.tts_tasks else tasks
     rc = dataclasses.replace(
-        cfg.rollout,
-        mode="real",
-        act=cfg.rollout.act.with_(temperature=cfg.eval_temperature),
-        seed=seed,
-        progress=cfg.progress,
+        cfg.rollout, act=cfg.rollout.act.with_(temperature=cfg.eval_temperature), progress=cfg.progress
     )
     tts = TTSConfig(
         memory=cfg.tts_memory,
@@ -676,6 +678,7 @@ def evaluate_budgets(
             n=n,
             mode=mode,
             tts=at_n,
+            seed=seed,
         )
         policy.release_all()
         if n == 0:

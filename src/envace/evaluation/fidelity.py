@@ -344,14 +344,21 @@ def measure_fidelity(
     rollout_cfg: RolloutConfig | None = None,
     rehearser: Backend | None = None,
     simulator: Backend | None = None,
+    *,
+    mode: str | None = None,
+    group_size: int | None = None,
+    seed: int | None = None,
 ) -> FidelityResult:
-    """Roll out ``tasks`` in shadow mode (``rollout_cfg.mode``: rehearsal, per_role with ``rehearser`` or
-    simulator with ``simulator``; ``group_size`` trajectories each) and score every rehearsed observation
-    against the real one. Nothing real is shown to the policy."""
-    cfg = dataclasses.replace(rollout_cfg or RolloutConfig(), shadow=True)
-    if cfg.mode == "real":
+    """Roll out ``tasks`` in shadow mode (``mode``: rehearsal, per_role with ``rehearser`` or simulator with
+    ``simulator``; ``group_size`` trajectories each, sampled from ``seed``; None: the deprecated fields of
+    ``rollout_cfg``) and score every rehearsed observation against the real one. Nothing real is shown to the
+    policy."""
+    cfg = rollout_cfg or RolloutConfig()
+    mode = cfg.mode if mode is None else mode
+    if mode == "real":
         raise ValueError("fidelity needs rehearsed observations: use mode rehearsal, per_role or simulator, not real")
-    trajs = RolloutEngine(policy, cfg, rehearser=rehearser, simulator=simulator).run(tasks, group_prefix="fid")
+    engine = RolloutEngine(policy, cfg, rehearser=rehearser, simulator=simulator, mode=mode, shadow=True)
+    trajs = engine.run(tasks, group_prefix="fid", group_size=group_size, seed=seed)
     pairs, skipped = collect_pairs(trajs, tasks)
     summary = aggregate(pairs)
     summary["skipped"] = skipped

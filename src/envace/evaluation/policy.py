@@ -1,8 +1,8 @@
 """What :func:`envace.evaluation.trials.evaluate` runs: a policy that plays prepared tasks in their real environments.
 
-A policy has a ``backend`` (every token it generates comes from it) and ``act(tasks, rollout)``: the real trials
-of the tasks, ``rollout.group_size`` per task, scored by each environment's own check (``grounded``), returned
-as :class:`Acted` with whatever the policy generated before them. Two policies:
+A policy has a ``backend`` (every token it generates comes from it) and ``act(tasks, rollout, samples=, seed=)``: the
+real trials of the tasks, ``samples`` per task sampled from ``seed``, scored by each environment's own check
+(``grounded``), returned as :class:`Acted` with whatever the policy generated before them. Two policies:
 
 - :class:`Plain`: acts at once (Act sees the task, and a memory per task if one is given).
 - :class:`envace.evaluation.tts.Rehearsing`: rehearses each task privately first (test-time rehearsal), then acts
@@ -48,20 +48,21 @@ class Policy(Protocol):
 
     backend: Backend
 
-    def act(self, tasks: list[Task], rollout: RolloutConfig) -> Acted: ...
+    def act(self, tasks: list[Task], rollout: RolloutConfig, *, samples: int = 1, seed: int = 0) -> Acted: ...
 
 
 @dataclass
 class Plain:
-    """A backend acting at once: each task ``rollout.group_size`` times in real mode (``rollout`` as given), with
-    ``memory`` (task id -> text) shown to Act as its rehearsal memory where given."""
+    """A backend acting at once: each task ``samples`` times in real mode (``rollout`` as given, sampled from
+    ``seed``), with ``memory`` (task id -> text) shown to Act as its rehearsal memory where given."""
 
     backend: Backend
     memory: dict[str, str] | None = None
 
-    def act(self, tasks: list[Task], rollout: RolloutConfig) -> Acted:
+    def act(self, tasks: list[Task], rollout: RolloutConfig, *, samples: int = 1, seed: int = 0) -> Acted:
         t0 = time.perf_counter()
-        trajs = RolloutEngine(self.backend, rollout, memory=self.memory).run(tasks, group_prefix="eval")
+        engine = RolloutEngine(self.backend, rollout, memory=self.memory, mode="real", shadow=False)
+        trajs = engine.run(tasks, group_prefix="eval", group_size=samples, seed=seed)
         wall = time.perf_counter() - t0
         score_trajectories({t.id: t for t in tasks}, trajs, REWARDS.get("grounded"))
         return Acted(trajs, wall)

@@ -238,37 +238,36 @@ def fault_counts(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {k: float(sum(t.counters.get(k, 0) for t in trajs)) for k in sorted(keys)}
 
 
-def player(policy: Backend, rollout: RolloutConfig, played: list[Trajectory]) -> Play:
+def player(policy: Backend, rollout: RolloutConfig, played: list[Trajectory], seed: int | None = None) -> Play:
     """The :data:`envace.envs.Play` of an evaluation: each task once, with ``policy`` in real mode and ``rollout``'s
     settings, except that an episode may take ``max_steps_per_turn`` steps per user turn (at least ``max_steps``)
     so that a conversation reaches its last turn unless the model itself runs over a turn's bound. Its
-    trajectories are appended to ``played``; each batch has its progress bar (``prepare[<batch>]``)."""
+    trajectories are appended to ``played``; each batch has its progress bar (``prepare[<batch>]``). ``seed``: the
+    episodes' (None: ``rollout.seed``, deprecated)."""
 
     batches = 0
 
     def play(tasks: list[Task]) -> list[Trajectory]:
         nonlocal batches
         turns = max((len(t.user_turns) for t in tasks), default=1)
-        cfg = dataclasses.replace(
-            rollout,
-            mode="real",
-            group_size=1,
-            shadow=False,
-            max_steps=max(rollout.max_steps, rollout.max_steps_per_turn * turns),
-        )
+        cfg = dataclasses.replace(rollout, max_steps=max(rollout.max_steps, rollout.max_steps_per_turn * turns))
         batches += 1
-        trajs = RolloutEngine(policy, cfg).run(tasks, group_prefix=f"prepare{batches}.", desc=f"prepare[{batches}]")
+        trajs = RolloutEngine(policy, cfg, mode="real", shadow=False).run(
+            tasks, group_prefix=f"prepare{batches}.", desc=f"prepare[{batches}]", group_size=1, seed=seed
+        )
         played.extend(trajs)
         return trajs
 
     return play
 
 
-def prepare(policy: Backend, tasks: list[Task], rollout: RolloutConfig) -> tuple[list[Task], list[Trajectory]]:
+def prepare(
+    policy: Backend, tasks: list[Task], rollout: RolloutConfig, seed: int | None = None
+) -> tuple[list[Task], list[Trajectory]]:
     """The tasks ready to run (:func:`envace.envs.prepare_tasks`, played by :func:`player`) and the episodes that
     took, in play order (none when no task needed preparing)."""
     played: list[Trajectory] = []
-    return prepare_tasks(tasks, player(policy, rollout, played)), played
+    return prepare_tasks(tasks, player(policy, rollout, played, seed)), played
 
 
 def prepare_metrics(played: Sequence[Trajectory], wall_s: float = 0.0) -> dict[str, float]:
@@ -289,8 +288,11 @@ def evaluate(
     samples: int = 1,
     rollout: RolloutConfig | None = None,
     memory: dict[str, str] | None = None,
+    seed: int | None = None,
 ) -> EvalResult:
-    """Run every task ``samples`` times against its real environment and compute the metrics.
+    """Run every task ``samples`` times against its real environment and compute the metrics; ``rollout`` says how
+    (its mode, group size and shadow are not used), ``seed`` seeds the sampling (None: ``rollout.seed``,
+    deprecated).
 
     ``policy`` is a backend (it acts at once: :class:`envace.evaluation.policy.Plain`, showing Act ``memory``, task
     id -> text, where given) or a policy (:class:`envace.evaluation.policy.Policy`; test-time rehearsal:
@@ -301,11 +303,12 @@ def evaluate(
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     agent = as_policy(policy, memory)
-    cfg = dataclasses.replace(rollout or RolloutConfig(), mode="real", group_size=samples, shadow=False)
+    cfg = rollout or RolloutConfig()
+    seed = cfg.seed if seed is None else seed
     t0 = time.perf_counter()
-    tasks, played = prepare(agent.backend, tasks, cfg)
+    tasks, played = prepare(agent.backend, tasks, cfg, seed)
     prepare_s = time.perf_counter() - t0
-    acted = agent.act(tasks, cfg)  # a private phase (if any), then the real trials, scored
+    acted = agent.act(tasks, cfg, samples=samples, seed=seed)  # a private phase (if any), then the real trials, scored
     trajs = acted.trajectories
     by_task: dict[str, list[Trajectory]] = {}
     for t in trajs:

@@ -57,7 +57,7 @@ Reflect / Memory prompt, m_x); each cut is recorded in :attr:`RehearsalRecord.cu
 
 Choices the paper leaves open: with ``samples`` K > 1, :class:`Rehearsing` rehearses once per task and
 runs the K real trials with the same m_x (so pass^k measures the memory's reliability, not K rehearsals).
-Attempts use seeds derived from ``rollout.seed`` but distinct from the final run's, which uses ``rollout.seed``
+Attempts use seeds derived from ``TTSConfig.seed`` but distinct from the final run's, which uses that seed
 itself (so the final run of N=0 is token for token the plain run with that seed).
 """
 
@@ -161,9 +161,12 @@ class TTSConfig:
     """Sampling of each reflection (role reflect)."""
     memory_sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0, max_new_tokens=256))
     """Sampling of the distillation (role memory; memory="model" only). Greedy by default: no exploration."""
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(group_size=1))
-    """Limits and Act / Rehearse sampling of the attempts, and the limits and seed of the final run. Its mode
-    must be 'rehearsal' and shadow off (attempts never run the world); group_size is ignored (from n)."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Limits and Act / Rehearse sampling of the attempts, and the limits of the final run. Its (deprecated) mode
+    must be 'rehearsal' and shadow off (attempts never run the world); its group_size is ignored (from n)."""
+    seed: int | None = None
+    """Seed of the attempts, reflections and memories (each apart) and of the final run; None: ``rollout.seed``
+    (deprecated there, one version)."""
     final_act: SamplingParams | None = None
     """Act sampling of the final real run; None = rollout.act (e.g. sample attempts at T=1, act greedily)."""
     tasks_in_flight: int | None = None
@@ -193,19 +196,19 @@ class TTSConfig:
                 "self-rehearsed and never touch the real environment (the final run is always real)"
             )
 
-    def attempt_rollout(self, group_size: int, attempt: int) -> RolloutConfig:
-        """The rollout config of one batch of attempts (``attempt`` numbers sequential batches; 0 for parallel)."""
-        return replace(
-            self.rollout,
-            mode="rehearsal",
-            shadow=False,
-            group_size=group_size,
-            seed=derive_seed(self.rollout.seed + 1, attempt, prime=ATTEMPT_PRIME),
-        )
+    @property
+    def run_seed(self) -> int:
+        """The seed of the run: ``seed``, or (None) the deprecated ``rollout.seed``."""
+        return self.rollout.seed if self.seed is None else self.seed
+
+    def attempt_seed(self, attempt: int) -> int:
+        """The seed of one batch of attempts (``attempt`` numbers sequential batches; 0 for parallel)."""
+        return derive_seed(self.run_seed + 1, attempt, prime=ATTEMPT_PRIME)
 
     def final_rollout(self) -> RolloutConfig:
-        """The rollout config of the single real execution (mode and group size are set by evaluate)."""
-        return replace(self.rollout, mode="real", group_size=1, shadow=False, act=self.final_act or self.rollout.act)
+        """The rollout config of the real execution (``final_act``'s Act sampling; evaluate runs it in real mode,
+        ``samples`` per task, seeded ``run_seed``)."""
+        return self.rollout if self.final_act is None else replace(self.rollout, act=self.final_act)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -300,7 +303,7 @@ class _Rehearsal:
 
     def params(self, base: SamplingParams) -> SamplingParams:
         self._calls += 1
-        return base.with_(seed=derive_seed(self.cfg.rollout.seed, PRIVATE_SALT + self._calls))
+        return base.with_(seed=derive_seed(self.cfg.run_seed, PRIVATE_SALT + self._calls))
 
     def cap(self, rec: RehearsalRecord, where: str, attempt: int | None, text: str, max_tokens: int, keep: str) -> str:
         kept, cut = cap_tokens(text, max_tokens, self.fmt, keep)
@@ -312,10 +315,12 @@ class _Rehearsal:
         self, tasks: list[Task], group_size: int, attempt: int, memory: dict[str, str]
     ) -> list[Trajectory]:
         """One rollout batch of self-rehearsed attempts for all tasks (grouped task by task)."""
-        engine = RolloutEngine(self.policy, self.cfg.attempt_rollout(group_size, attempt), memory=memory)
-        if engine.rollout_mode.needs_env or engine.cfg.shadow:  # the firewall, checked at run time too
+        engine = RolloutEngine(self.policy, self.cfg.rollout, memory=memory, mode="rehearsal", shadow=False)
+        if engine.rollout_mode.needs_env or engine.shadow:  # the firewall, checked at run time too
             raise RuntimeError("rehearsal attempts must not use a real environment")
-        return engine.run(tasks, group_prefix=f"tts{attempt}-")
+        return engine.run(
+            tasks, group_prefix=f"tts{attempt}-", group_size=group_size, seed=self.cfg.attempt_seed(attempt)
+        )
 
     def write_plans(self, tasks: list[Task], recs: list[RehearsalRecord], n: int) -> None:
         """``n`` plans per task, all in one generation batch (no engine, no environment: text only)."""
@@ -673,14 +678,14 @@ class Rehearsing:
     """Test-time rehearsal as a policy (:class:`envace.evaluation.policy.Policy`): what
     :func:`envace.evaluation.trials.evaluate` runs at a budget N > 0. ``act`` rehearses every task privately
     (:func:`rehearse` with ``cfg``, ``cfg.tasks_in_flight`` tasks at a time), then acts as
-    :class:`envace.evaluation.policy.Plain` does with the memory m_x of each task: ``rollout.group_size`` real
-    trials per task (``samples``), all with the same m_x. The records (``final``: the task's first real trial),
+    :class:`envace.evaluation.policy.Plain` does with the memory m_x of each task: ``samples`` real
+    trials per task, all with the same m_x. The records (``final``: the task's first real trial),
     the ``tts/...`` metrics and each task's private tokens come back with the trials."""
 
     backend: Backend
     cfg: TTSConfig
 
-    def act(self, tasks: list[Task], rollout: RolloutConfig) -> Acted:
+    def act(self, tasks: list[Task], rollout: RolloutConfig, *, samples: int = 1, seed: int = 0) -> Acted:
         step = self.cfg.tasks_in_flight or max(1, len(tasks))
         records: list[RehearsalRecord] = []
         for i in range(0, len(tasks), step):
@@ -689,9 +694,9 @@ class Rehearsing:
                 self.backend.release_all()  # kept contexts and shared prefixes of finished tasks: memory, not results
         # ---------------- nothing above touched a real environment; the real phase starts here ----------------
         memory = {r.task_id: r.memory for r in records if r.memory}
-        acted = Plain(self.backend, memory).act(tasks, rollout)
+        acted = Plain(self.backend, memory).act(tasks, rollout, samples=samples, seed=seed)
         for i, rec in enumerate(records):
-            final = acted.trajectories[i * rollout.group_size]
+            final = acted.trajectories[i * samples]
             rec.final = final
             rec.success = None if final.reward is None else bool(final.reward)
             for key, v in final.counters.items():

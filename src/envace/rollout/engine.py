@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -84,14 +85,21 @@ def rehearse_sampling(max_new_tokens: int = 160) -> SamplingParams:
     return SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=max_new_tokens, stop=[OBS_CLOSE])
 
 
+PER_CALL_DEFAULTS: dict[str, Any] = {"mode": "rehearsal", "group_size": 4, "shadow": False, "seed": 0}
+"""The per-call fields of :class:`RolloutConfig` (deprecated there: arguments of the engine and of ``run`` now) and
+their defaults; a value other than these set on a RolloutConfig warns (DeprecationWarning) and still applies."""
+
+
 @dataclass
 class RolloutConfig:
     """How trajectories are unrolled."""
 
     mode: str = "rehearsal"
-    """Where observations come from: rehearsal | real | simulator | per_role (see module docstring)."""
+    """Deprecated (one version): ``RolloutEngine(mode=...)``. Where observations come from: rehearsal | real |
+    simulator | per_role (see module docstring); the engine's default when it is given none."""
     group_size: int = 4
-    """K: trajectories per task (one GRPO group)."""
+    """Deprecated (one version): ``RolloutEngine.run(group_size=...)`` (``TrainConfig.group_size`` for training).
+    K, trajectories per task (one GRPO group); ``run``'s default when it is given none."""
     max_steps: int = 8
     """Act generations per trajectory in total; past it the trajectory is truncated ("max_steps")."""
     max_steps_per_turn: int = 5
@@ -108,7 +116,8 @@ class RolloutConfig:
     """Answer a call identical to a recorded reference call from the record (counted as rehearse/cache_hits),
     when the record was made on this task's initial state (else rehearsed, counted as rehearse/cache_other_state)."""
     shadow: bool = False
-    """Also run each rehearsed call in a real environment copy and record its observation (evaluation only)."""
+    """Deprecated (one version): ``RolloutEngine(shadow=...)``. Also run each rehearsed call in a real environment
+    copy and record its observation (evaluation only); the engine's default when it is given none."""
     user: str = "scripted"
     """User simulator name (envace.envs.USERS). Its factory gets the real environment (real mode only) for the
     user's own tool calls, the trajectory for its record (``user_steps``) and ``RolloutEngine(user_backend=...)``."""
@@ -143,7 +152,9 @@ class RolloutConfig:
     THINKING_HISTORY): ``keep`` (append-only, every turn as sampled) or ``strip`` (as Qwen3's template renders it:
     earlier turns lose their ``<think>`` block). None: what the chat template does (``ChatFormat.drops_thinking``)."""
     seed: int = 0
+    """Deprecated (one version): ``RolloutEngine.run(seed=...)``; ``run``'s default when it is given none."""
     progress: bool = False
+    """Show a progress bar over the trajectories of each run."""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -156,8 +167,18 @@ class RolloutConfig:
             TOOL_FORMATS.get(self.tool_format)
         if self.thinking_history is not None and self.thinking_history not in THINKING_HISTORY:
             THINKING_HISTORY.get(self.thinking_history)
-        if self.group_size < 1 or self.max_steps < 1 or self.max_steps_per_turn < 1:
-            raise ValueError("group_size, max_steps and max_steps_per_turn must be >= 1")
+        for name in ("group_size", "max_steps", "max_steps_per_turn"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name}: bad value {getattr(self, name)!r}: at least 1")
+        per_call = [f"{k}={getattr(self, k)!r}" for k, v in PER_CALL_DEFAULTS.items() if getattr(self, k) != v]
+        if per_call:
+            warnings.warn(
+                f"RolloutConfig({', '.join(per_call)}): mode and shadow are arguments of RolloutEngine, group_size "
+                "and seed of RolloutEngine.run (TrainConfig.group_size for training); these RolloutConfig fields "
+                "go in the next version",
+                DeprecationWarning,
+                stacklevel=3,
+            )
 
 
 @dataclass
@@ -190,7 +211,7 @@ class _Runs:
         self.lives: list[_Live] = []  # started, in order
         self.ended: set[int] = set()  # id() of the ended ones
         self.alive: dict[str, int] = {}  # environment kind -> environments open
-        self.needs_env = engine.rollout_mode.needs_env or engine.cfg.shadow
+        self.needs_env = engine.rollout_mode.needs_env or engine.shadow
 
     def _kind(self, task: Task) -> tuple[str, int | None]:
         return task.env.split(":", 1)[0], alive_bound(task) if self.needs_env else None
@@ -262,7 +283,9 @@ def user_backend_for(model: str) -> Backend:
 
 
 class RolloutEngine:
-    """Unrolls trajectories for a batch of tasks. ``policy`` plays Act (and Rehearse in rehearsal mode)."""
+    """Unrolls trajectories for a batch of tasks. ``policy`` plays Act (and Rehearse in rehearsal mode). ``cfg`` says
+    how; ``mode`` (where observations come from, MODES) and ``shadow`` are this engine's, the number of trajectories
+    per task and the seed each :meth:`run`'s (None: the deprecated fields of ``cfg``, for one version)."""
 
     def __init__(
         self,
@@ -272,8 +295,14 @@ class RolloutEngine:
         simulator: Backend | None = None,
         memory: dict[str, str] | None = None,
         user_backend: Backend | None = None,
+        *,
+        mode: str | None = None,
+        shadow: bool | None = None,
     ):
         self.policy = policy
+        self.mode = cfg.mode if mode is None else mode
+        self.shadow = cfg.shadow if shadow is None else shadow
+        self.seed = cfg.seed  # the current run's (run(seed=...))
         # a frozen model playing the user (cfg.user "llm"); never trained
         self.user_backend = user_backend or (user_backend_for(cfg.user_model) if cfg.user_model else None)
         self.cfg = cfg
@@ -282,8 +311,8 @@ class RolloutEngine:
         self.native_tools = self.fmt.uses_native_tools(cfg.native_tools)  # the template renders Act's tools
         self.thinking_history = self.fmt.thinking_history(cfg.thinking_history)  # keep | strip (None: the template's)
         self._earlier = THINKING_HISTORY.get(self.thinking_history)  # content -> as written once a user follows
-        self.rollout_mode = MODES.get(cfg.mode)  # who answers Act's calls; needs a real environment or not
-        self.observer = self.rollout_mode.build(cfg.mode, policy, {"rehearser": rehearser, "simulator": simulator})
+        self.rollout_mode = MODES.get(self.mode)  # who answers Act's calls; needs a real environment or not
+        self.observer = self.rollout_mode.build(self.mode, policy, {"rehearser": rehearser, "simulator": simulator})
         self.memory = memory or {}  # task id -> rehearsal memory shown to Act (test-time scaling)
         self._calls = 0
 
@@ -291,7 +320,7 @@ class RolloutEngine:
     def params(self, role: str) -> SamplingParams:
         self._calls += 1
         base = self.cfg.act if role == "act" else self.cfg.rehearse
-        return base.with_(seed=derive_seed(self.cfg.seed, self._calls))
+        return base.with_(seed=derive_seed(self.seed, self._calls))
 
     def row(self, role: str, lv: _Live, prompt: list[int], g: Any) -> Row:
         """The row of a generation of ``role`` for trajectory ``lv`` at its current step."""
@@ -301,13 +330,13 @@ class RolloutEngine:
 
     # -- contexts ---------------------------------------------------------------------------------------------
     def _start(self, task: Task, k: int, group_id: str) -> _Live:
-        traj = Trajectory(id=f"{group_id}/{k}", task_id=task.id, group_id=group_id, mode=self.cfg.mode)
+        traj = Trajectory(id=f"{group_id}/{k}", task_id=task.id, group_id=group_id, mode=self.mode)
         system = act_system(task, self.memory.get(task.id), self.tools, tool_list=not self.native_tools)
         traj.messages.append(Message("system", system))
         if self.native_tools:  # the system message does not list them: the template renders them
             traj.tools = list(task.tools)
         rsys = rehearse_system(task)
-        env = make_env(task) if self.rollout_mode.needs_env or self.cfg.shadow else None
+        env = make_env(task) if self.rollout_mode.needs_env or self.shadow else None
         try:
             # the user acts in the real environment only where Act's calls do (never in a shadow copy); its side is
             # recorded in the trajectory (Trajectory.user_steps), never as rows
@@ -365,9 +394,17 @@ class RolloutEngine:
 
     # -- the loop ---------------------------------------------------------------------------------------------
     def run(
-        self, tasks: list[Task], group_prefix: str = "g", desc: str | None = None, first: int = 0
+        self,
+        tasks: list[Task],
+        group_prefix: str = "g",
+        desc: str | None = None,
+        first: int = 0,
+        *,
+        group_size: int | None = None,
+        seed: int | None = None,
     ) -> list[Trajectory]:
-        """Roll out ``group_size`` trajectories for each task; returns them grouped task by task. A task that needs
+        """Roll out ``group_size`` trajectories for each task (K; None: ``cfg.group_size``, deprecated), sampled from
+        ``seed`` (None: ``cfg.seed``, deprecated); returns them grouped task by task. A task that needs
         its environment's ``prepare`` first is refused (:func:`envace.envs.require_prepared`). ``desc``: the
         progress bar's label (default ``rollout[<mode>]``). ``first``: the index of each group's first trajectory
         (ids ``<group>/<first>`` ...), for a group whose other trajectories another engine rolls out.
@@ -377,13 +414,15 @@ class RolloutEngine:
         has ended. Each environment is closed as soon as its trajectory ends, and every one still open is closed
         when the run stops early (an exception, Ctrl-C)."""
         require_prepared(tasks)
+        group_size = self.cfg.group_size if group_size is None else group_size
+        if group_size < 1:
+            raise ValueError(f"RolloutEngine.run: group_size must be >= 1, got {group_size}")
+        self.seed = self.cfg.seed if seed is None else seed
         slots = [
-            (t, k, f"{group_prefix}{i}:{t.id}")
-            for i, t in enumerate(tasks)
-            for k in range(first, first + self.cfg.group_size)
+            (t, k, f"{group_prefix}{i}:{t.id}") for i, t in enumerate(tasks) for k in range(first, first + group_size)
         ]
         runs = _Runs(self, slots)
-        desc = desc or f"rollout[{self.cfg.mode}]"
+        desc = desc or f"rollout[{self.mode}]"
         bar = tqdm(total=len(slots), desc=desc, disable=not self.cfg.progress, leave=False)
         schedule = self.cfg.schedule if self.cfg.schedule != "continuous" or self.can_stream() else "lockstep"
         try:
@@ -452,7 +491,7 @@ class RolloutEngine:
 
     def _shadow(self, lv: _Live, call: ToolCall) -> tuple[Any, list[str]] | None:
         """Shadow mode: (the real observation of ``call``, the top-level state fields it changed); else None."""
-        if not (self.cfg.shadow and lv.env is not None and not self.rollout_mode.needs_env):
+        if not (self.shadow and lv.env is not None and not self.rollout_mode.needs_env):
             return None
         before = lv.env.state()
         obs = lv.env.call(call)
@@ -477,7 +516,7 @@ class RolloutEngine:
             nxt = self._next_request(lv)
             return ([nxt] if nxt is not None else []) + (self._start_requests(runs, bar) if lv.done else [])
 
-        self.policy.generate_stream(self._start_requests(runs, bar), on_done, seed=derive_seed(self.cfg.seed, 1))
+        self.policy.generate_stream(self._start_requests(runs, bar), on_done, seed=derive_seed(self.seed, 1))
 
     def _start_requests(self, runs: _Runs, bar: Any) -> list[Request]:
         """End the trajectories that are done and start waiting ones in their place: the first requests of those
@@ -647,9 +686,18 @@ def changed_fields(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(before) | set(after) if k not in before or k not in after or before[k] != after[k])
 
 
-def rollout(policy: Backend, tasks: list[Task], cfg: RolloutConfig, **kw: Any) -> list[Trajectory]:
-    """Convenience wrapper: one :class:`RolloutEngine` run."""
-    return RolloutEngine(policy, cfg, **kw).run(tasks)
+def rollout(
+    policy: Backend,
+    tasks: list[Task],
+    cfg: RolloutConfig,
+    *,
+    group_size: int | None = None,
+    seed: int | None = None,
+    **kw: Any,
+) -> list[Trajectory]:
+    """Convenience wrapper: one :class:`RolloutEngine` run (``kw``: the engine's keywords, ``mode`` and ``shadow``
+    among them)."""
+    return RolloutEngine(policy, cfg, **kw).run(tasks, group_size=group_size, seed=seed)
 
 
 def format_trajectory(traj: Trajectory) -> str:

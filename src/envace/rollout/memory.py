@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from typing import Any, Sequence
 
 from ..backends.base import Backend
@@ -165,19 +164,20 @@ def distill(
 
 
 def rehearsal_lessons(
-    policy: Backend, tasks: list[Task], rollout: RolloutConfig, n: int, max_tokens: int = 256
+    policy: Backend, tasks: list[Task], rollout: RolloutConfig, n: int, max_tokens: int = 256, seed: int | None = None
 ) -> dict[str, str]:
     """Task id -> :func:`distill` of ``n`` self-rehearsed attempts of the task by ``policy`` (no reflections), cut
     to ``max_tokens`` tokens as test-time scaling cuts m_x (``TTSConfig.memory_max_tokens``).
 
-    ``rollout`` is forced to rehearsal mode without shadow: the attempts never touch a real environment."""
+    The attempts run in rehearsal mode without shadow (whatever the deprecated fields of ``rollout`` say): they never
+    touch a real environment. ``seed``: their sampling's (None: ``rollout.seed``, deprecated)."""
     if n < 1:
         raise ValueError(f"rehearsal_lessons needs n >= 1 attempts, got {n}")
-    cfg = replace(rollout, mode="rehearsal", shadow=False, group_size=n)
-    engine = RolloutEngine(policy, cfg)
+    cfg = rollout
+    engine = RolloutEngine(policy, cfg, mode="rehearsal", shadow=False)
     if engine.rollout_mode.needs_env:
         raise RuntimeError("rehearsal attempts must not use a real environment")
-    trajs = engine.run(tasks, group_prefix="lessons")
+    trajs = engine.run(tasks, group_prefix="lessons", group_size=n, seed=seed)
     tools = tool_format_for(policy.tokenizer, cfg.tool_format)
     fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
     return {

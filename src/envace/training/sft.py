@@ -122,24 +122,26 @@ def gold_trajectories(
     memory: dict[str, str] | None = None,
     thinking_history: str | None = None,
     shadow: bool = False,
+    mode: str | None = None,
 ) -> list[Trajectory]:
     """One gold trajectory per task, with Act and Rehearse rows, through the real rollout engine. The formats
     (as ``RolloutConfig``'s, None: the tokenizer's own) are ``rollout``'s when it is given. ``memory`` (task id ->
     notes) puts notes into the Act system prompt of those tasks, as ``RolloutEngine(memory=...)`` does at test time.
-    ``shadow`` (without ``rollout``): also record which state fields each real call changed
-    (``Step.shadow_changed``)."""
+    ``shadow``: also record which state fields each real call changed (``Step.shadow_changed``). ``mode``: the
+    engine's (None: rehearsal, or the deprecated ``rollout.mode``); one trajectory per task whatever
+    ``rollout.group_size`` says."""
     n_steps = max((sum(len(g) for g in t.gold_actions) + len(t.user_turns) for t in tasks), default=1)
-    cfg = rollout or _teacher_config(
-        n_steps, chat_format, tool_format, thinking, native_tools, thinking_history, shadow
-    )
-    cfg.group_size = 1
+    cfg = rollout or _teacher_config(n_steps, chat_format, tool_format, thinking, native_tools, thinking_history)
     teacher = GoldTeacher(
         tokenizer,
         tasks,
         tools=tool_format_for(tokenizer, cfg.tool_format),
         end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id,
     )
-    return RolloutEngine(teacher, cfg, memory=memory).run(tasks, group_prefix="gold-notes" if memory else "gold")
+    engine = RolloutEngine(
+        teacher, cfg, memory=memory, mode=cfg.mode if mode is None else mode, shadow=shadow or cfg.shadow
+    )
+    return engine.run(tasks, group_prefix="gold-notes" if memory else "gold", group_size=1)
 
 
 class ReplayTeacher(GoldTeacher):
@@ -209,7 +211,7 @@ def replayed_trajectories(
         tools=tool_format_for(tokenizer, cfg.tool_format),
         end_id=ChatFormat.for_tokenizer(tokenizer, cfg.chat_format, cfg.thinking).end_id,
     )
-    return RolloutEngine(teacher, cfg).run(tasks, group_prefix=REPLAY_PREFIX)
+    return RolloutEngine(teacher, cfg, mode="rehearsal").run(tasks, group_prefix=REPLAY_PREFIX, group_size=1)
 
 
 def _teacher_config(
@@ -219,13 +221,10 @@ def _teacher_config(
     thinking: bool | None,
     native_tools: bool,
     thinking_history: str | None,
-    shadow: bool = False,
 ) -> RolloutConfig:
     """The rollout of a teacher (gold, replay): one trajectory per task, room for ``n_steps`` Act steps, no
     context bound (the rows are trained on, whatever their length)."""
     return RolloutConfig(
-        mode="rehearsal",
-        group_size=1,
         max_steps=n_steps + 1,
         max_steps_per_turn=n_steps + 1,
         max_context_tokens=1 << 20,
@@ -234,16 +233,13 @@ def _teacher_config(
         thinking=thinking,
         thinking_history=thinking_history,
         native_tools=native_tools,
-        shadow=shadow,
     )
 
 
 def lesson_rollout(cfg: SFTConfig) -> RolloutConfig:
     """The attempts of ``SFTConfig.memory_attempts``: Act sampled at T=1, at most 4 steps of 96 new tokens."""
     return RolloutConfig(
-        mode="rehearsal",
         max_steps=4,
-        seed=cfg.seed,
         act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=96),
         rehearse=rehearse_sampling(96),
         chat_format=cfg.chat_format,
@@ -280,7 +276,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
     )
     trajs = gold_trajectories(tok, tasks, **io)
     if cfg.memory_attempts:  # the starting model's own rehearsals, distilled; then the same gold, with the notes
-        notes = rehearsal_lessons(HFBackend(model, tok), tasks, lesson_rollout(cfg), cfg.memory_attempts)
+        notes = rehearsal_lessons(HFBackend(model, tok), tasks, lesson_rollout(cfg), cfg.memory_attempts, seed=cfg.seed)
         trajs += gold_trajectories(tok, tasks, **io, memory=notes)
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
     logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))

@@ -30,7 +30,6 @@ With ``rollout_backend: vllm`` a separate engine generates and gets the weights 
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import math
@@ -57,6 +56,7 @@ from ..config import (
     describe_diff,
     real_share_setting,
     to_dict,
+    train_config_dict,
     with_defaults,
 )
 from .distributed import Dist, SilentLogger, init_distributed
@@ -66,7 +66,7 @@ from ..core.paths import check_writable_dir
 from ..backends.models import context_length, head_size, load_frozen, load_trainable, make_optimizer, model_path
 from ..core.precision import use_bf16
 from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories, unanchored_note
-from ..rollout.engine import RolloutConfig, RolloutEngine
+from ..rollout.engine import RolloutEngine
 from ..core.seeding import derive_seed, seed_everything
 from ..core.types import Row, Task, Trajectory, write_jsonl
 from .sft import gold_trajectories, real_observations, replayed_trajectories
@@ -406,17 +406,16 @@ def rollout_batch(run: Run, it: int, refill: int = 0, tasks: list[Task] | None =
     With ``real_share`` each group's last m of them run in the real environment (:func:`grounded_rollouts`).
     ``refill`` r > 0: dynamic sampling's round r, on this process's ``tasks`` (:func:`dynamic_sampling`)."""
     cfg = run.cfg
-    rcfg = copy.copy(cfg.rollout)
     it_seed = derive_seed(cfg.seed, it, prime=ITERATION_PRIME)
     if refill:
         it_seed = derive_seed(it_seed, REFILL_SALT, refill)
     mine = run.dist.shard(run.batch(it)) if tasks is None else tasks
-    rcfg.seed = run.dist.rank_seed(it_seed)
+    seed = run.dist.rank_seed(it_seed)
     prefix = run.dist.group_prefix(f"i{it}-" if not refill else f"i{it}r{refill}-")
     if cfg.real_share > 0:
-        return grounded_rollouts(run, rcfg, mine, prefix, it_seed)
-    engine = RolloutEngine(run.engines["policy"], rcfg, **run.helpers)
-    return engine.run(mine, group_prefix=prefix)
+        return grounded_rollouts(run, mine, prefix, it_seed, seed)
+    engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode=VARIANTS.get(cfg.variant).mode, **run.helpers)
+    return engine.run(mine, group_prefix=prefix, group_size=cfg.group_size, seed=seed)
 
 
 def informative_trajectories(trajs: list[Trajectory]) -> tuple[list[Trajectory], list[Trajectory]]:
@@ -503,23 +502,22 @@ def observation_rows(run: Run, trajs: list[Trajectory]) -> tuple[list[Row], dict
     return rows, metrics
 
 
-def grounded_rollouts(run: Run, rcfg: RolloutConfig, tasks: list[Task], prefix: str, it_seed: int) -> list[Trajectory]:
-    """K trajectories for each task as one GRPO group: trajectories 0 .. K-m-1 rehearsed as configured (``rcfg``),
-    K-m .. K-1 in the task's real environment (mode ``real``, Act rows only), m = round(real_share * K); the two
-    engines' seeds are apart (the real one's is the iteration seed ``it_seed`` with :data:`REAL_SALT` folded in).
-    Returned task by task, the rehearsed ones of each group first."""
+def grounded_rollouts(run: Run, tasks: list[Task], prefix: str, it_seed: int, seed: int) -> list[Trajectory]:
+    """K trajectories for each task as one GRPO group: trajectories 0 .. K-m-1 rehearsed as configured (seeded
+    ``seed``), K-m .. K-1 in the task's real environment (mode ``real``, Act rows only), m = round(real_share * K);
+    the two engines' seeds are apart (the real one's is the iteration seed ``it_seed`` with :data:`REAL_SALT` folded
+    in). Returned task by task, the rehearsed ones of each group first."""
     cfg = run.cfg
-    m = real_share_setting(cfg.real_share, cfg.variant, rcfg.group_size)
-    k = rcfg.group_size
-    real = copy.copy(rcfg)
-    real.mode, real.group_size = "real", m
-    real.seed = run.dist.rank_seed(derive_seed(it_seed, REAL_SALT))
+    k = cfg.group_size
+    m = real_share_setting(cfg.real_share, cfg.variant, k)
+    real_seed = run.dist.rank_seed(derive_seed(it_seed, REAL_SALT))
+    mode = VARIANTS.get(cfg.variant).mode
     trajs: list[Trajectory] = []
     if m < k:
-        rehearsed = copy.copy(rcfg)
-        rehearsed.group_size = k - m
-        trajs += RolloutEngine(run.engines["policy"], rehearsed, **run.helpers).run(tasks, group_prefix=prefix)
-    trajs += RolloutEngine(run.engines["policy"], real).run(tasks, group_prefix=prefix, first=k - m)
+        engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode=mode, **run.helpers)
+        trajs += engine.run(tasks, group_prefix=prefix, group_size=k - m, seed=seed)
+    engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode="real")
+    trajs += engine.run(tasks, group_prefix=prefix, first=k - m, group_size=m, seed=real_seed)
     groups: dict[str, list[Trajectory]] = {}
     for t in trajs:  # task by task (the order of the groups' first trajectories), rehearsed before real
         groups.setdefault(t.group_id, []).append(t)
@@ -712,7 +710,7 @@ def check_resume(cfg: TrainConfig, ckpt: str) -> None:
             f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; "
             f"use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh"
         )
-    saved = with_defaults(state.get("config") or {}, to_dict(TrainConfig()))
+    saved = with_defaults(train_config_dict(state.get("config") or {}, warn=False), to_dict(TrainConfig()))
     diff = config_diff(saved, to_dict(cfg), ignore=RESUMABLE_FIELDS)
     if not diff:
         return
