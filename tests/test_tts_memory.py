@@ -112,7 +112,7 @@ def test_memory_formats_registry_keeps_the_old_formats_selectable_and_lessons_is
     from envace.evaluation.experiment import ExperimentConfig
     from envace.evaluation.tts import TTSConfig
 
-    assert set(MEMORY_FORMATS) >= {"lessons", "model", "concat"}
+    assert set(MEMORY_FORMATS) >= {"lessons", "calls", "model", "concat"}
     assert TTSConfig().memory == EvalConfig().tts_memory == RehearseConfig().memory == "lessons"
     assert ExperimentConfig().tts_memory == "lessons"
 
@@ -255,3 +255,50 @@ def test_cli_eval_writes_the_rehearsal_records_it_is_asked_for(tmp_path):
     (rec,) = load_records(str(out))
     assert rec.memory_mode == "lessons" and rec.memory.startswith(LESSONS_HEADER) and rec.final is not None
     assert rec.memory in rec.final.messages[0].content and rec.final.rows == []
+
+
+def test_a_call_whose_rehearsal_was_unreadable_is_not_a_call_to_avoid():
+    """Rehearse writing no valid JSON says nothing about the call: on shop-world val the 135M model was told to avoid
+    its right first call for that reason, and lost the task (bench/tts_val.py records)."""
+    search = ToolCall("search_products", {"query": "candle"})
+    unreadable = error_obs("bad_format", "rehearsed observation is not valid JSON (Expecting ',' delimiter)")
+    notes = distill([traj([call_step(search, unreadable), reply_step()])], HERMES)
+    assert "Calls to avoid" not in notes
+    assert notes.splitlines()[1:3] == [
+        "Calls whose result the rehearsal did not imagine (check them in the real run):",
+        "- " + HERMES.render([search]),
+    ]
+    worked_later = [call_step(search, unreadable), call_step(search, {"products": []})]
+    assert "did not imagine" not in distill([traj(worked_later)], HERMES)  # a readable answer wins
+    real_error = [call_step(search, error_obs("bad_format", "tool call is not valid JSON"))]
+    assert "Calls to avoid" in distill([traj(real_error)], HERMES)  # Act's own format errors still count
+
+
+MARKUP_REFLECTIONS = [  # what the 135M model wrote as reflections on shop-world val (bench/tts_val.py records)
+    '<tool_call>{"error": {"kind": "bad_format", "message": "tool call is not valid JSON"}}</tool_call>',
+    '<tool>{"error": {"kind": "tool_error", "message": "only 1 blue mug is in stock"}}</tool>',
+    '[tool] {"error": {"kind": "tool_error", "message": "only 10 coffee beans are in stock"}}',
+    '<pre><code><span class="tool_error">only 1 candle in stock</span></code></pre>',
+]
+
+
+@pytest.mark.parametrize("markup", MARKUP_REFLECTIONS)
+def test_a_reflection_with_markup_is_dropped_and_prose_ones_are_kept(markup):
+    """The final Act copied the markup of such reflections (an error object inside tags, <tool> for <tool_call>)."""
+    good = 'search first: search_products({"query": "candle"})'
+    notes = distill(TWO_ATTEMPTS, HERMES, reflections=[markup, "check the stock before ordering", good])
+    shown = notes.split("Your reflections:")[1]
+    assert '"error"' not in shown and "<pre>" not in shown and "<tool>" not in shown
+    assert "- 2: check the stock before ordering" in shown  # numbered by attempt: the first was dropped
+    assert "- 3: search first: " + HERMES.render([ToolCall("search_products", {"query": "candle"})]) in shown
+
+
+def test_the_calls_format_shows_the_calls_and_errors_and_no_reflection(tokenizer, bank):
+    reflection = "the rent account is empty, give up"
+    be = ScriptedBackend(tokenizer, scripted(bank, reflection=reflection))
+    recs = run_tts(be, bank, tcfg(n=2, mode="sequential", memory="calls"))
+    for task, rec in zip(bank, recs):
+        assert rec.memory_source == "calls" and rec.memory.startswith(LESSONS_HEADER)
+        assert HERMES.render([task.flat_gold()[0]]) in rec.memory
+        assert reflection not in rec.memory and "Your reflections" not in rec.memory
+        assert reflection not in _system(tokenizer, rec.attempts[1].rows[0])  # nor in the sequential notes

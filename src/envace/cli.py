@@ -14,7 +14,7 @@
     envace tasks --suite S [--split test] [-n 3]   (--list: the suites, built-in and plug-ins)
     envace export FILE... [--real-only] [--target hf|openai] [--gold --suite S --split train -n 100] --out records.jsonl
                                      OpenAI / HF chat records
-    envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory lessons|model|concat]
+    envace rehearse --model M --suite S [--index 0] [-N 2] [--mode parallel|sequential] [--memory lessons|calls|...]
     envace serve --model M [--served-model-name N] [--host 127.0.0.1] [--port 8000]   OpenAI-compatible server
 
 sft, train, eval, fidelity, experiment, rollout, rehearse, serve and export are each configured by one typed dataclass
@@ -475,7 +475,7 @@ def _config_command(sub: Any, name: str, config: str, fn: Any, help: str) -> arg
 
 
 BACKEND_CHOICES = "|".join(LOADERS.names())  # what --backend takes: envace.backends.loaders.LOADERS
-MEMORIES = "lessons|model|concat"
+MEMORIES = "lessons|calls|model|concat"
 FLAGS: dict[str, str] = {
     "eval": "model backend suite split n samples tts_n tts_mode tts_memory tts_records temperature max_steps"
     " max_new_tokens seed bf16 out trajectories",

@@ -589,7 +589,8 @@ class RehearseConfig:
     mode: str = "parallel"
     """How the attempts run: parallel | sequential."""
     memory: str = "lessons"
-    """Memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | model | concat (as ``EvalConfig.tts_memory``)."""
+    """Memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | calls | model | concat (as
+    ``EvalConfig.tts_memory``)."""
     memory_max_tokens: int = 256
     """Most tokens of the memory."""
     rollout: RolloutConfig = field(default_factory=_command_rollout(max_steps=6, max_new_tokens=128))

@@ -410,6 +410,22 @@ def validate_call(call: ToolCall, tools: list[ToolSpec]) -> dict[str, Any] | Non
     return None
 
 
+REHEARSE_FAILURE = "rehearsed "
+"""How the message of a bad_format error that :func:`parse_observation` made begins: Rehearse's output failed, not
+the call (:func:`rehearse_failed`)."""
+
+
+def rehearse_failed(obs: Any) -> bool:
+    """Whether ``obs`` is the error :func:`parse_observation` puts in place of an observation Rehearse did not write
+    well (no block, not JSON, not text): the imagined world failed to answer, which says nothing about the call."""
+    err = obs.get("error") if isinstance(obs, dict) and set(obs) == {"error"} else None
+    return (
+        isinstance(err, dict)
+        and err.get("kind") == "bad_format"
+        and str(err.get("message", "")).startswith(REHEARSE_FAILURE)
+    )
+
+
 def parse_observation(text: str) -> tuple[Any, dict[str, Any] | None]:
     """Parse a Rehearse completion into (observation, error). On failure the observation is the error itself,
     so the rollout can feed it back and go on; the error is returned separately to be counted."""

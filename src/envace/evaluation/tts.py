@@ -63,6 +63,7 @@ itself (so the final run of N=0 is token for token the plain run with that seed)
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -144,7 +145,8 @@ class TTSConfig:
     memory: str = "lessons"
     """The memory format (MEMORY_FORMATS): what m_x and a sequential attempt's notes are. lessons (rule-based,
     envace.rollout.memory.distill: the calls made, written in Act's tool format, their rehearsed values, the
-    errors, the reflections cut to a line; never a transcript) | model (a Memory-role generation) | concat."""
+    errors, the reflections cut to a line; never a transcript) | calls (lessons without reflections) | model (a
+    Memory-role generation) | concat."""
     memory_max_tokens: int = 256
     """Token cap of m_x as Act sees it; what is cut is recorded. Longer memory = longer real-run context."""
     transcript_max_tokens: int = 768
@@ -517,19 +519,19 @@ def _transcript_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
     return NOTES_HEADER + "\n\n" + ctx.cap(rec, "notes", rec.n_done, body, ctx.cfg.notes_max_tokens, "tail")
 
 
-def _lessons(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
+def _lessons(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True) -> str:
     header = LESSONS_HEADER if ctx.mode.imagined else ctx.mode.concat_header  # plans: no tool result exists
-    return distill(rec.attempts, ctx.tools, rec.reflections, rec.plans, header=header)
+    return distill(rec.attempts, ctx.tools, rec.reflections if reflections else (), rec.plans, header=header)
 
 
-def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
+def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True) -> str:
     """The lessons of the earlier attempts (no transcript), capped from the end (the calls come first)."""
-    return ctx.cap(rec, "notes", rec.n_done, _lessons(ctx, rec), ctx.cfg.notes_max_tokens, "lines")
+    return ctx.cap(rec, "notes", rec.n_done, _lessons(ctx, rec, reflections), ctx.cfg.notes_max_tokens, "lines")
 
 
-def _memory_lessons(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
+def _memory_lessons(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord], reflections: bool = True) -> None:
     for rec in recs:
-        rec.memory_raw, rec.memory_source = _lessons(ctx, rec), "lessons"
+        rec.memory_raw, rec.memory_source = _lessons(ctx, rec, reflections), "lessons" if reflections else "calls"
 
 
 def _memory_concat(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
@@ -573,6 +575,16 @@ MEMORY_FORMATS.add(
         _lesson_notes,
         "rule-based lessons (rollout.memory.distill): the calls made, in Act's tool format, with their rehearsed "
         "values; the calls that erred; the reflections cut to a line. No transcript, for m_x and sequential notes",
+        keep="lines",
+    ),
+)
+MEMORY_FORMATS.add(
+    "calls",
+    MemoryFormat(
+        functools.partial(_memory_lessons, reflections=False),
+        functools.partial(_lesson_notes, reflections=False),
+        "the lessons without the reflections: the calls made, in Act's tool format, with their rehearsed values, "
+        "and the calls that erred (plans, in plan mode). Nothing the model wrote about its attempts",
         keep="lines",
     ),
 )

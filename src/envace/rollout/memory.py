@@ -8,6 +8,11 @@ observation returned, the calls whose rehearsed observation was an error (to avo
 that called nothing, then the model's reflections, each cut to a line, with any ``name({json})`` in them rewritten
 in the tool format. Every section is bounded (items, characters); the caller caps the whole in tokens.
 
+Two things the 135M model was measured to copy into its real run (shop-world val, bench/tts_val.py) are kept out:
+a call whose *rehearsed* observation was unreadable (Rehearse wrote no valid JSON: ``rehearse_failed``) is not a
+call to avoid, only a call whose result was not imagined; and a reflection that holds call markup which does not
+parse (e.g. an error object written inside ``<tool_call>``) is dropped, since the final Act copied it as its call.
+
 Only rehearsed observations may reach the notes: an observation whose source is the real environment raises
 (a memory shown before the real run must never carry what the real world returned; METHOD.md section 6).
 :func:`rehearsal_lessons` rolls out the attempts (rehearsal mode: no environment) and distills them, for
@@ -18,10 +23,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..backends.base import Backend
-from ..chat.parsing import ToolFormat, tool_format_for
+from ..chat.parsing import ToolFormat, rehearse_failed, tool_format_for
 from ..chat.prompts import ChatFormat
 from ..core.types import Task, ToolCall, Trajectory, dumps, is_error_obs
 from .engine import RolloutConfig, RolloutEngine
@@ -38,10 +43,10 @@ def clip(text: str, max_chars: int) -> str:
     return one if len(one) <= max_chars else one[: max(0, max_chars - 3)].rstrip() + "..."
 
 
-def in_tool_format(text: str, tools: ToolFormat) -> str:
-    """``text`` with every ``name({json})`` (a transcript's way of writing a call) rewritten as ``tools`` writes
-    that call; anything that does not decode as a JSON object followed by ``)`` is left as it is."""
-    out, i = [], 0
+def _calls_in(text: str) -> Iterator[tuple[int, int, ToolCall]]:
+    """Each decodable ``name({json})`` of ``text`` (a transcript's way of writing a call): (start, end, call), in
+    order, never overlapping; anything that does not decode as a JSON object followed by ``)`` is skipped."""
+    i = 0
     decoder = json.JSONDecoder()
     for m in _CALL_TEXT.finditer(text):
         if m.start() < i:
@@ -50,10 +55,18 @@ def in_tool_format(text: str, tools: ToolFormat) -> str:
             args, end = decoder.raw_decode(text, m.end() - 1)
         except ValueError:
             continue
-        if not isinstance(args, dict) or text[end : end + 1] != ")":
-            continue
-        out += [text[i : m.start()], tools.render([ToolCall(m.group(1), args)])]
-        i = end + 1
+        if isinstance(args, dict) and text[end : end + 1] == ")":
+            i = end + 1
+            yield m.start(), i, ToolCall(m.group(1), args)
+
+
+def in_tool_format(text: str, tools: ToolFormat) -> str:
+    """``text`` with every ``name({json})`` (a transcript's way of writing a call) rewritten as ``tools`` writes
+    that call; anything that does not decode as a JSON object followed by ``)`` is left as it is."""
+    out, i = [], 0
+    for start, end, call in _calls_in(text):
+        out += [text[i:start], tools.render([call])]
+        i = end
     return "".join(out) + text[i:]
 
 
@@ -115,7 +128,9 @@ def distill(
     Sections, in order (a head cut drops the last first): calls that got a non-error observation, in the order
     first made, each rendered by ``tools`` with its observation (at most ``max_calls``, ``value_chars`` each) and,
     over several attempts, how many made it; calls whose every observation was an error, with the error (at most
-    ``max_errors``); malformed calls and attempts without a call; the plans and reflections (``text_chars`` each).
+    ``max_errors``); calls whose rehearsed observation was unreadable (:func:`envace.chat.parsing.rehearse_failed`;
+    at most ``max_calls``); malformed calls and attempts without a call; the plans and reflections (``text_chars``
+    each) that hold no malformed call markup.
     Raises ValueError on an observation from the real environment (:data:`REAL_SOURCES`).
     """
     found: dict[str, dict[str, Any]] = {}  # call key -> {call, ok, err, attempts}, in first-made order
@@ -128,6 +143,8 @@ def distill(
                     raise ValueError(f"attempt {k + 1} of {traj.task_id}: a real observation cannot go into notes")
                 e = found.setdefault(call.key(), {"call": call, "ok": None, "err": None, "attempts": []})
                 _seen(e, k)
+                if rehearse_failed(obs):  # the imagined world did not answer: nothing learnt about the call
+                    continue
                 if is_error_obs(obs):
                     e["err"] = e["err"] or obs["error"]
                 elif e["ok"] is None:
@@ -136,7 +153,8 @@ def distill(
             silent.append(k + 1)
     many = len(attempts) > 1
     worked = [e for e in found.values() if e["ok"] is not None]
-    failed = [e for e in found.values() if e["ok"] is None]
+    failed = [e for e in found.values() if e["ok"] is None and e["err"] is not None]
+    unknown = [e for e in found.values() if e["ok"] is None and e["err"] is None]
     lines = [header]
     if worked:
         lines.append("Calls that worked, in the order made:")
@@ -148,6 +166,9 @@ def distill(
         for e in failed[:max_errors]:
             err = f"{e['err'].get('kind', 'error')}: {e['err'].get('message', '')}"
             lines.append(f"- {tools.render([e['call']])} -> {clip(err, value_chars)}")
+    if unknown:
+        lines.append("Calls whose result the rehearsal did not imagine (check them in the real run):")
+        lines += [f"- {tools.render([e['call']])}" for e in unknown[:max_calls]]
     if malformed:
         lines.append(f"- {malformed} malformed call(s): write a call exactly as {tools.call}.")
     if silent:
@@ -156,11 +177,33 @@ def distill(
     if not found and not malformed and not plans:
         lines.append("- No tool was called.")
     for label, texts in (("Your plans", plans), ("Your reflections", reflections)):
-        kept = [clip(in_tool_format(t, tools), text_chars) for t in texts if t.strip()]
-        if kept:
+        kept = [(i + 1, clip(in_tool_format(t, tools), text_chars)) for i, t in enumerate(texts) if _readable(t, tools)]
+        if kept:  # numbered by attempt
             lines.append(f"{label}:")
-            lines += [f"- {i + 1}: {t}" for i, t in enumerate(kept)]
+            lines += [f"- {i}: {t}" for i, t in kept]
     return "\n".join(lines)
+
+
+_MARKUP = re.compile(r"[<>{}\[\]]")
+
+
+def _readable(text: str, tools: ToolFormat) -> bool:
+    """A reflection worth showing, as the model wrote it: prose. Not blank, no malformed call in the model's own
+    tool format (``tools.parse``), and, once its ``name({json})`` calls are taken out, no markup at all (tags,
+    braces, brackets): measured on shop-world val, the 135M model's reflections were often HTML or an error object
+    inside tags, and the final Act copied that markup instead of writing a call."""
+    if not text.strip() or tools.parse(text).error is not None:
+        return False
+    return not _MARKUP.search(_without_calls(text))
+
+
+def _without_calls(text: str) -> str:
+    """``text`` without its decodable ``name({json})`` calls (:func:`_calls_in`)."""
+    out, i = [], 0
+    for start, end, _ in _calls_in(text):
+        out.append(text[i:start])
+        i = end
+    return "".join(out) + text[i:]
 
 
 def rehearsal_lessons(
