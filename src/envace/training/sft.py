@@ -214,6 +214,15 @@ def replayed_trajectories(
     return RolloutEngine(teacher, cfg, mode="rehearsal").run(tasks, group_prefix=REPLAY_PREFIX, group_size=1)
 
 
+CHAT_IO = ("chat_format", "tool_format", "thinking", "thinking_history", "native_tools")
+"""The chat and tool format settings a teacher's rollout takes (:func:`gold_trajectories`' keywords)."""
+
+
+def chat_io(cfg: Any) -> dict[str, Any]:
+    """The :data:`CHAT_IO` settings of ``cfg`` (an SFTConfig or a RolloutConfig), as keywords."""
+    return {k: getattr(cfg, k) for k in CHAT_IO}
+
+
 def _teacher_config(
     n_steps: int,
     chat_format: str | None,
@@ -267,13 +276,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
-    io = dict(
-        chat_format=cfg.chat_format,
-        tool_format=cfg.tool_format,
-        thinking=cfg.thinking,
-        thinking_history=cfg.thinking_history,
-        native_tools=cfg.native_tools,
-    )
+    io = chat_io(cfg)
     trajs = gold_trajectories(tok, tasks, **io)
     if cfg.memory_attempts:  # the starting model's own rehearsals, distilled; then the same gold, with the notes
         notes = rehearsal_lessons(HFBackend(model, tok), tasks, lesson_rollout(cfg), cfg.memory_attempts, seed=cfg.seed)

@@ -69,7 +69,7 @@ from ..rewards.functions import RewardContext, make_reward, reward_names, score_
 from ..rollout.engine import RolloutEngine
 from ..core.seeding import derive_seed, seed_everything
 from ..core.types import Row, Task, Trajectory, write_jsonl
-from .sft import gold_trajectories, real_observations, replayed_trajectories
+from .sft import chat_io, gold_trajectories, real_observations, replayed_trajectories
 from .update import optimizer_step, pad_rows, recompute_old_logprobs
 from ..rollout.variants import VARIANTS, Variant
 
@@ -475,13 +475,7 @@ def observation_rows(run: Run, trajs: list[Trajectory]) -> tuple[list[Row], dict
     :func:`envace.training.sft.replayed_trajectories`), in the rollouts' chat and tool formats. A row longer than
     ``rollout.max_context_tokens`` is left out, counted (``obs/too_long``)."""
     r, tasks_by_id = run.cfg.rollout, run.tasks_by_id
-    io = dict(
-        chat_format=r.chat_format,
-        tool_format=r.tool_format,
-        thinking=r.thinking,
-        native_tools=r.native_tools,
-        thinking_history=r.thinking_history,
-    )
+    io = chat_io(r)
     tasks = [tasks_by_id[i] for i in dict.fromkeys(t.task_id for t in trajs)]
     real = [t for t in trajs if real_observations(t) is not None and any(s.calls for s in t.steps)]
     sources = {
