@@ -6,6 +6,7 @@ tokenizer. The tokenizers are the tiny model's, renamed and given new special to
 is downloaded."""
 
 import copy
+import dataclasses
 import json
 import os
 
@@ -16,7 +17,7 @@ from transformers import PreTrainedTokenizerFast
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
 from envace.backends.scripted import ScriptedBackend
-from envace.config import SFTConfig, TrainConfig
+from envace.config import SFTConfig, TrainConfig, load_config
 from envace.evaluation.export import task_system, tools_from_system, trajectory_record
 from envace.envs import USERS, ScriptedUser, load_tasks
 from envace.core.logging import read_metrics
@@ -349,7 +350,7 @@ def test_unknown_format_names_list_the_valid_ones(tokenizer):
     with pytest.raises(UnknownNameError, match="chatml, template"):
         RolloutConfig(chat_format="llama")
     with pytest.raises(UnknownNameError, match="hermes, llama3_json, mistral"):
-        SFTConfig(tool_format="json")
+        load_config(SFTConfig, overrides=["rollout.tool_format=json"])
     assert CHAT_FORMATS.names() == ["chatml", "template"]
 
 
@@ -709,7 +710,7 @@ def _sft_then_grpo(model: str, tmp_path, **formats) -> tuple:
             tensorboard=False,
             report_to=(),
             progress=False,
-            **formats,
+            rollout=dataclasses.replace(SFTConfig().rollout, **formats),
         )
     )
     assert res.metrics[-1]["sft/grad_norm"] > 0 and os.path.isdir(res.checkpoint)

@@ -578,6 +578,8 @@ def test_rollout_and_rehearse_backend_http_against_envace_serve(tmp_path, capsys
         ("RolloutBatchConfig", "max_steps", ("max_steps",), 3),
         ("RehearseConfig", "temperature", ("act.temperature",), 0.25),
         ("EvalConfig", "user", ("user",), "llm"),
+        ("SFTConfig", "thinking_history", ("thinking_history",), "keep"),
+        ("SFTConfig", "native_tools", ("native_tools",), False),
     ],
 )
 def test_the_flat_keys_of_before_set_the_nested_rollout_one_version_with_a_warning(tmp_path, cls, flat, path, value):

@@ -9,6 +9,7 @@ an HF rollout whose kept KV is reused only as far as the rewritten prompt agrees
 without any reuse), an SFT step and a GRPO step on its rows, the SFT and training configs, and the server."""
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -21,7 +22,7 @@ from envace.backends.scripted import ScriptedBackend
 from envace.chat.openai_api import act_messages
 from envace.chat.parsing import tool_format_for
 from envace.chat.prompts import ChatFormat, earlier_answer, with_thinking_history
-from envace.config import ServeConfig, SFTConfig
+from envace.config import ServeConfig, SFTConfig, load_config
 from envace.core.registry import UnknownNameError
 from envace.core.types import Message
 from envace.envs import load_tasks
@@ -145,7 +146,11 @@ def test_a_template_that_drops_earlier_thinking_is_detected_and_its_rendering_is
     assert RolloutEngine(policy(qwen3_tok), RolloutConfig()).thinking_history == "strip"
     assert RolloutEngine(policy(tokenizer), RolloutConfig()).thinking_history == "keep"
     assert RolloutEngine(policy(qwen3_tok), RolloutConfig(thinking_history="keep")).thinking_history == "keep"
-    for make in (RolloutConfig, SFTConfig, ServeConfig):
+    for make in (
+        RolloutConfig,
+        ServeConfig,
+        lambda **kw: load_config(SFTConfig, values={"rollout." + k: v for k, v in kw.items()}),
+    ):
         with pytest.raises(UnknownNameError, match="unknown thinking history 'drop'; valid names: keep, strip"):
             make(thinking_history="drop")
 
@@ -307,7 +312,7 @@ def test_sft_gold_chats_follow_the_thinking_history(qwen3_tok, tiny, tmp_path, m
         assert all(same) if mode == "strip" else not all(same)
     assert [r.completion_ids for r in by_mode["strip"]] == [r.completion_ids for r in by_mode["keep"]]
 
-    folder = tmp_path / "qwen3-thinking"  # the SFT command's own path, with SFTConfig.thinking_history
+    folder = tmp_path / "qwen3-thinking"  # the SFT command's own path, with SFTConfig.rollout.thinking_history
     tiny[0].save_pretrained(folder)
     qwen3_tok.save_pretrained(folder)
     asked = []
@@ -320,8 +325,7 @@ def test_sft_gold_chats_follow_the_thinking_history(qwen3_tok, tiny, tmp_path, m
         n_tasks=2,
         steps=1,
         batch_tasks=2,
-        thinking=False,
-        thinking_history="keep",
+        rollout=dataclasses.replace(SFTConfig().rollout, thinking=False, thinking_history="keep"),
         out_dir=str(tmp_path / "sft"),
         report_to=(),
         progress=False,

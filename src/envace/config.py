@@ -252,80 +252,12 @@ class TrainConfig:
         return report_sinks(self.report_to, self.tensorboard)
 
 
-@dataclass
-class SFTConfig:
-    """Supervised warm-up on gold trajectories: Act rows on gold calls and replies, Rehearse rows on the real
-    environment's observations."""
-
-    model: str = "SmolLM2-135M-Instruct"
-    """Model to warm up (as ``TrainConfig.model``: a name, a model folder, a training checkpoint / run folder)."""
-    suite: str = "builtin"
-    n_tasks: int = 256
-    """Gold trajectories to train on (training split); with ``task_kinds``, how many of those kinds."""
-    task_kinds: tuple[str, ...] | None = None
-    """Warm up only on tasks of these kinds (as ``TrainConfig.task_kinds``), e.g. ``[simple, read_only_report]`` to
-    teach the format and the simple tasks and leave ``chained`` and ``recovery`` to RL; None: every kind."""
-    steps: int = 60
-    """Optimizer steps."""
-    batch_tasks: int = 8
-    """Gold trajectories per step."""
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 4096
-    roles: tuple[str, ...] = ("act", "rehearse")
-    """Which roles' rows are trained."""
-    lora_r: int = 0
-    lora_alpha: int = 32
-    bf16: bool | str = False
-    """bf16 autocast for the update: true, false, or ``auto`` (bf16 only where it is faster than float32; see
-    ``TrainConfig.bf16``). ``envace demo`` uses ``auto``."""
-    chat_format: str | None = None
-    """How the gold chats become tokens, as ``RolloutConfig.chat_format`` (set it as the training run will)."""
-    tool_format: str | None = None
-    """How the gold calls are written, as ``RolloutConfig.tool_format`` (None: the model's own format)."""
-    native_tools: bool = True
-    """Where the gold chats' tools are listed, as ``RolloutConfig.native_tools``."""
-    thinking: bool | None = None
-    """As ``RolloutConfig.thinking``."""
-    thinking_history: str | None = None
-    """As ``RolloutConfig.thinking_history`` (``keep`` / ``strip``; None: the template's own), set as the training run
-    will: the gold chats' earlier turns are written the same way."""
-    memory_attempts: int = 0
-    """Rehearsal notes in the warm-up (issue 29), off at 0. N > 0: the starting model rehearses each training task N
-    times and each task gets a second gold trajectory whose Act prompts carry the notes distilled from them (the
-    module docstring of envace.training.sft). Costs N rehearsed rollouts per task."""
-    out_dir: str = "runs/sft"
-    seed: int = 0
-    tensorboard: bool = True
-    """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to
-    decide)."""
-    report_to: tuple[str, ...] = ("tensorboard",)
-    """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.core.logging.SINKS):
-    ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
-    ``[]`` or ``jsonl``: nowhere else. A sink that cannot start says so in one line on stderr and the run goes on."""
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        RolloutConfig(
-            chat_format=self.chat_format, tool_format=self.tool_format, thinking_history=self.thinking_history
-        )  # an unknown name lists the valid ones
-        self.roles = tuple(self.roles)
-        self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
-        self.report_to = report_to_setting(self.report_to, "SFTConfig.report_to")
-        self.task_kinds = task_kinds_setting(self.task_kinds, "SFTConfig.task_kinds")
-        if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0 or self.memory_attempts < 0:
-            raise ValueError("steps >= 0, batch_tasks >= 1, lr > 0 and memory_attempts >= 0 are required")
-
-    @property
-    def sinks(self) -> tuple[str, ...]:
-        """The metrics sinks of the run (as ``TrainConfig.sinks``)."""
-        return report_sinks(self.report_to, self.tensorboard)
-
-
 CHAT_IO = ("chat_format", "tool_format", "native_tools", "thinking", "thinking_history", "user", "user_model")
 """How the policy's chats and tool calls are written and who plays the user: the ``RolloutConfig`` fields the
 command configs took flat (``ChatIO``) before they nested one ``rollout`` (issue 30)."""
+
+SFT_CHAT_IO = ("chat_format", "tool_format", "native_tools", "thinking", "thinking_history")
+"""The gold chats' format: the ``RolloutConfig`` fields SFTConfig took flat before it nested one ``rollout``."""
 
 FLAT_ROLLOUT_KEYS: dict[str, tuple[str, ...]] = {
     **{k: (k,) for k in CHAT_IO},
@@ -335,7 +267,7 @@ FLAT_ROLLOUT_KEYS: dict[str, tuple[str, ...]] = {
     "reference_cache": ("reference_cache",),
     "temperature": ("act.temperature",),
 }
-"""A key the command configs (eval, fidelity, rollout, rehearse) took flat before they nested one ``rollout:
+"""A key the command configs (sft, eval, fidelity, rollout, rehearse) took flat before they nested one ``rollout:
 RolloutConfig`` (issue 30) -> where it is now, under ``rollout.`` (``max_new_tokens`` sets both roles' budgets).
 Each config reads the keys of its ``FLAT_ROLLOUT`` one version, with a DeprecationWarning; their shorthand flags
 (``--max-steps``, ``--max-new-tokens``, ...) set the nested fields and do not warn."""
@@ -409,6 +341,70 @@ def _command_rollout(max_steps: int = 8, max_new_tokens: int = 160, progress: bo
         rehearse=rehearse_sampling(max_new_tokens),
         progress=progress,
     )
+
+
+@flat_rollout_keys(*SFT_CHAT_IO)
+@dataclass
+class SFTConfig:
+    """Supervised warm-up on gold trajectories: Act rows on gold calls and replies, Rehearse rows on the real
+    environment's observations."""
+
+    model: str = "SmolLM2-135M-Instruct"
+    """Model to warm up (as ``TrainConfig.model``: a name, a model folder, a training checkpoint / run folder)."""
+    suite: str = "builtin"
+    n_tasks: int = 256
+    """Gold trajectories to train on (training split); with ``task_kinds``, how many of those kinds."""
+    task_kinds: tuple[str, ...] | None = None
+    """Warm up only on tasks of these kinds (as ``TrainConfig.task_kinds``), e.g. ``[simple, read_only_report]`` to
+    teach the format and the simple tasks and leave ``chained`` and ``recovery`` to RL; None: every kind."""
+    steps: int = 60
+    """Optimizer steps."""
+    batch_tasks: int = 8
+    """Gold trajectories per step."""
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 4096
+    roles: tuple[str, ...] = ("act", "rehearse")
+    """Which roles' rows are trained."""
+    lora_r: int = 0
+    lora_alpha: int = 32
+    bf16: bool | str = False
+    """bf16 autocast for the update: true, false, or ``auto`` (bf16 only where it is faster than float32; see
+    ``TrainConfig.bf16``). ``envace demo`` uses ``auto``."""
+    rollout: RolloutConfig = field(default_factory=_command_rollout(max_steps=4, max_new_tokens=96, progress=True))
+    """How the gold chats become tokens: ``chat_format``, ``tool_format``, ``native_tools``, ``thinking`` and
+    ``thinking_history`` as ``TrainConfig.rollout``'s (set them as the training run will; None: the model's own);
+    with ``memory_attempts``, also the rollout of the rehearsed attempts (at most 4 steps of 96 new tokens, Act at
+    T=1; a progress bar where ``progress`` is on too). The flat keys of before (``chat_format``, ...) are read for one
+    version, with a DeprecationWarning."""
+    memory_attempts: int = 0
+    """Rehearsal notes in the warm-up (issue 29), off at 0. N > 0: the starting model rehearses each training task N
+    times and each task gets a second gold trajectory whose Act prompts carry the notes distilled from them (the
+    module docstring of envace.training.sft). Costs N rehearsed rollouts per task."""
+    out_dir: str = "runs/sft"
+    seed: int = 0
+    tensorboard: bool = True
+    """False turns TensorBoard off whatever ``report_to`` says (the older switch; True leaves ``report_to`` to
+    decide)."""
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """Where metrics are reported besides ``metrics.jsonl``, which is always written (envace.core.logging.SINKS):
+    ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
+    ``[]`` or ``jsonl``: nowhere else. A sink that cannot start says so in one line on stderr and the run goes on."""
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.roles = tuple(self.roles)
+        self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
+        self.report_to = report_to_setting(self.report_to, "SFTConfig.report_to")
+        self.task_kinds = task_kinds_setting(self.task_kinds, "SFTConfig.task_kinds")
+        if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0 or self.memory_attempts < 0:
+            raise ValueError("steps >= 0, batch_tasks >= 1, lr > 0 and memory_attempts >= 0 are required")
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """The metrics sinks of the run (as ``TrainConfig.sinks``)."""
+        return report_sinks(self.report_to, self.tensorboard)
 
 
 @flat_rollout_keys(*CHAT_IO, "max_steps", "max_new_tokens")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,7 +34,7 @@ from ..backends.models import load_trainable, make_optimizer
 from ..chat.parsing import ToolFormat, format_observation, tool_format_for
 from ..core.precision import use_bf16
 from ..chat.prompts import ChatFormat
-from ..rollout.engine import RolloutConfig, RolloutEngine, rehearse_sampling
+from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..rollout.memory import rehearsal_lessons
 from ..backends.hf import HFBackend
 from ..core.seeding import seed_everything
@@ -218,9 +218,9 @@ CHAT_IO = ("chat_format", "tool_format", "thinking", "thinking_history", "native
 """The chat and tool format settings a teacher's rollout takes (:func:`gold_trajectories`' keywords)."""
 
 
-def chat_io(cfg: Any) -> dict[str, Any]:
-    """The :data:`CHAT_IO` settings of ``cfg`` (an SFTConfig or a RolloutConfig), as keywords."""
-    return {k: getattr(cfg, k) for k in CHAT_IO}
+def chat_io(rollout: RolloutConfig) -> dict[str, Any]:
+    """The :data:`CHAT_IO` settings of ``rollout`` (``SFTConfig.rollout``, ``TrainConfig.rollout``), as keywords."""
+    return {k: getattr(rollout, k) for k in CHAT_IO}
 
 
 def _teacher_config(
@@ -246,18 +246,9 @@ def _teacher_config(
 
 
 def lesson_rollout(cfg: SFTConfig) -> RolloutConfig:
-    """The attempts of ``SFTConfig.memory_attempts``: Act sampled at T=1, at most 4 steps of 96 new tokens."""
-    return RolloutConfig(
-        max_steps=4,
-        act=SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=96),
-        rehearse=rehearse_sampling(96),
-        chat_format=cfg.chat_format,
-        tool_format=cfg.tool_format,
-        thinking=cfg.thinking,
-        thinking_history=cfg.thinking_history,
-        native_tools=cfg.native_tools,
-        progress=cfg.progress,
-    )
+    """The attempts of ``SFTConfig.memory_attempts``: ``cfg.rollout`` (by default Act sampled at T=1, at most 4 steps
+    of 96 new tokens), its progress bar shown only where ``cfg.progress`` is on too."""
+    return replace(cfg.rollout, progress=cfg.rollout.progress and cfg.progress)
 
 
 @dataclass
@@ -276,7 +267,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
-    io = chat_io(cfg)
+    io = chat_io(cfg.rollout)
     trajs = gold_trajectories(tok, tasks, **io)
     if cfg.memory_attempts:  # the starting model's own rehearsals, distilled; then the same gold, with the notes
         notes = rehearsal_lessons(HFBackend(model, tok), tasks, lesson_rollout(cfg), cfg.memory_attempts, seed=cfg.seed)
