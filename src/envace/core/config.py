@@ -1,6 +1,7 @@
 """The config codec: typed dataclasses to and from plain mappings (YAML, JSON, ``--set key=value``).
 
-Two readers over the same field-by-field walk, by purpose:
+One reader, :func:`read_fields`, walks the fields of both halves; what it does with a key and a value depends on
+who wrote the mapping (its ``strict`` switch):
 
 - configs (:func:`from_dict`, :func:`to_dict`, :func:`load_config <envace.config.load_config>`): strict, since a
   person wrote the mapping: an unknown key is an error that lists the valid ones, strings from the command line are
@@ -66,21 +67,9 @@ def _coerce(tp: Any, value: Any) -> Any:
 
 
 def from_dict(cls: type, d: dict[str, Any]) -> Any:
-    """Build a config dataclass from a dict; unknown keys are an error that lists the valid ones."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - names
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; valid: {sorted(names)}")
-    values = {}
-    for k, v in d.items():
-        try:
-            values[k] = _coerce(hints[k], v)
-        except (TypeError, ValueError) as e:  # name the field: "invalid literal for int()" alone says too little
-            raise ValueError(f"{cls.__name__}.{k}: bad value {v!r}: {e}") from None
-        if not _type_ok(hints[k], values[k]):
-            raise ValueError(f"{cls.__name__}.{k}: bad value {v!r}: expected {getattr(hints[k], '__name__', hints[k])}")
-    return cls(**values)
+    """Build a config dataclass from a dict; unknown keys are an error that lists the valid ones
+    (:func:`read_fields`, strict)."""
+    return read_fields(cls, d, strict=True)
 
 
 def _type_ok(tp: Any, value: Any) -> bool:
@@ -298,29 +287,68 @@ def _encode(v: Any) -> Any:
 
 
 def fields_from_dict(cls: type, d: dict[str, Any], **missing: Any) -> Any:
-    """``cls`` from a :func:`fields_to_dict` dict: each field from its key, decoded by the field's type (a dataclass
-    by its ``from_dict``, a list item by item, an optional one when not None); a key that is absent takes
-    ``missing[name]`` if given, else the field's default (a field without one: KeyError naming it). Keys that are
-    no field are ignored."""
-    values = {}
-    for name, (decode, required) in _decoders(cls).items():
+    """``cls`` from a :func:`fields_to_dict` dict (:func:`read_fields`, not strict): each field from its key, decoded
+    by the field's type (a dataclass by its ``from_dict``, a list item by item, an optional one when not None); a key
+    that is absent takes ``missing[name]`` if given, else the field's default (a field without one: KeyError naming
+    it). Keys that are no field are ignored."""
+    return read_fields(cls, d, strict=False, missing=missing)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The reader of both
+# --------------------------------------------------------------------------------------------------------
+
+
+def read_fields(cls: type, d: dict[str, Any], strict: bool, missing: dict[str, Any] | None = None) -> Any:
+    """The dataclass ``cls`` from the mapping ``d``, field by field: the reader of configs (:func:`from_dict`,
+    ``strict``) and of data records (:func:`fields_from_dict`). Where ``strict``, a key that is no field is an error
+    that lists the valid ones and each value is coerced to its field's type (:func:`_coerce`: strings from the command
+    line, nested configs read strictly) and checked (:func:`_type_ok`), an error naming the field; else keys that are
+    no field are ignored and each value is decoded by its field's type (:func:`_decoder`). A field without a key
+    takes ``missing[name]`` if given, else its default; without one either: a record's is a KeyError naming it, a
+    config's the dataclass's own error."""
+    fields = _fields(cls)
+    if strict and (unknown := set(d) - set(fields)):
+        raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; valid: {sorted(fields)}")
+    read = _config_value if strict else _record_value
+    values = {k: read(cls, k, fields[k][0], v) for k, v in d.items() if k in fields}
+    for name, (_, required) in fields.items():
         if name in d:
-            values[name] = d[name] if decode is None else decode(d[name])
-        elif name in missing:
+            continue
+        if missing and name in missing:
             values[name] = missing[name]
-        elif required:
+        elif required and not strict:
             raise KeyError(name)
     return cls(**values)
 
 
 @functools.cache
-def _decoders(cls: type) -> dict[str, tuple[Callable[[Any], Any] | None, bool]]:
-    """Per field of ``cls``: its decoder (:func:`_decoder`) and whether it has no default."""
+def _fields(cls: type) -> dict[str, tuple[Any, bool]]:
+    """Per field of ``cls``, in field order: its type (the annotation, resolved) and whether it has no default."""
     hints = typing.get_type_hints(cls)
     no_default = (dataclasses.MISSING, dataclasses.MISSING)
-    return {
-        f.name: (_decoder(hints[f.name]), (f.default, f.default_factory) == no_default) for f in dataclasses.fields(cls)
-    }
+    return {f.name: (hints[f.name], (f.default, f.default_factory) == no_default) for f in dataclasses.fields(cls)}
+
+
+def _config_value(cls: type, name: str, tp: Any, v: Any) -> Any:
+    try:
+        value = _coerce(tp, v)
+    except (TypeError, ValueError) as e:  # name the field: "invalid literal for int()" alone says too little
+        raise ValueError(f"{cls.__name__}.{name}: bad value {v!r}: {e}") from None
+    if not _type_ok(tp, value):
+        raise ValueError(f"{cls.__name__}.{name}: bad value {v!r}: expected {getattr(tp, '__name__', tp)}")
+    return value
+
+
+def _record_value(cls: type, name: str, tp: Any, v: Any) -> Any:
+    decode = _decoders(cls)[name]
+    return v if decode is None else decode(v)
+
+
+@functools.cache
+def _decoders(cls: type) -> dict[str, Callable[[Any], Any] | None]:
+    """Per field of ``cls``: its decoder (:func:`_decoder`), made once."""
+    return {name: _decoder(tp) for name, (tp, _) in _fields(cls).items()}
 
 
 def _decoder(tp: Any) -> Callable[[Any], Any] | None:
