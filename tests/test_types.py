@@ -2,9 +2,11 @@
 bytes as the hand-written methods wrote before (a golden line), and a missing required key named."""
 
 import json
+from dataclasses import dataclass
 
 import pytest
 
+from envace.core.config import JSONable, fields_from_dict, from_dict
 from envace.core.types import Message, Row, Step, Task, ToolCall, ToolSpec, Trajectory, UserStep
 
 
@@ -88,3 +90,25 @@ def test_a_trajectory_keeps_its_tools_only_where_it_has_them():
     d = json.loads(json.dumps(t.to_dict()))
     assert d["tools"][0]["name"] == "get" and list(d) == list(t.to_dict(with_rows=False))
     assert Trajectory.from_dict(d) == t
+
+
+@dataclass
+class _Record(JSONable):
+    name: str
+    note: str | None = None
+
+
+def test_one_reader_strict_for_configs_and_lenient_for_records():
+    """envace.core.config.read_fields reads both: a config's strings from the command line are coerced and an
+    unknown key is an error; a record's values stay as written (the text "none" is text), an unknown key (a later
+    version's) is skipped and an absent field without a default is a KeyError naming it."""
+    assert from_dict(_Record, {"name": "a", "note": "none"}) == _Record("a", None)
+    with pytest.raises(ValueError, match=r"unknown _Record field\(s\) \['later'\]; valid: \['name', 'note'\]"):
+        from_dict(_Record, {"name": "a", "later": 1})
+    with pytest.raises(ValueError, match=r"_Record.name: bad value \[1\]: expected str"):
+        from_dict(_Record, {"name": [1]})
+    assert from_dict(_Record, {"name": 3}) == _Record("3") and _Record.from_dict({"name": 3}) == _Record(3)
+    assert _Record.from_dict({"name": "a", "note": "none", "later": 1}) == _Record("a", "none")
+    assert fields_from_dict(_Record, {}, name="x") == _Record("x")
+    with pytest.raises(KeyError, match="name"):
+        _Record.from_dict({"note": "n"})
