@@ -300,24 +300,25 @@ def fields_from_dict(cls: type, d: dict[str, Any], **missing: Any) -> Any:
 
 
 def read_fields(cls: type, d: dict[str, Any], strict: bool, missing: dict[str, Any] | None = None) -> Any:
-    """The dataclass ``cls`` from the mapping ``d``, field by field: the reader of configs (:func:`from_dict`,
-    ``strict``) and of data records (:func:`fields_from_dict`). Where ``strict``, a key that is no field is an error
-    that lists the valid ones and each value is coerced to its field's type (:func:`_coerce`: strings from the command
-    line, nested configs read strictly) and checked (:func:`_type_ok`), an error naming the field; else keys that are
-    no field are ignored and each value is decoded by its field's type (:func:`_decoder`). A field without a key
-    takes ``missing[name]`` if given, else its default; without one either: a record's is a KeyError naming it, a
-    config's the dataclass's own error."""
-    fields = _fields(cls)
-    if strict and (unknown := set(d) - set(fields)):
-        raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; valid: {sorted(fields)}")
-    read = _config_value if strict else _record_value
-    values = {k: read(cls, k, fields[k][0], v) for k, v in d.items() if k in fields}
-    for name, (_, required) in fields.items():
+    """The dataclass ``cls`` from the mapping ``d``, field by field over one field table (:func:`_fields`): the reader
+    of configs (:func:`from_dict`, ``strict``) and of data records (:func:`fields_from_dict`). Where ``strict``, a key
+    that is no field is an error that lists the valid ones, each value is coerced to its field's type
+    (:func:`_coerce`: strings from the command line, nested configs read strictly) and checked (:func:`_type_ok`), an
+    error naming the field, and an absent field takes its default. Else keys that are no field are ignored, each
+    value is decoded by its field's type (:func:`_decoder`: a dataclass by its own ``from_dict``) and an absent field
+    takes ``missing[name]`` if given, else its default (a field without one: KeyError naming it)."""
+    if strict:
+        fields = _fields(cls)
+        if unknown := set(d) - set(fields):
+            raise ValueError(f"unknown {cls.__name__} field(s) {sorted(unknown)}; valid: {sorted(fields)}")
+        return cls(**{k: _config_value(cls, k, fields[k][0], v) for k, v in d.items()})
+    values = {}
+    for name, (decode, required) in _decoders(cls).items():
         if name in d:
-            continue
-        if missing and name in missing:
+            values[name] = d[name] if decode is None else decode(d[name])
+        elif missing and name in missing:
             values[name] = missing[name]
-        elif required and not strict:
+        elif required:
             raise KeyError(name)
     return cls(**values)
 
@@ -340,15 +341,11 @@ def _config_value(cls: type, name: str, tp: Any, v: Any) -> Any:
     return value
 
 
-def _record_value(cls: type, name: str, tp: Any, v: Any) -> Any:
-    decode = _decoders(cls)[name]
-    return v if decode is None else decode(v)
-
-
 @functools.cache
-def _decoders(cls: type) -> dict[str, Callable[[Any], Any] | None]:
-    """Per field of ``cls``: its decoder (:func:`_decoder`), made once."""
-    return {name: _decoder(tp) for name, (tp, _) in _fields(cls).items()}
+def _decoders(cls: type) -> dict[str, tuple[Callable[[Any], Any] | None, bool]]:
+    """Per field of ``cls``, in field order: its decoder (:func:`_decoder`), made once, and whether it has no
+    default."""
+    return {name: (_decoder(tp), required) for name, (tp, required) in _fields(cls).items()}
 
 
 def _decoder(tp: Any) -> Callable[[Any], Any] | None:
