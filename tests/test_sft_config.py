@@ -3,6 +3,7 @@ thinking history) is read from ``SFTConfig.rollout``; the flat keys of before ar
 DeprecationWarning, from keywords, a config file (a run's saved config of the older version) and ``--set``."""
 
 import dataclasses
+import json
 import warnings
 
 import pytest
@@ -80,3 +81,20 @@ def test_the_rehearsed_attempts_of_memory_attempts_roll_out_as_before():
     assert lesson_rollout(SFTConfig(progress=False)) == dataclasses.replace(before, progress=False)
     quiet = SFTConfig(rollout=dataclasses.replace(SFTConfig().rollout, progress=False, tool_format="mistral"))
     assert lesson_rollout(quiet) == dataclasses.replace(before, progress=False, tool_format="mistral")
+
+
+def test_a_warmup_saved_with_the_flat_keys_of_before_is_the_same_warmup():
+    """The demo reuses a finished warm-up whose checkpoint holds the config an earlier version wrote (flat
+    chat_format, tool_format, ...), and still refuses one trained with another setting."""
+    from envace.config import to_dict
+    from envace.evaluation.demo import demo_sft_config, same_config
+
+    cfg = demo_sft_config("tiny-random", "shop-world", "runs/x", quick=True)
+    saved = json.loads(json.dumps(to_dict(cfg), default=str))
+    del saved["rollout"]
+    saved |= {"chat_format": None, "tool_format": None, "native_tools": True, "thinking": None}
+    saved["thinking_history"] = None
+    assert same_config(saved, cfg)
+    assert not same_config({**saved, "lr": cfg.lr * 2}, cfg)
+    assert not same_config({**saved, "tool_format": "mistral"}, cfg)
+    assert not same_config({**saved, "no_such_field": 1}, cfg) and not same_config(None, cfg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from typing import Any
 
 from ..rewards.functions import DEFAULT_REWARD
@@ -130,16 +131,33 @@ def demo_eval(model: str, suite: str, split: str, n: int, samples: int, seed: in
     return evaluate_model(model, suite, split, n, samples, seed, rollout=demo_rollout(), bf16="auto", backend="auto")
 
 
+def same_config(saved: dict[str, Any] | None, cfg: Any) -> bool:
+    """Whether ``saved`` (a checkpoint's config, as an earlier version may have written it: flat keys that moved
+    are read as the config reader reads them, with their warning silenced) is ``cfg``."""
+    from ..config import load_config, to_dict
+
+    def plain(c: Any) -> Any:
+        return json.loads(json.dumps(to_dict(c), default=str))
+
+    if not isinstance(saved, dict):
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return plain(load_config(type(cfg), values=saved)) == plain(cfg)
+    except (TypeError, ValueError, KeyError):  # a key this version does not know: another config
+        return False
+
+
 def finished_warmup(cfg: Any) -> str | None:
     """The policy of a warm-up that ``cfg`` already trained (its final checkpoint under ``cfg.out_dir``, saved with
     this very config), so that a rerun of the demo into the same folder goes on from there; else None."""
-    from ..config import to_dict
     from ..core.checkpoint import latest_checkpoint, load_state
 
     ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "checkpoints"))
     if ckpt is None:
         return None
-    same = load_state(ckpt).get("config") == json.loads(json.dumps(to_dict(cfg), default=str))
+    same = same_config(load_state(ckpt).get("config"), cfg)
     return os.path.join(ckpt, "policy") if same and os.path.isdir(os.path.join(ckpt, "policy")) else None
 
 
