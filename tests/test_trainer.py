@@ -448,3 +448,27 @@ def test_killed_training_resumes_from_the_last_checkpoint_without_gaps(tmp_path)
     steps = [m["step"] for m in read_metrics(str(out))]
     assert steps == [1, 2, 3, 4]
     assert (out / "checkpoints" / "latest").read_text().strip() == "step-000004"
+
+
+def test_old_logprobs_taken_in_the_single_step_train_as_a_separate_recomputation_does(tmp_path, monkeypatch):
+    """With one optimizer step the old log-probs come from the step's own forward; a separate pass before it gives
+    the same mismatch metrics and the same trained weights (a perturbed sampler, the correction on)."""
+    from safetensors.torch import load_file
+
+    import envace.training.trainer as trainer
+
+    def run(name, in_step):
+        _rewarded_and_perturbed(monkeypatch, 1.0)
+        monkeypatch.setattr(trainer, "old_logprobs_in_the_step", lambda cfg: in_step)
+        res = train(_tiny_cfg(tmp_path / name, "envace", recompute_old_logprobs=True, tis_cap=2.0))
+        monkeypatch.undo()
+        return res.metrics[-1], load_file(os.path.join(res.checkpoint, "policy", "model.safetensors"))
+
+    (m_step, w_step), (m_pass, w_pass) = run("in_step", True), run("separate", False)
+    assert trainer.old_logprobs_in_the_step(_tiny_cfg(tmp_path, "envace"))
+    assert not trainer.old_logprobs_in_the_step(_tiny_cfg(tmp_path, "envace", update_epochs=2))
+    for k in ("mismatch/kl", "mismatch/clipped_share", "mismatch/ratio_mean", "loss/policy/grad_norm"):
+        assert m_step[k] == pytest.approx(m_pass[k], rel=1e-4, abs=1e-6), k
+    assert m_step["mismatch/kl"] > 0.25  # the perturbation reached the metrics through the in-step old log-probs
+    for k in w_step:
+        torch.testing.assert_close(w_step[k], w_pass[k], rtol=1e-4, atol=1e-6)

@@ -521,7 +521,8 @@ def grounded_rollouts(run: Run, tasks: list[Task], prefix: str, it_seed: int, se
 def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int, obs: list[Row] | None = None) -> dict[str, float]:
     """One update of every trained model on the rows its roles route to it (``variant.model_of``): old log-probs
     recomputed where the sampler's are not the trainer's (the sampler's own kept for the rollout correction,
-    ``tis_cap``), then ``update_epochs`` x ``mini_batches`` optimizer steps (the KL reference applies to the policy
+    ``tis_cap``; in the step's own forward where there is one step, :func:`old_logprobs_in_the_step`), then
+    ``update_epochs`` x ``mini_batches`` optimizer steps (the KL reference applies to the policy
     only); the rollout engines then get the new weights. Every process steps every model, with its rows (maybe
     none). Returns the ``loss/<model>/...`` metrics of the last step that updated the model (a part can be empty
     when there are fewer rows than mini-batches), or ``loss/<model>/micro_batches: 0`` when none did; where the
@@ -535,10 +536,11 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int, obs: list[Row]
         cfg, dist.device, engine
     )  # the rollout engine's log-probs are not the trainer's
     sampler = [list(r.old_logprobs) for r in rows]  # the sampler's own, kept for the rollout correction
+    in_step = recompute and old_logprobs_in_the_step(cfg)
     for name, model in run.models.items():
         mine = [i for i, r in enumerate(rows) if run.variant.model_of(r.role) == name]
         sub_rows, sub_adv = [rows[i] for i in mine], adv[mine]
-        if recompute:
+        if recompute and not in_step:
             recompute_old_logprobs(
                 model,
                 sub_rows,
@@ -560,7 +562,7 @@ def update(run: Run, rows: list[Row], adv: torch.Tensor, it: int, obs: list[Row]
         for (epoch, part), (_, obs_part) in zip(steps, obs_steps):
             p_rows, p_adv = [sub_rows[i] for i in part], sub_adv[part]
             p_sampler = [sampler[mine[i]] for i in part] if recompute and cfg.tis_cap is not None else None
-            loss_fn, step_rows = _grpo_loss(p_rows, p_adv, cfg, ref, temps, p_sampler), p_rows
+            loss_fn, step_rows = _grpo_loss(p_rows, p_adv, cfg, ref, temps, p_sampler, old_in_step=in_step), p_rows
             if learns_obs:  # the observation cross-entropy joins this step: its rows after the policy rows
                 o_rows = [my_obs[i] for i in obs_part]
                 loss_fn, obs_ce = with_obs_loss(loss_fn, p_rows, o_rows, cfg.obs_loss_alpha, cfg.loss_agg, dist)
@@ -665,6 +667,14 @@ def update_bf16(cfg: TrainConfig, device: Any = None) -> bool:
 def rollout_bf16(cfg: TrainConfig, device: Any = None) -> bool:
     """Whether rollouts run in bf16: ``rollout_bf16`` if set, else ``bf16``, decided for ``device`` as above."""
     return use_bf16(cfg.bf16 if cfg.rollout_bf16 is None else cfg.rollout_bf16, device or cfg.device)
+
+
+def old_logprobs_in_the_step(cfg: TrainConfig) -> bool:
+    """Whether recomputed old log-probs come from the update's own forward instead of a pass before it: with one
+    optimizer step per model (``update_epochs`` 1, ``mini_batches`` 1) the weights do not change before the step,
+    so the step's log-probs, detached, are the old ones (ratio 1); the forward a separate pass would cost is saved
+    (measured for vLLM rollouts: docs/benchmarks.md section 6)."""
+    return cfg.update_epochs == 1 and cfg.mini_batches == 1
 
 
 def recomputes_old_logprobs(cfg: TrainConfig, device: Any = None, engine: str | None = None) -> bool:
@@ -833,16 +843,22 @@ def _grpo_loss(
     ref_model: Reference | None,
     temps: dict[str, float],
     sampler: list[list[float]] | None = None,
+    old_in_step: bool = False,
 ):
     """The loss of one micro-batch: clipped surrogate (+ optional k3 KL to the reference). ``sampler[i]``: the
     sampler's own log-probs of row i where the old ones are the trainer's; each token's surrogate is then weighted
-    by the rollout correction (truncated at ``cfg.tis_cap``). None: no correction."""
+    by the rollout correction (truncated at ``cfg.tis_cap``). None: no correction. ``old_in_step``
+    (:func:`old_logprobs_in_the_step`): the old log-probs are this forward's, detached, and are written into the
+    rows (for ``mismatch/*``) as a separate pass would have."""
     from .update import pack_rows
 
     def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
         def padded(lists: list[list[float]]) -> torch.Tensor:  # (n, T) like logp
             return pad_rows([torch.tensor(lists[i], dtype=torch.float32, device=logp.device) for i in idxs])[0]
 
+        if old_in_step:
+            for j, i in enumerate(idxs):
+                rows[i].old_logprobs = logp[j, : len(rows[i].completion_ids)].detach().float().tolist()
         old = padded([r.old_logprobs for r in rows])  # (n, T)
         w = None if sampler is None else algos.rollout_correction(old, padded(sampler), mask, cfg.tis_cap)[0]
         a = adv[idxs].to(logp.device)  # (n,)
