@@ -171,9 +171,9 @@ class TrainConfig:
     rollout_backend_options: dict = field(default_factory=dict)
     """Keyword options of a separate rollout engine (vllm: gpu_memory_utilization, max_model_len, dtype, ...)."""
     recompute_old_logprobs: bool | None = None
-    """Recompute the rows' old log-probs with the trainer's model before each update instead of trusting the
-    sampler's (costs one forward without grad). None: only where the sampler's numbers are not the trainer's: a
-    separate engine (vllm: untempered log-probs from other kernels) or ``rollout_bf16`` differing from ``bf16``."""
+    """Take the rows' old log-probs from the trainer's model instead of trusting the sampler's (a forward without
+    grad before the update; none with one optimizer step, which takes them in its own forward). None: only where the
+    sampler's numbers are not the trainer's: a separate engine (vllm) or ``rollout_bf16`` differing from ``bf16``."""
     tis_cap: float | None = 2.0
     """Truncated importance sampling against the train-inference mismatch, the cap C: where the old log-probs are
     recomputed (``recompute_old_logprobs``, on by default where sampler and trainer differ) each token's policy

@@ -6,9 +6,10 @@ which models the variant trains and who plays Rehearse come from its entry (enva
 Departures from the paper / reference code:
 - Old log-probs are the sampling log-probs recorded by the backend (one update epoch per batch, as in the
   reference, so the ratio starts at ~1; batched vs packed numerics differ by ~1e-6) -- unless the sampler is not
-  the trainer (bf16 rollouts and a float32 update, a vLLM engine): then the trainer recomputes them, and each
-  token's loss is weighted by min(pi_old / pi_sampler, tis_cap) from the sampler's own log-probs (truncated
-  importance sampling, as verl / TRL / SkyRL do; ``mismatch/*`` logs the gap).
+  the trainer (bf16 rollouts and a float32 update, a vLLM engine): then the trainer recomputes them (in the update's
+  own forward when the update is one optimizer step), and each token's loss is weighted by min(pi_old / pi_sampler,
+  tis_cap) from the sampler's own log-probs (truncated importance sampling, as verl / TRL / SkyRL do; ``mismatch/*``
+  logs the gap).
 - Rows of one context are packed into one sequence for the update (exact for a causal LM; see envace.training.update).
 - A trajectory whose reward is None (unscored, e.g. a judge failure) is masked out and counted.
 - Beyond the paper (off by default): ``real_share`` rolls out a share of each group in the real environment
