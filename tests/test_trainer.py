@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from envace.chat.parsing import render_act
-from envace.backends.base import SamplingParams
 from envace.backends.scripted import ScriptedBackend
 from envace.config import VARIANTS, TrainConfig, load_config
 from envace.envs import load_tasks
@@ -21,6 +20,7 @@ from envace.training.sft import gold_trajectories
 from envace.training.trainer import rows_with_advantages, train, update_parts
 from envace.training.update import completion_logprobs, optimizer_step, pack_rows, pad_rows
 from envace.math import algos
+from tiny import tiny_train_config
 from numerics import assert_logprobs_close
 
 
@@ -155,26 +155,7 @@ def test_a_step_with_nothing_to_learn_updates_nothing_and_says_so(tiny):
 
 
 def _tiny_cfg(tmp_path, variant, **kw):
-    rc = RolloutConfig(
-        max_steps=2,
-        act=SamplingParams(max_new_tokens=8),
-        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
-    )
-    return TrainConfig(
-        model="tiny-random",
-        suite="bank",
-        variant=variant,
-        iterations=1,
-        batch_tasks=1,
-        lr=1e-3,
-        group_size=2,
-        rollout=rc,
-        out_dir=str(tmp_path / variant),
-        tensorboard=False,
-        progress=False,
-        save_every=1,
-        **kw,
-    )
+    return tiny_train_config(tmp_path / variant, variant=variant, **kw)
 
 
 @pytest.mark.parametrize("variant", VARIANTS.names())

@@ -6,12 +6,11 @@ import os
 
 import pytest
 
-from envace.backends.base import SamplingParams
 from envace.config import TrainConfig, load_config
 from envace.core.logging import read_metrics
-from envace.rollout.engine import RolloutConfig
 from envace.training.trainer import train
 from servers import envace_serve
+from tiny import tiny_train_config
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 
@@ -26,28 +25,8 @@ def judge_server(tmp_path_factory):
 
 
 def _cfg(out, **kw):
-    rc = RolloutConfig(
-        max_steps=2,
-        act=SamplingParams(max_new_tokens=8),
-        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
-    )
-    base = dict(
-        model="tiny-random",
-        suite="bank",
-        iterations=1,
-        batch_tasks=2,
-        n_train_tasks=4,
-        lr=1e-3,
-        group_size=2,
-        rollout=rc,
-        out_dir=str(out),
-        tensorboard=False,
-        progress=False,
-        save_every=1,
-        reward="checklist_judge",
-        judge_max_new_tokens=24,
-    )
-    return TrainConfig(**(base | kw))
+    judged = {"batch_tasks": 2, "n_train_tasks": 4, "reward": "checklist_judge", "judge_max_new_tokens": 24}
+    return tiny_train_config(out, **(judged | kw))
 
 
 def _judged(out) -> list[dict]:

@@ -12,7 +12,7 @@ import torch
 
 import envace.training.trainer as trainer
 from envace.backends.base import SamplingParams
-from envace.config import RESUMABLE_FIELDS, TrainConfig, config_diff, to_dict
+from envace.config import RESUMABLE_FIELDS, config_diff, to_dict
 from envace.envs import load_tasks
 from envace.core.logging import read_metrics
 from envace.backends.models import load
@@ -22,6 +22,7 @@ from envace.training.sft import gold_trajectories
 from envace.backends.models import load_trainable
 from envace.training.trainer import train
 from envace.training.update import completion_logprobs, pack_rows
+from tiny import tiny_train_config
 
 
 def _first_of_group(task, traj, ctx):
@@ -36,27 +37,7 @@ def moving_reward(monkeypatch):
 
 
 def _cfg(out, reward="gold_f1", **kw):
-    rc = RolloutConfig(
-        max_steps=2,
-        act=SamplingParams(max_new_tokens=8),
-        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
-    )
-    base = dict(
-        model="tiny-random",
-        suite="bank",
-        iterations=1,
-        batch_tasks=1,
-        n_train_tasks=4,
-        lr=1e-3,
-        group_size=2,
-        rollout=rc,
-        out_dir=str(out),
-        tensorboard=False,
-        progress=False,
-        save_every=1,
-        reward=reward,
-    )
-    return TrainConfig(**(base | kw))
+    return tiny_train_config(out, **({"n_train_tasks": 4, "reward": reward} | kw))
 
 
 def _spy_frozen(monkeypatch) -> dict:

@@ -8,7 +8,6 @@ import os
 import pytest
 import torch
 
-from envace.backends.base import SamplingParams
 from envace.chat.parsing import format_observation
 from envace.config import TrainConfig, load_config, to_dict
 from envace.core.types import Row, Trajectory
@@ -19,32 +18,13 @@ from envace.training import trainer
 from envace.training.distributed import Dist
 from envace.training.sft import GoldTeacher, gold_trajectories, real_observations, replayed_trajectories
 from envace.training.trainer import OBS_ROLE, informative_trajectories, train, with_obs_loss
+from tiny import tiny_train_config
 
 ONE = Dist()
 
 
 def _cfg(tmp_path, name, **kw):
-    rc = RolloutConfig(
-        max_steps=2,
-        act=SamplingParams(max_new_tokens=8),
-        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
-    )
-    base = dict(
-        model="tiny-random",
-        suite="bank",
-        variant="envace",
-        iterations=1,
-        batch_tasks=2,
-        n_train_tasks=6,
-        lr=1e-3,
-        group_size=2,
-        rollout=rc,
-        out_dir=str(tmp_path / name),
-        tensorboard=False,
-        progress=False,
-        save_every=1,
-    )
-    return TrainConfig(**(base | kw))
+    return tiny_train_config(tmp_path / name, **({"variant": "envace", "batch_tasks": 2, "n_train_tasks": 6} | kw))
 
 
 def _weights(res):
