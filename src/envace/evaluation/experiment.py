@@ -107,6 +107,11 @@ EXPERIMENT_SETS = frozenset(
 )
 """TrainConfig fields the experiment sets for each RL arm itself (not allowed in ``train_options``)."""
 
+SFT_SETS = frozenset(
+    {"model", "suite", "n_tasks", "steps", "batch_tasks", "lr", "out_dir", "seed", "tensorboard", "progress", "resume"}
+)
+"""SFTConfig fields the experiment sets for the warm-up and sft_more itself (not allowed in ``sft_options``)."""
+
 
 @dataclass
 class ExperimentConfig:
@@ -129,6 +134,9 @@ class ExperimentConfig:
     """Gold trajectories for the warm-up."""
     sft_batch_tasks: int = 8
     sft_lr: float = 1e-4
+    sft_options: dict = field(default_factory=dict)
+    """Further :class:`envace.config.SFTConfig` fields of the warm-up and of sft_more, e.g. ``{bf16: auto}`` (not
+    those the experiment sets itself: model, suite, n_tasks, steps, batch_tasks, lr, out_dir, seed, ...)."""
     iterations: int = 8
     """RL iterations, the same for every RL arm (the equal compute budget)."""
     batch_tasks: int = 4
@@ -224,6 +232,12 @@ class ExperimentConfig:
             raise ValueError(
                 f"train_options: {', '.join(sorted(unknown))} cannot be "
                 f"set there (allowed: {', '.join(sorted(TRAIN_OPTIONS))})"
+            )
+        unknown = set(self.sft_options) - (SFT_OPTIONS := {f.name for f in dataclasses.fields(SFTConfig)} - SFT_SETS)
+        if unknown:
+            raise ValueError(
+                f"sft_options: {', '.join(sorted(unknown))} cannot be "
+                f"set there (allowed: {', '.join(sorted(SFT_OPTIONS))})"
             )
         if len(set(self.arms)) != len(self.arms) or not self.arms:
             raise ValueError(f"arms must be a non-empty list without repeats, got {self.arms}")
@@ -332,6 +346,7 @@ class SeedRun:
                 seed=self.seed,
                 tensorboard=False,
                 progress=c.progress,
+                **c.sft_options,
             )
             self._sft = self.run_sft(
                 "sft", scfg, f"SFT warm-up ({c.sft_steps} steps on {c.sft_tasks} gold trajectories)"
@@ -374,6 +389,7 @@ def _sft_more(run: SeedRun) -> ArmModels:
         seed=run.seed,
         tensorboard=False,
         progress=c.progress,
+        **c.sft_options,
     )
     ckpt, metrics = run.run_sft(
         "sft_more", scfg, f"SFT continued for {n} steps (as many as an RL arm) on gold trajectories of the RL task pool"
