@@ -28,6 +28,7 @@ from envace.evaluation.experiment import (
 )
 from envace.evaluation.fidelity import measure_fidelity
 from envace.chat.parsing import format_observation, render_act
+from envace.evaluation.results import extra_splits, outcome_changes, split_view
 from envace.evaluation.report import (
     LOADED_SUFFIX,
     TRAIN_SUCCESS_CURVES,
@@ -62,6 +63,7 @@ REPORT_FILES = (
     "curve_sft_nll.png",
     "tts_budget.png",
     "fidelity_curve.png",
+    "success.png",
 )
 ALL_ARMS = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
 RL_ARMS = ("real_env", "envace", "per_role", "simulator", "caller_only")
@@ -190,6 +192,51 @@ def test_train_options_reach_every_rl_arm_but_may_not_override_what_the_experime
     for bad in ("train_options.lr=0.1", "train_options.seed=3", "train_options.no_such_field=1"):
         with pytest.raises(ValueError, match="train_options"):
             load_experiment_config(str(path), [bad])
+
+
+def test_sft_options_reach_the_warm_up_but_may_not_override_what_the_experiment_sets(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(TINY_YAML)
+    cfg = load_experiment_config(str(path), ["sft_options.bf16=auto", "sft_options.micro_batch_tokens=512"])
+    assert cfg.sft_options == {"bf16": "auto", "micro_batch_tokens": 512}
+    for bad in ("sft_options.lr=0.1", "sft_options.steps=3", "sft_options.no_such_field=1"):
+        with pytest.raises(ValueError, match="sft_options"):
+            load_experiment_config(str(path), [bad])
+
+
+def test_the_ood_split_must_be_another_split():
+    assert ExperimentConfig(ood_split="ood").ood_split == "ood"
+    with pytest.raises(ValueError, match="ood_split must differ"):
+        ExperimentConfig(eval_split="test", ood_split="test")
+    with pytest.raises(ValueError, match="ood_tasks"):
+        ExperimentConfig(ood_split="ood", ood_tasks=0)
+
+
+def test_outcome_changes_and_the_split_view_pair_tasks_within_each_seed_by_hand():
+    def ev(prefix, xs):
+        per_task = [{"task_id": f"{prefix}-{i}", "successes": [bool(x)]} for i, x in enumerate(xs)]
+        return [{"n": 0, "mode": "none", "metrics": {"success_rate": sum(xs) / len(xs)}, "per_task": per_task}]
+
+    def rec(test, ood=None):
+        return {"evals": ev("t", test)} | ({"splits": {"ood": ev("o", ood)}} if ood is not None else {})
+
+    results = {
+        "config": to_dict(ExperimentConfig(arms=("sft", "envace"), seeds=(0, 1))),
+        "arms": ["sft", "envace"],
+        "runs": {
+            "sft": {"0": rec([1, 1, 0, 0], [1, 0, 0, 0]), "1": rec([1, 0, 0, 0], [1, 1, 1, 1])},
+            "envace": {"0": rec([0, 1, 1, 0], [0, 0, 0, 0]), "1": rec([1, 0, 0, 0])},  # seed 1: no ood evaluation
+        },
+    }
+    # seed 0: task 0 lost, task 2 won; seed 1: nothing changed
+    assert outcome_changes(results, "envace", "sft") == {"won": 1, "lost": 1, "same": 6, "seeds": 2}
+    assert extra_splits(results) == ["ood"]
+    ood = split_view(results, "ood")
+    assert ood["config"]["eval_split"] == "ood" and results["config"]["eval_split"] == "test"
+    assert outcome_changes(ood, "envace", "sft") == {"won": 0, "lost": 1, "same": 3, "seeds": 1}
+    assert outcome_changes(results, "envace", "base") is None
+    head, rows = paired_table(ood)
+    assert rows[0][0] == "envace" and rows[0][head.index("won / lost")] == "0 / 1" and rows[0][-1] == "1"
 
 
 def test_mean_std_and_formatting_by_hand():
@@ -345,6 +392,7 @@ def test_report_compares_each_rl_arm_with_sft_paired_over_the_same_tasks(synthet
             "[+0.500, +0.500]",
             "0.125",
             "sign flip",
+            "4 / 0",  # (task, seed) pairs: seed 0 wins task 1, seed 1 tasks 0, 2 and 3; nothing lost
             "4",
             "2",
         ]
@@ -790,6 +838,29 @@ def test_a_rerun_adds_the_sweep_to_arms_finished_without_it_and_redoes_nothing(t
     assert [(e["n"], e["mode"]) for e in got["evals"]] == [(e["n"], e["mode"]) for e in full["evals"]]
     assert got["evals"][0] == full["evals"][0] and got["curve"] == full["curve"] and got["train_s"] == full["train_s"]
     assert all(e["per_task"] for e in got["evals"])
+
+
+def test_a_rerun_adds_the_ood_split_to_finished_arms_with_its_own_tables_and_redoes_nothing(
+    tiny_experiment, tmp_path, capsys
+):
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "out"
+    shutil.copytree(out, work)
+    before = json.loads((work / "results.json").read_text())["runs"]
+    got = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "ood_split=ood", "ood_tasks=1"]))
+    said = capsys.readouterr().out
+    assert said.count("adding its evaluation on the ood split") == len(ALL_ARMS) and "training" not in said.lower()
+    for arm in ALL_ARMS:
+        rec = got.results["runs"][arm]["0"]
+        assert rec["evals"] == before[arm]["0"]["evals"] and rec["curve"] == before[arm]["0"]["curve"]
+        (ev,) = rec["splits"]["ood"]
+        assert (ev["n"], ev["mode"]) == (0, "none") and [r["task_id"] for r in ev["per_task"]] == [
+            load_tasks("bank", "ood", n=1, seed=0)[0].id
+        ]
+    md = (work / "report.md").read_text()
+    assert "## Held-out split `ood`: each arm against SFT" in md and "![Success per arm](success.png)" in md
+    run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "ood_split=ood", "ood_tasks=1"]))
+    assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
 
 
 def test_a_sweep_cut_short_keeps_the_evaluations_it_finished_and_the_rerun_adds_only_the_rest(

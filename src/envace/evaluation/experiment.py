@@ -159,6 +159,12 @@ class ExperimentConfig:
     eval_split: str = "test"
     eval_tasks: int = 30
     """Held-out tasks per evaluation."""
+    ood_split: str | None = None
+    """A further held-out split every arm is also evaluated on, at N=0 only, as on ``eval_split`` (the built-in
+    suites' ``ood``: customers, names and task templates no other split has); in a run record's ``splits``, with its
+    own tables and claims in the report. None: none."""
+    ood_tasks: int | None = None
+    """Tasks of the ``ood_split`` evaluation (None: ``eval_tasks``)."""
     eval_samples: int = 1
     """Real trials per task (pass^k for k <= eval_samples)."""
     eval_temperature: float = 0.0
@@ -246,6 +252,10 @@ class ExperimentConfig:
                 "seeds must be non-empty and tts_budgets must hold 0 (every arm's "
                 f"main evaluation) and no negative budget, got {list(self.tts_budgets)}"
             )
+        if self.ood_split is not None and self.ood_split == self.eval_split:
+            raise ValueError(f"ood_split must differ from eval_split, got {self.ood_split!r} for both")
+        if self.ood_tasks is not None and self.ood_tasks < 1:
+            raise ValueError(f"ood_tasks must be >= 1 (or null), got {self.ood_tasks}")
         if self.eval_tasks < 1 or self.eval_samples < 1 or self.fidelity_tasks < 0 or self.fidelity_samples < 1:
             raise ValueError("eval_tasks, eval_samples, fidelity_samples >= 1 and fidelity_tasks >= 0 are required")
         if self.fidelity_every < 0 or (self.tts_tasks is not None and self.tts_tasks < 1) or self.claim_n < 1:
@@ -587,6 +597,8 @@ def evaluate_arm(
     policy = arm_backend(cfg, models.policy)
     evals = evaluate_budgets(cfg, policy, seed, budgets(cfg, arm, seed), [], label, arm=arm or "policy")
     out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
+    if cfg.ood_split:
+        out["splits"] = {cfg.ood_split: evaluate_split(cfg, policy, seed, label)}
     if cfg.fidelity_tasks > 0:
         _say(f"{label}: rehearsal fidelity on {cfg.fidelity_tasks} tasks x {cfg.fidelity_samples} (shadow mode)")
         fid = arm_fidelity(cfg, models, seed, policy)
@@ -596,6 +608,25 @@ def evaluate_arm(
         ]
         out["examples"] = [t.to_dict(with_rows=False) for t in (keep or fid.trajectories)[: cfg.viewer_trajectories]]
     return out
+
+
+def ood_n_tasks(cfg: ExperimentConfig) -> int:
+    return cfg.ood_tasks or cfg.eval_tasks
+
+
+def evaluate_split(cfg: ExperimentConfig, policy: Any, seed: int, label: str = "") -> list[dict[str, Any]]:
+    """The evaluations of ``policy`` on ``cfg.ood_split``: N=0 on its first :func:`ood_n_tasks` tasks."""
+    assert cfg.ood_split
+    return evaluate_budgets(cfg, policy, seed, [(0, "none")], [], label, split=cfg.ood_split)
+
+
+def missing_split(cfg: ExperimentConfig, rec: dict[str, Any]) -> bool:
+    """Whether a finished (arm, seed) record lacks the ``ood_split`` evaluation this config asks for (absent, or
+    made on another number of tasks): a rerun adds it, the arm's models being on disk."""
+    if not cfg.ood_split:
+        return False
+    evals = rec.get("splits", {}).get(cfg.ood_split)
+    return not evals or len(evals[0].get("per_task", [])) != ood_n_tasks(cfg)
 
 
 def missing_budgets(cfg: ExperimentConfig, arm: str, seed: int, rec: dict[str, Any]) -> list[tuple[int, str]]:
@@ -647,19 +678,22 @@ def evaluate_budgets(
     label: str = "",
     on_eval: Callable[[list[dict[str, Any]]], None] | None = None,
     arm: str = "policy",
+    split: str | None = None,
 ) -> list[dict[str, Any]]:
     """``evals`` extended by the real-environment evaluation of ``policy`` at each (N, mode) of ``todo``, in order
     (the compute-matched plan budget is read from the rehearsal evaluation of the same N, in ``evals`` or done
     before it in ``todo``); ``on_eval`` gets the list so far after each one. At N > 0 the rehearsal records (what
     the model was told: attempts, reflections, memory, the real run; no token ids) go to
-    ``<out_dir>/tts_records/seed<seed>/<arm>-N<n>-<mode>.jsonl``, named in the evaluation's ``records``."""
+    ``<out_dir>/tts_records/seed<seed>/<arm>-N<n>-<mode>.jsonl``, named in the evaluation's ``records``. ``split``:
+    the tasks of that split (``cfg.ood_split``, :func:`ood_n_tasks` of them) instead of ``eval_split``'s."""
     from .budget import evaluate_at_budget
     from ..envs import load_tasks
     from .policy import add_token_counts
     from .tts import REHEARSAL_MODES, TTSConfig, save_records
 
     evals = list(evals)
-    tasks = load_tasks(cfg.suite, cfg.eval_split, n=cfg.eval_tasks, seed=0)  # the same held-out tasks for every seed
+    n_tasks = cfg.eval_tasks if split is None else ood_n_tasks(cfg)
+    tasks = load_tasks(cfg.suite, split or cfg.eval_split, n=n_tasks, seed=0)  # the same held-out tasks for every seed
     tts_tasks = tasks[: cfg.tts_tasks] if cfg.tts_tasks else tasks
     rc = dataclasses.replace(
         cfg.rollout, act=cfg.rollout.act.with_(temperature=cfg.eval_temperature), progress=cfg.progress
@@ -682,7 +716,7 @@ def evaluate_budgets(
         _say(
             f"{label}: evaluating at N={n}"
             + (f" ({mode})" if n else "")
-            + f" on {len(ts)} tasks x {cfg.eval_samples}"
+            + f" on {len(ts)} {split or cfg.eval_split} tasks x {cfg.eval_samples}"
             + (f", {extra['plan_max_new_tokens']} tokens per plan" if extra else "")
         )
         at_n = dataclasses.replace(tts, plan_max_new_tokens=extra["plan_max_new_tokens"]) if extra else tts
@@ -734,11 +768,22 @@ def _write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-RESUMABLE = ("progress", "resume", "out_dir", "seeds", "tts_tasks_in_flight", "tts_seeds", "tts_arms")
+RESUMABLE = (
+    "progress",
+    "resume",
+    "out_dir",
+    "seeds",
+    "tts_tasks_in_flight",
+    "tts_seeds",
+    "tts_arms",
+    "ood_split",
+    "ood_tasks",
+)
 """Fields that do not change what any one (arm, seed) result measures: seeds may be added (or reported as a
 subset) by a rerun in the same out_dir, the sweep may rehearse fewer tasks at a time (memory; only the
 attempts' sampling stream differs), and more seeds / arms may get the sweep (a finished arm gets the budgets it
-lacks: :func:`missing_budgets`; evaluations already made are kept, never redone)."""
+lacks: :func:`missing_budgets`; evaluations already made are kept, never redone), and a finished arm gets the
+``ood_split`` evaluation it lacks (:func:`missing_split`)."""
 
 
 def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
@@ -780,12 +825,18 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             if str(seed) in results["runs"].get(arm, {}):
                 rec = results["runs"][arm][str(seed)]
                 todo = missing_budgets(cfg, arm, seed, rec)
-                if not todo:
+                add_split = missing_split(cfg, rec)
+                if not todo and not add_split:
                     _say(f"{label}: done before, skipped")
                     continue
-                _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
                 t_add = time.perf_counter()
-                add_budgets(cfg, rec, seed, todo, label, save=lambda: _write_json(path, results), arm=arm)
+                if todo:
+                    _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
+                    add_budgets(cfg, rec, seed, todo, label, save=lambda: _write_json(path, results), arm=arm)
+                if add_split:
+                    _say(f"{label}: done before; adding its evaluation on the {cfg.ood_split} split")
+                    policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))
+                    rec.setdefault("splits", {})[cfg.ood_split] = evaluate_split(cfg, policy, seed, label)
                 rec["eval_s"] = rec.get("eval_s", 0.0) + time.perf_counter() - t_add
                 _write_json(path, results)
                 continue
@@ -846,6 +897,9 @@ __all__ = [
     "evaluate_arm",
     "evaluate_budgets",
     "missing_budgets",
+    "missing_split",
+    "evaluate_split",
+    "ood_n_tasks",
     "add_budgets",
     "ExperimentResult",
     "run_experiment",

@@ -44,13 +44,17 @@ from .results import (
     budget_keys,
     budget_label,
     curve,
+    eval_entry,
     eval_values,
+    extra_splits,
     fidelity_values,
     fmt_ms,
     mean_std,
+    outcome_changes,
     per_task_outcomes,
     seed_cell,
     seed_runs,
+    split_view,
     success_cell,
 )
 from .viewer import LOADED_SUFFIX, json_html, page, trajectory_html, viewer_html
@@ -235,6 +239,7 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
         "paired 95% CI",
         "p",
         "test",
+        "won / lost",
         "tasks",
         "seeds",
     ]
@@ -244,12 +249,17 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
     for arm in results["arms"]:
         if arm in ("base", baseline):
             continue
-        seeds = sorted(set(results["runs"].get(arm, {})) & set(results["runs"].get(baseline, {})), key=int)
+        seeds = [  # the seeds in which both were evaluated (a split view may lack an arm's evaluation in some)
+            s
+            for s in sorted(set(results["runs"].get(arm, {})) & set(results["runs"].get(baseline, {})), key=int)
+            if all(eval_entry(results["runs"][x][s], 0, "none") is not None for x in (arm, baseline))
+        ]
         a, b = per_task_outcomes(results, baseline, 0, "none", seeds), per_task_outcomes(results, arm, 0, "none", seeds)
         if not a or not b:
             rows.append([arm] + ["–"] * (len(head) - 1))
             continue
         c = compare_per_task(a, b)["overall"]
+        ch = outcome_changes(results, arm, baseline)
         rows.append(
             [
                 arm,
@@ -259,6 +269,7 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
                 "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]),
                 fmt_p(c["p"]),
                 c["p_method"].replace("_", " "),
+                f"{ch['won']} / {ch['lost']}" if ch else "–",
                 str(c["n_tasks"]),
                 str(len(seeds)),
             ]
@@ -468,6 +479,41 @@ def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -
     return path
 
 
+def plot_success(results: dict[str, Any], path: str) -> str:
+    """Success at N=0 per arm with its 95% Wilson interval over tasks (outcomes pooled over seeds), one marker per
+    held-out split (the evaluation split and each of :func:`envace.evaluation.results.extra_splits`)."""
+    plt = _plt()
+    main = str(results["config"].get("eval_split", "test"))
+    splits = [(main, results)] + [(sp, split_view(results, sp)) for sp in extra_splits(results)]
+    arms = list(results["arms"])
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.8 * len(arms) + 2), 3.8), dpi=100)
+    width = 0.6 / len(splits)
+    for j, (name, view) in enumerate(splits):
+        xs, ys, below, above = [], [], [], []
+        for i, arm in enumerate(arms):
+            rows = per_task_outcomes(view, arm, 0, "none")
+            if not rows:
+                continue
+            rate, lo, hi = rate_interval([r["successes"] for r in rows])
+            xs.append(i + (j - (len(splits) - 1) / 2) * width)
+            ys.append(rate)
+            below.append(rate - lo)
+            above.append(hi - rate)
+        if xs:
+            ax.errorbar(xs, ys, yerr=[below, above], fmt="o", ms=4, capsize=3, color=f"C{j}", label=f"{name} split")
+    ax.set_xticks(range(len(arms)))
+    ax.set_xticklabels(arms, rotation=20, ha="right", fontsize=8)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_ylabel("success rate (N=0)")
+    ax.set_title("Success per arm, 95% Wilson intervals over tasks")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_acc") -> str:
     """Rehearsal fidelity on the fixed shadow set vs RL step, one line per arm (mean ± std band over seeds)."""
     plt = _plt()
@@ -510,7 +556,13 @@ def _config_summary(c: dict[str, Any]) -> str:
         f"model `{c.get('model')}`, suite `{c.get('suite')}`, seeds {list(c.get('seeds', []))}; SFT "
         f"{c.get('sft_steps')} steps; RL {c.get('iterations')} iterations x B={c.get('batch_tasks')} x "
         f"K={c.get('group_size')} (lr {c.get('lr')}, reward {c.get('reward')}); evaluation on {c.get('eval_tasks')} "
-        f"`{c.get('eval_split')}` tasks x {c.get('eval_samples')} trials (T={c.get('eval_temperature')}), rehearsal "
+        f"`{c.get('eval_split')}` tasks x {c.get('eval_samples')} trials (T={c.get('eval_temperature')})"
+        + (
+            f" and on {c.get('ood_tasks') or c.get('eval_tasks')} `{c['ood_split']}` tasks at N=0"
+            if c.get("ood_split")
+            else ""
+        )
+        + ", rehearsal "
         f"budgets N={list(c.get('tts_budgets', []))} ({', '.join(c.get('tts_modes', []))}; memory format "
         f"`{c.get('tts_memory')}`); fidelity on {c.get('fidelity_tasks')} tasks x {c.get('fidelity_samples')}."
     )
@@ -522,6 +574,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     p = lambda name: os.path.join(out_dir, name)  # noqa: E731
     rl_arms = [a for a in results["arms"] if a not in ("base", "sft")]
     figs = {
+        "success": plot_success(results, p("success.png")),
         "curve_reward": plot_curves(
             results, "reward/mean", p("curve_reward.png"), "Training reward (mean ± std over seeds)", rl_arms
         ),
@@ -569,7 +622,9 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "paired": "Each RL arm against SFT on the same held-out tasks (N=0, outcomes pooled over the seeds both ran): "
         "the difference with its paired bootstrap 95% interval over tasks (10,000 "
         "resamples, seeded) and its p-value (exact McNemar for one binary outcome per "
-        "task, else a paired sign-flip permutation test of per-task mean success).",
+        "task, else a paired sign-flip permutation test of per-task mean success). Won / lost: the (task, seed) "
+        "pairs on which the arm succeeds more / less often than SFT of the same seed (how many outcomes training "
+        "changed).",
         "kinds": "Success at N=0 by task kind (rate [95% Wilson interval] (tasks), pooled over seeds).",
         "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, "
         "seq = sequential, plan = the compute-matched baseline: N plans without tool "
@@ -603,12 +658,30 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "fidelity_breakdown": "Fidelity by state change, outcome and position",
     }
     fig_titles = {
+        "success": "Success per arm",
         "curve_reward": "Training reward",
         "curve_train_success": "Training success: imagined vs real env",
         "curve_sft_nll": "SFT warm-up",
         "tts_budget": "Rehearsal budget",
         "fidelity_curve": "Rehearsal fidelity over training",
     }
+    split_sections = []  # (title, caption, table) for each further held-out split
+    for sp in extra_splits(results):
+        view = split_view(results, sp)
+        split_sections.append(
+            (
+                f"Held-out split `{sp}`: each arm against SFT",
+                f"The same models evaluated greedily at N=0 on the `{sp}` split; columns as in the paired comparison "
+                "above.",
+                paired_table(view),
+            )
+        )
+        head, rows = claims_table(view)
+        rows = [r for r in rows if r[-1] != "not measured"]
+        if rows:
+            split_sections.append(
+                (f"The paper's claims on `{sp}`", f"The claims measurable on the `{sp}` split (N=0).", (head, rows))
+            )
     docs = results.get("docs", {})
     arms_md = "\n".join(f"- **{a}**: {docs.get(a, '')}" for a in results["arms"])
 
@@ -616,6 +689,8 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
     for key in [k for k in ("claims", "main", "paired", "kinds", "tts", "tts_tokens") if tables[k][1]]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
+    for title, caption, table in split_sections:
+        md.append(f"## {title}\n\n{caption}\n\n{md_table(*table)}\n")
     md.append(
         "## Figures\n\n"
         + TRAIN_SUCCESS_NOTE
@@ -649,6 +724,11 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         body.append(
             f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>"
             f"{html.escape(captions[key])}</p>{html_table(*tables[key])}"
+        )
+    for title, caption, table in split_sections:
+        body.append(
+            f"<h2>{html.escape(title.replace('`', ''))}</h2><p class='meta'>"
+            f"{html.escape(caption.replace('`', ''))}</p>{html_table(*table)}"
         )
     body.append(
         f"<h2 id='figures'>Figures</h2><p class='meta'>{html.escape(TRAIN_SUCCESS_NOTE)}</p>"
@@ -699,6 +779,7 @@ __all__ = [  # Claim ... claims_table, per_task_outcomes ... curve, viewer_html 
     "fidelity_curve",
     "fidelity_curve_table",
     "plot_fidelity_curve",
+    "plot_success",
     "tts_tokens_table",
     "tts_arms_run",
     "sweep_scope",

@@ -134,6 +134,44 @@ def curve(results: dict[str, Any], arm: str, key: str) -> tuple[list[int], list[
     return steps, [m for m, _ in ms], [s for _, s in ms]
 
 
+def extra_splits(results: dict[str, Any]) -> list[str]:
+    """The further held-out splits some run was evaluated on (``splits`` of a run record: the experiment's
+    ``ood_split``), sorted."""
+    runs = [rec for by_seed in results["runs"].values() for rec in by_seed.values()]
+    return sorted({sp for rec in runs for sp in rec.get("splits", {})})
+
+
+def split_view(results: dict[str, Any], split: str) -> dict[str, Any]:
+    """The results as if ``split`` were the evaluation split: each run's ``evals`` replaced by its evaluations on that
+    split (``splits[split]``; none where the arm was not evaluated there), the config's ``eval_split`` set to it.
+    Every table and claim reads the view as it reads the main results."""
+    runs = {
+        arm: {s: {**rec, "evals": rec.get("splits", {}).get(split, [])} for s, rec in by_seed.items()}
+        for arm, by_seed in results["runs"].items()
+    }
+    return {**results, "config": {**results["config"], "eval_split": split}, "runs": runs}
+
+
+def outcome_changes(
+    results: dict[str, Any], arm: str, baseline: str, n: int = 0, mode: str = "none"
+) -> dict[str, int] | None:
+    """How many outcomes ``arm`` changed against ``baseline`` at budget (n, mode), paired task by task within each
+    seed both ran: ``won`` (the arm's mean success on the task above the baseline's), ``lost`` (below), ``same``,
+    ``seeds``. None without per-task outcomes to pair."""
+    out = {"won": 0, "lost": 0, "same": 0, "seeds": 0}
+    for s in sorted(set(results["runs"].get(arm, {})) & set(results["runs"].get(baseline, {})), key=int):
+        ea, eb = (eval_entry(results["runs"][a][s], n, mode) for a in (baseline, arm))
+        if ea is None or eb is None or "per_task" not in ea or "per_task" not in eb:
+            continue
+        base = {r["task_id"]: float(np.mean(r["successes"])) for r in ea["per_task"]}
+        out["seeds"] += 1
+        for r in eb["per_task"]:
+            if r["task_id"] in base:
+                d = float(np.mean(r["successes"])) - base[r["task_id"]]
+                out["won" if d > 0 else "lost" if d < 0 else "same"] += 1
+    return out if out["seeds"] else None
+
+
 MODE_SHORT = {"parallel": "par", "sequential": "seq"}
 
 
@@ -154,5 +192,8 @@ __all__ = [
     "budget_label",
     "fidelity_values",
     "curve",
+    "extra_splits",
+    "split_view",
+    "outcome_changes",
     "MODE_SHORT",
 ]
