@@ -28,6 +28,7 @@ from envace.evaluation.experiment import (
 )
 from envace.evaluation.fidelity import measure_fidelity
 from envace.chat.parsing import format_observation, render_act
+from envace.evaluation.claims import FIDELITY_CLAIMS, measure_fidelity_claim
 from envace.evaluation.results import extra_splits, outcome_changes, split_view
 from envace.evaluation.report import (
     LOADED_SUFFIX,
@@ -432,7 +433,7 @@ def test_results_without_per_task_outcomes_fall_back_to_the_spread_over_seeds(sy
             for e in rec["evals"]:
                 e.pop("per_task", None)
     assert next(r for r in main_table(old)[1] if r[0] == "envace")[1] == "0.750 ± 0.354"
-    assert paired_table(old)[1] == [["envace"] + ["–"] * 8] and kind_table(old)[1] == []
+    assert paired_table(old)[1] == [["envace"] + ["–"] * 9] and kind_table(old)[1] == []
 
 
 def test_claim_verdicts_by_hand():
@@ -479,7 +480,8 @@ def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
     head, rows = claims_table(_claims_results())
     assert head == ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
     by = {r[0]: r for r in rows}
-    assert len(rows) == 10
+    assert len(rows) == 12
+    assert by["Rehearse fidelity rises with EnvACE training (final > start)"][-1] == "not measured"  # no curve here
     # every task +1: a point interval above 0; exact McNemar with 8 discordant pairs, 2 / 2^8
     assert by["EnvACE > SFT"][2:] == [
         "envace@N=0 − sft@N=0",
@@ -514,6 +516,33 @@ def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
         ["envace", "200 · 300", "200 · 300 (plan ≤ 60)"],
     ]
     assert [r[0] for r in tts_table(_claims_results())[1]] == ["base", "envace"]  # only the arms that were swept
+
+
+def test_fidelity_claims_pool_the_observations_of_the_seeds_that_measured_both_points():
+    def summ(scores):
+        return {
+            "overall": {"n": float(len(scores)), "leaf_acc": sum(scores) / len(scores)},
+            "pair_scores": {"leaf_acc": scores},
+        }
+
+    start = {"step": 0, "summary": summ([0.0, 0.0, 0.5])}  # the SFT model on the shadow set, shared by the arms
+    rec = lambda final: {"evals": [], "fidelity": summ(final), "fidelity_curve": [start]}  # noqa: E731
+    results = {
+        "config": to_dict(ExperimentConfig(arms=("envace", "caller_only"), seeds=(0, 1))),
+        "arms": ["envace", "caller_only"],
+        "runs": {
+            "envace": {"0": rec([1.0, 1.0]), "1": rec([1.0, 0.5])},
+            "caller_only": {"0": rec([0.0, 0.5, 0.0, 0.5]), "1": {"evals": [], "fidelity": None}},
+        },
+    }
+    by = {r[0]: r for r in claims_table(results)[1]}
+    rise = by["Rehearse fidelity rises with EnvACE training (final > start)"]
+    # both seeds: envace final (1, 1, 1, .5) -> 0.875, start (0, 0, .5) twice -> 1/6
+    assert rise[2] == "envace@final − envace@start (fidelity leaf acc)" and rise[3] == f"{0.875 - 1 / 6:+.3f}"
+    assert rise[6:] == ["6 / 4 obs", "2", "holds"] and rise[4].endswith("(unpaired)")
+    vs = by["training Rehearse raises fidelity: EnvACE > caller-only (final)"]
+    assert vs[3] == "+0.750" and vs[6:8] == ["4 / 2 obs", "1"]  # seed 0 only: caller_only's seed 1 has no fidelity
+    assert measure_fidelity_claim(results, FIDELITY_CLAIMS[0])["seeds"] == ["0", "1"]
 
 
 def test_a_sweep_on_fewer_seeds_and_tasks_is_paired_with_the_n0_outcomes_of_the_same_seeds_and_tasks():
@@ -759,7 +788,7 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
         fidelity_curve_table(res)[1]
     )  # the tiny model may score no pair
     claims = claims_table(res)[1]
-    assert len(claims) == 10 and all(r[-1] in VERDICTS for r in claims)
+    assert len(claims) == 12 and all(r[-1] in VERDICTS for r in claims)
     assert {r[0]: r[-1] != "not measured" for r in claims}["EnvACE > SFT continued (compute-matched)"]
     # claim_n=2 was not evaluated: the test-time claims use the largest N run (1)
     assert any(

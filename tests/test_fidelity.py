@@ -226,7 +226,8 @@ def test_fidelity_cli_prints_the_table_and_writes_pairs_and_trajectories(tmp_pat
     assert "leaf_acc" in p.stdout and "overall" in p.stdout
     d = json.loads(out.read_text())
     assert set(d) == {"summary", "pairs", "trajectories"} and len(d["trajectories"]) == 1
-    assert set(d["summary"]) == {"overall", "by_domain", "by_tool", "skipped", *BREAKDOWNS}
+    assert set(d["summary"]) == {"overall", "by_domain", "by_tool", "skipped", "pair_scores", *BREAKDOWNS}
+    assert d["summary"]["pair_scores"]["leaf_acc"] == [p["scores"]["leaf_acc"] for p in d["pairs"]]
 
 
 # --------------------------------------------------------------------------------------------------------

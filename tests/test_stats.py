@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from envace.math.stats import (
+    unpaired_comparison,
     EXACT_FLIPS,
     fmt_rate,
     mcnemar_exact,
@@ -127,3 +128,14 @@ def test_paired_comparison_uses_mcnemar_for_one_binary_sample_and_sign_flip_othe
     assert k2["p_method"] == "sign_flip" and k2["p"] == pytest.approx(2 / 8) and k2["diff_ci"] == (0.5, 0.5)
     with pytest.raises(ValueError, match="same tasks"):
         paired_comparison([[True]], [[True], [False]])
+
+
+def test_unpaired_comparison_resamples_each_sample_on_its_own():
+    c = unpaired_comparison([0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
+    # constant samples: every bootstrap mean is the sample mean; only the observed relabelling (the three ones on
+    # b's side) reaches a difference of 1, so the permutation p is about 1 / C(7, 3) = 1 / 35
+    assert c["diff"] == 1.0 and c["diff_ci"] == (1.0, 1.0) and (c["n_a"], c["n_b"]) == (4, 3)
+    assert c["p"] == pytest.approx(1 / 35, abs=0.01) and c["p_method"] == "permutation"
+    same = unpaired_comparison([0.2, 0.4, 0.6, 0.8], [0.8, 0.6, 0.4, 0.2])
+    assert same["diff"] == pytest.approx(0.0, abs=1e-12) and same["diff_ci"][0] < 0 < same["diff_ci"][1] and same["p"] > 0.9
+    assert math.isnan(unpaired_comparison([], [1.0])["diff"])

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..math.stats import fmt_p, paired_bootstrap, paired_comparison, sign_flip_p
+from ..math.stats import fmt_p, paired_bootstrap, paired_comparison, sign_flip_p, unpaired_comparison
 from .results import budget_keys, budget_label, eval_entry, per_task_outcomes
 
 Term = tuple[int, str, int, str]
@@ -146,6 +146,80 @@ def measure_claim(
     }
 
 
+@dataclass(frozen=True)
+class FidelityClaim:
+    """A claim about Rehearse fidelity on the experiment's fixed shadow set: ``metric`` of the observations
+    rehearsed at ``b`` minus at ``a``, each ``(arm, point)`` with point ``start`` (the SFT model, the curve's first
+    point) or ``final``; claimed > 0. The two samples are different observations (each model rolls out its own
+    calls), so the interval is unpaired (envace.math.stats.unpaired_comparison)."""
+
+    text: str
+    paper: str
+    a: tuple[str, str]
+    b: tuple[str, str]
+    metric: str = "leaf_acc"
+    direction: str = ">"
+
+
+FIDELITY_CLAIMS: tuple[FidelityClaim, ...] = (
+    FidelityClaim(
+        "Rehearse fidelity rises with EnvACE training (final > start)",
+        "the premise: Rehearse learns the world as it is trained",
+        ("envace", "start"),
+        ("envace", "final"),
+    ),
+    FidelityClaim(
+        "training Rehearse raises fidelity: EnvACE > caller-only (final)",
+        "ablation: Rehearse not trained",
+        ("caller_only", "final"),
+        ("envace", "final"),
+    ),
+)
+
+
+def fidelity_summary(rec: dict[str, Any], point: str) -> dict[str, Any] | None:
+    """The fidelity summary of a run record at ``start`` (its curve's first point) or ``final``."""
+    if point == "final":
+        return rec.get("fidelity")
+    if point == "start":
+        return (rec.get("fidelity_curve") or [{}])[0].get("summary")
+    raise ValueError(f"a fidelity point is 'start' or 'final', got {point!r}")
+
+
+def measure_fidelity_claim(
+    results: dict[str, Any], claim: FidelityClaim, resamples: int = 10_000, seed: int = 0
+) -> dict[str, Any] | None:
+    """The claim's difference over the observations of the seeds in which both points were measured with their
+    per-pair scores (pooled over those seeds), with its unpaired 95% interval and permutation p-value
+    (``diff``, ``ci95``, ``p``, ``p_method``, ``n_obs`` = (a, b), ``seeds``); None when unmeasured."""
+    runs = results["runs"]
+    arms = {claim.a[0], claim.b[0]}
+    if not arms <= set(results["arms"]):
+        return None
+
+    def scores(arm: str, point: str, s: str) -> list[float] | None:
+        summ = fidelity_summary(runs[arm][s], point)
+        return (summ or {}).get("pair_scores", {}).get(claim.metric)
+
+    common = sorted(set.intersection(*(set(runs.get(a, {})) for a in arms)), key=int)
+    seeds = [s for s in common if scores(*claim.a, s) is not None and scores(*claim.b, s) is not None]
+    if not seeds:
+        return None
+    a = [x for s in seeds for x in scores(*claim.a, s) or []]
+    b = [x for s in seeds for x in scores(*claim.b, s) or []]
+    c = unpaired_comparison(a, b, resamples, seed)
+    if c["diff"] != c["diff"]:
+        return None
+    return {
+        "diff": c["diff"],
+        "ci95": [float(c["diff_ci"][0]), float(c["diff_ci"][1])],
+        "p": c["p"],
+        "p_method": c["p_method"],
+        "n_obs": (c["n_a"], c["n_b"]),
+        "seeds": seeds,
+    }
+
+
 def claim_n(results: dict[str, Any]) -> int:
     """The budget N of the test-time claims: the config's ``claim_n`` when evaluated, else the largest N > 0."""
     ns = sorted({n for n, _ in budget_keys(results) if n > 0})
@@ -154,7 +228,8 @@ def claim_n(results: dict[str, Any]) -> int:
 
 
 def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """One row per claim of :func:`paper_claims`: the contrast, the paper's number, the measured difference with its
+    """One row per claim of :func:`paper_claims`, then one per :data:`FIDELITY_CLAIMS` (its interval unpaired, its
+    "tasks" the observations of each side): the contrast, the paper's number, the measured difference with its
     paired 95% interval and p-value, tasks, seeds and the verdict (:func:`claim_verdict`)."""
     head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
     rows = []
@@ -180,7 +255,40 @@ def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                 claim_verdict(lo, hi, claim.direction),
             ]
         )
+    for fc in FIDELITY_CLAIMS:
+        contrast = f"{fc.b[0]}@{fc.b[1]} − {fc.a[0]}@{fc.a[1]} (fidelity {fc.metric.replace('_', ' ')})"
+        m = measure_fidelity_claim(results, fc)
+        if m is None:
+            rows.append([fc.text, fc.paper, contrast, "–", "–", "–", "0", "0", "not measured"])
+            continue
+        lo, hi = m["ci95"]
+        rows.append(
+            [
+                fc.text,
+                fc.paper,
+                contrast,
+                f"{m['diff']:+.3f}",
+                f"[{lo:+.3f}, {hi:+.3f}] (unpaired)",
+                fmt_p(m["p"]),
+                "{} / {} obs".format(*m["n_obs"]),
+                str(len(m["seeds"])),
+                claim_verdict(lo, hi, fc.direction),
+            ]
+        )
     return head, rows
 
 
-__all__ = ["Term", "VERDICTS", "Claim", "paper_claims", "claim_verdict", "measure_claim", "claim_n", "claims_table"]
+__all__ = [
+    "FidelityClaim",
+    "FIDELITY_CLAIMS",
+    "fidelity_summary",
+    "measure_fidelity_claim",
+    "Term",
+    "VERDICTS",
+    "Claim",
+    "paper_claims",
+    "claim_verdict",
+    "measure_claim",
+    "claim_n",
+    "claims_table",
+]

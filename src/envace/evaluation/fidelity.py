@@ -261,8 +261,10 @@ def mean_scores(pairs: Sequence[FidelityPair]) -> dict[str, float]:
 
 
 def aggregate(pairs: Sequence[FidelityPair]) -> dict[str, Any]:
-    """``{"overall": scores, "by_domain": {domain: scores}, "by_tool": {"domain/tool": scores}}`` and one
-    ``{bucket: scores}`` per :data:`BREAKDOWNS` entry (buckets in their order, empty ones left out)."""
+    """``{"overall": scores, "by_domain": {domain: scores}, "by_tool": {"domain/tool": scores}}``, one
+    ``{bucket: scores}`` per :data:`BREAKDOWNS` entry (buckets in their order, empty ones left out) and
+    ``pair_scores`` (``{metric: [score of each pair]}``, in pair order: intervals over observations,
+    envace.evaluation.claims)."""
     by_domain: dict[str, list[FidelityPair]] = {}
     by_tool: dict[str, list[FidelityPair]] = {}
     for p in pairs:
@@ -278,6 +280,7 @@ def aggregate(pairs: Sequence[FidelityPair]) -> dict[str, Any]:
         for p in pairs:
             buckets[bd.bucket(p)].append(p)
         out[key] = {b: mean_scores(v) for b, v in buckets.items() if v}
+    out["pair_scores"] = {k: [float(p.scores[k]) for p in pairs] for k in METRICS}
     return out
 
 

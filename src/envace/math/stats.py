@@ -103,6 +103,38 @@ def paired_bootstrap(
     return float(np.quantile(ms, alpha)), float(np.quantile(ms, 1 - alpha))
 
 
+def unpaired_comparison(
+    a: Sequence[float], b: Sequence[float], resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95
+) -> dict[str, Any]:
+    """``mean(b) - mean(a)`` of two independent samples (e.g. scores of different observations):
+    ``{"diff", "diff_ci", "p", "p_method", "n_a", "n_b"}`` with the percentile interval of resampling each sample
+    on its own and a two-sided permutation p-value (labels shuffled, Monte Carlo ``(1 + hits) / (1 + resamples)``).
+    An empty sample gives nan."""
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not len(x) or not len(y):
+        nan = float("nan")
+        return {"diff": nan, "diff_ci": (nan, nan), "p": nan, "p_method": "permutation", "n_a": len(x), "n_b": len(y)}
+    rng = np.random.default_rng(seed)
+    diff = float(y.mean() - x.mean())
+    boot = y[rng.integers(0, len(y), size=(resamples, len(y)))].mean(axis=1) - x[
+        rng.integers(0, len(x), size=(resamples, len(x)))
+    ].mean(axis=1)  # (resamples,)
+    alpha = (1 - level) / 2
+    both = np.concatenate([x, y])
+    hits = 0
+    for _ in range(resamples):
+        perm = rng.permutation(both)
+        hits += abs(perm[len(x) :].mean() - perm[: len(x)].mean()) >= abs(diff) - 1e-12 * max(1.0, abs(diff))
+    return {
+        "diff": diff,
+        "diff_ci": (float(np.quantile(boot, alpha)), float(np.quantile(boot, 1 - alpha))),
+        "p": (1 + hits) / (1 + resamples),
+        "p_method": "permutation",
+        "n_a": len(x),
+        "n_b": len(y),
+    }
+
+
 def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
     """Two-sided exact McNemar p-value for paired binary outcomes: with ``n01`` tasks only b solves and ``n10``
     only a solves, ``p = min(1, 2 * P[X <= min(n01, n10)])`` for ``X ~ Binomial(n01 + n10, 1/2)``; 1 without
@@ -191,6 +223,7 @@ __all__ = [
     "mcnemar_exact",
     "sign_flip_p",
     "paired_comparison",
+    "unpaired_comparison",
     "fmt_rate",
     "fmt_p",
 ]
