@@ -43,3 +43,24 @@ def test_experiment_configs_load_into_experiment_config(path):
 
     cfg = load_experiment_config(str(path), [])
     assert isinstance(cfg, ExperimentConfig) and set(cfg.arms) <= set(ARMS) and len(cfg.seeds) >= 2
+
+
+def test_a_saved_config_is_read_as_this_version_reads_it_so_only_real_differences_show():
+    import json
+
+    from envace.config import config_diff, saved_config_dict, to_dict
+    from envace.evaluation.experiment import ExperimentConfig
+
+    now = json.loads(json.dumps(to_dict(TrainConfig(group_size=8)), default=str))
+    before = {k: v for k, v in now.items() if k not in ("group_size", "clip_eps_high")}  # written before them ...
+    before["rollout"] = {**now["rollout"], "group_size": 8}  # ... with K where it used to be
+    assert config_diff(saved_config_dict(TrainConfig, before), to_dict(TrainConfig(group_size=8))) == []
+    assert [d[0] for d in config_diff(saved_config_dict(TrainConfig, before), to_dict(TrainConfig()))] == ["group_size"]
+    gone = {**now, "no_such_field": 1}  # a field this version does not have: compared as saved, so it shows
+    assert config_diff(saved_config_dict(TrainConfig, gone), to_dict(TrainConfig(group_size=8))) == [
+        ("no_such_field", 1, "<absent>")
+    ]
+    exp = json.loads(json.dumps(to_dict(ExperimentConfig()), default=str))
+    del exp["ood_split"], exp["sft_options"]
+    assert config_diff(saved_config_dict(ExperimentConfig, exp), to_dict(ExperimentConfig())) == []
+    assert saved_config_dict(ExperimentConfig, None) == json.loads(json.dumps(to_dict(ExperimentConfig()), default=str))

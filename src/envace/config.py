@@ -815,3 +815,23 @@ def load_config(
                 r[k] = from_dict(SamplingParams, r[k])
         d["rollout"] = from_dict(RolloutConfig, r)
     return from_dict(cls, d)
+
+
+def saved_config_dict(cls: type, saved: dict[str, Any] | None) -> dict[str, Any]:
+    """A config that an earlier run saved (a checkpoint's, an experiment's ``results.json``), as this version's
+    :func:`to_dict` of ``cls``: read by :func:`load_config` (keys that moved read as they are read from a YAML
+    file, their warning silenced; fields the saved config lacks at their defaults, which keeps the behaviour the
+    run had), so that :func:`config_diff` against a new config names only real differences. A saved config this
+    version cannot read (a field it no longer has, a value it refuses) is compared as saved, its missing fields
+    filled from the defaults (:func:`with_defaults`): the differences then show it."""
+    saved = saved if isinstance(saved, dict) else {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return json.loads(json.dumps(to_dict(load_config(cls, values=saved)), default=str))
+    except (TypeError, ValueError, KeyError):
+        if cls is TrainConfig:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                saved = train_config_dict(saved, warn=False)
+        return with_defaults(saved, to_dict(cls()))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import warnings
 from typing import Any
 
 from ..rewards.functions import DEFAULT_REWARD
@@ -132,21 +131,11 @@ def demo_eval(model: str, suite: str, split: str, n: int, samples: int, seed: in
 
 
 def same_config(saved: dict[str, Any] | None, cfg: Any) -> bool:
-    """Whether ``saved`` (a checkpoint's config, as an earlier version may have written it: flat keys that moved
-    are read as the config reader reads them, with their warning silenced) is ``cfg``."""
-    from ..config import load_config, to_dict
+    """Whether ``saved`` (a checkpoint's config, as an earlier version may have written it: keys that moved are
+    read as the config reader reads them, envace.config.saved_config_dict) is ``cfg``."""
+    from ..config import config_diff, saved_config_dict, to_dict
 
-    def plain(c: Any) -> Any:
-        return json.loads(json.dumps(to_dict(c), default=str))
-
-    if not isinstance(saved, dict):
-        return False
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return plain(load_config(type(cfg), values=saved)) == plain(cfg)
-    except (TypeError, ValueError, KeyError):  # a key this version does not know: another config
-        return False
+    return isinstance(saved, dict) and not config_diff(saved_config_dict(type(cfg), saved), to_dict(cfg))
 
 
 def finished_warmup(cfg: Any) -> str | None:

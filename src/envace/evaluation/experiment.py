@@ -62,8 +62,8 @@ from ..config import (
     describe_diff,
     from_dict,
     load_config,
+    saved_config_dict,
     to_dict,
-    with_defaults,
 )
 from ..core.precision import bf16_setting
 from ..core.registry import Registry
@@ -807,7 +807,7 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
     elif os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             old = json.load(f)
-        saved = with_defaults(old.get("config", {}), to_dict(ExperimentConfig()))
+        saved = saved_config_dict(ExperimentConfig, old.get("config"))
         if diff := config_diff(saved, conf, ignore=RESUMABLE):
             raise ValueError(
                 f"{cfg.out_dir} holds an experiment with another config ({describe_diff(diff)}); "

@@ -56,9 +56,8 @@ from ..config import (
     config_diff,
     describe_diff,
     real_share_setting,
+    saved_config_dict,
     to_dict,
-    train_config_dict,
-    with_defaults,
 )
 from .distributed import Dist, SilentLogger, init_distributed
 from ..envs import load_tasks_of_kinds
@@ -715,7 +714,7 @@ def check_resume(cfg: TrainConfig, ckpt: str) -> None:
             f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; "
             f"use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh"
         )
-    saved = with_defaults(train_config_dict(state.get("config") or {}, warn=False), to_dict(TrainConfig()))
+    saved = saved_config_dict(TrainConfig, state.get("config"))
     diff = config_diff(saved, to_dict(cfg), ignore=RESUMABLE_FIELDS)
     if not diff:
         return
