@@ -399,7 +399,7 @@ def test_outside_an_evaluation_a_model_writer_question_is_refused_with_the_reaso
     t = first_question("memory_kv", "customer")
     with pytest.raises(ValueError, match="cannot run before its environment prepares it.*use writer=gold"):
         make_env(t)
-    engine = RolloutEngine(ScriptedBackend(tokenizer, lambda p: "x"), RolloutConfig(mode="rehearsal"))
+    engine = RolloutEngine(ScriptedBackend(tokenizer, lambda p: "x"), RolloutConfig(), mode="rehearsal")
     with pytest.raises(ValueError, match="customer scenario's prerequisite sessions"):  # training, rehearsal
         engine.run([t])
 

@@ -431,7 +431,7 @@ def test_test_time_rehearsal_runs_on_single_turn_tasks_and_scores_the_real_first
     res = evaluate_at_budget(
         be,
         few,
-        rollout=RolloutConfig(group_size=1, max_steps=3, max_steps_per_turn=2),
+        rollout=RolloutConfig(max_steps=3, max_steps_per_turn=2),
         n=2,
         mode=mode,
         tts=TTSConfig(memory="concat"),

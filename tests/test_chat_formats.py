@@ -512,7 +512,7 @@ def test_a_user_simulator_and_rehearse_never_see_act_thinking(tokenizer):
     USERS.add("recording-test", lambda task, **kw: Recording())
     try:
         be = ScriptedBackend(tokenizer, respond)
-        (traj,) = RolloutEngine(be, RolloutConfig(group_size=1, max_steps=3, user="recording-test")).run([task])
+        (traj,) = RolloutEngine(be, RolloutConfig(max_steps=3, user="recording-test")).run([task], group_size=1)
     finally:
         USERS.remove("recording-test")
     assert traj.steps[0].calls == [call] and traj.steps[-1].reply == "Done."
@@ -553,14 +553,14 @@ def test_a_template_that_renders_tools_in_its_system_turn_opens_acts_context_wit
     task = _bank_task()
     tools = tool_format_for(qwen_tok)
     be = ScriptedBackend(qwen_tok, _gold_policy(task, tools, "<tool_response>"))
-    engine = RolloutEngine(be, RolloutConfig(group_size=1, max_steps=8, chat_format="template"))
+    engine = RolloutEngine(be, RolloutConfig(max_steps=8, chat_format="template"))
     assert (engine.fmt.name, engine.fmt.renders_tools, engine.native_tools, tools.name) == (
         "template",
         True,
         True,
         "hermes",
     )
-    (traj,) = engine.run([task])
+    (traj,) = engine.run([task], group_size=1)
     assert [c for s in traj.steps for c in s.calls] == task.flat_gold() and traj.steps[-1].reply == "Done."
     system = traj.messages[0].content
     assert system == act_system(task, tools=tools, tool_list=False) and "# Tools\n{" not in system
@@ -588,14 +588,14 @@ def test_the_chatml_format_and_native_tools_false_keep_envaces_tool_list_without
     task = _bank_task()
     tools = tool_format_for(qwen_tok)
     for cfg in (
-        RolloutConfig(group_size=1, max_steps=8),
-        RolloutConfig(group_size=1, max_steps=8, native_tools=False, chat_format="template"),
+        RolloutConfig(max_steps=8),
+        RolloutConfig(max_steps=8, native_tools=False, chat_format="template"),
     ):
         be = ScriptedBackend(
             qwen_tok, _gold_policy(task, tools, "<tool_response>" if cfg.chat_format else "<|im_start|>tool")
         )
         engine = RolloutEngine(be, cfg)
-        (traj,) = engine.run([task])
+        (traj,) = engine.run([task], group_size=1)
         assert not engine.native_tools and traj.tools is None
         assert traj.messages[0].content == act_system(task, tools=tools)
         first = next(r for r in traj.rows if r.role == "act")
@@ -616,14 +616,14 @@ def test_a_template_that_writes_tools_in_the_first_user_turn_falls_back_to_envac
     tools = tool_format_for(tok)
     marker = "<|start_header_id|>ipython<|end_header_id|>"
     engines = [
-        RolloutEngine(ScriptedBackend(tok, _gold_policy(task, tools, marker)), RolloutConfig(group_size=1, max_steps=8))
+        RolloutEngine(ScriptedBackend(tok, _gold_policy(task, tools, marker)), RolloutConfig(max_steps=8))
         for _ in range(2)
     ]
     assert engines[0].fmt.name == "template" and not engines[0].native_tools
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "test/llama-tools-in-user" in err and "first user message" in err  # once
     assert engines[0].fmt.tools_fallback in err
-    (traj,) = engines[0].run([task])
+    (traj,) = engines[0].run([task], group_size=1)
     assert traj.tools is None and traj.messages[0].content == act_system(task, tools=tools)
     last = [r for r in traj.rows if r.role == "act"][-1]
     chat = [{"role": m.role, "content": m.content} for m in traj.messages]
@@ -715,7 +715,6 @@ def _sft_then_grpo(model: str, tmp_path, **formats) -> tuple:
     )
     assert res.metrics[-1]["sft/grad_norm"] > 0 and os.path.isdir(res.checkpoint)
     rc = RolloutConfig(
-        group_size=2,
         max_steps=2,
         act=SamplingParams(max_new_tokens=8),
         rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
@@ -729,6 +728,7 @@ def _sft_then_grpo(model: str, tmp_path, **formats) -> tuple:
             iterations=1,
             batch_tasks=1,
             lr=1e-3,
+            group_size=2,
             rollout=rc,
             out_dir=str(tmp_path / "rl"),
             tensorboard=False,
@@ -770,9 +770,9 @@ def test_a_rehearsal_rollout_with_a_llama_style_tokenizer_builds_the_templates_c
     task = next(t for t in load_tasks("bank", "train", n=20) if len(t.flat_gold()) >= 2 and len(t.user_turns) == 1)
     tools = tool_format_for(llama_tok)
     be = ScriptedBackend(llama_tok, _gold_llama_policy(task, tools))
-    engine = RolloutEngine(be, RolloutConfig(group_size=1, max_steps=8))
+    engine = RolloutEngine(be, RolloutConfig(max_steps=8))
     assert (engine.fmt.name, engine.tools.name) == ("template", "llama3_json")
-    (traj,) = engine.run([task])
+    (traj,) = engine.run([task], group_size=1)
     assert [c for s in traj.steps for c in s.calls] == task.flat_gold() and traj.steps[-1].reply == "Done."
     last = [r for r in traj.rows if r.role == "act"][-1]
     chat = [{"role": m.role, "content": m.content} for m in traj.messages]
@@ -790,12 +790,11 @@ def test_an_hf_rollout_with_a_llama_style_model_stops_on_its_end_of_turn(llama_m
     be = HFBackend(model, tok)
     assert tok.convert_tokens_to_ids("<|eot_id|>") in be.eos_ids
     cfg = RolloutConfig(
-        group_size=2,
         max_steps=2,
         act=SamplingParams(max_new_tokens=6),
         rehearse=SamplingParams(max_new_tokens=6, stop=["</observation>"]),
     )
-    trajs = RolloutEngine(be, cfg).run(load_tasks("bank", "train", n=1))
+    trajs = RolloutEngine(be, cfg).run(load_tasks("bank", "train", n=1), group_size=2)
     rows = [r for t in trajs for r in t.rows]
     assert {r.role for r in rows} >= {"act"} and all(tok.decode(r.prompt_ids[:1]) == "<|begin_of_text|>" for r in rows)
 

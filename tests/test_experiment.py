@@ -287,7 +287,9 @@ def synthetic(tokenizer, tmp_path_factory):
     fid = measure_fidelity(
         _WrongBalance(tokenizer, tasks),
         tasks,
-        RolloutConfig(mode="rehearsal", group_size=1, max_steps=12, max_steps_per_turn=8),
+        RolloutConfig(max_steps=12, max_steps_per_turn=8),
+        mode="rehearsal",
+        group_size=1,
     )
     cfg = ExperimentConfig(arms=("sft", "envace"), seeds=(0, 1), tts_budgets=(0, 1), eval_samples=1)
     runs = {}

@@ -154,14 +154,14 @@ def engine_traj(tokenizer, bank3):
         "Done three.",
     ]
     cfg = RolloutConfig(
-        mode="real",
-        group_size=1,
         max_steps=8,
         max_steps_per_turn=4,
         schedule="lockstep",
         act=SamplingParams(max_new_tokens=200),
     )
-    return RolloutEngine(ScriptedBackend(tokenizer, lambda prompt: script.pop(0)), cfg).run([task])[0]
+    return RolloutEngine(ScriptedBackend(tokenizer, lambda prompt: script.pop(0)), cfg, mode="real").run(
+        [task], group_size=1
+    )[0]
 
 
 def test_hand_built_record_pairs_every_tool_message_with_a_preceding_call():

@@ -238,8 +238,10 @@ def test_scoring_a_rehearsed_trajectory_on_an_mcp_server_needs_the_replay_opt_in
     from envace.rollout.engine import RolloutConfig, RolloutEngine
 
     (task,), log = _side_effect_tasks(tmp_path)
-    rc = RolloutConfig(mode="rehearsal", group_size=1, max_steps=4)
-    (traj,) = RolloutEngine(ScriptedBackend(tokenizer, _gold_then_reply(task)), rc).run([task])
+    rc = RolloutConfig(max_steps=4)
+    (traj,) = RolloutEngine(ScriptedBackend(tokenizer, _gold_then_reply(task)), rc, mode="rehearsal").run(
+        [task], group_size=1
+    )
     assert traj.env_outcome is None and len(traj.calls()) == 2
     with pytest.raises(ReplayNotAllowedError, match="allow_replay"):
         REWARDS.get("grounded")(task, traj, RewardContext())
@@ -397,8 +399,8 @@ def test_a_rollout_keeps_at_most_max_alive_servers_and_closes_each_when_its_traj
     backend = (Streaming if schedule == "continuous" else ScriptedBackend)(
         tokenizer, _call_then_reply(ToolCall("get_count", {}), seen)
     )
-    cfg = RolloutConfig(mode="real", group_size=1, max_steps=3, schedule=schedule)
-    trajs = RolloutEngine(backend, cfg).run(tasks)
+    cfg = RolloutConfig(max_steps=3, schedule=schedule)
+    trajs = RolloutEngine(backend, cfg, mode="real").run(tasks, group_size=1)
     assert [t.task_id for t in trajs] == ["count0", "count1", "count2"]
     assert all(t.env_outcome["success"] for t in trajs)
     assert max(seen) == 2, seen  # two at once (the bound, reached), never three
@@ -419,8 +421,8 @@ def test_a_rollout_stopped_by_an_exception_closes_every_server(tokenizer, tmp_pa
         return policy(prompt)
 
     with pytest.raises(RuntimeError, match="the backend died") as err:
-        RolloutEngine(ScriptedBackend(tokenizer, respond), RolloutConfig(mode="real", group_size=2)).run(
-            _count_tasks(tmp_path, 2)
+        RolloutEngine(ScriptedBackend(tokenizer, respond), RolloutConfig(), mode="real").run(
+            _count_tasks(tmp_path, 2), group_size=2
         )
     assert max(seen) == 4  # every trajectory had its server when the backend failed
     assert _servers_alive() == [], "servers outlived the failed rollout"

@@ -81,9 +81,9 @@ def test_every_variant_trains_models_of_its_modes_entry():
         )
 
 
-def test_an_unknown_mode_is_a_one_line_error_listing_the_valid_ones():
+def test_an_unknown_mode_is_a_one_line_error_listing_the_valid_ones(tokenizer):
     with pytest.raises(UnknownNameError) as err:
-        RolloutConfig(mode="rehersal")
+        RolloutEngine(ScriptedBackend(tokenizer, lambda p: ""), RolloutConfig(), mode="rehersal")
     msg = str(err.value)
     assert "\n" not in msg and "'rehersal'" in msg
     assert all(name in msg for name in ("per_role", "real", "rehearsal", "simulator"))
@@ -92,7 +92,7 @@ def test_an_unknown_mode_is_a_one_line_error_listing_the_valid_ones():
 @pytest.mark.parametrize("name", [n for n in MODES.names() if MODES.get(n).helper])
 def test_a_mode_without_its_helper_says_which_keyword_is_missing(tokenizer, name):
     with pytest.raises(ValueError, match=f"{MODES.get(name).helper}="):
-        RolloutEngine(ScriptedBackend(tokenizer, lambda p: ""), RolloutConfig(mode=name))
+        RolloutEngine(ScriptedBackend(tokenizer, lambda p: ""), RolloutConfig(), mode=name)
 
 
 class _Fixed(Observer):

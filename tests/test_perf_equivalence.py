@@ -271,7 +271,7 @@ def rows(tokenizer):
         gold, n = task.flat_gold(), prompt.count("<|im_start|>tool")
         return render_act([gold[n]]) if n < len(gold) else "Done."
 
-    trajs = RolloutEngine(ScriptedBackend(tokenizer, respond), RolloutConfig(group_size=4, max_steps=6)).run(tasks)
+    trajs = RolloutEngine(ScriptedBackend(tokenizer, respond), RolloutConfig(max_steps=6)).run(tasks, group_size=4)
     return [r for t in trajs for r in t.rows]
 
 

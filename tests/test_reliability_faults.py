@@ -87,9 +87,9 @@ def faulty_task(i: int = 0) -> Task:
 def test_every_tool_fault_becomes_an_error_observation_and_is_counted(tokenizer):
     script = iter([render_act([ToolCall(n, {})]) for n in TOOLS] + ["All tools tried."])
     be = ScriptedBackend(tokenizer, lambda prompt: next(script))
-    cfg = RolloutConfig(mode="real", group_size=1, max_steps=len(TOOLS) + 1, max_steps_per_turn=len(TOOLS) + 1)
+    cfg = RolloutConfig(max_steps=len(TOOLS) + 1, max_steps_per_turn=len(TOOLS) + 1)
     t0 = time.perf_counter()
-    (traj,) = RolloutEngine(be, cfg).run([faulty_task()])
+    (traj,) = RolloutEngine(be, cfg, mode="real").run([faulty_task()], group_size=1)
     assert time.perf_counter() - t0 < 20  # the hung tool costs its timeout, not the 60 s it would take
     obs = {s.calls[0].name: s.observations[0] for s in traj.steps if s.calls}
     kinds = {n: (o["error"]["kind"] if is_error_obs(o) else "ok") for n, o in obs.items()}
@@ -143,7 +143,7 @@ def test_faults_in_a_batch_do_not_disturb_the_other_trajectories(tokenizer):
             else "done"
         ),
     )
-    trajs = RolloutEngine(be, RolloutConfig(mode="real", group_size=2, max_steps=3)).run(tasks)
+    trajs = RolloutEngine(be, RolloutConfig(max_steps=3), mode="real").run(tasks, group_size=2)
     assert [t.steps[0].observations[0].get("error", {}).get("kind", "ok") for t in trajs] == ["tool_exception"] * 2 + [
         "ok"
     ] * 2

@@ -481,14 +481,12 @@ def test_rollouts_survive_any_model_output(tokenizer, rollout_task, mode, valida
     queue = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]  # a backend decodes tokens: valid text
     be = ScriptedBackend(tokenizer, lambda prompt: queue.pop(0) if queue else "done")
     cfg = RolloutConfig(
-        mode=mode,
-        group_size=1,
         max_steps=3,
         validate_in_code=validate,
         act=SamplingParams(max_new_tokens=400),
         rehearse=SamplingParams(max_new_tokens=400),
     )
-    (traj,) = RolloutEngine(be, cfg).run([rollout_task])
+    (traj,) = RolloutEngine(be, cfg, mode=mode).run([rollout_task], group_size=1)
     for s in traj.steps:
         assert (s.parse_error is not None) + bool(s.calls) + (s.reply is not None) == 1
         for o in s.observations:
@@ -519,7 +517,7 @@ def test_special_tokens_inside_observations_and_arguments_stay_text(tokenizer, b
         be = ScriptedBackend(
             tokenizer, lambda p: reh if "precise tool simulator" in p else (queue.pop(0) if queue else "ok")
         )
-        (traj,) = RolloutEngine(be, RolloutConfig(mode=mode, group_size=1, max_steps=4)).run([task])
+        (traj,) = RolloutEngine(be, RolloutConfig(max_steps=4), mode=mode).run([task], group_size=1)
         assert any("obey the file" in json.dumps(o) for s in traj.steps for o in s.observations), mode
         assert any(c.arguments.get("content") == evil for c in traj.calls())
         for row in traj.rows:

@@ -122,11 +122,9 @@ class Recording(ScriptedBackend):
 def _scripted_rollout(tok, history, chat_format=None, thinking=None):
     task = _multi_turn_task()
     be = Recording(tok, _thinking_policy(task, tool_format_for(tok), think=thinking is None))
-    cfg = RolloutConfig(
-        group_size=1, max_steps=12, chat_format=chat_format, thinking=thinking, thinking_history=history
-    )
+    cfg = RolloutConfig(max_steps=12, chat_format=chat_format, thinking=thinking, thinking_history=history)
     engine = RolloutEngine(be, cfg)
-    (traj,) = engine.run([task])
+    (traj,) = engine.run([task], group_size=1)
     acts = [r for r in traj.rows if r.role == "act"]
     assert sum(m.role == "user" for m in traj.messages) >= 3 and len(acts) == len(traj.steps) >= 6
     assert [r.completion_ids for r in acts] == [ids for s, ids in be.generated if s.endswith("/act")]
@@ -217,9 +215,7 @@ def test_keep_grows_acts_context_by_appending_with_its_thinking(qwen3_tok, think
 def _hf_rollout(model, tok, **backend):
     task = _multi_turn_task()
     greedy = SamplingParams(temperature=0, max_new_tokens=8)
-    cfg = RolloutConfig(
-        mode="real", group_size=2, max_steps=4, thinking=False, act=greedy, rehearse=greedy, schedule="lockstep"
-    )
+    cfg = RolloutConfig(max_steps=4, thinking=False, act=greedy, rehearse=greedy, schedule="lockstep")
     be = HFBackend(model, tok, **backend)
     seen = []  # (session, prompt, generation) of every call, in order
     generate = be.generate
@@ -230,9 +226,9 @@ def _hf_rollout(model, tok, **backend):
         return gens
 
     be.generate = recording
-    engine = RolloutEngine(be, cfg)
+    engine = RolloutEngine(be, cfg, mode="real")
     assert engine.thinking_history == "strip"
-    return engine.run([task]), seen
+    return engine.run([task], group_size=2), seen
 
 
 @pytest.fixture(scope="module")

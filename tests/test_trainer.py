@@ -188,9 +188,8 @@ def test_success_of_imagined_rollouts_is_never_logged_as_real_success(tokenizer)
 
     out = {}
     for mode in ("rehearsal", "real"):
-        trajs = RolloutEngine(
-            ScriptedBackend(tokenizer, gold_calls_then_ok), RolloutConfig(mode=mode, group_size=2, max_steps=8)
-        ).run(tasks)
+        be = ScriptedBackend(tokenizer, gold_calls_then_ok)
+        trajs = RolloutEngine(be, RolloutConfig(max_steps=8), mode=mode).run(tasks, group_size=2)
         score_trajectories({t.id: t for t in tasks}, trajs, make_reward("gold_exact"), RewardContext())
         assert all(t.reward == 1.0 for t in trajs)  # the calls are the gold ones either way
         out[mode] = _summarise(trajs, 0)

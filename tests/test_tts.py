@@ -388,9 +388,10 @@ def test_config_rejects_what_would_break_the_method():
 def test_tiny_model_runs_the_whole_pipeline(tiny, tasks):
     model, tok = tiny
     small = SamplingParams(temperature=1.0, max_new_tokens=8)
-    rc = RolloutConfig(group_size=1, max_steps=2, seed=5, act=small, rehearse=small.with_(stop=["</observation>"]))
+    rc = RolloutConfig(max_steps=2, act=small, rehearse=small.with_(stop=["</observation>"]))
     cfg = TTSConfig(
         n=2,
+        seed=5,
         mode="sequential",
         memory="model",
         transcript_max_tokens=96,

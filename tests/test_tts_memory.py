@@ -206,8 +206,8 @@ def test_a_held_out_task_s_memory_holds_nothing_real_or_gold(tokenizer):
 
 
 def test_sft_rows_with_notes_carry_the_lessons_in_every_act_prompt_and_keep_the_gold_targets(tokenizer, bank):
-    rc = RolloutConfig(max_steps=3, seed=1)
-    notes = rehearsal_lessons(ScriptedBackend(tokenizer, scripted(bank)), bank, rc, n=2)
+    rc = RolloutConfig(max_steps=3)
+    notes = rehearsal_lessons(ScriptedBackend(tokenizer, scripted(bank)), bank, rc, n=2, seed=1)
     assert set(notes) == {t.id for t in bank}
     plain = gold_trajectories(tokenizer, bank)
     with_notes = gold_trajectories(tokenizer, bank, memory=notes)

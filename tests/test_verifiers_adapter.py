@@ -163,9 +163,9 @@ def policy(right: bool):
 
 def test_a_real_rollout_is_scored_by_the_rubric_higher_for_the_right_answer(tokenizer):
     tasks = load_tasks(SPEC, "all", n=2, seed=0)
-    cfg = RolloutConfig(mode="real", group_size=1, max_steps=4)
-    right = RolloutEngine(ScriptedBackend(tokenizer, policy(True)), cfg).run(tasks)
-    wrong = RolloutEngine(ScriptedBackend(tokenizer, policy(False)), cfg).run(tasks)
+    cfg = RolloutConfig(max_steps=4)
+    right = RolloutEngine(ScriptedBackend(tokenizer, policy(True)), cfg, mode="real").run(tasks, group_size=1)
+    wrong = RolloutEngine(ScriptedBackend(tokenizer, policy(False)), cfg, mode="real").run(tasks, group_size=1)
     for r, w in zip(right, wrong):
         assert r.steps[0].sources == ["real"]
         a, b = r.steps[0].calls[0].arguments["a"], r.steps[0].calls[0].arguments["b"]
@@ -214,8 +214,8 @@ def test_a_real_rollout_with_the_tiny_model_runs_and_is_scored(tiny):
 
     model, tok = tiny
     tasks = load_tasks(SPEC, "all", n=2, seed=0)
-    cfg = RolloutConfig(mode="real", group_size=2, max_steps=2, act=SamplingParams(temperature=1.0, max_new_tokens=24))
-    trajs = RolloutEngine(HFBackend(model, tok), cfg).run(tasks)
+    cfg = RolloutConfig(max_steps=2, act=SamplingParams(temperature=1.0, max_new_tokens=24))
+    trajs = RolloutEngine(HFBackend(model, tok), cfg, mode="real").run(tasks, group_size=2)
     assert len(trajs) == 4
     for tr in trajs:
         assert tr.steps and tr.env_outcome is not None and "error" not in tr.env_outcome, tr.env_outcome
