@@ -137,5 +137,9 @@ def test_unpaired_comparison_resamples_each_sample_on_its_own():
     assert c["diff"] == 1.0 and c["diff_ci"] == (1.0, 1.0) and (c["n_a"], c["n_b"]) == (4, 3)
     assert c["p"] == pytest.approx(1 / 35, abs=0.01) and c["p_method"] == "permutation"
     same = unpaired_comparison([0.2, 0.4, 0.6, 0.8], [0.8, 0.6, 0.4, 0.2])
-    assert same["diff"] == pytest.approx(0.0, abs=1e-12) and same["diff_ci"][0] < 0 < same["diff_ci"][1] and same["p"] > 0.9
+    assert (
+        same["diff"] == pytest.approx(0.0, abs=1e-12)
+        and same["diff_ci"][0] < 0 < same["diff_ci"][1]
+        and same["p"] > 0.9
+    )
     assert math.isnan(unpaired_comparison([], [1.0])["diff"])
