@@ -497,8 +497,8 @@ def plot_success(results: dict[str, Any], path: str) -> str:
             rate, lo, hi = rate_interval([r["successes"] for r in rows])
             xs.append(i + (j - (len(splits) - 1) / 2) * width)
             ys.append(rate)
-            below.append(rate - lo)
-            above.append(hi - rate)
+            below.append(max(0.0, rate - lo))  # Wilson's bound at a rate of 0 (or 1) can miss it by a rounding
+            above.append(max(0.0, hi - rate))
         if xs:
             ax.errorbar(xs, ys, yerr=[below, above], fmt="o", ms=4, capsize=3, color=f"C{j}", label=f"{name} split")
     ax.set_xticks(range(len(arms)))
