@@ -10,34 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from envace.backends.base import SamplingParams
-from envace.config import TrainConfig
 from envace.backends.models import ModelNotFoundError, is_adapter, load, load_tokenizer, resolve_model
-from envace.rollout.engine import RolloutConfig
 from envace.training.trainer import train
+from tiny import tiny_train_config
 
 
 def _train(out_dir, **kw):
-    rc = RolloutConfig(
-        max_steps=2,
-        act=SamplingParams(max_new_tokens=8),
-        rehearse=SamplingParams(max_new_tokens=8, stop=["</observation>"]),
-    )
-    cfg = TrainConfig(
-        model="tiny-random",
-        suite="bank",
-        iterations=1,
-        batch_tasks=1,
-        lr=1e-3,
-        group_size=2,
-        rollout=rc,
-        out_dir=str(out_dir),
-        tensorboard=False,
-        progress=False,
-        save_every=1,
-        **kw,
-    )
-    return train(cfg)
+    return train(tiny_train_config(out_dir, **kw))
 
 
 def _perturb_adapter(policy):

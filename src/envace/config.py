@@ -830,8 +830,5 @@ def saved_config_dict(cls: type, saved: dict[str, Any] | None) -> dict[str, Any]
             warnings.simplefilter("ignore", DeprecationWarning)
             return json.loads(json.dumps(to_dict(load_config(cls, values=saved)), default=str))
     except (TypeError, ValueError, KeyError):
-        if cls is TrainConfig:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                saved = train_config_dict(saved, warn=False)
-        return with_defaults(saved, to_dict(cls()))
+        moved = train_config_dict(saved, warn=False) if cls is TrainConfig else saved
+        return with_defaults(moved, to_dict(cls()))

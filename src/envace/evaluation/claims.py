@@ -202,12 +202,13 @@ def measure_fidelity_claim(
         return (summ or {}).get("pair_scores", {}).get(claim.metric)
 
     common = sorted(set.intersection(*(set(runs.get(a, {})) for a in arms)), key=int)
-    seeds = [s for s in common if scores(*claim.a, s) is not None and scores(*claim.b, s) is not None]
+    sides = {s: (scores(*claim.a, s), scores(*claim.b, s)) for s in common}
+    seeds = [s for s, (a, b) in sides.items() if a is not None and b is not None]  # both points measured
     if not seeds:
         return None
-    a = [x for s in seeds for x in scores(*claim.a, s) or []]
-    b = [x for s in seeds for x in scores(*claim.b, s) or []]
-    c = unpaired_comparison(a, b, resamples, seed)
+    c = unpaired_comparison(
+        [x for s in seeds for x in sides[s][0] or ()], [x for s in seeds for x in sides[s][1] or ()], resamples, seed
+    )
     if c["diff"] != c["diff"]:
         return None
     return {
@@ -227,10 +228,32 @@ def claim_n(results: dict[str, Any]) -> int:
     return want if want in ns or not ns else ns[-1]
 
 
-def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """One row per claim of :func:`paper_claims`, then one per :data:`FIDELITY_CLAIMS` (its interval unpaired, its
-    "tasks" the observations of each side): the contrast, the paper's number, the measured difference with its
-    paired 95% interval and p-value, tasks, seeds and the verdict (:func:`claim_verdict`)."""
+def claim_row(
+    text: str, paper: str, contrast: str, direction: str, m: dict[str, Any] | None, count: str, ci_note: str = ""
+) -> list[str]:
+    """One row of the claims table: the claim, the paper's number, the contrast, then (``m`` from
+    :func:`measure_claim` or :func:`measure_fidelity_claim`; None: not measured) the difference, its 95% interval
+    (with ``ci_note``), p-value, ``count``, seeds and the verdict (:func:`claim_verdict`)."""
+    if m is None:
+        return [text, paper, contrast, "–", "–", "–", "0", "0", "not measured"]
+    lo, hi = m["ci95"]
+    return [
+        text,
+        paper,
+        contrast,
+        f"{m['diff']:+.3f}",
+        f"[{lo:+.3f}, {hi:+.3f}]{ci_note}",
+        fmt_p(m["p"]),
+        count,
+        str(len(m["seeds"])),
+        claim_verdict(lo, hi, direction),
+    ]
+
+
+def claims_table(results: dict[str, Any], fidelity: bool = True) -> tuple[list[str], list[list[str]]]:
+    """One row per claim of :func:`paper_claims`, then (``fidelity``) one per :data:`FIDELITY_CLAIMS` (its interval
+    unpaired, its "tasks" the observations of each side): the contrast, the paper's number, the measured difference
+    with its paired 95% interval and p-value, tasks, seeds and the verdict (:func:`claim_row`)."""
     head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
     rows = []
     for claim in paper_claims(claim_n(results)):
@@ -238,43 +261,12 @@ def claims_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             ("+ " if c > 0 else "− ") + f"{a}@{budget_label(n, m)}" for c, a, n, m in claim.terms
         ).lstrip("+ ")
         m = measure_claim(results, claim)
-        if m is None:
-            rows.append([claim.text, claim.paper, contrast, "–", "–", "–", "0", "0", "not measured"])
-            continue
-        lo, hi = m["ci95"]
-        rows.append(
-            [
-                claim.text,
-                claim.paper,
-                contrast,
-                f"{m['diff']:+.3f}",
-                f"[{lo:+.3f}, {hi:+.3f}]",
-                fmt_p(m["p"]),
-                str(m["n_tasks"]),
-                str(len(m["seeds"])),
-                claim_verdict(lo, hi, claim.direction),
-            ]
-        )
-    for fc in FIDELITY_CLAIMS:
+        rows.append(claim_row(claim.text, claim.paper, contrast, claim.direction, m, str(m["n_tasks"]) if m else ""))
+    for fc in FIDELITY_CLAIMS if fidelity else ():
         contrast = f"{fc.b[0]}@{fc.b[1]} − {fc.a[0]}@{fc.a[1]} (fidelity {fc.metric.replace('_', ' ')})"
         m = measure_fidelity_claim(results, fc)
-        if m is None:
-            rows.append([fc.text, fc.paper, contrast, "–", "–", "–", "0", "0", "not measured"])
-            continue
-        lo, hi = m["ci95"]
-        rows.append(
-            [
-                fc.text,
-                fc.paper,
-                contrast,
-                f"{m['diff']:+.3f}",
-                f"[{lo:+.3f}, {hi:+.3f}] (unpaired)",
-                fmt_p(m["p"]),
-                "{} / {} obs".format(*m["n_obs"]),
-                str(len(m["seeds"])),
-                claim_verdict(lo, hi, fc.direction),
-            ]
-        )
+        count = "{} / {} obs".format(*m["n_obs"]) if m else ""
+        rows.append(claim_row(fc.text, fc.paper, contrast, fc.direction, m, count, " (unpaired)"))
     return head, rows
 
 
@@ -290,5 +282,6 @@ __all__ = [
     "claim_verdict",
     "measure_claim",
     "claim_n",
+    "claim_row",
     "claims_table",
 ]

@@ -39,7 +39,7 @@ import numpy as np
 from .fidelity import BREAKDOWNS as FID_BREAKDOWNS
 from .fidelity import METRICS as FID_METRICS
 from ..math.stats import fmt_p, fmt_rate, rate_interval
-from .claims import FIDELITY_CLAIMS, VERDICTS, Claim, claim_n, claim_verdict, claims_table, measure_claim, paper_claims
+from .claims import VERDICTS, Claim, claim_n, claim_verdict, claims_table, measure_claim, paper_claims
 from .results import (
     budget_keys,
     budget_label,
@@ -679,9 +679,8 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
                 paired_table(view),
             )
         )
-        head, rows = claims_table(view)
-        fid = {fc.text for fc in FIDELITY_CLAIMS}  # about the shadow set, not the split: in the main table only
-        rows = [r for r in rows if r[-1] != "not measured" and r[0] not in fid]
+        head, rows = claims_table(view, fidelity=False)  # fidelity is of the shadow set, not of a split
+        rows = [r for r in rows if r[-1] != "not measured"]
         if rows:
             split_sections.append(
                 (f"The paper's claims on `{sp}`", f"The claims measurable on the `{sp}` split (N=0).", (head, rows))
