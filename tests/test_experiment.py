@@ -1039,3 +1039,29 @@ def test_the_simulator_arm_s_fidelity_is_rehearsed_by_the_simulator_it_trained_w
     fid = experiment.arm_fidelity(cfg, models, 0, caller)
     assert answered and set(answered) == {sim}
     assert any("simulator" in st.sources for t in fid.trajectories for st in t.steps)
+
+
+def test_the_rehearse_stage_trains_only_rehearse_rows_from_the_warm_up_and_every_arm_starts_after_it(
+    tmp_path, monkeypatch
+):
+    """``rehearse_steps``: a second warm-up stage, Rehearse rows only, from the warm-up's checkpoint; the sft arm is
+    its checkpoint and the curve continues the warm-up's step numbers; a second SeedRun (a rerun) reuses it."""
+    import yaml
+
+    import envace.evaluation.experiment as experiment
+    import envace.training.sft as sft_module
+
+    real_sft, seen = sft_module.sft, []
+    monkeypatch.setattr(sft_module, "sft", lambda scfg: seen.append(scfg) or real_sft(scfg))
+    opts = {"arms": ["sft"], "sft_steps": 2, "rehearse_steps": 1, "out_dir": str(tmp_path / "out")}
+    cfg = ExperimentConfig(**(yaml.safe_load(TINY_YAML) | opts))
+    models = ARMS.get("sft").build(experiment.SeedRun(cfg, 0))
+    warm, stage = seen
+    assert warm.roles == ("act", "rehearse") and stage.roles == ("rehearse",) and stage.steps == 1
+    assert stage.model.startswith(os.path.join(cfg.out_dir, "seed0", "sft", "checkpoints"))
+    assert models.policy.startswith(os.path.join(cfg.out_dir, "seed0", "sft_rehearse"))
+    assert [(m["step"], m.get("stage")) for m in models.curve] == [(1, None), (2, None), (3, "rehearse")]
+    ARMS.get("sft").build(experiment.SeedRun(cfg, 0))
+    assert len(seen) == 2  # both stages finished before: nothing trained again
+    with pytest.raises(ValueError, match="rehearse_steps"):
+        ExperimentConfig(rehearse_steps=-1)

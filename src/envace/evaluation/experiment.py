@@ -137,6 +137,11 @@ class ExperimentConfig:
     sft_options: dict = field(default_factory=dict)
     """Further :class:`envace.config.SFTConfig` fields of the warm-up and of sft_more, e.g. ``{bf16: auto}`` (not
     those the experiment sets itself: model, suite, n_tasks, steps, batch_tasks, lr, out_dir, seed, ...)."""
+    rehearse_steps: int = 0
+    """A second warm-up stage of this many optimizer steps that trains the Rehearse rows only (``SFTConfig.roles =
+    [rehearse]``, the same gold trajectories, batch and lr), so that every arm starts from a Rehearse that predicts
+    the world better without more SFT on Act (which lowers success: the sft_more arm). Part of the shared start:
+    the sft arm, sft_more and every RL arm begin after it. 0: none (the warm-up trains both roles only)."""
     iterations: int = 8
     """RL iterations, the same for every RL arm (the equal compute budget)."""
     batch_tasks: int = 4
@@ -258,6 +263,8 @@ class ExperimentConfig:
             raise ValueError(f"ood_tasks must be >= 1 (or null), got {self.ood_tasks}")
         if self.eval_tasks < 1 or self.eval_samples < 1 or self.fidelity_tasks < 0 or self.fidelity_samples < 1:
             raise ValueError("eval_tasks, eval_samples, fidelity_samples >= 1 and fidelity_tasks >= 0 are required")
+        if self.rehearse_steps < 0:
+            raise ValueError(f"rehearse_steps must be >= 0, got {self.rehearse_steps}")
         if self.fidelity_every < 0 or (self.tts_tasks is not None and self.tts_tasks < 1) or self.claim_n < 1:
             raise ValueError("fidelity_every >= 0, tts_tasks >= 1 (or null) and claim_n >= 1 are required")
 
@@ -305,6 +312,12 @@ def fidelity_steps(cfg: ExperimentConfig) -> list[int]:
     return list(range(cfg.fidelity_every, cfg.iterations, cfg.fidelity_every))
 
 
+def rehearse_stage_metrics(metrics: list[dict[str, Any]], after: int) -> list[dict[str, Any]]:
+    """The Rehearse-only stage's metrics as a continuation of the warm-up's curve: steps numbered after ``after``
+    and marked ``stage: rehearse``."""
+    return [m | {"step": int(m.get("step", i + 1)) + after, "stage": "rehearse"} for i, m in enumerate(metrics)]
+
+
 def _read_json(path: str) -> Any:
     with open(path, encoding="utf-8") as f:
         return json.load(f)
@@ -342,7 +355,8 @@ class SeedRun:
         return res.checkpoint, res.metrics
 
     def sft(self) -> tuple[str, list[dict[str, Any]]]:
-        """(SFT checkpoint folder, SFT metrics)."""
+        """(SFT checkpoint folder, SFT metrics): the warm-up, then its Rehearse-only stage where ``rehearse_steps``
+        > 0 (metrics of both, that stage's steps numbered after the warm-up's)."""
         if self._sft is None:
             c = self.cfg
             scfg = SFTConfig(
@@ -361,6 +375,18 @@ class SeedRun:
             self._sft = self.run_sft(
                 "sft", scfg, f"SFT warm-up ({c.sft_steps} steps on {c.sft_tasks} gold trajectories)"
             )
+            if c.rehearse_steps > 0:
+                rcfg = dataclasses.replace(
+                    scfg,
+                    model=self._sft[0],
+                    steps=c.rehearse_steps,
+                    roles=("rehearse",),
+                    out_dir=os.path.join(self.dir, "sft_rehearse"),
+                )
+                ckpt, metrics = self.run_sft(
+                    "sft_rehearse", rcfg, f"Rehearse-only warm-up stage ({c.rehearse_steps} steps, Rehearse rows only)"
+                )
+                self._sft = ckpt, self._sft[1] + rehearse_stage_metrics(metrics, c.sft_steps)
         return self._sft
 
     def fidelity_start(self) -> dict[str, Any]:
