@@ -143,3 +143,14 @@ def test_unpaired_comparison_resamples_each_sample_on_its_own():
         and same["p"] > 0.9
     )
     assert math.isnan(unpaired_comparison([], [1.0])["diff"])
+
+
+def test_the_permutation_p_does_not_depend_on_how_many_permutations_are_drawn_at_once(monkeypatch):
+    import envace.math.stats as stats
+
+    a, b = [0.1, 0.5, 0.3, 0.9, 0.2] * 4, [0.4, 0.6, 0.3, 0.9, 0.2] * 4
+    whole = unpaired_comparison(a, b)
+    assert 0.05 < whole["p"] < 0.95  # a p that the shuffles decide (not the floor or 1)
+    for cells in (len(a) + len(b), 3 * (len(a) + len(b)) + 1):  # one permutation per chunk; chunks that do not divide
+        monkeypatch.setattr(stats, "PERMUTATION_CELLS", cells)
+        assert unpaired_comparison(a, b) == whole
