@@ -18,10 +18,13 @@ from envace.envs import load_tasks
 from envace.evaluation.experiment import (
     ARMS,
     ExperimentConfig,
+    SeedRun,
     budgets,
+    evaluate_arm,
     fidelity_steps,
     load_experiment_config,
     plan_budget,
+    release_memory,
     rl_train_tasks,
     run_experiment,
     sft_more_steps,
@@ -53,6 +56,7 @@ from envace.evaluation.report import (
 )
 from envace.rollout.engine import RolloutConfig
 from envace.training.sft import GoldTeacher
+from lifetimes import Made, no_cyclic_gc
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REPORT_FILES = (
@@ -684,6 +688,42 @@ def test_synthetic_report_and_viewer_render_in_headless_chromium(synthetic, tmp_
 # --------------------------------------------------------------------------------------------------------
 # End to end with the tiny model
 # --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arm", ["per_role", "simulator"])
+def test_an_arm_frees_its_backends_models_and_kv_caches_without_the_cyclic_gc(tmp_path, monkeypatch, arm):
+    """One process runs every arm, so what an arm's training and evaluation made (the trainer's rollout engines and
+    frozen helpers, each evaluation's and fidelity's backends, their models and KV caches) must be freed when the
+    arm is done, by reference counting alone: what waits for the cyclic collector piles up over the arms (the 135M
+    experiment grew until the kernel killed it at 24 GB, in the fifth arm's fidelity; its KV caches were in reference
+    cycles). The two arms with a second model in training and in fidelity."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(TINY_YAML)
+    sets = [f"out_dir={tmp_path / 'out'}", f"arms=[{arm}]", "tts_arms=[]", "fidelity_every=0", "ood_split=ood"]
+    cfg = load_experiment_config(str(path), sets)
+    made = Made(monkeypatch)
+    with no_cyclic_gc():
+        evaluate_arm(cfg, ARMS.get(arm).build(SeedRun(cfg, 0)), 0, arm=arm)
+        alive = made.alive()
+    assert {"HFBackend", "HFBackend.model", "SlabCache", "_Stream"} <= made.kinds()
+    assert len([k for k in made.refs if k[0] == "HFBackend"]) >= 4  # training's two, evaluation's one, fidelity's
+    assert alive == []
+
+
+def test_release_memory_collects_what_only_a_reference_cycle_keeps():
+    import weakref
+
+    class Node:
+        pass
+
+    with no_cyclic_gc():
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        ref = weakref.ref(a)
+        del a, b
+        assert ref() is not None
+        release_memory()
+        assert ref() is None
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from envace.training.update import (
     pack_rows,
     shared_prefix_len,
 )
+from lifetimes import Made, no_cyclic_gc
 from numerics import assert_all_close_rel, assert_close_rel, assert_logprobs_close
 
 TEMPS = {"act": 1.0, "rehearse": 0.6}
@@ -253,6 +254,23 @@ def test_a_stream_serves_follow_ups_of_running_work_before_new_requests(tiny):
 
     be.generate_stream([Request(p, params, session=t, tag=t) for p, t in zip(prompts, "abc")], on_done, seed=0)
     assert order == ["a", "a'", "b", "b'", "c", "c'"]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["model", "packed"])
+def test_a_generation_call_frees_its_kv_caches_as_it_returns_without_the_cyclic_gc(tiny, monkeypatch, packed):
+    """Every prefill cache and stream slab of a call (sessions, shared prefixes, the packed decoder's cascade
+    prefixes) is freed by reference counting when the call returns: a layer refers to its cache weakly. A cycle
+    kept each slab until the collector's next full pass, and an experiment's dead slabs piled up until it ran out
+    of memory."""
+    model, tok = tiny
+    made = Made(monkeypatch, backends=False)
+    be = HFBackend(model, tok, packed=packed)
+    with no_cyclic_gc():
+        _three_turns(be, tok, SamplingParams(temperature=0, max_new_tokens=6))
+        alive = made.alive()
+    assert made.kinds() == {"SlabCache", "_Stream"} and be.stats["shared_prefix_tokens"] > 0
+    assert alive == []
+    assert len(be._kept) == 5  # what a backend keeps on purpose (the sessions' contexts) is still there
 
 
 # -- update ------------------------------------------------------------------------------------------------------

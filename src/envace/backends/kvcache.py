@@ -7,13 +7,19 @@
   all write their next token at the same column; :class:`StreamCache` is the model's view of it, and the
   stream's shared prompt prefixes feed cascade attention (:class:`~envace.backends.fastdecode.SharedPrefixes`).
 
-Keys are stored after RoPE, so each sequence keeps its own positions wherever its columns lie. This module imports
+Keys are stored after RoPE, so each sequence keeps its own positions wherever its columns lie. A layer refers to its
+cache (and a stream's layers to the stream) weakly: the cache owns its layers, so a strong reference back would make
+every prefill cache and stream a reference cycle, whose slab (a stream's up to ``max_kv_gib``) is freed only when the
+cyclic garbage collector gets to it -- a cache that lived through a few collections waits for a full one, rare in
+a long process, so dead slabs pile up (with the tiny model, every cache of an experiment arm's evaluation was still
+held when the arm ended). Without the cycle a cache is freed as soon as its generation call returns. This module imports
 transformers (its caches subclass ``transformers.cache_utils.Cache``); :mod:`envace.backends.hf` imports it when a
 backend first needs a cache, so importing the backend module does not.
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +30,25 @@ from .base import Request
 from .fastdecode import SharedPrefixes
 
 
+def _alive(ref: "weakref.ref[Any]") -> Any:
+    """The object a layer's weak reference names; a layer used after its cache is gone is a bug, said here."""
+    obj = ref()
+    if obj is None:
+        raise ReferenceError("a KV cache layer was used after its cache was freed (keep the cache, not only a layer)")
+    return obj
+
+
 class SlabLayer(DynamicLayer):
     """One layer's view of a :class:`SlabCache`: keys/values are views of the slab up to the used length."""
 
     def __init__(self, slab: "SlabCache", idx: int, n: int):
         super().__init__()
-        self.slab, self.idx, self.n = slab, idx, n
+        self._slab = weakref.ref(slab)  # the cache owns its layers: no cycle (see the module docstring)
+        self.idx, self.n = idx, n
+
+    @property
+    def slab(self) -> "SlabCache":
+        return _alive(self._slab)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -95,7 +114,12 @@ class StreamLayer(DynamicLayer):
 
     def __init__(self, st: "_Stream", idx: int):
         super().__init__()
-        self.st, self.idx = st, idx
+        self._st = weakref.ref(st)  # the stream owns its cache and layers: no cycle (see the module docstring)
+        self.idx = idx
+
+    @property
+    def st(self) -> "_Stream":
+        return _alive(self._st)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
