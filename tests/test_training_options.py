@@ -344,11 +344,8 @@ def test_each_option_is_an_arm_of_its_own_beside_an_unchanged_envace_arm(tmp_pat
         with pytest.raises(Stop):
             ARMS.get(arm).build(SeedRun(cfg, 0))
     base = to_dict(seen["envace"])
-    assert (seen["envace"].clip_eps_high, seen["envace"].dynamic_sampling, seen["envace"].obs_loss_alpha) == (
-        None,
-        0,
-        0.0,
-    )
+    plain = seen["envace"]
+    assert (plain.clip_eps_high, plain.dynamic_sampling, plain.obs_loss_alpha, plain.real_share) == (None, 0, 0.0, 0.0)
     for arm, o in OPTION_ARMS.items():
         diff = {k for k, v in to_dict(seen[arm]).items() if v != base[k]}
         assert diff == {"out_dir", *o.options} and seen[arm].variant == o.variant == "envace"

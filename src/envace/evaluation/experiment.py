@@ -127,7 +127,8 @@ class ExperimentConfig:
     """Task suite: training tasks from its train split, evaluation tasks from ``eval_split``."""
     arms: tuple[str, ...] = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
     """Arms to run (envace.evaluation.experiment.ARMS): base, sft, sft_more, any training variant, and a variant with
-    one training option beyond the paper (OPTION_ARMS: envace+clip_higher, envace+dynamic, envace+obs_loss)."""
+    one training option beyond the paper (OPTION_ARMS: envace+clip_higher, envace+dynamic, envace+obs_loss,
+    envace+real_share)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """One full run of every arm per seed; the report shows mean +- std over seeds."""
     sft_steps: int = 60
@@ -542,6 +543,12 @@ OPTION_ARMS: dict[str, OptionArm] = {
         "envace",
         {"obs_loss_alpha": 0.1},
         "EnvACE plus a cross-entropy (weight 0.1) on real observations under the Rehearse prompt (ECHO)",
+    ),
+    "envace+real_share": OptionArm(
+        "envace",
+        {"real_share": 0.25},
+        "EnvACE with a quarter of each group rolled out in the real environment (Dyna-style grounding: with K=4, "
+        "1 real and 3 rehearsed trajectories per group, one GRPO baseline)",
     ),
 }
 """Arms that add one training option to a variant (``<variant>+<option>``); the plain variant's arm stays as it is.
