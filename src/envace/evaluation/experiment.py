@@ -144,7 +144,9 @@ class ExperimentConfig:
     """A second warm-up stage of this many optimizer steps that trains the Rehearse rows only (``SFTConfig.roles =
     [rehearse]``, the same gold trajectories, batch and lr), so that every arm starts from a Rehearse that predicts
     the world better without more SFT on Act (which lowers success: the sft_more arm). Part of the shared start:
-    the sft arm, sft_more and every RL arm begin after it. 0: none (the warm-up trains both roles only)."""
+    the sft arm, sft_more and every RL arm begin after it. 0: none (the warm-up trains both roles only). Measured
+    on shop-world val (docs/results/val-rehearse70): 70 steps at the warm-up's lr 1e-4 broke Act (success 0.85 ->
+    0.00): the weights are shared, and Rehearse rows alone pull them away from Act's tool format."""
     iterations: int = 8
     """RL iterations, the same for every RL arm (the equal compute budget)."""
     batch_tasks: int = 4
