@@ -914,6 +914,30 @@ def test_a_rerun_adds_the_sweep_to_arms_finished_without_it_and_redoes_nothing(t
     assert all(e["per_task"] for e in got["evals"])
 
 
+def test_a_rerun_adds_only_the_budgets_a_finished_arm_lacks_and_refuses_a_sweep_that_measures_otherwise(
+    tiny_experiment, tmp_path, capsys
+):
+    """A run made with ``tts_budgets: [0]`` gets N = 1 on a rerun that asks for it (from its saved models, no
+    training); a rerun that changes what an evaluation of the sweep measures (its memory) is refused."""
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "out"
+    shutil.copytree(out, work)
+    res = json.loads((work / "results.json").read_text())
+    full = [(e["n"], e["mode"]) for e in res["runs"]["envace"]["0"]["evals"]]
+    for recs in res["runs"].values():
+        for rec in recs.values():
+            rec["evals"] = [e for e in rec["evals"] if e["n"] == 0]
+    res["config"]["tts_budgets"] = [0]
+    (work / "results.json").write_text(json.dumps(res))
+    got = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}"])).results
+    said = capsys.readouterr().out
+    assert "arm envace: done before; adding 3 evaluations of the sweep" in said and "training" not in said.lower()
+    assert [(e["n"], e["mode"]) for e in got["runs"]["envace"]["0"]["evals"]] == full and len(full) == 4
+    assert list(got["config"]["tts_budgets"]) == [0, 1]
+    with pytest.raises(ValueError, match="tts_memory"):
+        run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_memory=calls"]))
+
+
 def test_a_rerun_adds_the_ood_split_to_finished_arms_with_its_own_tables_and_redoes_nothing(
     tiny_experiment, tmp_path, capsys
 ):

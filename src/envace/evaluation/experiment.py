@@ -813,14 +813,17 @@ RESUMABLE = (
     "tts_tasks_in_flight",
     "tts_seeds",
     "tts_arms",
+    "tts_budgets",
+    "tts_modes",
     "ood_split",
     "ood_tasks",
 )
 """Fields that do not change what any one (arm, seed) result measures: seeds may be added (or reported as a
 subset) by a rerun in the same out_dir, the sweep may rehearse fewer tasks at a time (memory; only the
-attempts' sampling stream differs), and more seeds / arms may get the sweep (a finished arm gets the budgets it
-lacks: :func:`missing_budgets`; evaluations already made are kept, never redone), and a finished arm gets the
-``ood_split`` evaluation it lacks (:func:`missing_split`)."""
+attempts' sampling stream differs), and more seeds / arms / budgets / modes may get the sweep (a finished arm gets
+the (N, mode) pairs it lacks: :func:`missing_budgets`; evaluations already made are kept, never redone; what one
+evaluation measures -- ``tts_tasks``, ``tts_memory``, ``tts_max_new_tokens`` -- may not change), and a finished
+arm gets the ``ood_split`` evaluation it lacks (:func:`missing_split`)."""
 
 
 def release_memory() -> None:
