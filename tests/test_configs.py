@@ -64,3 +64,44 @@ def test_a_saved_config_is_read_as_this_version_reads_it_so_only_real_difference
     del exp["ood_split"], exp["sft_options"]
     assert config_diff(saved_config_dict(ExperimentConfig, exp), to_dict(ExperimentConfig())) == []
     assert saved_config_dict(ExperimentConfig, None) == json.loads(json.dumps(to_dict(ExperimentConfig()), default=str))
+
+
+def test_a_config_file_with_a_base_is_laid_over_it_field_by_field_and_nested_mappings_merge(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "root.yaml").write_text("group_size: 8\nlr: 2.0e-5\nrollout: {max_steps: 6, act: {temperature: 0.7}}\n")
+    (tmp_path / "sub" / "mid.yaml").write_text("base: ../root.yaml\nlr: 3.0e-5\nrollout: {act: {max_new_tokens: 64}}\n")
+    (tmp_path / "leaf.yaml").write_text("base: sub/mid.yaml\niterations: 3\n")
+    cfg = load_config(TrainConfig, str(tmp_path / "leaf.yaml"), ["lr=4e-5"])
+    assert (cfg.group_size, cfg.iterations, cfg.lr, cfg.rollout.max_steps) == (8, 3, 4e-5, 6)
+    assert (cfg.rollout.act.temperature, cfg.rollout.act.max_new_tokens) == (0.7, 64)  # both files' act fields
+    assert load_config(TrainConfig, str(tmp_path / "sub" / "mid.yaml")).lr == 3e-5  # the base's path: its own folder
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"a.yaml": "base: b.yaml\n", "b.yaml": "base: a.yaml\n"}, "cycle"),
+        ({"a.yaml": "base: missing.yaml\n"}, "is not a file"),
+        ({"a.yaml": "base: [b.yaml]\n"}, "must name a config file"),
+        ({"a.yaml": "base: b.yaml\n", "b.yaml": "- 1\n"}, "must hold a mapping"),
+    ],
+    ids=["cycle", "missing", "not-a-name", "base-not-a-mapping"],
+)
+def test_a_bad_base_is_an_error_that_names_the_file(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_config(TrainConfig, str(tmp_path / "a.yaml"))
+
+
+def test_the_val_configs_are_the_claims_config_with_only_the_fields_they_name_changed():
+    from envace.config import to_dict
+    from envace.evaluation.experiment import load_experiment_config
+
+    root = Path(__file__).parent.parent / "configs" / "experiment"
+    claims = to_dict(load_experiment_config(str(root / "shop-world-claims.yaml"), []))
+    for name in ("shop-world-val-options", "shop-world-val-budget"):
+        given = yaml.safe_load((root / f"{name}.yaml").read_text())
+        cfg = to_dict(load_experiment_config(str(root / f"{name}.yaml"), []))
+        assert given["base"] == "shop-world-claims.yaml" and cfg["eval_split"] == "val"
+        assert {k for k in cfg if cfg[k] != claims[k]} <= set(given) - {"base"}

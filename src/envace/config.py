@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from .core.config import (  # noqa: F401 - the generic codec, re-exported here (
     field_docs,
     first_sentence,
     from_dict,
+    read_config_file,
     set_dotted,
     to_dict,
     with_defaults,
@@ -787,19 +787,14 @@ def task_kinds_setting(value: Any, where: str) -> tuple[str, ...] | None:
 def load_config(
     cls: type, path: str | None = None, overrides: list[str] | None = None, values: dict[str, Any] | None = None
 ) -> Any:
-    """A config from an optional YAML file, then ``values`` (field -> value, dotted for a nested one: the CLI's
-    shorthand flags such as ``-n 20``), then ``key=value`` overrides; each later one wins over the earlier ones, the
-    dataclass defaults fill the rest. An unknown field anywhere is an error that lists the valid ones. Keys of
-    an older version are read for one version with a DeprecationWarning (:func:`moved_flat_keys`,
-    :func:`train_config_dict`)."""
+    """A config from an optional YAML file (laid over the file its ``base:`` names, :func:`read_config_file`),
+    then ``values`` (field -> value, dotted for a nested one: the CLI's shorthand flags such as ``-n 20``), then
+    ``key=value`` overrides; each later one wins over the earlier ones, the dataclass defaults fill the rest. An
+    unknown field anywhere is an error that lists the valid ones. Keys of an older version are read for one version
+    with a DeprecationWarning (:func:`moved_flat_keys`, :func:`train_config_dict`)."""
     d: dict[str, Any] = {}
     if path:
-        if os.path.isdir(path):
-            raise ValueError(f"config file {path!r} is a folder; give a YAML file of config fields")
-        with open(path, encoding="utf-8") as f:
-            d = _yaml(f.read(), path) or {}
-        if not isinstance(d, dict):
-            raise ValueError(f"{path}: a config file must hold a mapping")
+        d = read_config_file(path)
     d = moved_flat_keys(cls, d)
     for key, value in (values or {}).items():
         set_dotted(d, key, value)

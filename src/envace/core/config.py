@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import inspect
 import json
+import os
 import re
 import textwrap
 import types
@@ -159,6 +160,34 @@ def _laid_over(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     for k, v in given.items():
         out[k] = _laid_over(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
     return out
+
+
+BASE_KEY = "base"
+"""A config file's key naming another config file (relative to its own folder) that it is laid over."""
+
+
+def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mapping of a YAML config file, laid over the file its ``base:`` names (recursively; nested mappings
+    merged key by key, :func:`_laid_over`), so a config that differs from another in a few fields says only those.
+    A folder, a file that is not a mapping, a missing base or a cycle of bases is an error naming the file."""
+    if os.path.isdir(path):
+        raise ValueError(f"config file {path!r} is a folder; give a YAML file of config fields")
+    real = os.path.realpath(path)
+    if real in _seen:
+        raise ValueError(f"{path}: its bases form a cycle ({' -> '.join(_seen + (real,))})")
+    with open(path, encoding="utf-8") as f:
+        d = _yaml(f.read(), path) or {}
+    if not isinstance(d, dict):
+        raise ValueError(f"{path}: a config file must hold a mapping")
+    if BASE_KEY not in d:
+        return d
+    base = d.pop(BASE_KEY)
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{path}: {BASE_KEY}: must name a config file, got {base!r}")
+    where = os.path.join(os.path.dirname(path), base)
+    if not os.path.isfile(where):
+        raise ValueError(f"{path}: {BASE_KEY}: {base!r} is not a file (looked for {where})")
+    return _laid_over(read_config_file(where, _seen + (real,)), d)
 
 
 def _yaml(text: str, where: str) -> Any:
