@@ -938,6 +938,23 @@ def test_a_rerun_adds_only_the_budgets_a_finished_arm_lacks_and_refuses_a_sweep_
         run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "tts_memory=calls"]))
 
 
+def test_a_rerun_may_add_an_arm_which_alone_is_trained_from_the_warm_up_on_disk(tiny_experiment, tmp_path, capsys):
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "out"
+    shutil.copytree(out, work)
+    before = json.loads((work / "results.json").read_text())["runs"]
+    warm = {p: p.stat().st_mtime_ns for p in (work / "seed0" / "sft").rglob("*")}
+    got = run_experiment(
+        load_experiment_config(str(cfg_path), [f"out_dir={work}", f"arms=[{', '.join(ALL_ARMS)}, envace+kl]"])
+    )
+    assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
+    assert {p: p.stat().st_mtime_ns for p in (work / "seed0" / "sft").rglob("*")} == warm  # not trained again
+    assert {a: got.results["runs"][a] for a in ALL_ARMS} == before
+    rec = got.results["runs"]["envace+kl"]["0"]
+    assert rec["evals"][0]["per_task"] and rec["curve"][-1]["loss/policy/kl"] >= 0.0
+    assert (work / "seed0" / "envace+kl").is_dir() and "envace+kl" in (work / "report.md").read_text()
+
+
 def test_a_rerun_adds_the_ood_split_to_finished_arms_with_its_own_tables_and_redoes_nothing(
     tiny_experiment, tmp_path, capsys
 ):

@@ -349,7 +349,7 @@ def test_each_option_is_an_arm_of_its_own_beside_an_unchanged_envace_arm(tmp_pat
     for arm, o in OPTION_ARMS.items():
         diff = {k for k, v in to_dict(seen[arm]).items() if v != base[k]}
         assert diff == {"out_dir", *o.options} and seen[arm].variant == o.variant == "envace"
-        assert seen[arm].kl_coef == 1e-4  # train_options reach these arms too
+        assert seen[arm].kl_coef == o.options.get("kl_coef", 1e-4)  # train_options reach these arms, under their own
     assert "envace" not in OPTION_ARMS and not set(OPTION_ARMS) & set(ExperimentConfig().arms)
     assert experiment.OPTION_ARMS is OPTION_ARMS
 

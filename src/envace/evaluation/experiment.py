@@ -16,7 +16,8 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   budget (``iterations`` x ``batch_tasks`` tasks x ``group_size`` trajectories, same reward, same rollout limits).
   Beyond the paper, :data:`OPTION_ARMS` add one training option each to a variant, run beside it and never in place
   of it: ``envace+clip_higher`` (``clip_eps_high``), ``envace+dynamic`` (``dynamic_sampling``), ``envace+obs_loss``
-  (``obs_loss_alpha``); the plain ``envace`` arm is unchanged.
+  (``obs_loss_alpha``), ``envace+kl`` (``kl_coef``), ``envace+real_share`` (``real_share``); the plain ``envace`` arm
+  is unchanged.
 - **evaluation**: held-out tasks in the real environment, ``eval_samples`` trials each, at N=0 (plain acting)
   for every arm and, for the arms of ``tts_arms``, at every rehearsal budget N > 0 of ``tts_budgets`` in each
   mode of ``tts_modes`` (envace.evaluation.tts; ``plan`` is the compute-matched baseline: its plan budget is the mean
@@ -128,7 +129,7 @@ class ExperimentConfig:
     arms: tuple[str, ...] = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
     """Arms to run (envace.evaluation.experiment.ARMS): base, sft, sft_more, any training variant, and a variant with
     one training option beyond the paper (OPTION_ARMS: envace+clip_higher, envace+dynamic, envace+obs_loss,
-    envace+real_share)."""
+    envace+kl, envace+real_share)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """One full run of every arm per seed; the report shows mean +- std over seeds."""
     sft_steps: int = 60
@@ -546,6 +547,11 @@ OPTION_ARMS: dict[str, OptionArm] = {
         {"obs_loss_alpha": 0.1},
         "EnvACE plus a cross-entropy (weight 0.1) on real observations under the Rehearse prompt (ECHO)",
     ),
+    "envace+kl": OptionArm(
+        "envace",
+        {"kl_coef": 0.04},
+        "EnvACE with a KL penalty to the warm-up (k3, coefficient 0.04 as DeepSeekMath's GRPO; the paper uses none)",
+    ),
     "envace+real_share": OptionArm(
         "envace",
         {"real_share": 0.25},
@@ -810,6 +816,7 @@ RESUMABLE = (
     "resume",
     "out_dir",
     "seeds",
+    "arms",
     "tts_tasks_in_flight",
     "tts_seeds",
     "tts_arms",
@@ -818,12 +825,12 @@ RESUMABLE = (
     "ood_split",
     "ood_tasks",
 )
-"""Fields that do not change what any one (arm, seed) result measures: seeds may be added (or reported as a
-subset) by a rerun in the same out_dir, the sweep may rehearse fewer tasks at a time (memory; only the
-attempts' sampling stream differs), and more seeds / arms / budgets / modes may get the sweep (a finished arm gets
-the (N, mode) pairs it lacks: :func:`missing_budgets`; evaluations already made are kept, never redone; what one
-evaluation measures -- ``tts_tasks``, ``tts_memory``, ``tts_max_new_tokens`` -- may not change), and a finished
-arm gets the ``ood_split`` evaluation it lacks (:func:`missing_split`)."""
+"""Fields that do not change what any one (arm, seed) result measures: seeds and arms may be added (or reported as a
+subset) by a rerun in the same out_dir (an added arm starts from the seed's warm-up on disk), the sweep may rehearse
+fewer tasks at a time (memory; only the attempts' sampling stream differs), and more seeds / arms / budgets / modes
+may get the sweep (a finished arm gets the (N, mode) pairs it lacks: :func:`missing_budgets`; evaluations already
+made are kept, never redone; what one evaluation measures -- ``tts_tasks``, ``tts_memory``, ``tts_max_new_tokens``
+-- may not change), and a finished arm gets the ``ood_split`` evaluation it lacks (:func:`missing_split`)."""
 
 
 def release_memory() -> None:
