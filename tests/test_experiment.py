@@ -28,6 +28,8 @@ from envace.evaluation.experiment import (
     rl_train_tasks,
     run_experiment,
     sft_more_steps,
+    success_point,
+    success_steps,
 )
 from envace.evaluation.fidelity import measure_fidelity
 from envace.chat.parsing import format_observation, render_act
@@ -50,6 +52,10 @@ from envace.evaluation.report import (
     mean_std,
     paired_table,
     plot_success,
+    plot_success_curve,
+    success_changes,
+    success_curve,
+    success_curve_table,
     tts_table,
     tts_tokens_table,
     write_report,
@@ -104,6 +110,7 @@ tts_max_new_tokens: 8
 fidelity_tasks: 1
 fidelity_samples: 1
 fidelity_every: 1
+success_every: 1
 progress: false
 """
 
@@ -168,6 +175,55 @@ def test_sft_more_takes_as_many_steps_as_rl_and_fidelity_segments_end_every_fide
         == []
         == fidelity_steps(ExperimentConfig(fidelity_every=2, fidelity_tasks=0))
     )
+
+
+def test_success_curve_evaluates_every_success_every_iterations_before_the_final_evaluation():
+    assert success_steps(ExperimentConfig(iterations=8, success_every=2)) == [2, 4, 6]
+    assert success_steps(ExperimentConfig(iterations=8, success_every=0)) == []
+    assert success_steps(ExperimentConfig(iterations=3, success_every=4)) == []  # only the final evaluation
+    with pytest.raises(ValueError, match="success_every"):
+        ExperimentConfig(success_every=-1)
+
+
+def _success_ev(outcomes, lo=0.1, hi=0.9):
+    tasks = [{"task_id": f"t{i}", "successes": [o], "tool_f1": 1.0} for i, o in enumerate(outcomes)]
+    rate = sum(outcomes) / len(outcomes)
+    return {
+        "n": 0,
+        "metrics": {"success_rate": rate, "success_rate/ci_lo": lo, "success_rate/ci_hi": hi},
+        "per_task": tasks,
+    }
+
+
+def test_success_curve_counts_the_tasks_each_step_won_and_lost_against_the_warm_up(tmp_path):
+    p = success_point(4, _success_ev([True, False, True]))
+    assert p == {
+        "step": 4,
+        "success_rate": pytest.approx(2 / 3),
+        "ci": [0.1, 0.9],
+        "per_task": [{"task_id": f"t{i}", "successes": [o]} for i, o in enumerate([True, False, True])],
+    }  # only what the curve needs of each task
+    curve = lambda *pts: [success_point(s, _success_ev(o)) for s, o in pts]  # noqa: E731
+    runs = {
+        "envace": {
+            "0": {"evals": [], "success_curve": curve((0, [1, 1, 0, 0]), (2, [1, 0, 1, 1]), (4, [0, 0, 0, 0]))},
+            "1": {"evals": [], "success_curve": curve((0, [1, 1, 1, 1]), (2, [1, 1, 1, 1]), (4, [1, 1, 1, 0]))},
+        },
+        "caller_only": {"0": {"evals": [], "success_curve": curve((0, [1, 1, 0, 0]), (4, [1, 1, 0, 1]))}},
+        "sft": {"0": {"evals": []}},
+    }
+    res = {"arms": ["sft", "envace", "caller_only"], "runs": runs, "config": {"eval_split": "val"}}
+    steps, mean, std = success_curve(res, "envace")
+    assert steps == [0, 2, 4] and mean == pytest.approx([0.75, 0.875, 0.375])
+    assert success_changes(res, "envace", 2) == (2, 1)  # seed 0: t2, t3 won, t1 lost; seed 1 unchanged
+    assert success_changes(res, "envace", 4) == (0, 3) and success_changes(res, "envace", 0) == (0, 0)
+    assert success_curve(res, "sft") == ([], [], [])
+    head, rows = success_curve_table(res)
+    assert head == ["arm", "step 0", "step 2", "step 4"]
+    assert rows[0] == ["envace", "0.750 ± 0.354", "0.875 ± 0.177 (+2 / −1)", "0.375 ± 0.530 (+0 / −3)"]
+    assert rows[1] == ["caller_only", "0.500 ± 0.000", "–", "0.750 ± 0.000 (+1 / −0)"] and len(rows) == 2
+    path = plot_success_curve(res, str(tmp_path / "s.png"))
+    assert open(path, "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_config_loads_from_yaml_with_overrides(tmp_path):
@@ -806,8 +862,20 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
         assert [p["step"] for p in rec["fidelity_curve"]] == [0, 1, 2]
         assert rec["fidelity_curve"][0] == start and rec["fidelity_curve"][-1]["summary"] == rec["fidelity"]
         assert set(rec["fidelity_curve"][1]["summary"]) >= {"overall", "by_state"}
+    # held-out success at N=0 at the start (the warm-up, shared), after iteration 1, and the final evaluation
+    s_start = res["runs"]["envace"]["0"]["success_curve"][0]
+    assert s_start["step"] == 0 and len(s_start["per_task"]) == 2
+    for arm in RL_ARMS:
+        rec = res["runs"][arm]["0"]
+        assert [p["step"] for p in rec["success_curve"]] == [0, 1, 2] and rec["success_curve"][0] == s_start
+        final = next(e for e in rec["evals"] if e["n"] == 0)
+        assert rec["success_curve"][-1] == json.loads(json.dumps(success_point(2, final)))
+        assert [t["task_id"] for t in rec["success_curve"][1]["per_task"]] == [t["task_id"] for t in final["per_task"]]
+    assert s_start["per_task"] == [
+        {"task_id": t["task_id"], "successes": t["successes"]} for t in res["runs"]["sft"]["0"]["evals"][0]["per_task"]
+    ]  # the warm-up evaluated as the sft arm is (greedy, the same tasks)
     for arm in ("base", "sft", "sft_more"):
-        assert "fidelity_curve" not in res["runs"][arm]["0"]
+        assert "fidelity_curve" not in res["runs"][arm]["0"] and "success_curve" not in res["runs"][arm]["0"]
     # sft_more: SFT continued from the warm-up for as many optimizer steps as each RL arm took
     more = res["runs"]["sft_more"]["0"]
     assert [m["step"] for m in more["curve"]] == [1, 2] and all("sft/nll" in m for m in more["curve"])
@@ -828,7 +896,10 @@ def test_tiny_experiment_runs_every_arm_and_writes_every_report_file(tiny_experi
         "## The paper's claims" in md
         and "## Test-time compute: generated tokens" in md
         and "![Rehearsal fidelity over training](fidelity_curve.png)" in md
+        and "## Held-out success over training" in md
+        and "![Held-out success over training](success_curve.png)" in md
     )
+    assert (out / "success_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert ("## Rehearsal fidelity over training" in md) == bool(
         fidelity_curve_table(res)[1]
     )  # the tiny model may score no pair

@@ -16,8 +16,8 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   budget (``iterations`` x ``batch_tasks`` tasks x ``group_size`` trajectories, same reward, same rollout limits).
   Beyond the paper, :data:`OPTION_ARMS` add one training option each to a variant, run beside it and never in place
   of it: ``envace+clip_higher`` (``clip_eps_high``), ``envace+dynamic`` (``dynamic_sampling``), ``envace+obs_loss``
-  (``obs_loss_alpha``), ``envace+kl`` (``kl_coef``), ``envace+real_share`` (``real_share``); the plain ``envace`` arm
-  is unchanged.
+  (``obs_loss_alpha``), ``envace+kl`` (``kl_coef``), ``envace+low_lr`` (``lr``), ``envace+real_share``
+  (``real_share``); the plain ``envace`` arm is unchanged.
 - **evaluation**: held-out tasks in the real environment, ``eval_samples`` trials each, at N=0 (plain acting)
   for every arm and, for the arms of ``tts_arms``, at every rehearsal budget N > 0 of ``tts_budgets`` in each
   mode of ``tts_modes`` (envace.evaluation.tts; ``plan`` is the compute-matched baseline: its plan budget is the mean
@@ -31,7 +31,10 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   shadow set (the same tasks, rollout seed and mode) at the start (the SFT model, measured once per seed) and
   after every ``fidelity_every`` iterations: training runs in segments that end there (each resumes the
   previous segment's checkpoint, which the trainer makes exact: same data order, RNG and optimizer state), and
-  the curve (``fidelity_curve``: step, summary) ends with the arm's final fidelity.
+  the curve (``fidelity_curve``: step, summary) ends with the arm's final fidelity;
+- **success curve**: with ``success_every`` > 0, every RL arm is also evaluated at N=0 on the evaluation tasks at
+  the start (the warm-up, once per seed) and after every ``success_every`` iterations (the same segments), ending
+  with its final evaluation (``success_curve``: step, success rate, per-task outcomes), to choose a budget on val.
 
 Everything goes to ``out_dir``: ``results.json`` (each evaluation with its metrics and per-task outcomes; rewritten
 after every arm; a rerun with the same config skips the (arm, seed) pairs already there -- ``seeds`` may differ: more
@@ -129,7 +132,7 @@ class ExperimentConfig:
     arms: tuple[str, ...] = ("base", "sft", "sft_more", "real_env", "envace", "per_role", "simulator", "caller_only")
     """Arms to run (envace.evaluation.experiment.ARMS): base, sft, sft_more, any training variant, and a variant with
     one training option beyond the paper (OPTION_ARMS: envace+clip_higher, envace+dynamic, envace+obs_loss,
-    envace+kl, envace+real_share)."""
+    envace+kl, envace+low_lr, envace+real_share)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """One full run of every arm per seed; the report shows mean +- std over seeds."""
     sft_steps: int = 60
@@ -212,6 +215,12 @@ class ExperimentConfig:
     fidelity_every: int = 0
     """Fidelity curve: measure each RL arm on the shadow set (the fidelity tasks) at the start (the SFT model) and
     after every ``fidelity_every`` iterations, the last point being the final fidelity (0: final fidelity only)."""
+    success_every: int = 0
+    """Success curve: evaluate every RL arm's policy at N=0 on the evaluation tasks (as its final evaluation: greedy
+    by default, real environment, the same tasks) at the start (the warm-up, measured once per seed) and after every
+    ``success_every`` iterations, the last point being the arm's final evaluation; each point records its per-task
+    outcomes, so the report counts the tasks whose outcome left the warm-up's (won / lost). To choose an RL budget on
+    ``val`` from one run (0: the final evaluation only). About 80 s per point for 100 shop-world tasks on 2 cores."""
     viewer_trajectories: int = 4
     """Shadow trajectories per arm (first seed) kept for the trajectory viewer."""
     out_dir: str = "runs/experiment"
@@ -271,6 +280,8 @@ class ExperimentConfig:
             raise ValueError("eval_tasks, eval_samples, fidelity_samples >= 1 and fidelity_tasks >= 0 are required")
         if self.rehearse_steps < 0:
             raise ValueError(f"rehearse_steps must be >= 0, got {self.rehearse_steps}")
+        if self.success_every < 0:
+            raise ValueError(f"success_every must be >= 0, got {self.success_every}")
         if self.fidelity_every < 0 or (self.tts_tasks is not None and self.tts_tasks < 1) or self.claim_n < 1:
             raise ValueError("fidelity_every >= 0, tts_tasks >= 1 (or null) and claim_n >= 1 are required")
 
@@ -298,6 +309,9 @@ class ArmModels:
     fidelity_curve: list[dict[str, Any]] | None = None
     """RL arms with ``fidelity_every`` > 0: ``{"step", "summary"}`` on the shadow set at step 0 (the SFT model) and
     every ``fidelity_every`` iterations before the last; run_experiment appends the final fidelity. None: no curve."""
+    success_curve: list[dict[str, Any]] | None = None
+    """RL arms with ``success_every`` > 0: :func:`success_point` of the warm-up (step 0) and every ``success_every``
+    iterations before the last; run_experiment appends the final evaluation. None: no curve."""
 
 
 def rl_train_tasks(cfg: ExperimentConfig) -> int:
@@ -316,6 +330,25 @@ def fidelity_steps(cfg: ExperimentConfig) -> list[int]:
     if cfg.fidelity_every <= 0 or cfg.fidelity_tasks <= 0:
         return []
     return list(range(cfg.fidelity_every, cfg.iterations, cfg.fidelity_every))
+
+
+def success_steps(cfg: ExperimentConfig) -> list[int]:
+    """RL steps after which the success curve evaluates, before the final evaluation: every ``success_every``."""
+    if cfg.success_every <= 0:
+        return []
+    return list(range(cfg.success_every, cfg.iterations, cfg.success_every))
+
+
+def success_point(step: int, evaluation: dict[str, Any]) -> dict[str, Any]:
+    """One point of a success curve: the step, the success rate with its interval, and each task's outcomes (for
+    paired counts against the warm-up), from an N=0 evaluation (an entry of a record's ``evals``)."""
+    m = evaluation["metrics"]
+    return {
+        "step": step,
+        "success_rate": m["success_rate"],
+        "ci": [m.get("success_rate/ci_lo"), m.get("success_rate/ci_hi")],
+        "per_task": [{"task_id": t["task_id"], "successes": t["successes"]} for t in evaluation["per_task"]],
+    }
 
 
 def rehearse_stage_metrics(metrics: list[dict[str, Any]], after: int) -> list[dict[str, Any]]:
@@ -404,6 +437,15 @@ class SeedRun:
             _write_json(path, {"step": 0, "summary": fid.summary})
         return _read_json(path)
 
+    def success_start(self) -> dict[str, Any]:
+        """The success curve's first point: the warm-up evaluated at N=0 on the evaluation tasks, once per seed."""
+        path = os.path.join(self.dir, "success_start.json")
+        if not os.path.exists(path):
+            _say(f"seed {self.seed}: success of the SFT model at N=0 (the success curves' start)")
+            policy = arm_backend(self.cfg, self.sft()[0])
+            _write_json(path, success_point(0, evaluate_budgets(self.cfg, policy, self.seed, [(0, "none")], [])[0]))
+        return _read_json(path)
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -465,7 +507,7 @@ def _rl_arm(
         start, _ = run.sft()
         rc = dataclasses.replace(c.rollout, progress=False)
         out = os.path.join(run.dir, arm)
-        tcfg = TrainConfig(
+        fields: dict[str, Any] = dict(
             model=start,
             suite=c.suite,
             n_train_tasks=rl_train_tasks(c),
@@ -483,29 +525,48 @@ def _rl_arm(
             seed=run.seed,
             tensorboard=False,
             progress=c.progress,
-            **(c.train_options | (options or {})),
         )
-        steps = fidelity_steps(c)
-        cache = os.path.join(out, "fidelity_curve.json")
+        tcfg = TrainConfig(**(fields | c.train_options | (options or {})))  # an option arm may set lr, batch_tasks
+        f_steps, s_steps = fidelity_steps(c), success_steps(c)
+        cache, s_cache = os.path.join(out, "fidelity_curve.json"), os.path.join(out, "success_curve.json")
         points: dict[str, Any] = _read_json(cache) if os.path.exists(cache) else {}
+        s_points: dict[str, Any] = _read_json(s_cache) if os.path.exists(s_cache) else {}
         res = None
-        for end in steps + [c.iterations]:  # segments; each resumes the last one's checkpoint (iterations is resumable)
-            res = train(dataclasses.replace(tcfg, iterations=end))
-            if end == c.iterations or str(end) in points:
+        for end in sorted(set(f_steps) | set(s_steps)) + [c.iterations]:  # segments, each resuming the last one's
+            res = train(dataclasses.replace(tcfg, iterations=end))  # checkpoint (iterations is resumable)
+            todo = [
+                what
+                for what, steps, have in (("fidelity", f_steps, points), ("success", s_steps, s_points))
+                if end in steps and str(end) not in have
+            ]
+            if end == c.iterations or not todo:
                 continue
-            if res.checkpoint and int(load_state(res.checkpoint)["step"]) == end:
+            if not (res.checkpoint and int(load_state(res.checkpoint)["step"]) == end):
+                # a later checkpoint already existed (a rerun after a crash): this point cannot be measured any more
+                _say(
+                    f"seed {run.seed} arm {arm}: no checkpoint at step {end}; its {' and '.join(todo)} point is missing"
+                )
+                continue
+            at = _arm_models(variant, res.checkpoint, start, tcfg.simulator_model)
+            if "fidelity" in todo:
                 _say(f"seed {run.seed} arm {arm}: rehearsal fidelity after {end} of {c.iterations} iterations")
-                at = _arm_models(variant, res.checkpoint, start, tcfg.simulator_model)
                 points[str(end)] = arm_fidelity(c, at, run.seed).summary
                 _write_json(cache, points)
-            else:  # a later checkpoint already existed (a rerun after a crash): this point cannot be measured any more
-                _say(f"seed {run.seed} arm {arm}: no checkpoint at step {end}; its fidelity point is missing")
+            if "success" in todo:
+                _say(f"seed {run.seed} arm {arm}: success at N=0 after {end} of {c.iterations} iterations")
+                ev = evaluate_budgets(c, arm_backend(c, at.policy), run.seed, [(0, "none")], [])[0]
+                s_points[str(end)] = success_point(end, ev)
+                _write_json(s_cache, s_points)
         assert res is not None
         models = _arm_models(variant, res.checkpoint, start, tcfg.simulator_model)
         models.curve = read_metrics(out)  # every step, also those of earlier runs of a resumed arm
         if c.fidelity_every > 0 and c.fidelity_tasks > 0:
             models.fidelity_curve = [run.fidelity_start()] + [
                 {"step": int(k), "summary": v} for k, v in sorted(points.items(), key=lambda kv: int(kv[0]))
+            ]
+        if c.success_every > 0:
+            models.success_curve = [run.success_start()] + [
+                v for _, v in sorted(s_points.items(), key=lambda kv: int(kv[0]))
             ]
         return models
 
@@ -551,6 +612,12 @@ OPTION_ARMS: dict[str, OptionArm] = {
         "envace",
         {"kl_coef": 0.04},
         "EnvACE with a KL penalty to the warm-up (k3, coefficient 0.04 as DeepSeekMath's GRPO; the paper uses none)",
+    ),
+    "envace+low_lr": OptionArm(
+        "envace",
+        {"lr": 2.5e-6},
+        "EnvACE at a quarter of the claims runs' RL learning rate (2.5e-6 instead of 1e-5): smaller steps for a larger "
+        "budget",
     ),
     "envace+real_share": OptionArm(
         "envace",
@@ -824,13 +891,16 @@ RESUMABLE = (
     "tts_modes",
     "ood_split",
     "ood_tasks",
+    "success_every",
 )
 """Fields that do not change what any one (arm, seed) result measures: seeds and arms may be added (or reported as a
 subset) by a rerun in the same out_dir (an added arm starts from the seed's warm-up on disk), the sweep may rehearse
 fewer tasks at a time (memory; only the attempts' sampling stream differs), and more seeds / arms / budgets / modes
 may get the sweep (a finished arm gets the (N, mode) pairs it lacks: :func:`missing_budgets`; evaluations already
 made are kept, never redone; what one evaluation measures -- ``tts_tasks``, ``tts_memory``, ``tts_max_new_tokens``
--- may not change), and a finished arm gets the ``ood_split`` evaluation it lacks (:func:`missing_split`)."""
+-- may not change), and a finished arm gets the ``ood_split`` evaluation it lacks (:func:`missing_split`). A
+``success_every`` curve is measured for the arms trained in the run that asks for it (a finished arm keeps none:
+its intermediate checkpoints are gone)."""
 
 
 def release_memory() -> None:
@@ -919,6 +989,9 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
                 rec["fidelity_curve"] = models.fidelity_curve + (
                     [{"step": cfg.iterations, "summary": rec["fidelity"]}] if rec["fidelity"] else []
                 )
+            if models.success_curve is not None:  # the warm-up, every success_every iterations, the final evaluation
+                final = next(e for e in rec["evals"] if e["n"] == 0)
+                rec["success_curve"] = models.success_curve + [success_point(cfg.iterations, final)]
             results["runs"].setdefault(arm, {})[str(seed)] = rec
             results["elapsed_s"] = time.perf_counter() - t0
             _write_json(path, results)
@@ -957,6 +1030,8 @@ __all__ = [
     "rl_train_tasks",
     "sft_more_steps",
     "fidelity_steps",
+    "success_steps",
+    "success_point",
     "arm_backend",
     "arm_fidelity",
     "evaluate_arm",

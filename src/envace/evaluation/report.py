@@ -20,7 +20,8 @@ stay importable from here for one version (issue 30).
   ``curve_train_success.png`` (success on the training rollouts, named by where their observations came from:
   *imagined* for rehearsed / simulated rollouts, *real env* for real_env; the two are not the same quantity),
   ``curve_sft_nll.png`` (the warm-up), ``tts_budget.png`` (success vs N; plan dotted) and ``fidelity_curve.png``
-  (fidelity on the shadow set vs RL step, one line per arm).
+  (fidelity on the shadow set vs RL step, one line per arm), and with ``success_every`` ``success_curve.png`` (held-out
+  success at N=0 vs RL step; its table counts the tasks won / lost against the SFT model).
 - ``trajectories.html`` (:func:`envace.evaluation.viewer.viewer_html`): shadow trajectories of each arm, each
   rehearsed observation beside the real one, mismatching leaves highlighted.
 
@@ -514,13 +515,14 @@ def plot_success(results: dict[str, Any], path: str) -> str:
     return path
 
 
-def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_acc") -> str:
-    """Rehearsal fidelity on the fixed shadow set vs RL step, one line per arm (mean ± std band over seeds)."""
+def _plot_step_curves(
+    curves: dict[str, tuple[list[int], list[float], list[float]]], path: str, ylabel: str, title: str, empty: str
+) -> str:
+    """One line per arm of (steps, mean, std over seeds) vs RL step, a ± std band; ``empty`` written where none."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     drawn = 0
-    for arm in results["arms"]:
-        steps, mean, std = fidelity_curve(results, arm, metric)
+    for arm, (steps, mean, std) in curves.items():
         if steps:
             m, sd = np.asarray(mean), np.asarray(std)
             ax.plot(steps, m, marker="o", ms=3, label=arm)
@@ -529,16 +531,100 @@ def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_
     if drawn:
         ax.legend(fontsize=8)
     else:
-        ax.text(0.5, 0.5, "no fidelity curve (fidelity_every = 0)", ha="center", va="center", transform=ax.transAxes)
+        ax.text(0.5, 0.5, empty, ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("RL iteration (0 = the SFT model)")
-    ax.set_ylabel(f"fidelity {metric}")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(-0.03, 1.03)
-    ax.set_title("Rehearsal fidelity on the fixed held-out shadow set")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_acc") -> str:
+    """Rehearsal fidelity on the fixed shadow set vs RL step, one line per arm (mean ± std band over seeds)."""
+    return _plot_step_curves(
+        {a: fidelity_curve(results, a, metric) for a in results["arms"]},
+        path,
+        f"fidelity {metric}",
+        "Rehearsal fidelity on the fixed held-out shadow set",
+        "no fidelity curve (fidelity_every = 0)",
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Held-out success over training
+# --------------------------------------------------------------------------------------------------------
+
+
+def _success_points(rec: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """step -> {task_id: mean success} of one seed's ``success_curve``."""
+    return {
+        int(p["step"]): {t["task_id"]: float(np.mean(t["successes"])) for t in p["per_task"] if t["successes"]}
+        for p in rec.get("success_curve") or []
+    }
+
+
+def success_curve(results: dict[str, Any], arm: str) -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean, std over seeds) of an arm's held-out success at N=0 over training (``success_curve`` of each
+    seed's record), at the steps every seed measured."""
+    per_seed = [
+        {s: float(p["success_rate"]) for s, p in ((int(p["step"]), p) for p in rec.get("success_curve") or [])}
+        for rec in seed_runs(results, arm)
+    ]
+    per_seed = [d for d in per_seed if d]
+    if not per_seed:
+        return [], [], []
+    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+    ms = [mean_std([d[s] for d in per_seed]) for s in steps]
+    return steps, [m for m, _ in ms], [s for _, s in ms]
+
+
+def success_changes(results: dict[str, Any], arm: str, step: int) -> tuple[int, int]:
+    """(won, lost): the (task, seed) pairs whose success at ``step`` is above / below the warm-up's (step 0) on the
+    same task, over the seeds whose curve has both points."""
+    won = lost = 0
+    for rec in seed_runs(results, arm):
+        pts = _success_points(rec)
+        if 0 in pts and step in pts:
+            for task, v in pts[step].items():
+                if task in pts[0]:
+                    won += v > pts[0][task]
+                    lost += v < pts[0][task]
+    return won, lost
+
+
+def success_curve_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Held-out success at N=0 per RL arm at every evaluated step (mean ± std over seeds), with the tasks won / lost
+    against the warm-up (step 0)."""
+    curves = {a: success_curve(results, a) for a in results["arms"]}
+    steps = sorted({s for st, _, _ in curves.values() for s in st})
+    rows = []
+    for arm, (st, mean, std) in curves.items():
+        if st:
+            cells = []
+            for s in steps:
+                if s not in st:
+                    cells.append("–")
+                    continue
+                i = st.index(s)
+                won, lost = success_changes(results, arm, s)
+                cells.append(fmt_ms((mean[i], std[i])) + (f" (+{won} / −{lost})" if s else ""))
+            rows.append([arm, *cells])
+    return ["arm", *[f"step {s}" for s in steps]], rows
+
+
+def plot_success_curve(results: dict[str, Any], path: str) -> str:
+    """Held-out success at N=0 vs RL step, one line per arm (mean ± std band over seeds)."""
+    return _plot_step_curves(
+        {a: success_curve(results, a) for a in results["arms"]},
+        path,
+        "success rate (N=0)",
+        f"Held-out success over training ({results['config'].get('eval_split')})",
+        "no success curve (success_every = 0)",
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -592,6 +678,8 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "tts_budget": plot_tts(results, p("tts_budget.png")),
         "fidelity_curve": plot_fidelity_curve(results, p("fidelity_curve.png")),
     }
+    if any(rec.get("success_curve") for a in results["arms"] for rec in seed_runs(results, a)):
+        figs["success_curve"] = plot_success_curve(results, p("success_curve.png"))
     c = results["config"]
     n_seeds = max((len(results["runs"].get(a, {})) for a in results["arms"]), default=0)
     tables = {
@@ -602,6 +690,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "tts": tts_table(results),
         "tts_tokens": tts_tokens_table(results),
         "fidelity_curve": fidelity_curve_table(results),
+        "success_curve": success_curve_table(results),
         "fidelity": fidelity_table(results),
         "fidelity_domain": fidelity_table(results, "by_domain"),
         "fidelity_tool": fidelity_table(results, "by_tool"),
@@ -637,6 +726,10 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "+ Rehearse tokens of the rehearsed attempts, or the plans' tokens of the compute-matched "
         "baseline; all = + reflections and memory), mean over seeds; (plan ≤ T): the plan budget, the mean "
         "tokens of one parallel attempt of the same arm at that N. Per-task counts are in results.json.",
+        "success_curve": "Success at N=0 on the held-out evaluation tasks (real environment, as the final "
+        "evaluation) at step 0 (the SFT model) and every success_every RL iterations, the last being the final "
+        "evaluation: mean ± std over seeds, (+won / −lost): the (task, seed) pairs whose outcome rose / fell "
+        "against the SFT model's.",
         "fidelity_curve": "Leaf-value accuracy of rehearsed observations on the same held-out shadow tasks (same "
         "rollout seed) at step 0 (the SFT model) and every fidelity_every RL iterations, mean ± std over seeds.",
         "fidelity": "Rehearsal fidelity of each arm's Rehearse model on shadow rollouts (valid JSON, "
@@ -651,6 +744,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "claims": "The paper's claims",
         "tts_tokens": "Test-time compute: generated tokens",
         "fidelity_curve": "Rehearsal fidelity over training",
+        "success_curve": "Held-out success over training",
         "main": "Main results",
         "paired": "Paired comparison with SFT",
         "kinds": "Success by task kind",
@@ -667,6 +761,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "curve_sft_nll": "SFT warm-up",
         "tts_budget": "Rehearsal budget",
         "fidelity_curve": "Rehearsal fidelity over training",
+        "success_curve": "Held-out success over training",
     }
     split_sections = []  # (title, caption, table) for each further held-out split
     for sp in extra_splits(results):
@@ -690,7 +785,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 
     # Markdown
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
-    for key in [k for k in ("claims", "main", "paired", "kinds", "tts", "tts_tokens") if tables[k][1]]:
+    for key in [k for k in ("claims", "main", "paired", "success_curve", "kinds", "tts", "tts_tokens") if tables[k][1]]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     for title, caption, table in split_sections:
         md.append(f"## {title}\n\n{caption}\n\n{md_table(*table)}\n")
@@ -723,7 +818,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "<h1>EnvACE experiment in miniature</h1><p>"
         f"{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"
     ]
-    for key in [k for k in ("claims", "main", "paired", "kinds", "tts", "tts_tokens") if tables[k][1]]:
+    for key in [k for k in ("claims", "main", "paired", "success_curve", "kinds", "tts", "tts_tokens") if tables[k][1]]:
         body.append(
             f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>"
             f"{html.escape(captions[key])}</p>{html_table(*tables[key])}"
@@ -782,6 +877,10 @@ __all__ = [  # Claim ... claims_table, per_task_outcomes ... curve, viewer_html 
     "fidelity_curve",
     "fidelity_curve_table",
     "plot_fidelity_curve",
+    "success_curve",
+    "success_changes",
+    "success_curve_table",
+    "plot_success_curve",
     "plot_success",
     "tts_tokens_table",
     "tts_arms_run",
