@@ -112,7 +112,7 @@ def test_memory_formats_registry_keeps_the_old_formats_selectable_and_lessons_is
     from envace.evaluation.experiment import ExperimentConfig
     from envace.evaluation.tts import TTSConfig
 
-    assert set(MEMORY_FORMATS) >= {"lessons", "calls", "model", "concat"}
+    assert set(MEMORY_FORMATS) >= {"lessons", "calls", "agreed", "model", "concat"}
     assert TTSConfig().memory == EvalConfig().tts_memory == RehearseConfig().memory == "lessons"
     assert ExperimentConfig().tts_memory == "lessons"
 
@@ -302,3 +302,40 @@ def test_the_calls_format_shows_the_calls_and_errors_and_no_reflection(tokenizer
         assert HERMES.render([task.flat_gold()[0]]) in rec.memory
         assert reflection not in rec.memory and "Your reflections" not in rec.memory
         assert reflection not in _system(tokenizer, rec.attempts[1].rows[0])  # nor in the sequential notes
+
+
+MUG = ToolCall("place_order", {"customer_id": "C-1", "items": [{"sku": "MUG-BLUE", "qty": 1}]})
+LAMP = ToolCall("place_order", {"customer_id": "C-1", "items": [{"sku": "LAMP-1", "qty": 1}]})
+LOOKUP = ToolCall("get_customer", {"customer_id": "C-1"})
+
+
+def test_the_agreed_notes_keep_only_the_calls_every_attempt_made():
+    """Two attempts that ordered different products: listing both calls became two real orders (issue 29)."""
+    attempts = [
+        traj([call_step(LOOKUP, {"name": "Ada"}), call_step(MUG, {"order_id": "O-1"}), reply_step()]),
+        traj([call_step(LOOKUP, {"name": "Ada"}), call_step(LAMP, {"order_id": "O-2"}), reply_step()], k=1),
+    ]
+    notes = distill(attempts, HERMES, agreed=True)
+    assert notes == "\n".join(
+        [
+            LESSONS_HEADER,
+            "Calls that worked, in the order made:",
+            f'- {HERMES.render([LOOKUP])} returned {{"name": "Ada"}} (2 of 2 attempts)',
+            "- 2 call(s) that only some attempts made are left out: the attempts disagreed.",
+        ]
+    )
+    assert HERMES.render([MUG]) in distill(attempts, HERMES)  # the plain lessons list both orders
+    one = distill(attempts[:1], HERMES, agreed=True)  # one attempt agrees with itself: every call, nothing left out
+    assert one == distill(attempts[:1], HERMES) and HERMES.render([MUG]) in one
+    disjoint = [traj([call_step(MUG, {"order_id": "O-1"})]), traj([call_step(LAMP, {"order_id": "O-2"})], k=1)]
+    assert "No tool was called" not in distill(disjoint, HERMES, agreed=True)  # calls were made, none agreed
+
+
+def test_the_agreed_format_reaches_the_final_act_without_reflections(tokenizer, bank):
+    reflection = "the rent account is empty, give up"
+    be = ScriptedBackend(tokenizer, scripted(bank, reflection=reflection))
+    recs = run_tts(be, bank, tcfg(n=2, mode="parallel", memory="agreed"))
+    for task, rec in zip(bank, recs):  # the scripted attempts make the same gold calls: every one is agreed
+        assert rec.memory_source == "agreed" and rec.memory.startswith(LESSONS_HEADER)
+        assert HERMES.render([task.flat_gold()[0]]) in rec.memory and "(2 of 2 attempts)" in rec.memory
+        assert reflection not in rec.memory and "left out" not in rec.memory

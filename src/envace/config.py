@@ -585,7 +585,7 @@ class RehearseConfig:
     mode: str = "parallel"
     """How the attempts run: parallel | sequential."""
     memory: str = "lessons"
-    """Memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | calls | model | concat (as
+    """Memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | calls | agreed | model | concat (as
     ``EvalConfig.tts_memory``)."""
     memory_max_tokens: int = 256
     """Most tokens of the memory."""

@@ -15,11 +15,13 @@ runs the task **once** for real:
    distills the attempts by rule (:func:`envace.rollout.memory.distill`): the calls made, each written in Act's
    own tool format with the value its rehearsed observation returned, the calls that erred, the reflections cut
    to a line; no dialogue is pasted, because the 135M model copied the ``name({json})`` calls of pasted
-   transcripts and stopped calling tools (issue 29). ``model`` distills all attempts and reflections in one
-   Memory-role generation (:data:`MEMORY_SYSTEM`); ``concat`` concatenates the reflections (an equal share of
-   the budget each). An empty model memory falls back to ``concat`` and is counted. m_x is capped at
-   ``memory_max_tokens`` tokens. The format also says what a sequential attempt sees of the earlier ones:
-   their lessons (``lessons``) or their transcripts and reflections (``model``, ``concat``: as before).
+   transcripts and stopped calling tools (issue 29); ``calls`` is the lessons without reflections, ``agreed`` only
+   the calls every attempt made (two attempts that ordered different things became two real orders). ``model``
+   distills all attempts and reflections in one Memory-role generation (:data:`MEMORY_SYSTEM`); ``concat``
+   concatenates the reflections (an equal share of the budget each). An empty model memory falls back to
+   ``concat`` and is counted. m_x is capped at ``memory_max_tokens`` tokens. The format also says what a sequential
+   attempt sees of the earlier ones: their lessons (``lessons``, ``calls``, ``agreed``) or their transcripts and
+   reflections (``model``, ``concat``: as before).
 4. **The real execution**: :class:`Rehearsing`, the policy that :func:`envace.evaluation.trials.evaluate` runs
    at N > 0, acts as :class:`envace.evaluation.policy.Plain` does (real mode, memory={task.id: m_x}): each task
    once against its real environment, scored. Its records, ``tts/...`` metrics and private tokens come back with
@@ -519,19 +521,25 @@ def _transcript_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
     return NOTES_HEADER + "\n\n" + ctx.cap(rec, "notes", rec.n_done, body, ctx.cfg.notes_max_tokens, "tail")
 
 
-def _lessons(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True) -> str:
+def _lessons(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True, agreed: bool = False) -> str:
     header = LESSONS_HEADER if ctx.mode.imagined else ctx.mode.concat_header  # plans: no tool result exists
-    return distill(rec.attempts, ctx.tools, rec.reflections if reflections else (), rec.plans, header=header)
+    return distill(
+        rec.attempts, ctx.tools, rec.reflections if reflections else (), rec.plans, header=header, agreed=agreed
+    )
 
 
-def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True) -> str:
+def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True, agreed: bool = False) -> str:
     """The lessons of the earlier attempts (no transcript), capped from the end (the calls come first)."""
-    return ctx.cap(rec, "notes", rec.n_done, _lessons(ctx, rec, reflections), ctx.cfg.notes_max_tokens, "lines")
+    notes = _lessons(ctx, rec, reflections, agreed)
+    return ctx.cap(rec, "notes", rec.n_done, notes, ctx.cfg.notes_max_tokens, "lines")
 
 
-def _memory_lessons(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord], reflections: bool = True) -> None:
+def _memory_lessons(
+    ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord], reflections: bool = True, agreed: bool = False
+) -> None:
+    source = "agreed" if agreed else "lessons" if reflections else "calls"
     for rec in recs:
-        rec.memory_raw, rec.memory_source = _lessons(ctx, rec, reflections), "lessons" if reflections else "calls"
+        rec.memory_raw, rec.memory_source = _lessons(ctx, rec, reflections, agreed), source
 
 
 def _memory_concat(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
@@ -585,6 +593,16 @@ MEMORY_FORMATS.add(
         functools.partial(_lesson_notes, reflections=False),
         "the lessons without the reflections: the calls made, in Act's tool format, with their rehearsed values, "
         "and the calls that erred (plans, in plan mode). Nothing the model wrote about its attempts",
+        keep="lines",
+    ),
+)
+MEMORY_FORMATS.add(
+    "agreed",
+    MemoryFormat(
+        functools.partial(_memory_lessons, reflections=False, agreed=True),
+        functools.partial(_lesson_notes, reflections=False, agreed=True),
+        "the calls every attempt made (a consensus), in Act's tool format, with their rehearsed values, and a line "
+        "counting the calls left out; no reflection. With N = 1, the calls of the one attempt",
         keep="lines",
     ),
 )

@@ -122,6 +122,7 @@ def distill(
     value_chars: int = 160,
     text_chars: int = 200,
     header: str = LESSONS_HEADER,
+    agreed: bool = False,
 ) -> str:
     """Short notes from self-rehearsed ``attempts`` (and their ``reflections``, or ``plans`` of a plan-only budget).
 
@@ -131,6 +132,9 @@ def distill(
     ``max_errors``); calls whose rehearsed observation was unreadable (:func:`envace.chat.parsing.rehearse_failed`;
     at most ``max_calls``); malformed calls and attempts without a call; the plans and reflections (``text_chars``
     each) that hold no malformed call markup.
+    ``agreed``: only the calls that every attempt made (a consensus: over several attempts that chose different
+    calls, e.g. two different orders, the final Act made both; measured on shop-world test, issue 29), and one line
+    saying how many were left out.
     Raises ValueError on an observation from the real environment (:data:`REAL_SOURCES`).
     """
     found: dict[str, dict[str, Any]] = {}  # call key -> {call, ok, err, attempts}, in first-made order
@@ -152,6 +156,10 @@ def distill(
         if not traj.calls():
             silent.append(k + 1)
     many = len(attempts) > 1
+    left_out = 0
+    if agreed:
+        kept = {k: e for k, e in found.items() if len(e["attempts"]) == len(attempts)}
+        left_out, found = len(found) - len(kept), kept
     worked = [e for e in found.values() if e["ok"] is not None]
     failed = [e for e in found.values() if e["ok"] is None and e["err"] is not None]
     unknown = [e for e in found.values() if e["ok"] is None and e["err"] is None]
@@ -169,12 +177,14 @@ def distill(
     if unknown:
         lines.append("Calls whose result the rehearsal did not imagine (check them in the real run):")
         lines += [f"- {tools.render([e['call']])}" for e in unknown[:max_calls]]
+    if left_out:
+        lines.append(f"- {left_out} call(s) that only some attempts made are left out: the attempts disagreed.")
     if malformed:
         lines.append(f"- {malformed} malformed call(s): write a call exactly as {tools.call}.")
     if silent:
         which = ", ".join(map(str, silent)) if many else "The attempt"
         lines.append(f"- {'Attempts ' + which if many else which} called no tool.")
-    if not found and not malformed and not plans:
+    if not found and not left_out and not malformed and not plans:
         lines.append("- No tool was called.")
     for label, texts in (("Your plans", plans), ("Your reflections", reflections)):
         kept = [(i + 1, clip(in_tool_format(t, tools), text_chars)) for i, t in enumerate(texts) if _readable(t, tools)]
