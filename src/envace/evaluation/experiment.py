@@ -443,7 +443,8 @@ class SeedRun:
         if not os.path.exists(path):
             _say(f"seed {self.seed}: success of the SFT model at N=0 (the success curves' start)")
             policy = arm_backend(self.cfg, self.sft()[0])
-            _write_json(path, success_point(0, evaluate_budgets(self.cfg, policy, self.seed, [(0, "none")], [])[0]))
+            ev = evaluate_budgets(self.cfg, policy, self.seed, [(0, "none")], [], f"seed {self.seed} SFT model")[0]
+            _write_json(path, success_point(0, ev))
         return _read_json(path)
 
 
@@ -554,7 +555,8 @@ def _rl_arm(
                 _write_json(cache, points)
             if "success" in todo:
                 _say(f"seed {run.seed} arm {arm}: success at N=0 after {end} of {c.iterations} iterations")
-                ev = evaluate_budgets(c, arm_backend(c, at.policy), run.seed, [(0, "none")], [])[0]
+                label = f"seed {run.seed} arm {arm} at step {end}"
+                ev = evaluate_budgets(c, arm_backend(c, at.policy), run.seed, [(0, "none")], [], label)[0]
                 s_points[str(end)] = success_point(end, ev)
                 _write_json(s_cache, s_points)
         assert res is not None
