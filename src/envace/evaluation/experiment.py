@@ -948,7 +948,9 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
                 "choose another out_dir, or set resume=false to start over there"
             )
         results["runs"] = old.get("runs", {})
-    t0 = time.perf_counter()
+        if "elapsed_s" in old:  # the time of the runs before this one; this run's is added to it
+            results["elapsed_s"] = old["elapsed_s"]
+    t0, before = time.perf_counter(), results.get("elapsed_s", 0.0)
     total = len(cfg.seeds) * len(cfg.arms)
     done = 0
     for seed in cfg.seeds:
@@ -995,7 +997,7 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
                 final = next(e for e in rec["evals"] if e["n"] == 0)
                 rec["success_curve"] = models.success_curve + [success_point(cfg.iterations, final)]
             results["runs"].setdefault(arm, {})[str(seed)] = rec
-            results["elapsed_s"] = time.perf_counter() - t0
+            results["elapsed_s"] = before + time.perf_counter() - t0
             _write_json(path, results)
             release_memory()
             head = next(e for e in rec["evals"] if e["n"] == 0)["metrics"]

@@ -52,6 +52,7 @@ from .results import (
     fmt_ms,
     mean_std,
     outcome_changes,
+    over_seeds,
     per_task_outcomes,
     seed_cell,
     seed_runs,
@@ -288,20 +289,16 @@ def fidelity_curve(
 ) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean, std over seeds) of an arm's fidelity on the fixed shadow set (``fidelity_curve`` of each
     seed's record), at the steps every seed measured with at least one scored pair."""
-    per_seed = []
-    for rec in seed_runs(results, arm):
-        pts = {
-            int(p["step"]): float(p["summary"]["overall"][metric])
-            for p in rec.get("fidelity_curve") or []
-            if p.get("summary") and p["summary"]["overall"].get("n")
-        }
-        if pts:
-            per_seed.append(pts)
-    if not per_seed:
-        return [], [], []
-    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
-    ms = [mean_std([d[s] for d in per_seed]) for s in steps]
-    return steps, [m for m, _ in ms], [s for _, s in ms]
+    return over_seeds(
+        [
+            {
+                int(p["step"]): float(p["summary"]["overall"][metric])
+                for p in rec.get("fidelity_curve") or []
+                if p.get("summary") and p["summary"]["overall"].get("n")
+            }
+            for rec in seed_runs(results, arm)
+        ]
+    )
 
 
 def fidelity_curve_table(results: dict[str, Any], metric: str = "leaf_acc") -> tuple[list[str], list[list[str]]]:
@@ -570,16 +567,12 @@ def _success_points(rec: dict[str, Any]) -> dict[int, dict[str, float]]:
 def success_curve(results: dict[str, Any], arm: str) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean, std over seeds) of an arm's held-out success at N=0 over training (``success_curve`` of each
     seed's record), at the steps every seed measured."""
-    per_seed = [
-        {s: float(p["success_rate"]) for s, p in ((int(p["step"]), p) for p in rec.get("success_curve") or [])}
-        for rec in seed_runs(results, arm)
-    ]
-    per_seed = [d for d in per_seed if d]
-    if not per_seed:
-        return [], [], []
-    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
-    ms = [mean_std([d[s] for d in per_seed]) for s in steps]
-    return steps, [m for m, _ in ms], [s for _, s in ms]
+    return over_seeds(
+        [
+            {int(p["step"]): float(p["success_rate"]) for p in rec.get("success_curve") or []}
+            for rec in seed_runs(results, arm)
+        ]
+    )
 
 
 def success_changes(results: dict[str, Any], arm: str, step: int) -> tuple[int, int]:

@@ -121,17 +121,21 @@ def fidelity_values(
     return out
 
 
-def curve(results: dict[str, Any], arm: str, key: str) -> tuple[list[int], list[float], list[float]]:
-    """(steps, mean, std) of a training metric over seeds, at the steps every seed logged."""
-    per_seed = [
-        {int(m["step"]): float(m[key]) for m in rec.get("curve") or [] if key in m} for rec in seed_runs(results, arm)
-    ]
+def over_seeds(per_seed: list[dict[int, float]]) -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean, std over seeds) of per-seed curves ``{step: value}``, at the steps every non-empty one has."""
     per_seed = [d for d in per_seed if d]
     if not per_seed:
         return [], [], []
     steps = sorted(set.intersection(*(set(d) for d in per_seed)))
     ms = [mean_std([d[s] for d in per_seed]) for s in steps]
     return steps, [m for m, _ in ms], [s for _, s in ms]
+
+
+def curve(results: dict[str, Any], arm: str, key: str) -> tuple[list[int], list[float], list[float]]:
+    """(steps, mean, std) of a training metric over seeds, at the steps every seed logged."""
+    return over_seeds(
+        [{int(m["step"]): float(m[key]) for m in rec.get("curve") or [] if key in m} for rec in seed_runs(results, arm)]
+    )
 
 
 def extra_splits(results: dict[str, Any]) -> list[str]:
@@ -192,6 +196,7 @@ __all__ = [
     "budget_label",
     "fidelity_values",
     "curve",
+    "over_seeds",
     "extra_splits",
     "split_view",
     "outcome_changes",
