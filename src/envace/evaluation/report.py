@@ -58,6 +58,7 @@ from .results import (
     seed_runs,
     split_view,
     success_cell,
+    task_changes,
 )
 from .viewer import LOADED_SUFFIX, json_html, page, trajectory_html, viewer_html
 
@@ -556,14 +557,6 @@ def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_
 # --------------------------------------------------------------------------------------------------------
 
 
-def _success_points(rec: dict[str, Any]) -> dict[int, dict[str, float]]:
-    """step -> {task_id: mean success} of one seed's ``success_curve``."""
-    return {
-        int(p["step"]): {t["task_id"]: float(np.mean(t["successes"])) for t in p["per_task"] if t["successes"]}
-        for p in rec.get("success_curve") or []
-    }
-
-
 def success_curve(results: dict[str, Any], arm: str) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean, std over seeds) of an arm's held-out success at N=0 over training (``success_curve`` of each
     seed's record), at the steps every seed measured."""
@@ -580,12 +573,10 @@ def success_changes(results: dict[str, Any], arm: str, step: int) -> tuple[int, 
     same task, over the seeds whose curve has both points."""
     won = lost = 0
     for rec in seed_runs(results, arm):
-        pts = _success_points(rec)
+        pts = {int(p["step"]): p["per_task"] for p in rec.get("success_curve") or []}
         if 0 in pts and step in pts:
-            for task, v in pts[step].items():
-                if task in pts[0]:
-                    won += v > pts[0][task]
-                    lost += v < pts[0][task]
+            c = task_changes(pts[0], pts[step])
+            won, lost = won + c["won"], lost + c["lost"]
     return won, lost
 
 

@@ -167,13 +167,22 @@ def outcome_changes(
         ea, eb = (eval_entry(results["runs"][a][s], n, mode) for a in (baseline, arm))
         if ea is None or eb is None or "per_task" not in ea or "per_task" not in eb:
             continue
-        base = {r["task_id"]: float(np.mean(r["successes"])) for r in ea["per_task"]}
         out["seeds"] += 1
-        for r in eb["per_task"]:
-            if r["task_id"] in base:
-                d = float(np.mean(r["successes"])) - base[r["task_id"]]
-                out["won" if d > 0 else "lost" if d < 0 else "same"] += 1
+        for k, v in task_changes(ea["per_task"], eb["per_task"]).items():
+            out[k] += v
     return out if out["seeds"] else None
+
+
+def task_changes(baseline: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Per-task rows (``task_id``, ``successes``) paired with the baseline's on the same tasks: ``won`` (mean
+    success above the baseline's), ``lost`` (below), ``same``; tasks the baseline lacks are left out."""
+    base = {r["task_id"]: float(np.mean(r["successes"])) for r in baseline}
+    out = {"won": 0, "lost": 0, "same": 0}
+    for r in rows:
+        if r["task_id"] in base:
+            d = float(np.mean(r["successes"])) - base[r["task_id"]]
+            out["won" if d > 0 else "lost" if d < 0 else "same"] += 1
+    return out
 
 
 MODE_SHORT = {"parallel": "par", "sequential": "seq"}
@@ -200,5 +209,6 @@ __all__ = [
     "extra_splits",
     "split_view",
     "outcome_changes",
+    "task_changes",
     "MODE_SHORT",
 ]
