@@ -195,6 +195,29 @@ def _success_ev(outcomes, lo=0.1, hi=0.9):
     }
 
 
+def test_the_success_curve_starts_from_the_sft_arm_s_evaluation_or_evaluates_the_warm_up_once(tmp_path, monkeypatch):
+    import envace.evaluation.experiment as experiment
+
+    made = []
+
+    def fake_eval(cfg, policy, seed, todo, evals, label=""):
+        made.append((policy, todo))
+        return [_success_ev([True, False])]
+
+    monkeypatch.setattr(experiment, "evaluate_budgets", fake_eval)
+    monkeypatch.setattr(experiment, "arm_backend", lambda cfg, model: f"backend of {model}")
+    monkeypatch.setattr(SeedRun, "sft", lambda self: ("warm-up", []))
+    cfg = ExperimentConfig(out_dir=str(tmp_path / "a"), success_every=2)
+    first = SeedRun(cfg, 0).success_start()
+    assert made == [("backend of warm-up", [(0, "none")])] and first == success_point(0, _success_ev([True, False]))
+    assert SeedRun(cfg, 0).success_start() == first and len(made) == 1  # once per seed, read back after
+    rec = {"evals": [_success_ev([False, True]), {"n": 1, "mode": "parallel"}]}
+    other = ExperimentConfig(out_dir=str(tmp_path / "b"), success_every=2)
+    assert SeedRun(other, 0).success_start(rec) == success_point(0, rec["evals"][0]) and len(made) == 1  # not again
+    later = {"evals": [_success_ev([True, True])]}
+    assert SeedRun(other, 0).success_start(later) == success_point(0, rec["evals"][0])  # a point that exists is kept
+
+
 def test_success_curve_counts_the_tasks_each_step_won_and_lost_against_the_warm_up(tmp_path):
     p = success_point(4, _success_ev([True, False, True]))
     assert p == {

@@ -437,10 +437,14 @@ class SeedRun:
             _write_json(path, {"step": 0, "summary": fid.summary})
         return _read_json(path)
 
-    def success_start(self) -> dict[str, Any]:
-        """The success curve's first point: the warm-up evaluated at N=0 on the evaluation tasks, once per seed."""
+    def success_start(self, sft_rec: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The success curve's first point: the warm-up evaluated at N=0 on the evaluation tasks, once per seed.
+        ``sft_rec``: the sft arm's record of this seed, whose N=0 evaluation is that evaluation of the same model:
+        kept instead of made again when the point does not exist yet."""
         path = os.path.join(self.dir, "success_start.json")
-        if not os.path.exists(path):
+        if not os.path.exists(path) and sft_rec is not None:
+            _write_json(path, success_point(0, next(e for e in sft_rec["evals"] if e["n"] == 0)))
+        elif not os.path.exists(path):
             _say(f"seed {self.seed}: success of the SFT model at N=0 (the success curves' start)")
             policy = arm_backend(self.cfg, self.sft()[0])
             ev = evaluate_budgets(self.cfg, policy, self.seed, [(0, "none")], [], f"seed {self.seed} SFT model")[0]
@@ -955,6 +959,8 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
     done = 0
     for seed in cfg.seeds:
         run = SeedRun(cfg, seed)
+        if cfg.success_every > 0 and (sft_rec := results["runs"].get("sft", {}).get(str(seed))):
+            run.success_start(sft_rec)
         for arm in cfg.arms:
             done += 1
             label = f"[{done}/{total}] seed {seed} arm {arm}"
@@ -997,6 +1003,8 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
                 final = next(e for e in rec["evals"] if e["n"] == 0)
                 rec["success_curve"] = models.success_curve + [success_point(cfg.iterations, final)]
             results["runs"].setdefault(arm, {})[str(seed)] = rec
+            if arm == "sft" and cfg.success_every > 0:
+                run.success_start(rec)  # the success curves' start is this very evaluation
             results["elapsed_s"] = before + time.perf_counter() - t0
             _write_json(path, results)
             release_memory()
