@@ -40,6 +40,7 @@ _PROVIDERS: dict[str, str] = {
     "builtin-world": "envace.envs.builtin",
     "bank-world": "envace.envs.builtin",
     "shop-world": "envace.envs.builtin",
+    "shop-world-decide": "envace.envs.builtin",
     "files-world": "envace.envs.builtin",
     "bfcl": "envace.envs.bfcl.v4",
     "tau2": "envace.envs.tau2",

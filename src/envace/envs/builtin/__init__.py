@@ -32,7 +32,8 @@ Two kinds of world:
 
 Registered here: environments ``bank``, ``shop``, ``files`` in :data:`~envace.envs.registry.ENVS`, and suites
 ``bank``, ``shop``, ``files``, ``builtin`` (the three interleaved), ``bank-world``, ``shop-world``,
-``files-world`` and ``builtin-world`` in :data:`~envace.envs.registry.SUITES`, all with the signature
+``files-world``, ``builtin-world`` and ``shop-world-decide`` (shop-world's customers with requests whose right
+action depends on what the tools return) in :data:`~envace.envs.registry.SUITES`, all with the signature
 ``loader(spec, split="train", n=None, seed=0) -> list[Task]``.
 """
 
@@ -57,12 +58,15 @@ from .common import (
     tool,
 )
 from .files import FILES, FILES_WORLD, FilesEnv
-from .shop import SHOP, SHOP_WORLD, ShopEnv
+from .shop import SHOP, SHOP_WORLD, SHOP_WORLD_DECIDE, ShopEnv
 
 DOMAINS: dict[str, Domain] = {d.name: d for d in (BANK, SHOP, FILES)}
 WORLD_DOMAINS: dict[str, Domain] = {d.name: d for d in (BANK_WORLD, SHOP_WORLD, FILES_WORLD)}
 """The persistent suites (``bank-world``, ...): the same tools and templates on the fixed records of a few
 customers that persist across tasks (:class:`~envace.envs.builtin.common.Population`)."""
+EXTRA_DOMAINS: dict[str, Domain] = {d.name: d for d in (SHOP_WORLD_DECIDE,)}
+"""Persistent suites beside the three (not in a mix): ``shop-world-decide``, shop-world's customers and catalog with
+requests whose right action depends on what the tools return."""
 MIXES: dict[str, dict[str, Domain]] = {"builtin": DOMAINS, "builtin-world": WORLD_DOMAINS}
 """The suites that interleave three domains, by name."""
 
@@ -70,7 +74,7 @@ MIXES: dict[str, dict[str, Domain]] = {"builtin": DOMAINS, "builtin-world": WORL
 def make_task(domain: str, split: str, index: int) -> Task:
     """Task ``index`` of ``split`` of one domain or persistent suite (``"bank-train-000123"`` is
     ``make_task("bank", "train", 123)``, ``"bank-world-test-000007"`` is ``make_task("bank-world", "test", 7)``)."""
-    return (DOMAINS | WORLD_DOMAINS)[domain].make_task(split, index)
+    return (DOMAINS | WORLD_DOMAINS | EXTRA_DOMAINS)[domain].make_task(split, index)
 
 
 def load_mix(spec: str = "builtin", split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
@@ -99,9 +103,9 @@ def indexer(make: Callable[[str, str, int], Task], end: int) -> Callable[[str, s
 for _name, _domain in DOMAINS.items():
     ENVS.add(_name, _domain.env_cls)
     SUITES.add(_name, _domain.load)
-for _name, _domain in WORLD_DOMAINS.items():
+for _name, _domain in (WORLD_DOMAINS | EXTRA_DOMAINS).items():
     SUITES.add(_name, _domain.load)  # tasks name their domain's environment (env "bank"): no ENVS entry of their own
-for _name, _domain in (DOMAINS | WORLD_DOMAINS).items():
+for _name, _domain in (DOMAINS | WORLD_DOMAINS | EXTRA_DOMAINS).items():
     TASK_AT.add(_name, indexer(lambda spec, split, i, d=_domain: d.make_task(split, i), INDEX_SPACE))
 for _name in MIXES:
     SUITES.add(_name, load_mix)
@@ -116,6 +120,7 @@ __all__ = [
     "TaskBuilder",
     "DOMAINS",
     "WORLD_DOMAINS",
+    "EXTRA_DOMAINS",
     "SPLITS",
     "OOD_SPLIT",
     "KINDS",

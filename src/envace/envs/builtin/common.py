@@ -255,6 +255,7 @@ class TaskBuilder:
         self.required: list[tuple[ToolCall, tuple[str, ...] | None]] = []
         self.checks: list[ChecklistItem] = []
         self.extra_refs: list[ToolCall] = []  # plausible calls a template suggests as references
+        self.split_by_customer = False  # a template whose request names no entity sets it (see split_key)
 
     def _task(self, task_id: str, split: str) -> Task:
         return Task(
@@ -305,8 +306,11 @@ class TaskBuilder:
     def split_key(self, template: str) -> str:
         """The parameter combination that decides the split: the template and the user's words with dollar
         amounts blanked, so identical requests never land in both splits and an (accounts, phrasing) combo
-        of the test split is never seen in training with another amount."""
-        return template + "|" + MONEY_RE.sub("$#", "\n".join(self.user_turns))
+        of the test split is never seen in training with another amount. With ``split_by_customer`` (a template
+        whose words name no entity, e.g. "cancel all my pending orders") the customer is part of the key, so the
+        request of one customer is held out while the same words from another are seen."""
+        key = template + "|" + MONEY_RE.sub("$#", "\n".join(self.user_turns))
+        return key + "|" + str(self.config.get("customer")) if self.split_by_customer else key
 
     def build(self, task_id: str, split: str, template: str) -> Task:
         if not self.user_turns or len(self.replies) != len(self.user_turns):
@@ -529,11 +533,16 @@ class Domain:
         self,
         draw: Callable[[random.Random, int], dict[str, Any]],
         ood_draw: Callable[[random.Random, int], dict[str, Any]],
+        suite: str | None = None,
+        world: str | None = None,
     ) -> "Domain":
-        """The persistent twin of this domain, suite ``<name>-world``: the same tools and templates, whose tasks
-        start from the records of :data:`CUSTOMERS` (``ood``: :data:`OOD_CUSTOMERS`), member ``i`` drawn by
-        ``draw(rng, i)`` (``ood_draw``), instead of a fresh world each."""
-        name = f"{self.name}-world"
+        """The persistent twin of this domain, suite ``suite`` (default ``<name>-world``): the same tools and
+        templates, whose tasks start from the records of :data:`CUSTOMERS` (``ood``: :data:`OOD_CUSTOMERS`), member
+        ``i`` drawn by ``draw(rng, i)`` (``ood_draw``), instead of a fresh world each. ``world`` names the
+        population (default: the suite's name): two suites with the same ``world`` and draws have the same
+        customers, so what is learnt of them on one holds on the other."""
+        name = suite or f"{self.name}-world"
+        people = world or name
         return Domain(
             self.env_cls,
             templates=self.templates,
@@ -541,7 +550,7 @@ class Domain:
             pools=self.pools,
             entities=self.entities,
             suite=name,
-            populations=(Population(name, CUSTOMERS, draw), Population(f"{name}/ood", OOD_CUSTOMERS, ood_draw)),
+            populations=(Population(people, CUSTOMERS, draw), Population(f"{people}/ood", OOD_CUSTOMERS, ood_draw)),
         )
 
     def template(self, name: str, ood: bool = False) -> Callable[[Template], Template]:

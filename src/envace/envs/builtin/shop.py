@@ -586,3 +586,164 @@ def _ood_status_then_refund(rng: random.Random) -> TaskBuilder:
     b.reply(f"Order {oid} is refunded: ${o2['refund']}.", expect=[o2["refund"]])
     plausible(b, rng)
     return b
+
+
+# ----------------------------------------------------------------------------------------------- shop-world-decide
+# Requests whose right action depends on what the tools return (a price against a limit, which of two products is
+# cheaper, how many orders are pending, an order's total against a limit), on shop-world's customers and catalog.
+# In every one, acting without reading the world changes the outcome (an order placed above the limit, the dearer
+# product bought, a pending order left or an order cancelled that should stay), and what the tools return is a
+# fixed function of the persistent world: a Rehearse that has learnt it lets Act decide in imagination as it would
+# in the real shop; one that imagines a wrong price or status leads Act into a wrong action, which the replayed
+# outcome then scores as a failure for both roles.
+
+SHOP_DECIDE = Domain(ShopEnv, pools=SHOP.pools, entities=entities)
+"""The decision templates (and, for the ``ood`` split, the shop's held-out templates); registered only as the
+persistent suite :data:`SHOP_WORLD_DECIDE`."""
+
+
+def dollars_below(cents: int, rng: random.Random) -> int:
+    """A whole-dollar limit the amount is not above (``cents <= 100 * limit``), 0-15 dollars over it."""
+    return -(-cents // 100) + rng.randint(0, 15)
+
+
+def dollars_under(cents: int, rng: random.Random) -> int:
+    """A whole-dollar limit, at least $1, that the amount is strictly above; GenerationError when none is."""
+    limit = (cents - 1) // 100 - rng.randint(0, 15)
+    if limit < 1:
+        limit = (cents - 1) // 100
+    if limit < 1:
+        raise GenerationError(f"no whole-dollar limit below {money(cents)}")
+    return limit
+
+
+@SHOP_DECIDE.template("buy_if_under")
+def _buy_if_under(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, world(rng), rng)
+    pid = rng.choice(products(b))
+    n, cents = name(b, pid), b.env.s["catalog"][pid]["price_cents"]
+    q = rng.randint(1, min(2, b.env.s["catalog"][pid]["stock"]))
+    buy = rng.random() < 0.5
+    limit = dollars_below(cents, rng) + (1 if cents % 100 == 0 else 0) if buy else dollars_under(cents, rng)
+    if (cents < 100 * limit) != buy:
+        raise GenerationError("the limit does not decide as drawn")
+    b.user(
+        rng.choice(
+            [
+                f"Order {q} {n} if it costs less than ${limit} each. If not, do not order; just tell me the price.",
+                f"Buy {q} of the {n}, but only if the price is under ${limit}. Otherwise tell me what it costs.",
+                f"If the {n} is cheaper than ${limit}, order {q} for me; if it is not, only tell me its price.",
+            ]
+        )
+    )
+    o = b.call("search_products", query=n, check_keys=())
+    p = next(x["price"] for x in o["products"] if x["name"] == n)
+    if buy:
+        o2 = b.call("place_order", product_id=pid, quantity=q)
+        b.reply(f"The {n} costs ${p}, under ${limit}, so I ordered {q} (order {o2['order_id']}).", expect=[p])
+    else:
+        b.reply(f"The {n} costs ${p}, which is not under ${limit}, so I did not order it.", expect=[p])
+    plausible(b, rng)
+    return b
+
+
+@SHOP_DECIDE.template("buy_cheaper")
+def _buy_cheaper(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, world(rng), rng)
+    p1, p2 = rng.sample(products(b), 2)
+    c1, c2 = b.env.s["catalog"][p1]["price_cents"], b.env.s["catalog"][p2]["price_cents"]
+    if c1 == c2:
+        raise GenerationError("both products cost the same")
+    n1, n2 = name(b, p1), name(b, p2)
+    b.user(
+        rng.choice(
+            [
+                f"Order one {n1} or one {n2}, whichever is cheaper.",
+                f"I need either a {n1} or a {n2}. Buy one of the cheaper of the two.",
+                f"Compare the {n1} and the {n2} and order one of whichever costs less.",
+            ]
+        )
+    )
+    b.call("search_products", query=n1, check_keys=())
+    b.call("search_products", query=n2, check_keys=())
+    cheap, dear = (p1, p2) if c1 < c2 else (p2, p1)
+    o = b.call("place_order", product_id=cheap, quantity=1)
+    b.reply(
+        f"The {name(b, cheap)} is cheaper (${price(b, cheap)} against ${price(b, dear)}): I ordered one "
+        f"(order {o['order_id']}).",
+        expect=[price(b, cheap)],
+    )
+    plausible(b, rng)
+    return b
+
+
+MAX_PENDING_CANCELS = 2  # cancel_pending's customers have at most this many pending orders (rollouts' step limits)
+
+
+@SHOP_DECIDE.template("cancel_pending")
+def _cancel_pending(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, world(rng), rng)
+    pending = orders_with(b, "pending")
+    if len(pending) > MAX_PENDING_CANCELS:
+        raise GenerationError(f"{len(pending)} pending orders: more cancels than a turn's steps")
+    b.split_by_customer = True
+    b.user(
+        rng.choice(
+            [
+                "Cancel all of my orders that have not shipped yet.",
+                "Please cancel every pending order I have.",
+                "I want none of my pending orders any more: cancel them all.",
+                "Cancel whatever I have that is still pending.",
+            ]
+        )
+    )
+    b.call("list_orders", status="pending", check_keys=())
+    for oid in pending:
+        b.call("cancel_order", order_id=oid)
+    if pending:
+        b.reply(f"Cancelled {', '.join(pending)}.", expect=pending)
+    else:
+        b.reply("You have no pending orders, so there was nothing to cancel.")
+    plausible(b, rng)
+    return b
+
+
+@SHOP_DECIDE.template("cancel_if_over")
+def _cancel_if_over(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, world(rng, statuses=("pending",)), rng)
+    oid = rng.choice(orders_with(b, "pending"))
+    cents = b.env.s["orders"][oid]["total_cents"]
+    cancel = rng.random() < 0.5
+    limit = dollars_under(cents, rng) if cancel else dollars_below(cents, rng)
+    b.user(
+        rng.choice(
+            [
+                f"If order {oid} comes to more than ${limit}, cancel it. Otherwise leave it as it is.",
+                f"Cancel order {oid} only if its total is over ${limit}; if not, keep it.",
+                f"Check order {oid}: if it costs more than ${limit} in total, cancel it, else do nothing.",
+            ]
+        )
+    )
+    o = b.call("get_order", order_id=oid)
+    if cancel:
+        b.call("cancel_order", order_id=oid)
+        b.reply(f"Order {oid} comes to ${o['total']}, over ${limit}, so I cancelled it.", expect=[o["total"]])
+    else:
+        b.reply(f"Order {oid} comes to ${o['total']}, not over ${limit}, so I left it.", expect=[o["total"]])
+    plausible(b, rng)
+    return b
+
+
+for _held in sorted(SHOP.held_out):  # the ood split: the shop's held-out templates, on the ood customers
+    SHOP_DECIDE.templates.add(_held, SHOP.templates.get(_held))
+    SHOP_DECIDE.held_out.add(_held)
+
+SHOP_WORLD_DECIDE = SHOP_DECIDE.persistent(
+    customer,
+    lambda rng, i: customer(rng, i, OOD_PRODUCTS, "shop-world/ood"),
+    suite="shop-world-decide",
+    world="shop-world",
+)
+"""``shop-world-decide``: shop-world's customers and catalog (the same records), with requests whose right action
+depends on a price, a status or a total that the tools return: ``buy_if_under``, ``buy_cheaper``,
+``cancel_pending``, ``cancel_if_over``. Its ``ood`` split is shop-world's (held-out templates and customers)."""
