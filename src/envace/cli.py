@@ -611,7 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--suite",
         default=DEMO_SUITE,
         help="built-in suite to train and evaluate on: shop-world (default), bank-world, files-world, builtin-world"
-        " (persistent customers' records), or bank, shop, files, builtin (a fresh random world per task)",
+        " (persistent customers' records), shop-world-decide (shop-world's customers, requests whose right action"
+        " depends on what the tools return), or bank, shop, files, builtin (a fresh random world per task)",
     )
     d.add_argument("--out", default="runs/demo")
     d.add_argument("--eval-tasks", type=int, default=100, help="held-out test tasks each model is evaluated on")
