@@ -46,6 +46,7 @@ from envace.evaluation.report import (
     fidelity_curve,
     fidelity_curve_table,
     fmt_ms,
+    fmt_values,
     json_html,
     kind_table,
     main_table,
@@ -244,7 +245,7 @@ def test_success_curve_counts_the_tasks_each_step_won_and_lost_against_the_warm_
     head, rows = success_curve_table(res)
     assert head == ["arm", "step 0", "step 2", "step 4"]
     assert rows[0] == ["envace", "0.750 ± 0.354", "0.875 ± 0.177 (+2 / −1)", "0.375 ± 0.530 (+0 / −3)"]
-    assert rows[1] == ["caller_only", "0.500 ± 0.000", "–", "0.750 ± 0.000 (+1 / −0)"] and len(rows) == 2
+    assert rows[1] == ["caller_only", "0.500", "–", "0.750 (+1 / −0)"] and len(rows) == 2  # one seed: no spread
     path = plot_success_curve(res, str(tmp_path / "s.png"))
     assert open(path, "rb").read()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -330,6 +331,8 @@ def test_mean_std_and_formatting_by_hand():
     assert mean_std([0.5, 1.0]) == pytest.approx((0.75, 0.35355339))  # sample std (ddof=1)
     assert mean_std([0.4]) == (0.4, 0.0)
     assert fmt_ms((0.75, 0.3535533)) == "0.750 ± 0.354" and fmt_ms(mean_std([])) == "–"
+    assert fmt_values([0.5, 1.0]) == "0.750 ± 0.354" and fmt_values([0.4]) == "0.400" and fmt_values([]) == "–"
+    assert fmt_values([0.5, 0.5]) == "0.500 ± 0.000"  # seeds that agree still show their (zero) spread
 
 
 def test_json_html_marks_exactly_the_mismatched_leaves():
@@ -692,7 +695,7 @@ def test_fidelity_curve_is_drawn_from_each_seed_s_points_on_the_shadow_set():
         "0.500 ± 0.141",
         "0.700 ± 0.141",
     ]
-    assert rows[1] == ["real_env", "0.200 ± 0.000", "–", "0.100 ± 0.000"]
+    assert rows[1] == ["real_env", "0.200", "–", "0.100"]  # one seed
 
 
 def test_viewer_puts_rehearsed_beside_real_and_highlights_wrong_balances(synthetic):

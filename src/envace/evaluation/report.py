@@ -50,6 +50,7 @@ from .results import (
     extra_splits,
     fidelity_values,
     fmt_ms,
+    fmt_values,
     mean_std,
     outcome_changes,
     over_seeds,
@@ -113,14 +114,14 @@ def main_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             seed_cell(eval_values(results, arm, 0, "none", "success_rate")),
         ]
         row += [
-            fmt_ms(
-                mean_std(eval_values(results, arm, 0, "none", m)),
+            fmt_values(
+                eval_values(results, arm, 0, "none", m),
                 3 if m in RATE_METRICS or m.startswith("pass^") else 1,
             )
             for m, _ in metrics[1:]
         ]
-        row.append(fmt_ms(mean_std(fidelity_values(results, arm)["leaf_acc"])))
-        row.append(fmt_ms(mean_std([r.get("train_s", 0.0) for r in seed_runs(results, arm)]), 0))
+        row.append(fmt_values(fidelity_values(results, arm)["leaf_acc"]))
+        row.append(fmt_values([r.get("train_s", 0.0) for r in seed_runs(results, arm)], 0))
         rows.append(row)
     return head, rows
 
@@ -310,7 +311,8 @@ def fidelity_curve_table(results: dict[str, Any], metric: str = "leaf_acc") -> t
     for arm, (st, mean, std) in curves.items():
         if st:
             at = {s: (m, sd) for s, m, sd in zip(st, mean, std)}
-            rows.append([arm, *[fmt_ms(at[s]) if s in at else "–" for s in steps]])
+            n = len(seed_runs(results, arm))
+            rows.append([arm, *[fmt_ms(at[s], n=n) if s in at else "–" for s in steps]])
     return ["arm", *[f"step {s}" for s in steps]], rows
 
 
@@ -334,7 +336,7 @@ def fidelity_table(results: dict[str, Any], group: str = "overall") -> tuple[lis
                 [arm]
                 + ([] if name is None else [name])
                 + [f"{np.mean(v['n']):.0f}"]
-                + [fmt_ms(mean_std(v[k])) for k in FID_METRICS]
+                + [fmt_values(v[k]) for k in FID_METRICS]
             )
     return head, rows
 
@@ -350,7 +352,7 @@ def fidelity_breakdown_table(results: dict[str, Any]) -> tuple[list[str], list[l
                 v = fidelity_values(results, arm, key, name)
                 if v["n"]:
                     rows.append(
-                        [arm, key[3:], name, f"{np.mean(v['n']):.0f}"] + [fmt_ms(mean_std(v[k])) for k in FID_METRICS]
+                        [arm, key[3:], name, f"{np.mean(v['n']):.0f}"] + [fmt_values(v[k]) for k in FID_METRICS]
                     )
     return head, rows
 
@@ -595,7 +597,8 @@ def success_curve_table(results: dict[str, Any]) -> tuple[list[str], list[list[s
                     continue
                 i = st.index(s)
                 won, lost = success_changes(results, arm, s)
-                cells.append(fmt_ms((mean[i], std[i])) + (f" (+{won} / −{lost})" if s else ""))
+                n = len(seed_runs(results, arm))
+                cells.append(fmt_ms((mean[i], std[i]), n=n) + (f" (+{won} / −{lost})" if s else ""))
             rows.append([arm, *cells])
     return ["arm", *[f"step {s}" for s in steps]], rows
 
@@ -889,6 +892,7 @@ __all__ = [  # Claim ... claims_table, per_task_outcomes ... curve, viewer_html 
     "fidelity_breakdown_table",
     "mean_std",
     "fmt_ms",
+    "fmt_values",
     "eval_values",
     "curve",
     "curve_lines",

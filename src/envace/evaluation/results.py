@@ -21,11 +21,17 @@ def mean_std(xs: Sequence[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
 
 
-def fmt_ms(ms: tuple[float, float], digits: int = 3) -> str:
+def fmt_ms(ms: tuple[float, float], digits: int = 3, n: int = 2) -> str:
+    """``mean ± std``; of ``n`` = 1 value (one seed) the value alone, which has no spread to show."""
     m, s = ms
     if m != m:  # nan
         return "–"
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
+    return f"{m:.{digits}f}" if n == 1 else f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def fmt_values(xs: Sequence[float], digits: int = 3) -> str:
+    """:func:`fmt_ms` of the values' mean and std: ``mean ± std`` over several, one value alone, none ``–``."""
+    return fmt_ms(mean_std(xs), digits, n=len(xs))
 
 
 def seed_runs(results: dict[str, Any], arm: str) -> list[dict[str, Any]]:
@@ -77,7 +83,7 @@ def success_cell(results: dict[str, Any], arm: str, n: int, mode: str, spread: b
     rows = per_task_outcomes(results, arm, n, mode)
     per_seed = eval_values(results, arm, n, mode, "success_rate")
     if not rows:
-        return fmt_ms(mean_std(per_seed))
+        return fmt_values(per_seed)
     cell = fmt_rate(*rate_interval([r["successes"] for r in rows]))
     return cell + (f" · sd {mean_std(per_seed)[1]:.3f}" if spread and len(per_seed) > 1 else "")
 
@@ -196,6 +202,7 @@ __all__ = [
     "seed_runs",
     "mean_std",
     "fmt_ms",
+    "fmt_values",
     "eval_values",
     "eval_entry",
     "per_task_outcomes",
