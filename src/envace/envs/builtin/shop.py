@@ -464,18 +464,24 @@ def price(b: TaskBuilder, pid: str) -> str:
     return money(b.env.s["catalog"][pid]["price_cents"])
 
 
-@SHOP.template("ood_cheaper_of_two", ood=True)
-def _ood_cheaper_of_two(rng: random.Random) -> TaskBuilder:
-    b = TaskBuilder(ShopEnv, ood_world(rng), rng)
+def two_prices(b: TaskBuilder, rng: random.Random) -> tuple[str, str, str, str]:
+    """Two products drawn from the catalog, then the cheaper and the dearer of them; GenerationError when both
+    cost the same."""
     p1, p2 = rng.sample(products(b), 2)
     c1, c2 = b.env.s["catalog"][p1]["price_cents"], b.env.s["catalog"][p2]["price_cents"]
     if c1 == c2:
         raise GenerationError("both products cost the same")
+    return (p1, p2, p1, p2) if c1 < c2 else (p1, p2, p2, p1)
+
+
+@SHOP.template("ood_cheaper_of_two", ood=True)
+def _ood_cheaper_of_two(rng: random.Random) -> TaskBuilder:
+    b = TaskBuilder(ShopEnv, ood_world(rng), rng)
+    p1, p2, cheap, dear = two_prices(b, rng)
     n1, n2 = name(b, p1), name(b, p2)
     b.user(rng.choice([f"Which is cheaper, the {n1} or the {n2}?", f"Between a {n1} and a {n2}, which costs less?"]))
     b.call("search_products", query=n1, check_keys=())
     b.call("search_products", query=n2, check_keys=())
-    cheap, dear = (p1, p2) if c1 < c2 else (p2, p1)
     b.reply(f"The {name(b, cheap)} is cheaper: ${price(b, cheap)} against ${price(b, dear)}.", expect=[price(b, cheap)])
     plausible(b, rng)
     return b
@@ -650,10 +656,7 @@ def _buy_if_under(rng: random.Random) -> TaskBuilder:
 @SHOP_DECIDE.template("buy_cheaper")
 def _buy_cheaper(rng: random.Random) -> TaskBuilder:
     b = TaskBuilder(ShopEnv, world(rng), rng)
-    p1, p2 = rng.sample(products(b), 2)
-    c1, c2 = b.env.s["catalog"][p1]["price_cents"], b.env.s["catalog"][p2]["price_cents"]
-    if c1 == c2:
-        raise GenerationError("both products cost the same")
+    p1, p2, cheap, dear = two_prices(b, rng)
     n1, n2 = name(b, p1), name(b, p2)
     b.user(
         rng.choice(
@@ -666,7 +669,6 @@ def _buy_cheaper(rng: random.Random) -> TaskBuilder:
     )
     b.call("search_products", query=n1, check_keys=())
     b.call("search_products", query=n2, check_keys=())
-    cheap, dear = (p1, p2) if c1 < c2 else (p2, p1)
     o = b.call("place_order", product_id=cheap, quantity=1)
     b.reply(
         f"The {name(b, cheap)} is cheaper (${price(b, cheap)} against ${price(b, dear)}): I ordered one "
