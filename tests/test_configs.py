@@ -105,3 +105,17 @@ def test_the_val_configs_are_the_claims_config_with_only_the_fields_they_name_ch
         cfg = to_dict(load_experiment_config(str(root / f"{name}.yaml"), []))
         assert given["base"] == "shop-world-claims.yaml" and cfg["eval_split"] == "val"
         assert {k for k in cfg if cfg[k] != claims[k]} <= set(given) - {"base"}
+
+
+def test_the_decide_claims_run_trains_as_the_val_run_it_was_chosen_on():
+    """shop-world-decide-claims.yaml takes its stages from shop-world-decide-val.yaml (chosen on val): every training
+    setting is the same; only the arms, the evaluation split, the ood split and the curves differ."""
+    from envace.config import to_dict
+    from envace.evaluation.experiment import load_experiment_config
+
+    root = Path(__file__).parent.parent / "configs" / "experiment"
+    val = to_dict(load_experiment_config(str(root / "shop-world-decide-val.yaml"), []))
+    claims = to_dict(load_experiment_config(str(root / "shop-world-decide-claims.yaml"), []))
+    differ = {k for k in claims if claims[k] != val[k]}
+    assert differ == {"arms", "eval_split", "ood_split", "ood_tasks", "success_every", "out_dir"}
+    assert claims["suite"] == "shop-world-decide" and claims["eval_split"] == "test" and claims["ood_split"] == "ood"
