@@ -1,0 +1,35 @@
+"""bench/by_template.py: an experiment's per-task outcomes split by template and by whether the gold episode writes,
+counted from the tasks the results name (other splits' evaluations left out)."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from by_template import table  # noqa: E402
+
+from envace.envs import load_tasks  # noqa: E402
+
+
+def test_outcomes_are_counted_by_template_and_branch_and_other_splits_are_left_out():
+    tasks = load_tasks("shop-world-decide", "val", n=12, seed=0)
+    ood = load_tasks("shop-world-decide", "ood", n=3, seed=0)
+    wins = {t.id: i % 3 != 0 for i, t in enumerate(tasks)}
+    ev = {"n": 0, "per_task": [{"task_id": t.id, "successes": [wins[t.id]]} for t in tasks]}
+    ev_ood = {"n": 0, "per_task": [{"task_id": t.id, "successes": [True]} for t in ood]}
+    results = {
+        "config": {"suite": "shop-world-decide", "eval_split": "val", "eval_tasks": 12, "ood_tasks": 3},
+        "arms": ["sft", "envace"],
+        "runs": {"sft": {"0": {"evals": [ev, ev_ood]}}, "envace": {}},
+    }
+    md = table(results)
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| template")]
+    want: dict[tuple[str, str], list[int]] = {}
+    for t in tasks:
+        key = (t.metadata["template"], "reads only" if t.metadata["read_only"] else "writes")
+        c = want.setdefault(key, [0, 0])
+        c[0] += wins[t.id]
+        c[1] += 1
+    assert rows == [f"| {k[0]} | {k[1]} | {c[0]} / {c[1]} |" for k, c in sorted(want.items())]
+    assert "| template | gold episode | sft |" in md  # an arm without runs has no column
