@@ -3,10 +3,11 @@ or cancelled) or only reads: on ``shop-world-decide`` the two halves of a templa
 decision, so a policy that learnt the decision gains on both and one that shifted its prior gains on one only.
 
     python bench/by_template.py docs/results/decide-val/results.json [--split ood]
+    python bench/by_template.py docs/results/tts-val/decide-sft100-seed2/{0,parallel-2-agreed}.json
 
-Reads the experiment's per-task outcomes (N=0 evaluations, pooled over seeds) and the tasks' metadata (rebuilt from
-the suite, split and count in the results' config); prints a markdown table and writes ``by_template.md`` beside
-the results."""
+Reads an experiment's per-task outcomes (its N=0 evaluations, pooled over seeds) or saved evaluation results (a
+column each), and the tasks' metadata (rebuilt from their ids); prints a markdown table and writes
+``by_template.md`` beside the first file."""
 
 from __future__ import annotations
 
@@ -19,52 +20,80 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from envace.envs import load_tasks  # noqa: E402
+from envace.envs import load_tasks, task_at  # noqa: E402
 
 
 def branch(task) -> str:
     return "reads only" if task.metadata.get("read_only") else "writes"
 
 
-def table(results: dict, split: str | None = None) -> str:
+def columns_of_experiment(results: dict, split: str | None = None) -> tuple[str, str, dict[str, list[dict]]]:
+    """(suite, split, arm -> per-task rows of its N=0 evaluations on that split, every seed)."""
     cfg = results["config"]
     split = split or cfg["eval_split"]
     n = cfg["eval_tasks"] if split == cfg["eval_split"] else cfg["ood_tasks"]
-    tasks = {t.id: t for t in load_tasks(cfg["suite"], split, n=n, seed=0)}
-    counts: dict[tuple[str, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    arms = [a for a in results["arms"] if results["runs"].get(a)]
-    for arm in arms:
-        for run in results["runs"][arm].values():
+    ids = {t.id for t in load_tasks(cfg["suite"], split, n=n, seed=0)}
+    cols: dict[str, list[dict]] = {}
+    for arm in results["arms"]:
+        for run in (results["runs"].get(arm) or {}).values():
             for ev in run["evals"]:
-                if ev["n"] != 0 or not all(p["task_id"] in tasks for p in ev["per_task"]):
-                    continue
-                for p in ev["per_task"]:
-                    t = tasks[p["task_id"]]
-                    c = counts[(t.metadata["template"], branch(t))][arm]
-                    c[0] += sum(p["successes"])
-                    c[1] += len(p["successes"])
+                if ev["n"] == 0 and all(p["task_id"] in ids for p in ev["per_task"]):
+                    cols.setdefault(arm, []).extend(ev["per_task"])
+    return cfg["suite"], split, cols
+
+
+def columns_of_results(paths: list[str]) -> tuple[str, str, dict[str, list[dict]]]:
+    """(suite, split, file stem -> per-task rows) of saved evaluation results (``envace eval --out``,
+    bench/tts_val.py's cells), which must be of one suite and split."""
+    cols, where = {}, set()
+    for path in paths:
+        r = json.loads(Path(path).read_text())
+        where.add((r.get("suite") or r.get("config", {}).get("suite"), r["split"]))
+        cols[Path(path).stem] = r["per_task"]
+    if len(where) != 1:
+        raise SystemExit(f"the results are of different suites or splits: {sorted(map(str, where))}")
+    suite, split = where.pop()
+    return suite, split, cols
+
+
+def table(suite: str, split: str, columns: dict[str, list[dict]]) -> str:
+    """Successes / trials per (template, branch) and column, the tasks rebuilt from their ids."""
+    counts: dict[tuple[str, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for name, rows in columns.items():
+        for p in rows:
+            t = task_at(suite, split, int(p["task_id"].rsplit("-", 1)[1]))
+            c = counts[(t.metadata["template"], branch(t))][name]
+            c[0] += sum(p["successes"])
+            c[1] += len(p["successes"])
+    names = list(columns)
     lines = [
-        f"Success by template and branch, {cfg['suite']} {split} (first {n} tasks, N=0, pooled over seeds): "
+        f"Success by template and branch, {suite} {split} (N=0 unless a column says otherwise, pooled over seeds): "
         "successes / trials",
         "",
-        "| template | gold episode | " + " | ".join(arms) + " |",
-        "|---|---|" + "---|" * len(arms),
+        "| template | gold episode | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
     ]
     for (template, br), per in sorted(counts.items()):
-        cells = [f"{per[a][0]} / {per[a][1]}" if per[a][1] else "–" for a in arms]
+        cells = [f"{per[a][0]} / {per[a][1]}" if per[a][1] else "–" for a in names]
         lines.append(f"| {template} | {br} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="an experiment's results.json")
-    ap.add_argument("--split", default=None, help="the evaluation split (default) or the ood split")
+    ap.add_argument(
+        "results", nargs="+", help="an experiment's results.json, or saved evaluation results (a column each)"
+    )
+    ap.add_argument("--split", default=None, help="of an experiment: the evaluation split (default) or the ood split")
     args = ap.parse_args()
-    md = table(json.loads(Path(args.results).read_text()), args.split)
+    first = json.loads(Path(args.results[0]).read_text())
+    if "runs" in first:
+        md = table(*columns_of_experiment(first, args.split))
+    else:
+        md = table(*columns_of_results(args.results))
     print(md)
     name = "by_template.md" if args.split is None else f"by_template_{args.split}.md"
-    Path(os.path.dirname(os.path.abspath(args.results)), name).write_text(md)
+    Path(os.path.dirname(os.path.abspath(args.results[0])), name).write_text(md)
 
 
 if __name__ == "__main__":

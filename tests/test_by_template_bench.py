@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from by_template import table  # noqa: E402
+from by_template import columns_of_experiment, columns_of_results, table  # noqa: E402
 
 from envace.envs import load_tasks  # noqa: E402
 
@@ -23,7 +23,7 @@ def test_outcomes_are_counted_by_template_and_branch_and_other_splits_are_left_o
         "arms": ["sft", "envace"],
         "runs": {"sft": {"0": {"evals": [ev, ev_ood]}}, "envace": {}},
     }
-    md = table(results)
+    md = table(*columns_of_experiment(results))
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| template")]
     want: dict[tuple[str, str], list[int]] = {}
     for t in tasks:
@@ -33,3 +33,19 @@ def test_outcomes_are_counted_by_template_and_branch_and_other_splits_are_left_o
         c[1] += 1
     assert rows == [f"| {k[0]} | {k[1]} | {c[0]} / {c[1]} |" for k, c in sorted(want.items())]
     assert "| template | gold episode | sft |" in md  # an arm without runs has no column
+
+
+def test_saved_results_are_a_column_each(tmp_path):
+    tasks = load_tasks("shop-world-decide", "val", n=6, seed=0)
+    paths = []
+    for name, ok in (("0", True), ("parallel-2-agreed", False)):
+        r = {"suite": "", "config": {"suite": "shop-world-decide"}, "split": "val"}
+        r["per_task"] = [{"task_id": t.id, "successes": [ok]} for t in tasks]
+        (tmp_path / f"{name}.json").write_text(__import__("json").dumps(r))
+        paths.append(str(tmp_path / f"{name}.json"))
+    suite, split, cols = columns_of_results(paths)
+    md = table(suite, split, cols)
+    assert (suite, split, list(cols)) == ("shop-world-decide", "val", ["0", "parallel-2-agreed"])
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| template")]
+    assert sum(int(r.split(" | ")[2].split(" / ")[1]) for r in rows) == 6
+    assert all(r.split(" | ")[3].startswith("0 / ") for r in rows)  # the failing column
