@@ -1,0 +1,100 @@
+"""Does the final Act redo the read that its rehearsal memory quotes? For every task of a bench/tts_val.py cell's
+records (``<cell>.records.jsonl``, or gzipped) on a built-in suite, by template: the memory quotes the gold
+episode's first call with an imagined result; that result is the real one (the call replayed in a fresh
+environment, compared as the memory writes it: canonical JSON on one line, cut at the memory's length); the final
+Act makes that call in the real run; the task succeeds.
+
+    python bench/tts_reads.py docs/results/tts-val/decide-sft100-seed2/parallel-2-agreed.records.jsonl.gz
+
+Prints a markdown table and writes ``<cell>.reads.md`` beside the records."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from envace.core.types import dumps  # noqa: E402
+from envace.envs import task_at  # noqa: E402
+from envace.envs.builtin import DOMAINS  # noqa: E402
+from envace.rollout.memory import clip  # noqa: E402
+
+QUOTED = 160  # the memory's value_chars (envace.rollout.memory.distill)
+
+
+def quoted_result(memory: str, name: str) -> str | None:
+    """The result the memory quotes for the first line that renders a call of ``name`` (None: not quoted)."""
+    for line in memory.splitlines():
+        if f'"name": "{name}"' in line and " returned " in line:
+            text = line.split(" returned ", 1)[1]
+            return text.rsplit(" (", 1)[0] if text.endswith("attempts)") else text
+    return None
+
+
+def row(record: dict[str, Any], suite: str) -> tuple[str, dict[str, bool]]:
+    split = record["task_id"].rsplit("-", 2)[1]
+    task = task_at(suite, split, int(record["task_id"].rsplit("-", 1)[1]))
+    first = task.flat_gold()[0]
+    env = DOMAINS[task.env].env_cls(task)
+    real = clip(dumps(env.call(first)), QUOTED)
+    env.close()
+    quoted = quoted_result(record.get("memory") or "", first.name)
+    made = [
+        c["name"] for m in record["final"]["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []
+    ]
+    key = task.metadata["template"] + (" (reads only)" if task.metadata.get("read_only") else " (writes)")
+    return key, {
+        "quoted": quoted is not None,
+        "quoted_real": quoted == real,
+        "redone": first.name in made,
+        "success": bool(record["success"]),
+    }
+
+
+def _open(path: str):
+    return gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+
+
+def table(path: str, suite: str) -> str:
+    counts: dict[str, list[dict[str, bool]]] = defaultdict(list)
+    with _open(path) as f:
+        for line in f:
+            if line.strip():
+                key, r = row(json.loads(line), suite)
+                counts[key].append(r)
+    lines = [
+        f"{Path(path).name}: the gold episode's first call, as the memory quotes it and as the final Act makes it",
+        "",
+        "| template | tasks | memory quotes it | with the real result | final Act makes it for real | success |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in sorted(counts):
+        rs = counts[key]
+        n = len(rs)
+        cells = [f"{sum(r[k] for r in rs)} / {n}" for k in ("quoted", "quoted_real", "redone", "success")]
+        lines.append(f"| {key} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("records", help="a <cell>.records.jsonl of bench/tts_val.py")
+    ap.add_argument("--suite", default=None, help="default: the task ids' suite (e.g. shop-world-decide)")
+    args = ap.parse_args()
+    with _open(args.records) as f:
+        first = json.loads(f.readline())
+    suite = args.suite or first["task_id"].rsplit("-", 2)[0]
+    md = table(args.records, suite)
+    print(md)
+    name = Path(args.records).name.removesuffix(".gz").removesuffix(".jsonl").removesuffix(".records")
+    (Path(args.records).parent / f"{name}.reads.md").write_text(md)
+
+
+if __name__ == "__main__":
+    main()
