@@ -291,16 +291,24 @@ def fidelity_curve(
 ) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean, std over seeds) of an arm's fidelity on the fixed shadow set (``fidelity_curve`` of each
     seed's record), at the steps every seed measured with at least one scored pair."""
-    return over_seeds(
-        [
-            {
-                int(p["step"]): float(p["summary"]["overall"][metric])
-                for p in rec.get("fidelity_curve") or []
-                if p.get("summary") and p["summary"]["overall"].get("n")
-            }
-            for rec in seed_runs(results, arm)
-        ]
-    )
+    return over_seeds(fidelity_points(results, arm, metric))
+
+
+def fidelity_points(results: dict[str, Any], arm: str, metric: str = "leaf_acc") -> list[dict[int, float]]:
+    """Each seed's fidelity curve, ``{step: metric}`` of its points with at least one scored pair."""
+    return [
+        {
+            int(p["step"]): float(p["summary"]["overall"][metric])
+            for p in rec.get("fidelity_curve") or []
+            if p.get("summary") and p["summary"]["overall"].get("n")
+        }
+        for rec in seed_runs(results, arm)
+    ]
+
+
+def n_curves(per_seed: list[dict[int, float]]) -> int:
+    """How many seeds a curve of :func:`~envace.evaluation.results.over_seeds` averages (its non-empty ones)."""
+    return sum(1 for d in per_seed if d)
 
 
 def fidelity_curve_table(results: dict[str, Any], metric: str = "leaf_acc") -> tuple[list[str], list[list[str]]]:
@@ -311,7 +319,7 @@ def fidelity_curve_table(results: dict[str, Any], metric: str = "leaf_acc") -> t
     for arm, (st, mean, std) in curves.items():
         if st:
             at = {s: (m, sd) for s, m, sd in zip(st, mean, std)}
-            n = len(seed_runs(results, arm))
+            n = n_curves(fidelity_points(results, arm, metric))
             rows.append([arm, *[fmt_ms(at[s], n=n) if s in at else "–" for s in steps]])
     return ["arm", *[f"step {s}" for s in steps]], rows
 
@@ -562,12 +570,15 @@ def plot_fidelity_curve(results: dict[str, Any], path: str, metric: str = "leaf_
 def success_curve(results: dict[str, Any], arm: str) -> tuple[list[int], list[float], list[float]]:
     """(steps, mean, std over seeds) of an arm's held-out success at N=0 over training (``success_curve`` of each
     seed's record), at the steps every seed measured."""
-    return over_seeds(
-        [
-            {int(p["step"]): float(p["success_rate"]) for p in rec.get("success_curve") or []}
-            for rec in seed_runs(results, arm)
-        ]
-    )
+    return over_seeds(success_points(results, arm))
+
+
+def success_points(results: dict[str, Any], arm: str) -> list[dict[int, float]]:
+    """Each seed's success curve, ``{step: success rate}``."""
+    return [
+        {int(p["step"]): float(p["success_rate"]) for p in rec.get("success_curve") or []}
+        for rec in seed_runs(results, arm)
+    ]
 
 
 def success_changes(results: dict[str, Any], arm: str, step: int) -> tuple[int, int]:
@@ -590,14 +601,13 @@ def success_curve_table(results: dict[str, Any]) -> tuple[list[str], list[list[s
     rows = []
     for arm, (st, mean, std) in curves.items():
         if st:
-            cells = []
+            cells, n = [], n_curves(success_points(results, arm))
             for s in steps:
                 if s not in st:
                     cells.append("–")
                     continue
                 i = st.index(s)
                 won, lost = success_changes(results, arm, s)
-                n = len(seed_runs(results, arm))
                 cells.append(fmt_ms((mean[i], std[i]), n=n) + (f" (+{won} / −{lost})" if s else ""))
             rows.append([arm, *cells])
     return ["arm", *[f"step {s}" for s in steps]], rows
