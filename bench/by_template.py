@@ -17,10 +17,12 @@ import os
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from envace.envs import load_tasks, task_at  # noqa: E402
+from envace.envs import load_tasks  # noqa: E402
+from envace.envs.builtin import task_from_id  # noqa: E402
 
 
 def branch(task) -> str:
@@ -59,9 +61,12 @@ def columns_of_results(paths: list[str]) -> tuple[str, str, dict[str, list[dict]
 def table(suite: str, split: str, columns: dict[str, list[dict]]) -> str:
     """Successes / trials per (template, branch) and column, the tasks rebuilt from their ids."""
     counts: dict[tuple[str, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    tasks: dict[str, Any] = {}  # each task built once, however many columns and seeds name it
     for name, rows in columns.items():
         for p in rows:
-            t = task_at(suite, split, int(p["task_id"].rsplit("-", 1)[1]))
+            if p["task_id"] not in tasks:
+                tasks[p["task_id"]] = task_from_id(p["task_id"])
+            t = tasks[p["task_id"]]
             c = counts[(t.metadata["template"], branch(t))][name]
             c[0] += sum(p["successes"])
             c[1] += len(p["successes"])

@@ -24,10 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from envace.envs import task_at  # noqa: E402
+from envace.envs.builtin import task_from_id  # noqa: E402
 from envace.envs.builtin.shop import ShopEnv  # noqa: E402
 
-SUITE = "shop-world-decide"
 WRITES = {"buy_if_under": "place_order", "cancel_if_over": "cancel_order"}
 KEEP = ("id", "task_id", "reward", "iteration", "messages")
 
@@ -56,7 +55,7 @@ def decides_to_write(template: str, v: float | None, limit: int) -> bool | None:
 
 def row(traj: dict[str, Any]) -> dict[str, Any] | None:
     """The decision of one rollout, or None when its task is not a comparison template."""
-    task = task_at(SUITE, "train", int(traj["task_id"].rsplit("-", 1)[1]))
+    task = task_from_id(traj["task_id"])
     template = task.metadata["template"]
     if template not in WRITES:
         return None

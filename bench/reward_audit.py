@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from envace.envs.builtin import DOMAINS, EXTRA_DOMAINS, WORLD_DOMAINS
+from envace.envs.builtin import ALL_DOMAINS
 from envace.rewards.adversarial import real_cases, audit
 from envace.evaluation.agreement import spec_label
 from envace.rewards.functions import DEFAULT_REWARD
@@ -24,7 +24,7 @@ REWARDS = [
 
 
 def main(n: int = 100) -> None:
-    suites = sorted(DOMAINS | WORLD_DOMAINS | EXTRA_DOMAINS)
+    suites = sorted(ALL_DOMAINS)
     cases = {s: real_cases(s, n) for s in suites}
     rows: dict[str, dict] = {}
     for r in REWARDS:

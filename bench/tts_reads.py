@@ -21,8 +21,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from envace.core.types import dumps  # noqa: E402
-from envace.envs import task_at  # noqa: E402
-from envace.envs.builtin import DOMAINS  # noqa: E402
+from envace.envs.builtin import DOMAINS, task_from_id  # noqa: E402
 from envace.rollout.memory import clip  # noqa: E402
 
 QUOTED = 160  # the memory's value_chars (envace.rollout.memory.distill)
@@ -37,9 +36,8 @@ def quoted_result(memory: str, name: str) -> str | None:
     return None
 
 
-def row(record: dict[str, Any], suite: str) -> tuple[str, dict[str, bool]]:
-    split = record["task_id"].rsplit("-", 2)[1]
-    task = task_at(suite, split, int(record["task_id"].rsplit("-", 1)[1]))
+def row(record: dict[str, Any]) -> tuple[str, dict[str, bool]]:
+    task = task_from_id(record["task_id"])
     first = task.flat_gold()[0]
     env = DOMAINS[task.env].env_cls(task)
     real = clip(dumps(env.call(first)), QUOTED)
@@ -61,12 +59,12 @@ def _open(path: str):
     return gzip.open(path, "rt") if path.endswith(".gz") else open(path)
 
 
-def table(path: str, suite: str) -> str:
+def table(path: str) -> str:
     counts: dict[str, list[dict[str, bool]]] = defaultdict(list)
     with _open(path) as f:
         for line in f:
             if line.strip():
-                key, r = row(json.loads(line), suite)
+                key, r = row(json.loads(line))
                 counts[key].append(r)
     lines = [
         f"{Path(path).name}: the gold episode's first call, as the memory quotes it and as the final Act makes it",
@@ -85,12 +83,8 @@ def table(path: str, suite: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("records", help="a <cell>.records.jsonl of bench/tts_val.py")
-    ap.add_argument("--suite", default=None, help="default: the task ids' suite (e.g. shop-world-decide)")
     args = ap.parse_args()
-    with _open(args.records) as f:
-        first = json.loads(f.readline())
-    suite = args.suite or first["task_id"].rsplit("-", 2)[0]
-    md = table(args.records, suite)
+    md = table(args.records)
     print(md)
     name = Path(args.records).name.removesuffix(".gz").removesuffix(".jsonl").removesuffix(".records")
     (Path(args.records).parent / f"{name}.reads.md").write_text(md)

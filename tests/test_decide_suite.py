@@ -28,7 +28,8 @@ def _outcome(task, calls: list[ToolCall]) -> bool:
 
 def _blind(task, act: bool) -> list[ToolCall]:
     """What a policy that never reads an observation does: the gold reads, then always (``act``) or never the
-    template's write, on the request's own words (the first product named, every order the user or record names)."""
+    template's write, on what needs no observation: the first product named, the order the user names, or (to cancel
+    "every pending order") the record's first order."""
     gold = task.flat_gold()
     reads = [c for c in gold if c.name in ("search_products", "get_order", "list_orders")]
     if not act:

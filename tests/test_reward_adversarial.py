@@ -12,7 +12,7 @@ import pytest
 
 from envace.envs import load_tasks
 from envace.envs.base import SUITES
-from envace.envs.builtin import DOMAINS, EXTRA_DOMAINS, WORLD_DOMAINS
+from envace.envs.builtin import ALL_DOMAINS
 from envace.rewards.adversarial import (
     CASES,
     IMAGINED,
@@ -25,7 +25,7 @@ from envace.rewards.adversarial import (
 from envace.rewards.functions import DEFAULT_REWARD, TRAINING_REWARDS, RewardContext, make_reward
 
 NAMED: dict[str, Any] = {"default": DEFAULT_REWARD, "grounded": "grounded"}
-BUILTIN_SUITES = sorted(DOMAINS | WORLD_DOMAINS | EXTRA_DOMAINS)
+BUILTIN_SUITES = sorted(ALL_DOMAINS)
 assert set(BUILTIN_SUITES) <= set(SUITES.names())
 N_TASKS = 100
 _CASES: dict[str, list] = {}

@@ -29,14 +29,14 @@ def test_a_quoted_imagined_list_is_told_from_the_real_one_and_a_skipped_read_is_
     task = next(t for t in load_tasks("shop-world-decide", "val", n=60) if t.metadata["template"] == "cancel_pending")
     env = ShopEnv(task)
     real = dumps(env.call(task.flat_gold()[0]))
-    key, r = row(_record(task, real, redo=True), "shop-world-decide")
+    key, r = row(_record(task, real, redo=True))
     assert key.startswith("cancel_pending (") and r == {
         "quoted": True,
         "quoted_real": True,
         "redone": True,
         "success": True,
     }
-    _, r = row(_record(task, '{"orders": [{"order_id": "O-1"}]}', redo=False), "shop-world-decide")
+    _, r = row(_record(task, '{"orders": [{"order_id": "O-1"}]}', redo=False))
     assert r == {"quoted": True, "quoted_real": False, "redone": False, "success": False}
 
 

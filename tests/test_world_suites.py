@@ -10,7 +10,7 @@ import pytest
 
 from envace.core.types import dumps
 from envace.envs import load_tasks
-from envace.envs.builtin import DOMAINS, EXTRA_DOMAINS, WORLD_DOMAINS, make_task
+from envace.envs.builtin import DOMAINS, EXTRA_DOMAINS, WORLD_DOMAINS, make_task, task_from_id
 from envace.envs.builtin.common import CUSTOMERS, OOD_CUSTOMERS
 
 WORLDS = sorted(WORLD_DOMAINS | EXTRA_DOMAINS)
@@ -90,3 +90,10 @@ def test_builtin_world_interleaves_the_three_persistent_suites():
     tasks = load_tasks("builtin-world", "test", n=6)
     assert [t.id.rsplit("-test-", 1)[0] for t in tasks] == ["bank-world", "shop-world", "files-world"] * 2
     assert [t.env for t in tasks] == ["bank", "shop", "files"] * 2
+
+
+@pytest.mark.parametrize("suite", ["shop", *WORLDS])
+def test_a_task_is_rebuilt_from_its_id(suite):
+    """What a saved result or record names (``shop-world-decide-val-000007``) is the task itself, rebuilt."""
+    for t in load_tasks(suite, "val", n=3) + load_tasks(suite, "ood", n=2):
+        assert task_from_id(t.id).to_dict() == t.to_dict()

@@ -67,6 +67,8 @@ customers that persist across tasks (:class:`~envace.envs.builtin.common.Populat
 EXTRA_DOMAINS: dict[str, Domain] = {d.name: d for d in (SHOP_WORLD_DECIDE,)}
 """Persistent suites beside the three (not in a mix): ``shop-world-decide``, shop-world's customers and catalog with
 requests whose right action depends on what the tools return."""
+ALL_DOMAINS: dict[str, Domain] = DOMAINS | WORLD_DOMAINS | EXTRA_DOMAINS
+"""Every single-domain suite by name: the fresh, the persistent and the extra ones (not the mixes)."""
 MIXES: dict[str, dict[str, Domain]] = {"builtin": DOMAINS, "builtin-world": WORLD_DOMAINS}
 """The suites that interleave three domains, by name."""
 
@@ -74,7 +76,14 @@ MIXES: dict[str, dict[str, Domain]] = {"builtin": DOMAINS, "builtin-world": WORL
 def make_task(domain: str, split: str, index: int) -> Task:
     """Task ``index`` of ``split`` of one domain or persistent suite (``"bank-train-000123"`` is
     ``make_task("bank", "train", 123)``, ``"bank-world-test-000007"`` is ``make_task("bank-world", "test", 7)``)."""
-    return (DOMAINS | WORLD_DOMAINS | EXTRA_DOMAINS)[domain].make_task(split, index)
+    return ALL_DOMAINS[domain].make_task(split, index)
+
+
+def task_from_id(task_id: str) -> Task:
+    """The task of a domain or persistent suite whose id is ``task_id`` (``"<suite>-<split>-<index>"``, as
+    :func:`make_task` names them): what a saved result's per-task row or a record names, rebuilt."""
+    suite, split, index = task_id.rsplit("-", 2)
+    return make_task(suite, split, int(index))
 
 
 def load_mix(spec: str = "builtin", split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
@@ -105,7 +114,7 @@ for _name, _domain in DOMAINS.items():
     SUITES.add(_name, _domain.load)
 for _name, _domain in (WORLD_DOMAINS | EXTRA_DOMAINS).items():
     SUITES.add(_name, _domain.load)  # tasks name their domain's environment (env "bank"): no ENVS entry of their own
-for _name, _domain in (DOMAINS | WORLD_DOMAINS | EXTRA_DOMAINS).items():
+for _name, _domain in ALL_DOMAINS.items():
     TASK_AT.add(_name, indexer(lambda spec, split, i, d=_domain: d.make_task(split, i), INDEX_SPACE))
 for _name in MIXES:
     SUITES.add(_name, load_mix)
@@ -121,12 +130,14 @@ __all__ = [
     "DOMAINS",
     "WORLD_DOMAINS",
     "EXTRA_DOMAINS",
+    "ALL_DOMAINS",
     "SPLITS",
     "OOD_SPLIT",
     "KINDS",
     "DEFAULT_N",
     "load_mix",
     "make_task",
+    "task_from_id",
     "task_kind",
     "tool",
 ]
