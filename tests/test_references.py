@@ -59,6 +59,16 @@ def test_builtin_test_tasks_get_references_of_other_train_tasks_only(domain):
     assert_no_leaks(tasks, train_ids, min_with_refs=0.95)
 
 
+@pytest.mark.parametrize("suite", ["bank-world", "shop-world", "files-world", "shop-world-decide"])
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_persistent_suites_held_out_tasks_get_references_of_other_train_tasks_only(suite, split):
+    """In a persistent world a record of another train task may show the same customer's data: none may be one of
+    the task's gold calls or reveal one of its answers."""
+    tasks = load_tasks(suite, split, n=100)
+    train_ids = {f"{suite}-train-{i:06d}" for i in range(10_000)}
+    assert_no_leaks(tasks, train_ids, min_with_refs=0.95)
+
+
 def test_bfcl_test_tasks_of_every_category_get_references_of_other_train_tasks_only():
     from envace.envs.bfcl import multi_turn as bfcl
 
