@@ -47,7 +47,7 @@ def parse_cell(cell: str) -> tuple[int, str, str]:
     raises ValueError naming the valid modes and memory formats."""
     if cell == "0":
         return 0, "parallel", "lessons"
-    parts = cell.split("-")
+    parts = cell.split("-", 2)  # a memory format may hold a dash (agreed-live)
     if len(parts) not in (2, 3) or not parts[1].isdigit() or int(parts[1]) < 1:
         raise ValueError(f"cell {cell!r}: expected 0 or <mode>-<N>[-<memory>], e.g. parallel-2-lessons")
     mode, n, memory = parts[0], int(parts[1]), parts[2] if len(parts) == 3 else "lessons"

@@ -82,6 +82,8 @@ def test_tool_specs_are_derived_from_decorated_methods(cls):
         assert p["type"] == "object" and p["additionalProperties"] is False
         assert set(p["required"]) <= set(p["properties"])
     assert cls.mutating_tools() and set(cls.mutating_tools()) < {s.name for s in specs}
+    assert {s.name for s in specs if s.read_only is False} == set(cls.mutating_tools())  # the rest read only
+    assert all(s.read_only is not None for s in specs)
 
 
 # ------------------------------------------------------------------------------------- success check

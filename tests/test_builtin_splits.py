@@ -232,9 +232,18 @@ TEST_HASHES = {
 }
 
 
-def _hash(t: Task) -> str:
+def _content(t: Task) -> dict:
+    """The task's to_dict() as these digests were taken: without references, nor the tools' later read_only flag
+    (derived from each tool's `mutates`, tested in test_builtin_envs)."""
     d = t.to_dict()
     d.pop("references", None)
+    for tool in d["tools"]:
+        tool.pop("read_only", None)
+    return d
+
+
+def _hash(t: Task) -> str:
+    d = _content(t)
     d["metadata"] = {k: v for k, v in d["metadata"].items() if k != "kind"}  # to_dict() shares the dict
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -315,8 +324,7 @@ def _digest(ts: list[Task]) -> str:
     """sha256 (16 hex digits) of the tasks' to_dict() without references (metadata["kind"] included)."""
 
     def one(t: Task) -> str:
-        d = t.to_dict()
-        d.pop("references", None)
+        d = _content(t)
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:12]
 
     return hashlib.sha256(" ".join(one(t) for t in ts).encode()).hexdigest()[:16]

@@ -45,6 +45,11 @@ def test_explore_task_lists_the_server_tools(explore_task):
     assert inc.parameters["type"] == "object" and inc.parameters["properties"]["by"]["type"] == "integer"
 
 
+def test_a_servers_read_only_hint_marks_its_tool_read_only_and_no_hint_leaves_it_unknown(explore_task):
+    assert explore_task.tool("get_count").read_only is True  # the fixture's readOnlyHint
+    assert explore_task.tool("increment").read_only is None  # no annotation: not known, never assumed
+
+
 def test_round_trip_errors_and_close(explore_task):
     env = make_env(explore_task)
     try:

@@ -122,6 +122,17 @@ def test_tools_come_from_tau2_schemas_and_gold_calls_fit_them(retail_test):
     assert "<policy>" in retail_test[0].system_prompt
 
 
+def test_tau2s_read_and_write_tool_types_mark_the_tools_read_only_or_not(retail_test):
+    from tau2.environment.toolkit import ToolType, get_tool_types
+    from tau2.registry import registry
+
+    types = get_tool_types(registry.get_env_constructor("retail")().tools)
+    flags = {t.name: t.read_only for t in retail_test[0].tools}
+    assert flags["get_order_details"] is True and flags["cancel_pending_order"] is False
+    for name, kind in types.items():
+        assert flags[name] is {ToolType.READ: True, ToolType.WRITE: False}.get(kind), name
+
+
 def test_tool_errors_are_observations(retail_test):
     env = make_env(retail_test[0])
     obs = env.call(ToolCall("get_order_details", {"order_id": "#W0000000"}))

@@ -331,6 +331,54 @@ def test_the_agreed_notes_keep_only_the_calls_every_attempt_made():
     assert "No tool was called" not in distill(disjoint, HERMES, agreed=True)  # calls were made, none agreed
 
 
+def test_live_reads_are_listed_in_order_without_their_imagined_result_and_writes_keep_theirs():
+    """A quoted read's imagined result was taken as done: the final Act cancelled invented order ids without ever
+    listing the orders (shop-world-decide val, issue 29)."""
+    erred = ToolCall("get_customer", {"customer_id": "C-9"})
+    attempts = [
+        traj([call_step(LOOKUP, {"name": "Ada"}), call_step(MUG, {"order_id": "O-1"}), reply_step()]),
+        traj(
+            [
+                call_step(LOOKUP, {"name": "Bea"}),
+                call_step(MUG, {"order_id": "O-7"}),
+                call_step(erred, error_obs("tool_error", "no customer")),
+            ],
+            k=1,
+        ),
+    ]
+    reads = {"get_customer"}
+    notes = distill(attempts, HERMES, read_only=reads, live_reads=True)
+    assert notes == "\n".join(
+        [
+            LESSONS_HEADER,
+            "Your rehearsals made these calls, in this order:",
+            f"- {HERMES.render([LOOKUP])}: a read; make it in the real run and use its real result (2 of 2 attempts)",
+            f'- {HERMES.render([MUG])} returned {{"order_id": "O-1"}} (2 of 2 attempts)',
+            f"- {HERMES.render([erred])}: a read; make it in the real run and use its real result (1 of 2 attempts)",
+        ]
+    )  # no imagined value of a read, and an imagined read error is no call to avoid
+    assert "Ada" not in notes and "no customer" not in notes
+    agreed = distill(attempts, HERMES, read_only=reads, live_reads=True, agreed=True)
+    assert HERMES.render([erred]) not in agreed and "1 call(s) that only some attempts made" in agreed
+    assert distill(attempts, HERMES, read_only=reads) == distill(attempts, HERMES)  # only live_reads changes it
+    assert distill(attempts, HERMES, live_reads=True).count("returned") == 3  # no tool known read-only
+
+
+def test_the_agreed_live_format_leaves_the_real_run_the_reads_of_a_built_in_task(tokenizer, bank):
+    tasks = bank + load_tasks("shop-world-decide", "train", n=4)
+    be = ScriptedBackend(tokenizer, scripted(tasks))
+    recs = run_tts(be, tasks, tcfg(n=2, mode="parallel", memory="agreed-live"))
+    kinds = set()
+    for task, rec in zip(tasks, recs):  # the scripted attempts make the first gold call, answered '{"rehearsed": true}'
+        assert rec.memory_source == "agreed-live" and rec.memory.startswith(LESSONS_HEADER)
+        call = task.flat_gold()[0]
+        line = next(x for x in rec.memory.split("\n") if x.startswith(f"- {HERMES.render([call])}"))
+        read = task.tool(call.name).read_only
+        assert ("a read; make it in the real run" in line) is read and ("rehearsed" in line) is not read
+        kinds.add(read)
+    assert kinds == {True, False}  # bank tasks start with a write, shop-world-decide ones with a read
+
+
 def test_the_agreed_format_reaches_the_final_act_without_reflections(tokenizer, bank):
     reflection = "the rent account is empty, give up"
     be = ScriptedBackend(tokenizer, scripted(bank, reflection=reflection))

@@ -19,6 +19,7 @@ def test_cells_name_budget_mode_and_memory():
     assert parse_cell("0") == (0, "parallel", "lessons")
     assert parse_cell("sequential-2-model") == (2, "sequential", "model")
     assert parse_cell("plan-3") == (3, "plan", "lessons")
+    assert parse_cell("parallel-2-agreed-live") == (2, "parallel", "agreed-live")
 
 
 BAD_CELLS = [("2", "expected 0 or"), ("parallel-0", "expected 0 or"), ("dream-2", "parallel")]

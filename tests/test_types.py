@@ -83,6 +83,14 @@ def test_the_methods_that_write_another_shape_keep_it():
     )
 
 
+def test_a_tool_specs_read_only_flag_round_trips_and_is_written_only_where_known_and_never_shown_to_the_model():
+    unknown, read = ToolSpec("f", "d"), ToolSpec("g", "d", read_only=True)
+    assert "read_only" not in unknown.to_dict()  # files written before the flag read back the same
+    assert ToolSpec.from_dict(unknown.to_dict()) == unknown and ToolSpec.from_dict(read.to_dict()) == read
+    assert ToolSpec.from_dict(ToolSpec("h", "d", read_only=False).to_dict()).read_only is False
+    assert "read_only" not in json.dumps(read.to_openai())
+
+
 def test_a_trajectory_keeps_its_tools_only_where_it_has_them():
     t = _traj()
     assert "tools" not in t.to_dict()  # the system message lists them: written as before

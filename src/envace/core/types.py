@@ -67,6 +67,17 @@ class ToolSpec(JSONable):
     name: str
     description: str
     parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    read_only: bool | None = None
+    """Whether calling the tool leaves the world unchanged (MCP's ``readOnlyHint``, tau2's READ tools, the built-ins'
+    tools without ``mutates``); None: not known. Never shown to the model (not in :meth:`to_openai`); the test-time
+    memory ``agreed-live`` leaves a read's imagined result out (envace.rollout.memory.distill)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, ``read_only`` only where known (files written before it existed read back the same)."""
+        d = fields_to_dict(self)
+        if self.read_only is None:
+            del d["read_only"]
+        return d
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -83,6 +94,7 @@ class ToolSpec(JSONable):
             name=d["name"],
             description=d.get("description", ""),
             parameters=d.get("parameters") or {"type": "object", "properties": {}},
+            read_only=d.get("read_only"),
         )
 
 

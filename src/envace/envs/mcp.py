@@ -347,6 +347,7 @@ class MCPClient:
                 name=t.name,
                 description=t.description or "",
                 parameters=dict(t.input_schema or {"type": "object", "properties": {}}),
+                read_only=getattr(t.annotations, "read_only_hint", None),  # the server's readOnlyHint, if any
             )
             for t in self.tools_raw
         ]

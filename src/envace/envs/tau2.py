@@ -547,6 +547,8 @@ def _domain_info(domain: str) -> dict[str, Any]:
         [ToolSpec.from_dict(t.openai_schema) for t in env.get_user_tools()] if env.user_tools is not None else []
     )
     kinds = {name: getattr(kind, "value", str(kind)) for name, kind in get_tool_types(env.tools).items()}
+    for t in tools:  # tau2's READ / WRITE tool types (think and generic tools: not known)
+        t.read_only = {"read": True, "write": False}.get(kinds.get(t.name, ""))
     system = AGENT_SYSTEM_PROMPT.format(domain_policy=env.get_policy(), agent_instruction=AGENT_INSTRUCTION)
     loader = registry.get_tasks_loader(domain)
     splits: dict[str, list[str]] = {}

@@ -203,7 +203,8 @@ class ExperimentConfig:
     the update stays float32): true, false or ``auto`` (envace.core.precision). ~1.8x faster generation on a CPU with
     AVX-512-BF16 (docs/benchmarks.md); SFT is unchanged."""
     tts_memory: str = "lessons"
-    """The rehearsal memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | calls | agreed | model | concat."""
+    """The rehearsal memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | calls | agreed | agreed-live |
+    model | concat."""
     tts_max_new_tokens: int = 160
     """Token limit of each reflection and memory generation."""
     tts_tasks_in_flight: int | None = None

@@ -16,12 +16,14 @@ runs the task **once** for real:
    own tool format with the value its rehearsed observation returned, the calls that erred, the reflections cut
    to a line; no dialogue is pasted, because the 135M model copied the ``name({json})`` calls of pasted
    transcripts and stopped calling tools (issue 29); ``calls`` is the lessons without reflections, ``agreed`` only
-   the calls every attempt made (two attempts that ordered different things became two real orders). ``model``
+   the calls every attempt made (two attempts that ordered different things became two real orders),
+   ``agreed-live`` the same with each read (a tool whose ToolSpec is ``read_only``) listed without its imagined
+   result, to be made in the real run (the final Act took a quoted read's imagined order ids as done). ``model``
    distills all attempts and reflections in one Memory-role generation (:data:`MEMORY_SYSTEM`); ``concat``
    concatenates the reflections (an equal share of the budget each). An empty model memory falls back to
    ``concat`` and is counted. m_x is capped at ``memory_max_tokens`` tokens. The format also says what a sequential
-   attempt sees of the earlier ones: their lessons (``lessons``, ``calls``, ``agreed``) or their transcripts and
-   reflections (``model``, ``concat``: as before).
+   attempt sees of the earlier ones: their lessons (``lessons``, ``calls``, ``agreed``, ``agreed-live``) or their
+   transcripts and reflections (``model``, ``concat``: as before).
 4. **The real execution**: :class:`Rehearsing`, the policy that :func:`envace.evaluation.trials.evaluate` runs
    at N > 0, acts as :class:`envace.evaluation.policy.Plain` does (real mode, memory={task.id: m_x}): each task
    once against its real environment, scored. Its records, ``tts/...`` metrics and private tokens come back with
@@ -147,8 +149,9 @@ class TTSConfig:
     memory: str = "lessons"
     """The memory format (MEMORY_FORMATS): what m_x and a sequential attempt's notes are. lessons (rule-based,
     envace.rollout.memory.distill: the calls made, written in Act's tool format, their rehearsed values, the
-    errors, the reflections cut to a line; never a transcript) | calls (lessons without reflections) | model (a
-    Memory-role generation) | concat."""
+    errors, the reflections cut to a line; never a transcript) | calls (lessons without reflections) | agreed (the
+    calls every attempt made) | agreed-live (agreed; reads without their imagined results) | model (a Memory-role
+    generation) | concat."""
     memory_max_tokens: int = 256
     """Token cap of m_x as Act sees it; what is cut is recorded. Longer memory = longer real-run context."""
     transcript_max_tokens: int = 768
@@ -304,6 +307,8 @@ class _Rehearsal:
         self.tools = tool_format_for(policy.tokenizer, cfg.rollout.tool_format)  # Act's own (as the engine's)
         self._calls = 0
         self._transcripts: dict[tuple[str, int], str] = {}
+        self.read_only: dict[str, frozenset[str]] = {}
+        """Task id -> its tools known to change nothing (ToolSpec.read_only), for the memory formats."""
 
     def params(self, base: SamplingParams) -> SamplingParams:
         self._calls += 1
@@ -521,25 +526,41 @@ def _transcript_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
     return NOTES_HEADER + "\n\n" + ctx.cap(rec, "notes", rec.n_done, body, ctx.cfg.notes_max_tokens, "tail")
 
 
-def _lessons(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True, agreed: bool = False) -> str:
+def _lessons(
+    ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True, agreed: bool = False, live: bool = False
+) -> str:
     header = LESSONS_HEADER if ctx.mode.imagined else ctx.mode.concat_header  # plans: no tool result exists
     return distill(
-        rec.attempts, ctx.tools, rec.reflections if reflections else (), rec.plans, header=header, agreed=agreed
+        rec.attempts,
+        ctx.tools,
+        rec.reflections if reflections else (),
+        rec.plans,
+        header=header,
+        agreed=agreed,
+        read_only=ctx.read_only.get(rec.task_id, frozenset()),
+        live_reads=live,
     )
 
 
-def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True, agreed: bool = False) -> str:
+def _lesson_notes(
+    ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True, agreed: bool = False, live: bool = False
+) -> str:
     """The lessons of the earlier attempts (no transcript), capped from the end (the calls come first)."""
-    notes = _lessons(ctx, rec, reflections, agreed)
+    notes = _lessons(ctx, rec, reflections, agreed, live)
     return ctx.cap(rec, "notes", rec.n_done, notes, ctx.cfg.notes_max_tokens, "lines")
 
 
 def _memory_lessons(
-    ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord], reflections: bool = True, agreed: bool = False
+    ctx: _Rehearsal,
+    tasks: list[Task],
+    recs: list[RehearsalRecord],
+    reflections: bool = True,
+    agreed: bool = False,
+    live: bool = False,
 ) -> None:
-    source = "agreed" if agreed else "lessons" if reflections else "calls"
+    source = ("agreed-live" if live else "agreed") if agreed else "lessons" if reflections else "calls"
     for rec in recs:
-        rec.memory_raw, rec.memory_source = _lessons(ctx, rec, reflections, agreed), source
+        rec.memory_raw, rec.memory_source = _lessons(ctx, rec, reflections, agreed, live), source
 
 
 def _memory_concat(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
@@ -607,6 +628,17 @@ MEMORY_FORMATS.add(
     ),
 )
 MEMORY_FORMATS.add(
+    "agreed-live",
+    MemoryFormat(
+        functools.partial(_memory_lessons, reflections=False, agreed=True, live=True),
+        functools.partial(_lesson_notes, reflections=False, agreed=True, live=True),
+        "agreed, but a call to a read-only tool (ToolSpec.read_only) is listed without its imagined result, as a "
+        "read to make in the real run; the other calls keep their rehearsed results (a quoted read's imagined "
+        "result was taken as done: invented order ids, shop-world-decide val)",
+        keep="lines",
+    ),
+)
+MEMORY_FORMATS.add(
     "model",
     MemoryFormat(
         _memory_model,
@@ -641,6 +673,7 @@ def rehearse(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[Rehears
         raise ValueError("task ids must be unique (the memory is keyed by task id)")
     t0 = time.perf_counter()
     ctx = _Rehearsal(policy, cfg)
+    ctx.read_only = {t.id: frozenset(s.name for s in t.tools if s.read_only) for t in tasks}
     recs = [
         RehearsalRecord(task_id=t.id, n=cfg.n, mode=cfg.mode, memory_mode=cfg.memory, config=cfg.to_dict())
         for t in tasks

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 from ..backends.base import Backend
 from ..chat.parsing import ToolFormat, rehearse_failed, tool_format_for
@@ -123,6 +123,8 @@ def distill(
     text_chars: int = 200,
     header: str = LESSONS_HEADER,
     agreed: bool = False,
+    read_only: Collection[str] = (),
+    live_reads: bool = False,
 ) -> str:
     """Short notes from self-rehearsed ``attempts`` (and their ``reflections``, or ``plans`` of a plan-only budget).
 
@@ -135,6 +137,10 @@ def distill(
     ``agreed``: only the calls that every attempt made (a consensus: over several attempts that chose different
     calls, e.g. two different orders, the final Act made both; measured on shop-world test, issue 29), and one line
     saying how many were left out.
+    ``live_reads``: a call to a tool named in ``read_only`` is listed in its place among the calls made, without
+    its imagined result (or imagined error), as a read to make in the real run (on shop-world-decide val the final
+    Act took a quoted read's imagined result as done and acted on invented order ids; issue 29). The other calls
+    keep their rehearsed results.
     Raises ValueError on an observation from the real environment (:data:`REAL_SOURCES`).
     """
     found: dict[str, dict[str, Any]] = {}  # call key -> {call, ok, err, attempts}, in first-made order
@@ -160,15 +166,23 @@ def distill(
     if agreed:
         kept = {k: e for k, e in found.items() if len(e["attempts"]) == len(attempts)}
         left_out, found = len(found) - len(kept), kept
-    worked = [e for e in found.values() if e["ok"] is not None]
-    failed = [e for e in found.values() if e["ok"] is None and e["err"] is not None]
-    unknown = [e for e in found.values() if e["ok"] is None and e["err"] is None]
+    live = {k for k, e in found.items() if live_reads and e["call"].name in read_only}
+    worked = [e for k, e in found.items() if k in live or e["ok"] is not None]
+    failed = [e for k, e in found.items() if k not in live and e["ok"] is None and e["err"] is not None]
+    unknown = [e for k, e in found.items() if k not in live and e["ok"] is None and e["err"] is None]
     lines = [header]
     if worked:
-        lines.append("Calls that worked, in the order made:")
+        lines.append(
+            "Your rehearsals made these calls, in this order:" if live else "Calls that worked, in the order made:"
+        )
         for e in worked[:max_calls]:
             times = f" ({len(e['attempts'])} of {len(attempts)} attempts)" if many else ""
-            lines.append(f"- {tools.render([e['call']])} returned {clip(dumps(e['ok']), value_chars)}{times}")
+            if e["call"].key() in live:
+                lines.append(
+                    f"- {tools.render([e['call']])}: a read; make it in the real run and use its real result{times}"
+                )
+            else:
+                lines.append(f"- {tools.render([e['call']])} returned {clip(dumps(e['ok']), value_chars)}{times}")
     if failed:
         lines.append("Calls to avoid (they returned an error):")
         for e in failed[:max_errors]:

@@ -99,7 +99,7 @@ def tool(
     }
 
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        spec = ToolSpec(name=fn.__name__, description=description, parameters=schema)
+        spec = ToolSpec(name=fn.__name__, description=description, parameters=schema, read_only=not mutates)
         fn.__tool__ = (spec, mutates)  # type: ignore[attr-defined]
         return fn
 
