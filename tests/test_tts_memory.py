@@ -223,6 +223,24 @@ def test_sft_rows_with_notes_carry_the_lessons_in_every_act_prompt_and_keep_the_
         assert not any(r and r in notes[task.id] for r in task.gold_replies)
 
 
+def test_training_notes_take_the_memory_format_the_model_will_see_at_test_time(tokenizer, bank):
+    tasks = load_tasks("shop-world-decide", "train", n=4)  # each starts with a read
+    rc = RolloutConfig(max_steps=3)
+    be = ScriptedBackend(tokenizer, scripted(tasks))
+    calls = rehearsal_lessons(be, tasks, rc, n=2, seed=1)
+    live = rehearsal_lessons(be, tasks, rc, n=2, seed=1, memory="agreed-live")
+    for task in tasks:
+        first = HERMES.render([task.flat_gold()[0]])
+        assert f'{first} returned {{"rehearsed": true}}' in calls[task.id]  # the imagined read result, quoted
+        assert f"{first}: a read; make it in the real run" in live[task.id] and "rehearsed" not in live[task.id]
+    with pytest.raises(ValueError, match="agreed-live"):
+        rehearsal_lessons(be, tasks, rc, n=2, memory="lessons")  # no reflections in training notes
+    from envace.config import SFTConfig
+
+    with pytest.raises(ValueError, match="memory_format"):
+        SFTConfig(memory_format="model")
+
+
 def test_sft_memory_attempts_is_off_by_default_and_adds_noted_gold_when_on(tmp_path, monkeypatch):
     import envace.training.sft as sft_mod
     from envace.config import SFTConfig

@@ -382,6 +382,10 @@ class SFTConfig:
     """Rehearsal notes in the warm-up (issue 29), off at 0. N > 0: the starting model rehearses each training task N
     times and each task gets a second gold trajectory whose Act prompts carry the notes distilled from them (the
     module docstring of envace.training.sft). Costs N rehearsed rollouts per task."""
+    memory_format: str = "calls"
+    """The notes' format (envace.rollout.memory.RULE_FORMATS, as test-time scaling names them): calls (every call the
+    attempts made, with its rehearsed result) | agreed (the calls every attempt made) | agreed-live (agreed, each read
+    without its imagined result). Train with the format the model will see at test time."""
     out_dir: str = "runs/sft"
     seed: int = 0
     tensorboard: bool = True
@@ -400,6 +404,12 @@ class SFTConfig:
         self.task_kinds = task_kinds_setting(self.task_kinds, "SFTConfig.task_kinds")
         if self.steps < 0 or self.batch_tasks < 1 or self.lr <= 0 or self.memory_attempts < 0:
             raise ValueError("steps >= 0, batch_tasks >= 1, lr > 0 and memory_attempts >= 0 are required")
+        from .rollout.memory import RULE_FORMATS
+
+        if self.memory_format not in RULE_FORMATS:
+            raise ValueError(
+                f"SFTConfig.memory_format must be one of {', '.join(RULE_FORMATS)}, got {self.memory_format!r}"
+            )
 
     @property
     def sinks(self) -> tuple[str, ...]:

@@ -230,16 +230,34 @@ def _without_calls(text: str) -> str:
     return "".join(out) + text[i:]
 
 
+RULE_FORMATS: dict[str, dict[str, bool]] = {
+    "calls": {},
+    "agreed": {"agreed": True},
+    "agreed-live": {"agreed": True, "live_reads": True},
+}
+"""The rule-based memory formats without reflections (as envace.evaluation.tts.MEMORY_FORMATS names them): the
+:func:`distill` options of each, for notes made where no reflection exists (training rows' notes)."""
+
+
 def rehearsal_lessons(
-    policy: Backend, tasks: list[Task], rollout: RolloutConfig, n: int, max_tokens: int = 256, seed: int | None = None
+    policy: Backend,
+    tasks: list[Task],
+    rollout: RolloutConfig,
+    n: int,
+    max_tokens: int = 256,
+    seed: int | None = None,
+    memory: str = "calls",
 ) -> dict[str, str]:
-    """Task id -> :func:`distill` of ``n`` self-rehearsed attempts of the task by ``policy`` (no reflections), cut
-    to ``max_tokens`` tokens as test-time scaling cuts m_x (``TTSConfig.memory_max_tokens``).
+    """Task id -> :func:`distill` of ``n`` self-rehearsed attempts of the task by ``policy`` (no reflections), in the
+    format ``memory`` (:data:`RULE_FORMATS`; a read-only tool is one whose ToolSpec says so), cut to ``max_tokens``
+    tokens as test-time scaling cuts m_x (``TTSConfig.memory_max_tokens``).
 
     The attempts run in rehearsal mode without shadow (whatever the deprecated fields of ``rollout`` say): they never
     touch a real environment. ``seed``: their sampling's (None: ``rollout.seed``, deprecated)."""
     if n < 1:
         raise ValueError(f"rehearsal_lessons needs n >= 1 attempts, got {n}")
+    if memory not in RULE_FORMATS:
+        raise ValueError(f"memory format {memory!r} has no rule without reflections; valid: {', '.join(RULE_FORMATS)}")
     cfg = rollout
     engine = RolloutEngine(policy, cfg, mode="rehearsal", shadow=False)
     if engine.rollout_mode.needs_env:
@@ -248,9 +266,28 @@ def rehearsal_lessons(
     tools = tool_format_for(policy.tokenizer, cfg.tool_format)
     fmt = ChatFormat.for_tokenizer(policy.tokenizer, cfg.chat_format, cfg.thinking)
     return {
-        t.id: cap_tokens(distill(trajs[i * n : (i + 1) * n], tools), max_tokens, fmt, "lines")[0]
+        t.id: cap_tokens(
+            distill(
+                trajs[i * n : (i + 1) * n],
+                tools,
+                read_only={s.name for s in t.tools if s.read_only},
+                **RULE_FORMATS[memory],
+            ),
+            max_tokens,
+            fmt,
+            "lines",
+        )[0]
         for i, t in enumerate(tasks)
     }
 
 
-__all__ = ["LESSONS_HEADER", "REAL_SOURCES", "cap_tokens", "clip", "in_tool_format", "distill", "rehearsal_lessons"]
+__all__ = [
+    "LESSONS_HEADER",
+    "REAL_SOURCES",
+    "RULE_FORMATS",
+    "cap_tokens",
+    "clip",
+    "in_tool_format",
+    "distill",
+    "rehearsal_lessons",
+]

@@ -271,7 +271,9 @@ def sft(cfg: SFTConfig) -> SFTResult:
     trajs = gold_trajectories(tok, tasks, **io)
     if cfg.memory_attempts:  # the starting model's own rehearsals, distilled; then the same gold, with the notes
         policy = HFBackend(model, tok, bf16=bf16)  # the attempts sample in the update's precision
-        notes = rehearsal_lessons(policy, tasks, lesson_rollout(cfg), cfg.memory_attempts, seed=cfg.seed)
+        notes = rehearsal_lessons(
+            policy, tasks, lesson_rollout(cfg), cfg.memory_attempts, seed=cfg.seed, memory=cfg.memory_format
+        )
         trajs += gold_trajectories(tok, tasks, **io, memory=notes)
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
     logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))
