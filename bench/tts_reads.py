@@ -2,7 +2,7 @@
 records (``<cell>.records.jsonl``, or gzipped) on a built-in suite, by template: the memory quotes the gold
 episode's first call with an imagined result; that result is the real one (the call replayed in a fresh
 environment, compared as the memory writes it: canonical JSON on one line, cut at the memory's length); the final
-Act makes that call in the real run; the task succeeds.
+Act makes that call in the real run; the task succeeds (a memory may quote the call without a result: agreed-live).
 
     python bench/tts_reads.py docs/results/tts-val/decide-sft100-seed2/parallel-2-agreed.records.jsonl.gz
 
@@ -28,12 +28,18 @@ QUOTED = 160  # the memory's value_chars (envace.rollout.memory.distill)
 
 
 def quoted_result(memory: str, name: str) -> str | None:
-    """The result the memory quotes for the first line that renders a call of ``name`` (None: not quoted)."""
+    """The result the memory quotes for the first line that renders a call of ``name`` (None: not quoted with one)."""
     for line in memory.splitlines():
         if f'"name": "{name}"' in line and " returned " in line:
             text = line.split(" returned ", 1)[1]
             return text.rsplit(" (", 1)[0] if text.endswith("attempts)") else text
     return None
+
+
+def quotes_call(memory: str, name: str) -> bool:
+    """Whether a line of the memory renders a call of ``name`` (with a result or, as agreed-live writes a read,
+    without)."""
+    return any(line.startswith("- ") and f'"name": "{name}"' in line for line in memory.splitlines())
 
 
 def row(record: dict[str, Any]) -> tuple[str, dict[str, bool]]:
@@ -42,13 +48,15 @@ def row(record: dict[str, Any]) -> tuple[str, dict[str, bool]]:
     env = DOMAINS[task.env].env_cls(task)
     real = clip(dumps(env.call(first)), QUOTED)
     env.close()
-    quoted = quoted_result(record.get("memory") or "", first.name)
+    memory = record.get("memory") or ""
+    quoted = quoted_result(memory, first.name)
     made = [
         c["name"] for m in record["final"]["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []
     ]
     key = task.metadata["template"] + (" (reads only)" if task.metadata.get("read_only") else " (writes)")
     return key, {
-        "quoted": quoted is not None,
+        "quoted": quotes_call(memory, first.name),
+        "with_result": quoted is not None,
         "quoted_real": quoted == real,
         "redone": first.name in made,
         "success": bool(record["success"]),
@@ -69,13 +77,15 @@ def table(path: str) -> str:
     lines = [
         f"{Path(path).name}: the gold episode's first call, as the memory quotes it and as the final Act makes it",
         "",
-        "| template | tasks | memory quotes it | with the real result | final Act makes it for real | success |",
-        "|---|---|---|---|---|---|",
+        "| template | tasks | memory quotes it | with a result | the real result | final Act makes it | success |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key in sorted(counts):
         rs = counts[key]
         n = len(rs)
-        cells = [f"{sum(r[k] for r in rs)} / {n}" for k in ("quoted", "quoted_real", "redone", "success")]
+        cells = [
+            f"{sum(r[k] for r in rs)} / {n}" for k in ("quoted", "with_result", "quoted_real", "redone", "success")
+        ]
         lines.append(f"| {key} | {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
