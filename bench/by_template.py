@@ -45,13 +45,16 @@ def columns_of_experiment(results: dict, split: str | None = None) -> tuple[str,
 
 
 def columns_of_results(paths: list[str]) -> tuple[str, str, dict[str, list[dict]]]:
-    """(suite, split, file stem -> per-task rows) of saved evaluation results (``envace eval --out``,
-    bench/tts_val.py's cells), which must be of one suite and split."""
+    """(suite, split, column name -> per-task rows) of saved evaluation results (``envace eval --out``,
+    bench/tts_val.py's cells), which must be of one suite and split. A column is named by the file's stem, or by
+    ``folder/stem`` where two files share a stem (the same cell of two models)."""
     cols, where = {}, set()
+    stems = [Path(p).stem for p in paths]
     for path in paths:
         r = json.loads(Path(path).read_text())
         where.add((r.get("suite") or r.get("config", {}).get("suite"), r["split"]))
-        cols[Path(path).stem] = r["per_task"]
+        p = Path(path)
+        cols[p.stem if stems.count(p.stem) == 1 else f"{p.parent.name}/{p.stem}"] = r["per_task"]
     if len(where) != 1:
         raise SystemExit(f"the results are of different suites or splits: {sorted(map(str, where))}")
     suite, split = where.pop()

@@ -49,3 +49,8 @@ def test_saved_results_are_a_column_each(tmp_path):
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| template")]
     assert sum(int(r.split(" | ")[2].split(" / ")[1]) for r in rows) == 6
     assert all(r.split(" | ")[3].startswith("0 / ") for r in rows)  # the failing column
+    twin = tmp_path / "other"
+    twin.mkdir()
+    (twin / "0.json").write_text((tmp_path / "0.json").read_text())
+    _, _, cols = columns_of_results(paths + [str(twin / "0.json")])  # the same cell of another model: its own column
+    assert list(cols) == [f"{tmp_path.name}/0", "parallel-2-agreed", "other/0"]
