@@ -795,6 +795,29 @@ def test_an_arm_frees_its_backends_models_and_kv_caches_without_the_cyclic_gc(tm
     assert alive == []
 
 
+def test_memory_is_released_after_an_arms_training_before_its_evaluation_starts(tmp_path, monkeypatch):
+    import envace.evaluation.experiment as experiment
+
+    events = []
+    monkeypatch.setattr(SeedRun, "sft", lambda self: events.append("train") or ("warm-up", []))
+    monkeypatch.setattr(experiment, "release_memory", lambda: events.append("release"))
+    monkeypatch.setattr(
+        experiment,
+        "evaluate_arm",
+        lambda *a, **k: (
+            events.append("evaluate")
+            or {
+                "evals": [{**(ev := _success_ev([True, False])), "metrics": ev["metrics"] | {"tool_f1": 1.0}}],
+                "fidelity": None,
+            }
+        ),
+    )
+    monkeypatch.setattr("envace.evaluation.report.write_report", lambda results, out: {"html": "r.html"})
+    cfg = ExperimentConfig(arms=("sft",), seeds=(0,), out_dir=str(tmp_path / "out"))
+    experiment.run_experiment(cfg)
+    assert events[events.index("evaluate") - 1] == "release" and events.index("train") < events.index("evaluate")
+
+
 def test_release_memory_collects_what_only_a_reference_cycle_keeps():
     import weakref
 

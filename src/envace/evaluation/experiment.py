@@ -911,11 +911,14 @@ its intermediate checkpoints are gone)."""
 
 
 def release_memory() -> None:
-    """Between arms: collect reference cycles, then hand the C heap's free pages back to the OS (glibc's
-    ``malloc_trim``; nothing elsewhere). One process runs every arm, and RSS only falls when memory is returned: an
-    arm's smaller tensors (below glibc's mmap threshold, 32 MB at most) are freed into the heap, which keeps their
-    pages (~55 MB per arm with the tiny model), and a model load's tokenizer and the chat format cached on it refer
-    to each other, so they wait for a full collection (~9 MB per load)."""
+    """Between an arm's training and its evaluation, and between arms: collect reference cycles, then hand the C
+    heap's free pages back to the OS (glibc's ``malloc_trim``; nothing elsewhere). One process runs every arm, and
+    RSS only falls when memory is returned: an arm's smaller tensors (below glibc's mmap threshold, 32 MB at most)
+    are freed into the heap, which keeps their pages (~55 MB per arm with the tiny model), and a model load's
+    tokenizer and the chat format cached on it refer to each other, so they wait for a full collection (~9 MB per
+    load). Measured on shop-world-decide (2 cores, 24 GiB): the process held 10-11 GB through an RL arm's training
+    and was killed at 13.8-15.5 GB as the evaluation's vLLM engine started beside another job, hence the release
+    before each evaluation too."""
     gc.collect()
     try:
         trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
@@ -989,6 +992,7 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             t_arm = time.perf_counter()
             models = ARMS.get(arm).build(run)
             t_train = time.perf_counter() - t_arm
+            release_memory()  # the trainer's freed heap back to the OS before the evaluation engine starts
             rec = evaluate_arm(cfg, models, seed, label, arm=arm)
             rec |= {
                 "models": {"policy": models.policy, "rehearser": models.rehearser, "simulator": models.simulator},
