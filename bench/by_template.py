@@ -30,7 +30,8 @@ def branch(task) -> str:
 
 
 def columns_of_experiment(results: dict, split: str | None = None) -> tuple[str, str, dict[str, list[dict]]]:
-    """(suite, split, arm -> per-task rows of its N=0 evaluations on that split, every seed)."""
+    """(suite, split, arm -> per-task rows of its N=0 evaluations on that split, every seed): the main evaluations
+    (``evals``) or those of another split (``splits[split]``, e.g. ``ood``)."""
     cfg = results["config"]
     split = split or cfg["eval_split"]
     n = cfg["eval_tasks"] if split == cfg["eval_split"] else cfg["ood_tasks"]
@@ -38,7 +39,7 @@ def columns_of_experiment(results: dict, split: str | None = None) -> tuple[str,
     cols: dict[str, list[dict]] = {}
     for arm in results["arms"]:
         for run in (results["runs"].get(arm) or {}).values():
-            for ev in run["evals"]:
+            for ev in run["evals"] + run.get("splits", {}).get(split, []):
                 if ev["n"] == 0 and all(p["task_id"] in ids for p in ev["per_task"]):
                     cols.setdefault(arm, []).extend(ev["per_task"])
     return cfg["suite"], split, cols

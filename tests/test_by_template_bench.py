@@ -33,6 +33,9 @@ def test_outcomes_are_counted_by_template_and_branch_and_other_splits_are_left_o
         c[1] += 1
     assert rows == [f"| {k[0]} | {k[1]} | {c[0]} / {c[1]} |" for k, c in sorted(want.items())]
     assert "| template | gold episode | sft |" in md  # an arm without runs has no column
+    results["runs"]["sft"]["0"] = {"evals": [ev], "splits": {"ood": [ev_ood]}}  # where an experiment keeps them
+    suite, split, cols = columns_of_experiment(results, "ood")
+    assert split == "ood" and [p["task_id"] for p in cols["sft"]] == [t.id for t in ood]
 
 
 def test_saved_results_are_a_column_each(tmp_path):
