@@ -89,6 +89,8 @@ def test_a_tool_specs_read_only_flag_round_trips_and_is_written_only_where_known
     assert ToolSpec.from_dict(unknown.to_dict()) == unknown and ToolSpec.from_dict(read.to_dict()) == read
     assert ToolSpec.from_dict(ToolSpec("h", "d", read_only=False).to_dict()).read_only is False
     assert "read_only" not in json.dumps(read.to_openai())
+    task = Task("t", "bank", "", ["hi"], [unknown, read, ToolSpec("w", "d", read_only=False)])
+    assert task.read_only_tools() == {"g"}  # only where known to be read only
 
 
 def test_a_trajectory_keeps_its_tools_only_where_it_has_them():

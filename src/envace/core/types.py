@@ -194,6 +194,10 @@ class Task(JSONable):
     def domain(self) -> str:
         return self.env.split(":", 1)[0]
 
+    def read_only_tools(self) -> frozenset[str]:
+        """The names of the task's tools known to change nothing (``ToolSpec.read_only``)."""
+        return frozenset(t.name for t in self.tools if t.read_only)
+
     def tool(self, name: str) -> ToolSpec | None:
         for t in self.tools:
             if t.name == name:

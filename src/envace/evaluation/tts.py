@@ -80,7 +80,7 @@ from ..chat.prompts import ChatFormat, render_tools, serialize_messages
 from ..core.registry import Registry
 from ..chat.parsing import tool_format_for
 from ..rollout.engine import RolloutConfig, RolloutEngine, format_trajectory
-from ..rollout.memory import LESSONS_HEADER, cap_tokens, distill
+from ..rollout.memory import LESSONS_HEADER, RULE_FORMATS, cap_tokens, distill
 from ..core.seeding import derive_seed
 from ..core.types import JSONable, Row, Task, Trajectory
 
@@ -526,9 +526,9 @@ def _transcript_notes(ctx: _Rehearsal, rec: RehearsalRecord) -> str:
     return NOTES_HEADER + "\n\n" + ctx.cap(rec, "notes", rec.n_done, body, ctx.cfg.notes_max_tokens, "tail")
 
 
-def _lessons(
-    ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True, agreed: bool = False, live: bool = False
-) -> str:
+def _lessons(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool, rule: str) -> str:
+    """:func:`distill` of the record's attempts with the options of the rule-based format ``rule``
+    (:data:`~envace.rollout.memory.RULE_FORMATS`), and the reflections where ``reflections``."""
     header = LESSONS_HEADER if ctx.mode.imagined else ctx.mode.concat_header  # plans: no tool result exists
     return distill(
         rec.attempts,
@@ -536,31 +536,34 @@ def _lessons(
         rec.reflections if reflections else (),
         rec.plans,
         header=header,
-        agreed=agreed,
         read_only=ctx.read_only.get(rec.task_id, frozenset()),
-        live_reads=live,
+        **RULE_FORMATS[rule],
     )
 
 
-def _lesson_notes(
-    ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool = True, agreed: bool = False, live: bool = False
-) -> str:
+def _lesson_notes(ctx: _Rehearsal, rec: RehearsalRecord, reflections: bool, rule: str) -> str:
     """The lessons of the earlier attempts (no transcript), capped from the end (the calls come first)."""
-    notes = _lessons(ctx, rec, reflections, agreed, live)
+    notes = _lessons(ctx, rec, reflections, rule)
     return ctx.cap(rec, "notes", rec.n_done, notes, ctx.cfg.notes_max_tokens, "lines")
 
 
 def _memory_lessons(
-    ctx: _Rehearsal,
-    tasks: list[Task],
-    recs: list[RehearsalRecord],
-    reflections: bool = True,
-    agreed: bool = False,
-    live: bool = False,
+    ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord], reflections: bool, rule: str, source: str
 ) -> None:
-    source = ("agreed-live" if live else "agreed") if agreed else "lessons" if reflections else "calls"
     for rec in recs:
-        rec.memory_raw, rec.memory_source = _lessons(ctx, rec, reflections, agreed, live), source
+        rec.memory_raw, rec.memory_source = _lessons(ctx, rec, reflections, rule), source
+
+
+def _rule_format(name: str, doc: str, reflections: bool = False, rule: str | None = None) -> MemoryFormat:
+    """The memory format ``name`` made by :func:`distill`: its options are those of :data:`RULE_FORMATS` ``rule``
+    (default: ``name``), with the reflections where ``reflections``."""
+    rule = rule or name
+    return MemoryFormat(
+        functools.partial(_memory_lessons, reflections=reflections, rule=rule, source=name),
+        functools.partial(_lesson_notes, reflections=reflections, rule=rule),
+        doc,
+        keep="lines",
+    )
 
 
 def _memory_concat(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord]) -> None:
@@ -599,43 +602,37 @@ def _memory_model(ctx: _Rehearsal, tasks: list[Task], recs: list[RehearsalRecord
 
 MEMORY_FORMATS.add(
     "lessons",
-    MemoryFormat(
-        _memory_lessons,
-        _lesson_notes,
+    _rule_format(
+        "lessons",
         "rule-based lessons (rollout.memory.distill): the calls made, in Act's tool format, with their rehearsed "
         "values; the calls that erred; the reflections cut to a line. No transcript, for m_x and sequential notes",
-        keep="lines",
+        reflections=True,
+        rule="calls",
     ),
 )
 MEMORY_FORMATS.add(
     "calls",
-    MemoryFormat(
-        functools.partial(_memory_lessons, reflections=False),
-        functools.partial(_lesson_notes, reflections=False),
+    _rule_format(
+        "calls",
         "the lessons without the reflections: the calls made, in Act's tool format, with their rehearsed values, "
         "and the calls that erred (plans, in plan mode). Nothing the model wrote about its attempts",
-        keep="lines",
     ),
 )
 MEMORY_FORMATS.add(
     "agreed",
-    MemoryFormat(
-        functools.partial(_memory_lessons, reflections=False, agreed=True),
-        functools.partial(_lesson_notes, reflections=False, agreed=True),
+    _rule_format(
+        "agreed",
         "the calls every attempt made (a consensus), in Act's tool format, with their rehearsed values, and a line "
         "counting the calls left out; no reflection. With N = 1, the calls of the one attempt",
-        keep="lines",
     ),
 )
 MEMORY_FORMATS.add(
     "agreed-live",
-    MemoryFormat(
-        functools.partial(_memory_lessons, reflections=False, agreed=True, live=True),
-        functools.partial(_lesson_notes, reflections=False, agreed=True, live=True),
+    _rule_format(
+        "agreed-live",
         "agreed, but a call to a read-only tool (ToolSpec.read_only) is listed without its imagined result, as a "
         "read to make in the real run; the other calls keep their rehearsed results (a quoted read's imagined "
         "result was taken as done: invented order ids, shop-world-decide val)",
-        keep="lines",
     ),
 )
 MEMORY_FORMATS.add(
@@ -673,7 +670,7 @@ def rehearse(policy: Backend, tasks: list[Task], cfg: TTSConfig) -> list[Rehears
         raise ValueError("task ids must be unique (the memory is keyed by task id)")
     t0 = time.perf_counter()
     ctx = _Rehearsal(policy, cfg)
-    ctx.read_only = {t.id: frozenset(s.name for s in t.tools if s.read_only) for t in tasks}
+    ctx.read_only = {t.id: t.read_only_tools() for t in tasks}
     recs = [
         RehearsalRecord(task_id=t.id, n=cfg.n, mode=cfg.mode, memory_mode=cfg.memory, config=cfg.to_dict())
         for t in tasks

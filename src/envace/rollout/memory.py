@@ -236,7 +236,8 @@ RULE_FORMATS: dict[str, dict[str, bool]] = {
     "agreed-live": {"agreed": True, "live_reads": True},
 }
 """The rule-based memory formats without reflections (as envace.evaluation.tts.MEMORY_FORMATS names them): the
-:func:`distill` options of each, for notes made where no reflection exists (training rows' notes)."""
+:func:`distill` options of each, for test-time memories (``lessons`` is ``calls`` with the reflections) and for
+notes made where no reflection exists (training rows' notes)."""
 
 
 def rehearsal_lessons(
@@ -270,7 +271,7 @@ def rehearsal_lessons(
             distill(
                 trajs[i * n : (i + 1) * n],
                 tools,
-                read_only={s.name for s in t.tools if s.read_only},
+                read_only=t.read_only_tools(),
                 **RULE_FORMATS[memory],
             ),
             max_tokens,
