@@ -24,17 +24,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from envace.core.types import read_jsonl  # noqa: E402
 from envace.envs.builtin import task_from_id  # noqa: E402
 from envace.envs.builtin.shop import ShopEnv  # noqa: E402
 
 WRITES = {"buy_if_under": "place_order", "cancel_if_over": "cancel_order"}
 KEEP = ("id", "task_id", "reward", "iteration", "messages")
-
-
-def read(path: str) -> list[dict[str, Any]]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def value(template: str, obs: Any, query: str | None) -> float | None:
@@ -121,7 +116,7 @@ def main() -> None:
     out = []
     for spec in args.files:
         name, path = spec.split("=", 1) if "=" in spec else (Path(spec).stem, spec)
-        trajs = read(path)
+        trajs = read_jsonl(path)
         if args.keep:
             keep = Path(args.keep) / f"{name}_rollouts.jsonl.gz"
             with gzip.open(keep, "wt") as f:

@@ -11,8 +11,6 @@ Prints a markdown table and writes ``<cell>.reads.md`` beside the records."""
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +18,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from envace.core.types import dumps  # noqa: E402
+from by_template import branch  # noqa: E402
+
+from envace.core.types import dumps, read_jsonl  # noqa: E402
 from envace.envs.builtin import DOMAINS, task_from_id  # noqa: E402
 from envace.rollout.memory import clip  # noqa: E402
 
@@ -53,7 +53,7 @@ def row(record: dict[str, Any]) -> tuple[str, dict[str, bool]]:
     made = [
         c["name"] for m in record["final"]["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []
     ]
-    key = task.metadata["template"] + (" (reads only)" if task.metadata.get("read_only") else " (writes)")
+    key = f"{task.metadata['template']} ({branch(task)})"
     return key, {
         "quoted": quotes_call(memory, first.name),
         "with_result": quoted is not None,
@@ -63,17 +63,11 @@ def row(record: dict[str, Any]) -> tuple[str, dict[str, bool]]:
     }
 
 
-def _open(path: str):
-    return gzip.open(path, "rt") if path.endswith(".gz") else open(path)
-
-
 def table(path: str) -> str:
     counts: dict[str, list[dict[str, bool]]] = defaultdict(list)
-    with _open(path) as f:
-        for line in f:
-            if line.strip():
-                key, r = row(json.loads(line))
-                counts[key].append(r)
+    for record in read_jsonl(path):
+        key, r = row(record)
+        counts[key].append(r)
     lines = [
         f"{Path(path).name}: the gold episode's first call, as the memory quotes it and as the final Act makes it",
         "",

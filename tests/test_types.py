@@ -122,3 +122,14 @@ def test_one_reader_strict_for_configs_and_lenient_for_records():
     assert fields_from_dict(_Record, {}, name="x") == _Record("x")
     with pytest.raises(KeyError, match="name"):
         _Record.from_dict({"note": "n"})
+
+
+def test_read_jsonl_reads_a_gzipped_copy_as_the_file_itself(tmp_path):
+    import gzip
+
+    from envace.core.types import read_jsonl, write_jsonl
+
+    rows = [{"a": 1}, {"b": [2, 3]}]
+    write_jsonl(str(tmp_path / "r.jsonl"), rows)
+    (tmp_path / "r.jsonl.gz").write_bytes(gzip.compress((tmp_path / "r.jsonl").read_bytes()))
+    assert read_jsonl(str(tmp_path / "r.jsonl.gz")) == read_jsonl(str(tmp_path / "r.jsonl")) == rows

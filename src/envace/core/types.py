@@ -380,8 +380,12 @@ def write_jsonl(path: str, items: list[Any], fsync: bool = True) -> None:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """The JSON value of every non-blank line; a path ending in ``.gz`` is read through gzip (records and rollouts
+    are committed gzipped)."""
+    import gzip
+
     out = []
-    with open(path, encoding="utf-8") as f:
+    with gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8") as f:
         for line in f:
             line = line.strip()
             if line:

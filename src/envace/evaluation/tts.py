@@ -82,7 +82,7 @@ from ..chat.parsing import tool_format_for
 from ..rollout.engine import RolloutConfig, RolloutEngine, format_trajectory
 from ..rollout.memory import LESSONS_HEADER, RULE_FORMATS, cap_tokens, distill
 from ..core.seeding import derive_seed
-from ..core.types import JSONable, Row, Task, Trajectory
+from ..core.types import JSONable, Row, Task, Trajectory, read_jsonl
 
 REFLECT_SYSTEM = (
     "You review a private rehearsal of a tool-use task. The tool results in it were imagined by a simulator, "
@@ -842,8 +842,8 @@ def save_records(path: str, records: list[RehearsalRecord], with_rows: bool = Tr
 
 
 def load_records(path: str) -> list[RehearsalRecord]:
-    with open(path, encoding="utf-8") as f:
-        return [RehearsalRecord.from_dict(json.loads(line)) for line in f if line.strip()]
+    """The records :func:`save_records` wrote (or their gzipped copy)."""
+    return [RehearsalRecord.from_dict(d) for d in read_jsonl(path)]
 
 
 __all__ = [
