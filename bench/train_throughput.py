@@ -10,6 +10,8 @@ recomputed by the model (untimed) and advantages from random rewards (seeded).
   only at completion positions, the clipped surrogate of :mod:`envace.math.algos`, token-mean), ``micro_batch_tokens``.
 - ``envace@REF`` (``--ref``): the same with ``envace.training.update`` of git revision REF (before/after), in its own
   process (memory), and again alternating steps with the current update in one process (speed ratio).
+- ``envace+ckpt`` (``--checkpointing``): the current update with gradient checkpointing (``TrainConfig.
+  gradient_checkpointing``: each layer's activations recomputed in the backward pass; no shared-prefix micro-batches).
 - ``trl``: ``trl.GRPOTrainer.compute_loss`` (its loss path: per-row prompt + completion, fused LM head log-probs,
   entropies, loss_type="dapo", i.e. token-mean) + backward + AdamW step through the trainer's optimizer,
   ``per_device_train_batch_size`` rows per micro-batch (chosen so a micro-batch holds about
@@ -19,7 +21,7 @@ Both: float32 on CPU, AdamW lr 1e-6, grad clip 1.0; ``--steps`` timed optimizer 
 step. Reported: tokens/s (completion tokens, and row tokens = prompt + completion of every row), peak RSS, and
 the peak RSS growth over the process's RSS before the first step.
 
-Usage: python bench/train_throughput.py [--tasks 2] [--group 4] [--steps 1] [--ref b2d4f0a]
+Usage: python bench/train_throughput.py [--tasks 2] [--group 4] [--steps 1] [--ref b2d4f0a] [--checkpointing]
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def rss_now_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def worker_envace(args, ref: str | None, ab: bool = False) -> dict:
+def worker_envace(args, ref: str | None, ab: bool = False, checkpointing: bool = False) -> dict:
     """One process. ``ab``: alternate steps of the current update and the one of ``ref`` on the same model
     (A, B, A, B, ...; the fastest of each), a before/after ratio that load changes between processes cannot skew."""
     from envace.math import algos
@@ -87,6 +89,8 @@ def worker_envace(args, ref: str | None, ab: bool = False) -> dict:
     cur = __import__("envace.training.update", fromlist=["x"])
     U = update_module_at(ref) if (ref and not ab) else cur
     model, tok = load(args.model)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     rows, adv = make_rows(tok, args.tasks, args.group)
     temps = {"act": 1.0, "rehearse": 1.0}
     U.recompute_old_logprobs(model, rows, micro_batch_tokens=args.micro_batch_tokens, temperatures=temps)
@@ -266,12 +270,15 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--ref", default=None, help="also run envace.training.update of this git revision")
     ap.add_argument("--no-trl", action="store_true")
+    ap.add_argument("--checkpointing", action="store_true", help="also the update with gradient checkpointing")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.worker:
         if args.worker == "trl":
             res = worker_trl(args)
+        elif args.worker == "envace+ckpt":
+            res = worker_envace(args, None, checkpointing=True)
         elif args.worker.startswith("ab@"):
             res = worker_envace(args, args.worker.split("@", 1)[1], ab=True)
         else:
@@ -298,7 +305,8 @@ def main() -> None:
         "K": args.group,
         "micro_batch_tokens": args.micro_batch_tokens,
     }
-    contenders = ["envace"] + ([f"envace@{args.ref}"] if args.ref else []) + ([] if args.no_trl else ["trl"])
+    contenders = ["envace"] + ([f"envace@{args.ref}"] if args.ref else [])
+    contenders += (["envace+ckpt"] if args.checkpointing else []) + ([] if args.no_trl else ["trl"])
     for name in contenders:
         t0 = time.perf_counter()
         results[name] = run_json_subprocess(common_args + ["--worker", name])
@@ -310,6 +318,10 @@ def main() -> None:
         )
     e = results["envace"]
     ratios = {}
+    if "envace+ckpt" in results:
+        c = results["envace+ckpt"]
+        ratios["ckpt_over_envace_peak_growth"] = c["peak_growth_mb"] / max(1.0, e["peak_growth_mb"])
+        ratios["ckpt_over_envace_step_time"] = min(c["step_seconds"]) / min(e["step_seconds"])
     if "trl" in results:
         ratios["envace_vs_trl_tokens_per_s"] = e["row_tokens_per_s"] / results["trl"]["row_tokens_per_s"]
         ratios["envace_over_trl_peak_rss"] = e["peak_rss_mb"] / results["trl"]["peak_rss_mb"]

@@ -473,3 +473,60 @@ def test_rows_with_different_settings_are_each_sampled_under_their_own():
     assert (
         logits[[0, 4]].topk(5, -1).values[:, -1] <= logits[[0, 4]].gather(-1, tok[[0, 4], None]).squeeze(-1)
     ).all()  # within top-5
+
+
+def _saved_bytes_and_update(model, rows, loss_fn, share: bool = True):
+    """Bytes of the decoder layers' tensors autograd keeps for the backward pass during one optimizer_step (the
+    LM head's (tokens, vocabulary) logits left out: they are the same either way), and the step's update."""
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    saved, vocab = [0], model.config.vocab_size
+
+    def pack(t):
+        if t.shape[-1:] != (vocab,):
+            saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        optimizer_step(
+            model,
+            torch.optim.SGD(model.parameters(), lr=1.0),
+            rows,
+            loss_fn,
+            agg="token_mean",
+            micro_batch_tokens=4000,
+            temperatures=TEMPS,
+            max_grad_norm=1e9,
+            share_prefixes=share,
+        )
+    return saved[0], {n: p.detach() - before[n] for n, p in model.named_parameters()}
+
+
+def test_gradient_checkpointing_keeps_fewer_activations_and_gives_the_same_update(tiny, rows, monkeypatch):
+    from envace.math import algos
+    from envace.training import update
+
+    adv = torch.linspace(-1, 1, len(rows))
+
+    def loss_fn(logp, mask, idxs, normalizer):
+        return algos.policy_loss(logp, logp.detach() + 0.01, adv[idxs], mask, normalizer=normalizer)
+
+    plain_bytes, plain = _saved_bytes_and_update(copy.deepcopy(tiny[0]), rows, loss_fn, share=False)
+    model = copy.deepcopy(tiny[0])
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    calls = []
+    monkeypatch.setattr(update, "_shared_prefix_hidden", lambda *a: calls.append(a))  # needs a KV cache: not used
+    ckpt_bytes, ckpt = _saved_bytes_and_update(model, rows, loss_fn, share=True)
+    assert not calls
+    assert ckpt_bytes < 0.25 * plain_bytes, (ckpt_bytes, plain_bytes)  # the tiny model: ~0.1 (each layer's input)
+    assert all(bool(d.abs().max() > 0) for d in plain.values())
+    assert_all_close_rel(ckpt, plain, what="update of ")
+
+
+def test_load_trainable_turns_gradient_checkpointing_on_only_when_asked():
+    from envace.backends.models import load_trainable
+
+    assert not load_trainable("tiny-random")[0].is_gradient_checkpointing
+    model, _ = load_trainable("tiny-random", gradient_checkpointing=True)
+    assert model.is_gradient_checkpointing and not model.training  # rollouts (eval mode) keep their KV cache
+    lora, _ = load_trainable("tiny-random", lora_r=4, gradient_checkpointing=True)
+    assert lora.is_gradient_checkpointing

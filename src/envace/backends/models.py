@@ -224,10 +224,16 @@ def load(
 
 
 def load_trainable(
-    name: str | os.PathLike, lora_r: int = 0, lora_alpha: int = 32, adapter: str | None = None
+    name: str | os.PathLike,
+    lora_r: int = 0,
+    lora_alpha: int = 32,
+    adapter: str | None = None,
+    gradient_checkpointing: bool = False,
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a policy to train: :func:`load`, then full fine-tuning, or LoRA when ``lora_r > 0``
-    (a fresh adapter on every linear layer), or ``adapter``: a saved LoRA adapter resumed trainable on ``name``."""
+    (a fresh adapter on every linear layer), or ``adapter``: a saved LoRA adapter resumed trainable on ``name``.
+    ``gradient_checkpointing``: each decoder layer's activations are recomputed in the backward pass instead of kept
+    (non-reentrant; in training mode only, so rollouts from the same model keep their KV cache)."""
     model, tok = load(name)
     if lora_r > 0 or adapter:
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -245,6 +251,8 @@ def load_trainable(
                     task_type="CAUSAL_LM",
                 ),
             )
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.eval()
     return model, tok
 

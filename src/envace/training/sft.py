@@ -263,7 +263,9 @@ def sft(cfg: SFTConfig) -> SFTResult:
     from .update import optimizer_step
 
     seed_everything(cfg.seed)
-    model, tok = load_trainable(cfg.model, cfg.lora_r, cfg.lora_alpha)
+    model, tok = load_trainable(
+        cfg.model, cfg.lora_r, cfg.lora_alpha, gradient_checkpointing=cfg.gradient_checkpointing
+    )
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")

@@ -396,7 +396,11 @@ def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, A
     saved = os.path.join(ckpt, name) if ckpt else None
     lora = cfg.lora_r > 0
     return load_trainable(
-        saved if saved and not lora else cfg.model, cfg.lora_r, cfg.lora_alpha, adapter=saved if lora else None
+        saved if saved and not lora else cfg.model,
+        cfg.lora_r,
+        cfg.lora_alpha,
+        adapter=saved if lora else None,
+        gradient_checkpointing=cfg.gradient_checkpointing,
     )
 
 

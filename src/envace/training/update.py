@@ -258,9 +258,9 @@ def optimizer_step(
     full-batch one. Every process must call it (with its own rows, maybe none, maybe without completion
     tokens: those join no micro-batch); when no process has a completion token it updates nothing and returns
     ``{"micro_batches": 0.0}``. ``share_prefixes``: run the common prefix of a micro-batch's packs once (exact; needs
-    the trunk, so only where ``dist.direct_head``).
+    the trunk, so only where ``dist.direct_head``, and a KV cache, so not under gradient checkpointing).
     """
-    share_prefixes = share_prefixes and dist.direct_head
+    share_prefixes = share_prefixes and dist.direct_head and not getattr(model, "is_gradient_checkpointing", False)
     local = rows_normalizer([len(r.completion_ids) for r in rows], agg)
     normalizer = dist.sum(local)
     if normalizer == 0:  # nothing to learn from anywhere: no step (the optimizer's state stays as it was)
