@@ -1269,3 +1269,52 @@ def test_the_rehearse_stage_trains_only_rehearse_rows_from_the_warm_up_and_every
     assert len(seen) == 2  # both stages finished before: nothing trained again
     with pytest.raises(ValueError, match="rehearse_steps"):
         ExperimentConfig(rehearse_steps=-1)
+
+
+def test_the_notes_stage_trains_on_notes_in_the_test_time_format_from_the_warm_up_and_every_arm_starts_after_it(
+    tmp_path, monkeypatch
+):
+    """``notes_steps``: a last warm-up stage from the warm-up's checkpoint with notes distilled from rehearsals in the
+    format of ``tts_memory``, at its own lr, tasks and batch; ``notes_attempts: 0`` is the same stage without notes;
+    the curve continues the step numbers; a rerun reuses it; a memory format training cannot write is refused."""
+    import yaml
+
+    import envace.evaluation.experiment as experiment
+    import envace.training.sft as sft_module
+
+    real_sft, seen = sft_module.sft, []
+    monkeypatch.setattr(sft_module, "sft", lambda scfg: seen.append(scfg) or real_sft(scfg))
+    opts = {
+        "arms": ["sft"],
+        "sft_steps": 2,
+        "notes_steps": 1,
+        "notes_tasks": 2,
+        "notes_batch_tasks": 1,
+        "notes_lr": 3e-6,
+        "notes_attempts": 1,
+        "tts_memory": "agreed-live",
+        "out_dir": str(tmp_path / "out"),
+    }
+    cfg = ExperimentConfig(**(yaml.safe_load(TINY_YAML) | opts))
+    models = ARMS.get("sft").build(experiment.SeedRun(cfg, 0))
+    warm, stage = seen
+    assert warm.memory_attempts == 0 and warm.lr == cfg.sft_lr
+    assert (stage.memory_attempts, stage.memory_format, stage.lr) == (1, "agreed-live", 3e-6)
+    assert (stage.steps, stage.n_tasks, stage.batch_tasks) == (1, 2, 1)
+    assert stage.model.startswith(os.path.join(cfg.out_dir, "seed0", "sft", "checkpoints"))
+    assert models.policy.startswith(os.path.join(cfg.out_dir, "seed0", "sft_notes"))
+    assert [(m["step"], m.get("stage")) for m in models.curve] == [(1, None), (2, None), (3, "notes")]
+    ARMS.get("sft").build(experiment.SeedRun(cfg, 0))
+    assert len(seen) == 2  # both stages finished before: nothing trained again
+
+    control = ExperimentConfig(
+        **(yaml.safe_load(TINY_YAML) | opts | {"notes_attempts": 0, "out_dir": str(tmp_path / "c")})
+    )
+    seen.clear()
+    experiment.SeedRun(control, 0).sft()
+    assert seen[1].memory_attempts == 0 and seen[1].steps == 1 and seen[1].lr == 3e-6
+    with pytest.raises(ValueError, match="tts_memory"):
+        ExperimentConfig(notes_steps=4, tts_memory="lessons")
+    ExperimentConfig(notes_steps=4, notes_attempts=0, tts_memory="lessons")  # the control writes no notes
+    with pytest.raises(ValueError, match="notes_steps"):
+        ExperimentConfig(notes_steps=-1)

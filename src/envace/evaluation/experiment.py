@@ -74,6 +74,7 @@ from ..config import (
 from ..core.precision import bf16_setting
 from ..core.registry import Registry
 from ..rollout.engine import RolloutConfig, rehearse_sampling
+from ..rollout.memory import RULE_FORMATS
 from ..rollout.modes import MODES
 
 PLAN_MATCHES = "parallel"
@@ -151,6 +152,22 @@ class ExperimentConfig:
     the sft arm, sft_more and every RL arm begin after it. 0: none (the warm-up trains both roles only). Measured
     on shop-world val (docs/results/val-rehearse70): 70 steps at the warm-up's lr 1e-4 broke Act (success 0.85 ->
     0.00): the weights are shared, and Rehearse rows alone pull them away from Act's tool format."""
+    notes_steps: int = 0
+    """A last warm-up stage that shows the model rehearsal notes (issue 29, item 2): SFT of this many optimizer steps
+    from the warm-up (after the Rehearse-only stage, if any) on ``notes_tasks`` gold trajectories twice, once plain and
+    once with a memory distilled from ``notes_attempts`` rehearsals of the same task by the warm-up model, in the
+    format of ``tts_memory`` (``SFTConfig.memory_attempts``, ``memory_format``), at ``notes_lr``. Part of the shared
+    start. ``notes_attempts: 0`` is its control: the same stage, the same steps, without notes. 0: no stage. Chosen on
+    shop-world-decide val (docs/results/tts-val): at lr 1e-4 the stage collapsed both models' policy; at 1e-5 the
+    notes-trained model made the read its memory names (12/12, every other model 0/12) and lost nothing to rehearsal."""
+    notes_tasks: int = 64
+    """Training tasks of the notes stage."""
+    notes_batch_tasks: int = 4
+    """Gold trajectories per step of the notes stage (plain and with notes drawn alike)."""
+    notes_lr: float = 1e-5
+    """Learning rate of the notes stage."""
+    notes_attempts: int = 2
+    """Rehearsed attempts distilled into each training row's notes (``SFTConfig.memory_attempts``); 0: the control."""
     iterations: int = 8
     """RL iterations, the same for every RL arm (the equal compute budget)."""
     batch_tasks: int = 4
@@ -281,6 +298,13 @@ class ExperimentConfig:
             raise ValueError("eval_tasks, eval_samples, fidelity_samples >= 1 and fidelity_tasks >= 0 are required")
         if self.rehearse_steps < 0:
             raise ValueError(f"rehearse_steps must be >= 0, got {self.rehearse_steps}")
+        if self.notes_steps < 0 or self.notes_attempts < 0 or self.notes_tasks < 1 or self.notes_batch_tasks < 1:
+            raise ValueError("notes_steps, notes_attempts >= 0 and notes_tasks, notes_batch_tasks >= 1 are required")
+        if self.notes_steps and self.notes_attempts and self.tts_memory not in RULE_FORMATS:
+            raise ValueError(
+                f"notes_steps: the notes are written in the format of tts_memory, {self.tts_memory!r}, which training "
+                f"cannot write (it can: {', '.join(RULE_FORMATS)}); set tts_memory to one of those"
+            )
         if self.success_every < 0:
             raise ValueError(f"success_every must be >= 0, got {self.success_every}")
         if self.fidelity_every < 0 or (self.tts_tasks is not None and self.tts_tasks < 1) or self.claim_n < 1:
@@ -352,10 +376,10 @@ def success_point(step: int, evaluation: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def rehearse_stage_metrics(metrics: list[dict[str, Any]], after: int) -> list[dict[str, Any]]:
-    """The Rehearse-only stage's metrics as a continuation of the warm-up's curve: steps numbered after ``after``
-    and marked ``stage: rehearse``."""
-    return [m | {"step": int(m.get("step", i + 1)) + after, "stage": "rehearse"} for i, m in enumerate(metrics)]
+def stage_metrics(metrics: list[dict[str, Any]], after: int, stage: str) -> list[dict[str, Any]]:
+    """A later warm-up stage's metrics as a continuation of the warm-up's curve: steps numbered after ``after``
+    and marked ``stage`` (rehearse, notes)."""
+    return [m | {"step": int(m.get("step", i + 1)) + after, "stage": stage} for i, m in enumerate(metrics)]
 
 
 def _read_json(path: str) -> Any:
@@ -396,7 +420,8 @@ class SeedRun:
 
     def sft(self) -> tuple[str, list[dict[str, Any]]]:
         """(SFT checkpoint folder, SFT metrics): the warm-up, then its Rehearse-only stage where ``rehearse_steps``
-        > 0 (metrics of both, that stage's steps numbered after the warm-up's)."""
+        > 0, then its notes stage where ``notes_steps`` > 0 (metrics of all, each stage's steps numbered after the
+        previous ones')."""
         if self._sft is None:
             c = self.cfg
             scfg = SFTConfig(
@@ -426,7 +451,24 @@ class SeedRun:
                 ckpt, metrics = self.run_sft(
                     "sft_rehearse", rcfg, f"Rehearse-only warm-up stage ({c.rehearse_steps} steps, Rehearse rows only)"
                 )
-                self._sft = ckpt, self._sft[1] + rehearse_stage_metrics(metrics, c.sft_steps)
+                self._sft = ckpt, self._sft[1] + stage_metrics(metrics, c.sft_steps, "rehearse")
+            if c.notes_steps > 0:
+                ncfg = dataclasses.replace(
+                    scfg,
+                    model=self._sft[0],
+                    n_tasks=c.notes_tasks,
+                    steps=c.notes_steps,
+                    batch_tasks=c.notes_batch_tasks,
+                    lr=c.notes_lr,
+                    memory_attempts=c.notes_attempts,
+                    memory_format=c.tts_memory if c.notes_attempts else scfg.memory_format,
+                    out_dir=os.path.join(self.dir, "sft_notes"),
+                )
+                what = (
+                    f"{c.notes_attempts} rehearsals' {c.tts_memory} notes" if c.notes_attempts else "no notes: control"
+                )
+                ckpt, metrics = self.run_sft("sft_notes", ncfg, f"notes stage ({c.notes_steps} steps, {what})")
+                self._sft = ckpt, self._sft[1] + stage_metrics(metrics, c.sft_steps + c.rehearse_steps, "notes")
         return self._sft
 
     def fidelity_start(self) -> dict[str, Any]:
