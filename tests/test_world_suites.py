@@ -97,3 +97,32 @@ def test_a_task_is_rebuilt_from_its_id(suite):
     """What a saved result or record names (``shop-world-decide-val-000007``) is the task itself, rebuilt."""
     for t in load_tasks(suite, "val", n=3) + load_tasks(suite, "ood", n=2):
         assert task_from_id(t.id).to_dict() == t.to_dict()
+
+
+@pytest.mark.parametrize("suite", WORLDS)
+def test_ood_customers_asks_train_s_kinds_of_request_about_customers_and_records_no_other_split_has(suite):
+    """``ood_customers``: the in-distribution templates (not the held-out ones) about the ood customers, whose
+    records name no entity of the train / test tasks; a pure function of the index, rebuilt from its id."""
+    from envace.envs.builtin import ALL_DOMAINS
+
+    dom = ALL_DOMAINS[suite]
+    tasks = load_tasks(suite, "ood_customers", n=60)
+    assert {t.env_config["customer"] for t in tasks} <= set(OOD_CUSTOMERS)
+    templates = {t.metadata["template"] for t in tasks}
+    assert templates <= set(dom.template_names("train")) and not templates & dom.held_out
+    assert len(templates) >= min(3, len(dom.template_names("train")))
+    seen = set().union(*(dom.entities(t.env_config) for s in ("train", "test") for t in load_tasks(suite, s, n=60)))
+    new = set().union(*(dom.entities(t.env_config) for t in tasks))
+    assert new and seen and not new & seen, sorted(new & seen)
+    assert all(t.id.startswith(f"{suite}-ood_customers-") and t.split == "ood_customers" for t in tasks)
+    assert task_from_id(tasks[7].id).to_dict() == tasks[7].to_dict()
+
+
+def test_ood_customers_is_refused_by_a_fresh_suite_with_the_reason():
+    with pytest.raises(ValueError, match="only for the persistent suites"):
+        load_tasks("bank", "ood_customers", n=1)
+    assert [t.id.rsplit("-ood_customers-", 1)[0] for t in load_tasks("builtin-world", "ood_customers", n=3)] == [
+        "bank-world",
+        "shop-world",
+        "files-world",
+    ]

@@ -29,6 +29,10 @@ Splits (:data:`SPLITS`); task ``i`` of a split is a pure function of (domain, sp
   worlds drawn from the held-out name pools (``Domain.pools``: account / product / directory and file names,
   plus memos and file lines, that no train or test task uses). It measures generalisation to unseen task
   structures and unseen entities together.
+* ``ood_customers`` (:data:`OOD_CUSTOMERS_SPLIT`, persistent suites only, not in :data:`SPLITS`): the in-distribution
+  templates (train's task structures, any request) about the ``ood`` split's customers and their held-out records.
+  It measures generalisation to unseen entities alone: the rules of the world are the ones trained on, the records
+  are new (a model must read them, it cannot have memorised them).
 
 Every task is labelled with a kind in ``metadata["kind"]`` (:func:`task_kind`, derived by replaying the gold
 calls, one label, first match wins): ``recovery`` (a gold call fails with a tool error and the episode goes on
@@ -65,6 +69,7 @@ from ..references import ReferencePool, cached_pool, choose_references, json_lea
 
 SPLITS: tuple[str, ...] = ("train", "val", "test", "ood")
 OOD_SPLIT = "ood"  # the split drawn from the held-out templates and name pools
+OOD_CUSTOMERS_SPLIT = "ood_customers"  # persistent suites: train's templates about the ood customers
 KINDS: tuple[str, ...] = ("recovery", "chained", "read_only_report", "simple")  # task_kind labels, in precedence order
 DEFAULT_N = 2000  # tasks a suite returns when n is None
 INDEX_SPACE = 1_000_000  # task indices of one split; seed > 0 samples n of them
@@ -559,10 +564,16 @@ class Domain:
             self.held_out.add(name)
         return self.templates.register(name)
 
+    def splits(self) -> tuple[str, ...]:
+        """The splits this domain draws: :data:`SPLITS`, and :data:`OOD_CUSTOMERS_SPLIT` where it is persistent."""
+        return SPLITS + ((OOD_CUSTOMERS_SPLIT,) if self.populations is not None else ())
+
     def template_names(self, split: str) -> list[str]:
-        """The templates a split draws from (sorted): the held-out ones for ``ood``, all others for train/val/test."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid: {', '.join(SPLITS)}")
+        """The templates a split draws from (sorted): the held-out ones for ``ood``, all others for train/val/test
+        and ``ood_customers``."""
+        if split not in self.splits():
+            more = "" if self.populations else f" ({OOD_CUSTOMERS_SPLIT!r} exists only for the persistent suites)"
+            raise ValueError(f"unknown split {split!r} for {self.name}; valid: {', '.join(self.splits())}{more}")
         return [n for n in self.templates.names() if (n in self.held_out) == (split == OOD_SPLIT)]
 
     def make_task(self, split: str, index: int) -> Task:
@@ -572,13 +583,13 @@ class Domain:
         for attempt in range(MAX_ATTEMPTS):
             rng = WorldRandom(f"{self.name}/{split}/{index}/{attempt}")
             if self.populations is not None:
-                rng.population = self.populations[split == OOD_SPLIT]
+                rng.population = self.populations[split in (OOD_SPLIT, OOD_CUSTOMERS_SPLIT)]
             template = rng.choice(names)
             try:
                 b = self.templates.get(template)(rng)
             except GenerationError:
                 continue
-            if split != OOD_SPLIT and split_of(b.split_key(template)) != split:
+            if split in SPLITS and split != OOD_SPLIT and split_of(b.split_key(template)) != split:
                 continue
             return self._with_references(b, b.build(f"{self.name}-{split}-{index:06d}", split, template))
         raise RuntimeError(f"could not generate {self.name} task {split}/{index} in {MAX_ATTEMPTS} attempts")
