@@ -360,7 +360,8 @@ def test_running_the_shared_prefix_once_gives_the_same_logprobs_and_gradients(ti
         assert_close_rel(one, ga[name])
 
 
-def test_optimizer_step_is_the_same_with_and_without_prefix_sharing(tiny, rows):
+def _step_update(model, rows, share: bool = True) -> dict[str, torch.Tensor]:
+    """The update one optimizer_step (SGD, lr 1, a clipped surrogate with fixed advantages) makes to ``model``."""
     from envace.math import algos
 
     adv = torch.linspace(-1, 1, len(rows))
@@ -368,23 +369,23 @@ def test_optimizer_step_is_the_same_with_and_without_prefix_sharing(tiny, rows):
     def loss_fn(logp, mask, idxs, normalizer):
         return algos.policy_loss(logp, logp.detach() + 0.01, adv[idxs], mask, normalizer=normalizer)
 
-    before = {n: p.detach().clone() for n, p in tiny[0].named_parameters()}
-    deltas = []
-    for share in (False, True):
-        model = copy.deepcopy(tiny[0])
-        opt = torch.optim.SGD(model.parameters(), lr=1.0)
-        optimizer_step(
-            model,
-            opt,
-            rows,
-            loss_fn,
-            agg="token_mean",
-            micro_batch_tokens=4000,
-            temperatures=TEMPS,
-            max_grad_norm=1e9,
-            share_prefixes=share,
-        )
-        deltas.append({n: p.detach() - before[n] for n, p in model.named_parameters()})
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        rows,
+        loss_fn,
+        agg="token_mean",
+        micro_batch_tokens=4000,
+        temperatures=TEMPS,
+        max_grad_norm=1e9,
+        share_prefixes=share,
+    )
+    return {n: p.detach() - before[n] for n, p in model.named_parameters()}
+
+
+def test_optimizer_step_is_the_same_with_and_without_prefix_sharing(tiny, rows):
+    deltas = [_step_update(copy.deepcopy(tiny[0]), rows, share) for share in (False, True)]
     assert all(bool(d.abs().max() > 0) for d in deltas[0].values())
     assert_all_close_rel(deltas[1], deltas[0], what="update of ")  # the step itself, not the (much larger) weights
 
@@ -475,10 +476,9 @@ def test_rows_with_different_settings_are_each_sampled_under_their_own():
     ).all()  # within top-5
 
 
-def _saved_bytes_and_update(model, rows, loss_fn, share: bool = True):
+def _saved_bytes_and_update(model, rows, share: bool = True) -> tuple[int, dict[str, torch.Tensor]]:
     """Bytes of the decoder layers' tensors autograd keeps for the backward pass during one optimizer_step (the
     LM head's (tokens, vocabulary) logits left out: they are the same either way), and the step's update."""
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     saved, vocab = [0], model.config.vocab_size
 
     def pack(t):
@@ -487,35 +487,19 @@ def _saved_bytes_and_update(model, rows, loss_fn, share: bool = True):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        optimizer_step(
-            model,
-            torch.optim.SGD(model.parameters(), lr=1.0),
-            rows,
-            loss_fn,
-            agg="token_mean",
-            micro_batch_tokens=4000,
-            temperatures=TEMPS,
-            max_grad_norm=1e9,
-            share_prefixes=share,
-        )
-    return saved[0], {n: p.detach() - before[n] for n, p in model.named_parameters()}
+        delta = _step_update(model, rows, share)
+    return saved[0], delta
 
 
 def test_gradient_checkpointing_keeps_fewer_activations_and_gives_the_same_update(tiny, rows, monkeypatch):
-    from envace.math import algos
     from envace.training import update
 
-    adv = torch.linspace(-1, 1, len(rows))
-
-    def loss_fn(logp, mask, idxs, normalizer):
-        return algos.policy_loss(logp, logp.detach() + 0.01, adv[idxs], mask, normalizer=normalizer)
-
-    plain_bytes, plain = _saved_bytes_and_update(copy.deepcopy(tiny[0]), rows, loss_fn, share=False)
+    plain_bytes, plain = _saved_bytes_and_update(copy.deepcopy(tiny[0]), rows, share=False)
     model = copy.deepcopy(tiny[0])
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     calls = []
     monkeypatch.setattr(update, "_shared_prefix_hidden", lambda *a: calls.append(a))  # needs a KV cache: not used
-    ckpt_bytes, ckpt = _saved_bytes_and_update(model, rows, loss_fn, share=True)
+    ckpt_bytes, ckpt = _saved_bytes_and_update(model, rows, share=True)
     assert not calls
     assert ckpt_bytes < 0.25 * plain_bytes, (ckpt_bytes, plain_bytes)  # the tiny model: ~0.1 (each layer's input)
     assert all(bool(d.abs().max() > 0) for d in plain.values())
