@@ -185,10 +185,10 @@ def completion_logprobs(
             else:
                 # right padding only: under the causal mask no real token attends to a pad, so no padding mask is
                 # passed and attention can take the fused causal kernel (no (S, S) score matrix kept per layer)
-                hidden = trunk(input_ids=ids).last_hidden_state  # (P, S, H)
+                hidden = trunk(input_ids=ids, use_cache=False).last_hidden_state  # (P, S, H)
                 logits = head(hidden[sb, st])  # (N, V) only where needed
         elif direct_head:
-            logits = model(input_ids=ids).logits[sb, st]
+            logits = model(input_ids=ids, use_cache=False).logits[sb, st]
         else:
             # a 1-D tensor of sequence positions is the form of logits_to_keep every transformers 5.x reads (a (P, S)
             # mask is not: 5.19 indexes hidden_states[:, mask, :] and fails)
