@@ -807,13 +807,15 @@ def test_memory_is_released_after_an_arms_training_before_its_evaluation_starts(
         lambda *a, **k: (
             events.append("evaluate")
             or {
-                "evals": [{**(ev := _success_ev([True, False])), "metrics": ev["metrics"] | {"tool_f1": 1.0}}],
+                "evals": [
+                    {**(ev := _success_ev([True, False])), "mode": "none", "metrics": ev["metrics"] | {"tool_f1": 1.0}}
+                ],
                 "fidelity": None,
             }
         ),
     )
     monkeypatch.setattr("envace.evaluation.report.write_report", lambda results, out: {"html": "r.html"})
-    cfg = ExperimentConfig(arms=("sft",), seeds=(0,), out_dir=str(tmp_path / "out"))
+    cfg = ExperimentConfig(arms=("sft",), seeds=(0,), tts_budgets=(0,), out_dir=str(tmp_path / "out"))
     experiment.run_experiment(cfg)
     assert events[events.index("evaluate") - 1] == "release" and events.index("train") < events.index("evaluate")
 
@@ -1135,6 +1137,41 @@ def test_a_sweep_cut_short_keeps_the_evaluations_it_finished_and_the_rerun_adds_
     evals = got["runs"]["envace"]["0"]["evals"]
     assert [(e["n"], e["mode"]) for e in evals] == [(e["n"], e["mode"]) for e in full["evals"]]
     assert evals[1] == kept[1]  # the evaluation finished before the cut is kept, not redone
+
+
+def test_an_arm_s_first_sweep_is_saved_after_each_evaluation_so_a_cut_run_keeps_what_it_finished(
+    tiny_experiment, tmp_path, monkeypatch
+):
+    """A newly evaluated arm is written with its N=0 evaluation before its sweep starts, and again after each sweep
+    evaluation: a process killed in the sweep (here in its second evaluation) loses only the evaluation it was in,
+    and the rerun adds only the rest (the warm-up on disk: nothing is trained again)."""
+    import envace.evaluation.budget as budget
+
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "out"
+    shutil.copytree(out, work)
+    res = json.loads((work / "results.json").read_text())
+    full = res["runs"]["sft"]["0"]
+    del res["runs"]["sft"]
+    (work / "results.json").write_text(json.dumps(res))
+    real, calls = budget.evaluate_at_budget, []
+
+    def dies_on_the_third(*a, **kw):
+        calls.append((kw.get("n"), kw.get("mode")))
+        if len(calls) == 3:
+            raise MemoryError("killed")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(budget, "evaluate_at_budget", dies_on_the_third)
+    sets = [f"out_dir={work}", "arms=[sft]"]
+    with pytest.raises(MemoryError):
+        run_experiment(load_experiment_config(str(cfg_path), sets))
+    kept = json.loads((work / "results.json").read_text())["runs"]["sft"]["0"]["evals"]
+    assert [(e["n"], e["mode"]) for e in kept] == [(0, "none"), (1, "parallel")] == calls[:2]
+    monkeypatch.setattr(budget, "evaluate_at_budget", real)
+    evals = run_experiment(load_experiment_config(str(cfg_path), sets)).results["runs"]["sft"]["0"]["evals"]
+    assert [(e["n"], e["mode"]) for e in evals] == [(e["n"], e["mode"]) for e in full["evals"]]
+    assert evals[:2] == kept  # finished before the cut: kept, not redone
 
 
 def test_a_recorded_model_is_found_under_the_out_dir_when_the_rerun_starts_elsewhere(tmp_path, monkeypatch):

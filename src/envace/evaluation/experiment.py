@@ -752,9 +752,11 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
 def evaluate_arm(
     cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "", arm: str | None = None
 ) -> dict[str, Any]:
-    """Real-environment evaluation at every (N, mode) of :func:`budgets`, then rehearsal fidelity; JSON-able."""
+    """The arm's main evaluation, JSON-able: in the real environment at N=0, on the ``ood_split`` too, then rehearsal
+    fidelity. The sweep at N > 0 is added to the written record afterwards (:func:`add_budgets`, saved after each
+    evaluation), so that a run cut short during a long sweep keeps the evaluations it finished."""
     policy = arm_backend(cfg, models.policy)
-    evals = evaluate_budgets(cfg, policy, seed, budgets(cfg, arm, seed), [], label, arm=arm or "policy")
+    evals = evaluate_budgets(cfg, policy, seed, [(0, "none")], [], label, arm=arm or "policy")
     out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
     if cfg.ood_split:
         out["splits"] = {cfg.ood_split: evaluate_split(cfg, policy, seed, label)}
@@ -804,7 +806,7 @@ def add_budgets(
     save: Callable[[], None] | None = None,
     arm: str = "policy",
 ) -> None:
-    """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place, the same way evaluate_arm does),
+    """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place: its record's ``evals`` extended),
     calling ``save`` after each one, so a sweep cut short keeps the evaluations it finished."""
 
     def keep(evals: list[dict[str, Any]]) -> None:
@@ -1055,6 +1057,13 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             results["elapsed_s"] = before + time.perf_counter() - t0
             _write_json(path, results)
             release_memory()
+            if todo := missing_budgets(cfg, arm, seed, rec):  # the sweep, each evaluation saved as it finishes
+                t_sweep = time.perf_counter()
+                add_budgets(cfg, rec, seed, todo, label, save=lambda: _write_json(path, results), arm=arm)
+                rec["eval_s"] += time.perf_counter() - t_sweep
+                results["elapsed_s"] = before + time.perf_counter() - t0
+                _write_json(path, results)
+                release_memory()
             head = next(e for e in rec["evals"] if e["n"] == 0)["metrics"]
             _say(
                 f"{label}: success {rate_with_ci(head)}, tool F1 "
