@@ -37,8 +37,9 @@ For each seed: an SFT warm-up from ``model`` (shared by every arm that needs it)
   with its final evaluation (``success_curve``: step, success rate, per-task outcomes), to choose a budget on val.
 
 Everything goes to ``out_dir``: ``results.json`` (each evaluation with its metrics and per-task outcomes; rewritten
-after every arm; a rerun with the same config skips the (arm, seed) pairs already there -- ``seeds`` may differ: more
-seeds are added, fewer are reported -- and training itself resumes from its checkpoints), the per-arm training folders,
+after every arm's main evaluation and after each evaluation of its sweep; a rerun with the same config skips the
+(arm, seed) pairs already there and adds the sweep evaluations they lack -- ``seeds`` may differ: more seeds are added,
+fewer are reported -- and training itself resumes from its checkpoints), the per-arm training folders,
 and the report (``report.md``, ``report.html``, PNG figures, ``trajectories.html``; see envace.evaluation.report).
 
 Departures, all at CPU scale: tiny budgets; the per-role and simulator arms rehearse with their *policy* at test
