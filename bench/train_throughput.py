@@ -39,7 +39,7 @@ from common import Timer, peak_rss_mb, run_json_subprocess, update_module_at, wr
 import torch
 
 from envace.chat.parsing import render_act
-from envace.backends.models import DEFAULT_MODEL, load
+from envace.backends.models import DEFAULT_MODEL, enable_gradient_checkpointing, load
 
 OBS = (
     '<observation>{"ok": true, "result": {"status": "completed", "id": "TX-20931", "balance": '
@@ -90,7 +90,7 @@ def worker_envace(args, ref: str | None, ab: bool = False, checkpointing: bool =
     U = update_module_at(ref) if (ref and not ab) else cur
     model, tok = load(args.model)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     rows, adv = make_rows(tok, args.tasks, args.group)
     temps = {"act": 1.0, "rehearse": 1.0}
     U.recompute_old_logprobs(model, rows, micro_batch_tokens=args.micro_batch_tokens, temperatures=temps)

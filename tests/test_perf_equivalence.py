@@ -15,6 +15,7 @@ import torch
 from envace.chat.parsing import render_act
 from envace.backends.base import SamplingParams
 from envace.backends.hf import HFBackend
+from envace.backends.models import enable_gradient_checkpointing
 from envace.backends.scripted import ScriptedBackend
 from envace.envs import load_tasks
 from envace.chat.prompts import REHEARSE_SYSTEM
@@ -496,7 +497,7 @@ def test_gradient_checkpointing_keeps_fewer_activations_and_gives_the_same_updat
 
     plain_bytes, plain = _saved_bytes_and_update(copy.deepcopy(tiny[0]), rows, share=False)
     model = copy.deepcopy(tiny[0])
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_gradient_checkpointing(model)
     calls = []
     monkeypatch.setattr(update, "_shared_prefix_hidden", lambda *a: calls.append(a))  # needs a KV cache: not used
     ckpt_bytes, ckpt = _saved_bytes_and_update(model, rows, share=True)

@@ -8,7 +8,7 @@ import resource, sys, time, gc
 import torch
 from envace.training.sft import gold_trajectories, chat_io
 from envace.training.update import optimizer_step
-from envace.backends.models import load_trainable, make_optimizer
+from envace.backends.models import enable_gradient_checkpointing, load_trainable, make_optimizer
 from envace.envs.suites import load_tasks_of_kinds
 from envace.config import SFTConfig
 from envace.math import algos
@@ -17,7 +17,7 @@ mbt, share, attn = int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3]
 cfg = SFTConfig()
 model, tok = load_trainable(sys.argv[4] if len(sys.argv) > 4 else "SmolLM2-135M-Instruct", 0, 16)
 if attn == "ckpt":
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_gradient_checkpointing(model)
 elif attn != "default":
     model.config._attn_implementation = attn
 opt = make_optimizer(model, 1e-5, 0.0)

@@ -223,6 +223,13 @@ def load(
     return model.to(device).eval(), tokenizer
 
 
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (non-reentrant: no
+    input needs ``requires_grad``, LoRA included). transformers applies it in training mode only, so rollouts from
+    the same model keep their KV cache."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def load_trainable(
     name: str | os.PathLike,
     lora_r: int = 0,
@@ -232,8 +239,7 @@ def load_trainable(
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a policy to train: :func:`load`, then full fine-tuning, or LoRA when ``lora_r > 0``
     (a fresh adapter on every linear layer), or ``adapter``: a saved LoRA adapter resumed trainable on ``name``.
-    ``gradient_checkpointing``: each decoder layer's activations are recomputed in the backward pass instead of kept
-    (non-reentrant; in training mode only, so rollouts from the same model keep their KV cache)."""
+    ``gradient_checkpointing``: :func:`enable_gradient_checkpointing`."""
     model, tok = load(name)
     if lora_r > 0 or adapter:
         from peft import LoraConfig, PeftModel, get_peft_model
@@ -252,7 +258,7 @@ def load_trainable(
                 ),
             )
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     model.eval()
     return model, tok
 

@@ -580,16 +580,17 @@ class Domain:
         """Task ``index`` of ``split``: a pure function of (domain, split, index). Sub-seeds are tried until a
         template yields a task (and, for train/val/test, one whose parameter combination belongs to the split)."""
         names = self.template_names(split)
+        ood_people = split in (OOD_SPLIT, OOD_CUSTOMERS_SPLIT)  # held out whole: no request key decides them
         for attempt in range(MAX_ATTEMPTS):
             rng = WorldRandom(f"{self.name}/{split}/{index}/{attempt}")
             if self.populations is not None:
-                rng.population = self.populations[split in (OOD_SPLIT, OOD_CUSTOMERS_SPLIT)]
+                rng.population = self.populations[ood_people]
             template = rng.choice(names)
             try:
                 b = self.templates.get(template)(rng)
             except GenerationError:
                 continue
-            if split in SPLITS and split != OOD_SPLIT and split_of(b.split_key(template)) != split:
+            if not ood_people and split_of(b.split_key(template)) != split:
                 continue
             return self._with_references(b, b.build(f"{self.name}-{split}-{index:06d}", split, template))
         raise RuntimeError(f"could not generate {self.name} task {split}/{index} in {MAX_ATTEMPTS} attempts")
