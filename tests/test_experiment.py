@@ -1174,6 +1174,37 @@ def test_an_arm_s_first_sweep_is_saved_after_each_evaluation_so_a_cut_run_keeps_
     assert evals[:2] == kept  # finished before the cut: kept, not redone
 
 
+def test_an_arm_s_evaluation_split_and_sweep_share_one_engine_on_a_first_run_and_on_a_rerun(
+    tiny_experiment, tmp_path, monkeypatch
+):
+    """The arm's engine is loaded once for its N=0 evaluation, its ``ood_split`` evaluation, its fidelity and its
+    sweep (a vLLM engine takes ~30 s to start): on a first run, and on a rerun adding both a sweep and a split."""
+    import envace.evaluation.experiment as experiment
+
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "out"
+    shutil.copytree(out, work)
+    res = json.loads((work / "results.json").read_text())
+    del res["runs"]["sft"]
+    full = res["runs"]["envace"]["0"]
+    res["runs"]["envace"]["0"] = {**full, "evals": [e for e in full["evals"] if e["n"] == 0]}
+    (work / "results.json").write_text(json.dumps(res))
+    real, loaded = experiment.arm_backend, []
+
+    def counted(cfg, model):
+        loaded.append(model)
+        return real(cfg, model)
+
+    monkeypatch.setattr(experiment, "arm_backend", counted)
+    sets = [f"out_dir={work}", "arms=[sft, envace]", "ood_split=ood", "ood_tasks=1"]
+    got = run_experiment(load_experiment_config(str(cfg_path), sets)).results["runs"]
+    for arm in ("sft", "envace"):
+        evals = got[arm]["0"]["evals"]
+        assert [(e["n"], e["mode"]) for e in evals] == [(0, "none"), (1, "parallel"), (1, "sequential"), (1, "plan")]
+        assert got[arm]["0"]["splits"]["ood"][0]["per_task"]
+        assert loaded.count(got[arm]["0"]["models"]["policy"]) == 1, (arm, loaded)
+
+
 def test_a_recorded_model_is_found_under_the_out_dir_when_the_rerun_starts_elsewhere(tmp_path, monkeypatch):
     from envace.evaluation.experiment import ExperimentConfig, recorded_model
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -751,12 +752,18 @@ def arm_fidelity(cfg: ExperimentConfig, models: ArmModels, seed: int, policy: An
 
 
 def evaluate_arm(
-    cfg: ExperimentConfig, models: ArmModels, seed: int, label: str = "", arm: str | None = None
+    cfg: ExperimentConfig,
+    models: ArmModels,
+    seed: int,
+    label: str = "",
+    arm: str | None = None,
+    policy: Any = None,
 ) -> dict[str, Any]:
     """The arm's main evaluation, JSON-able: in the real environment at N=0, on the ``ood_split`` too, then rehearsal
     fidelity. The sweep at N > 0 is added to the written record afterwards (:func:`add_budgets`, saved after each
-    evaluation), so that a run cut short during a long sweep keeps the evaluations it finished."""
-    policy = arm_backend(cfg, models.policy)
+    evaluation), so that a run cut short during a long sweep keeps the evaluations it finished. ``policy``: the
+    backend of ``models.policy`` if the caller holds one (loaded here otherwise)."""
+    policy = policy or arm_backend(cfg, models.policy)
     evals = evaluate_budgets(cfg, policy, seed, [(0, "none")], [], label, arm=arm or "policy")
     out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
     if cfg.ood_split:
@@ -806,16 +813,18 @@ def add_budgets(
     label: str = "",
     save: Callable[[], None] | None = None,
     arm: str = "policy",
+    policy: Any = None,
 ) -> None:
     """Evaluate the finished arm of ``rec`` at the budgets ``todo`` (in place: its record's ``evals`` extended),
-    calling ``save`` after each one, so a sweep cut short keeps the evaluations it finished."""
+    calling ``save`` after each one, so a sweep cut short keeps the evaluations it finished. ``policy``: the backend
+    of the recorded policy if the caller holds one (loaded here otherwise)."""
 
     def keep(evals: list[dict[str, Any]]) -> None:
         rec["evals"] = evals
         if save is not None:
             save()
 
-    policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))
+    policy = policy or arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))
     keep(evaluate_budgets(cfg, policy, seed, todo, rec["evals"], label, keep, arm=arm))
 
 
@@ -1004,6 +1013,7 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
         if "elapsed_s" in old:  # the time of the runs before this one; this run's is added to it
             results["elapsed_s"] = old["elapsed_s"]
     t0, before = time.perf_counter(), results.get("elapsed_s", 0.0)
+    save = functools.partial(_write_json, path, results)  # after each evaluation of a sweep
     total = len(cfg.seeds) * len(cfg.arms)
     done = 0
     for seed in cfg.seeds:
@@ -1021,14 +1031,14 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
                     _say(f"{label}: done before, skipped")
                     continue
                 t_add = time.perf_counter()
+                policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))  # one engine for both
                 if todo:
                     _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
-                    add_budgets(cfg, rec, seed, todo, label, save=lambda: _write_json(path, results), arm=arm)
+                    add_budgets(cfg, rec, seed, todo, label, save=save, arm=arm, policy=policy)
                 if add_split:
                     _say(f"{label}: done before; adding its evaluation on the {cfg.ood_split} split")
-                    policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))
                     rec.setdefault("splits", {})[cfg.ood_split] = evaluate_split(cfg, policy, seed, label)
-                    del policy  # not held through the next arm
+                del policy  # not held through the next arm
                 rec["eval_s"] = rec.get("eval_s", 0.0) + time.perf_counter() - t_add
                 _write_json(path, results)
                 release_memory()
@@ -1038,7 +1048,8 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             models = ARMS.get(arm).build(run)
             t_train = time.perf_counter() - t_arm
             release_memory()  # the trainer's freed heap back to the OS before the evaluation engine starts
-            rec = evaluate_arm(cfg, models, seed, label, arm=arm)
+            policy = arm_backend(cfg, models.policy)  # one engine for the evaluation and the sweep after it
+            rec = evaluate_arm(cfg, models, seed, label, arm=arm, policy=policy)
             rec |= {
                 "models": {"policy": models.policy, "rehearser": models.rehearser, "simulator": models.simulator},
                 "curve": models.curve,
@@ -1060,11 +1071,12 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             release_memory()
             if todo := missing_budgets(cfg, arm, seed, rec):  # the sweep, each evaluation saved as it finishes
                 t_sweep = time.perf_counter()
-                add_budgets(cfg, rec, seed, todo, label, save=lambda: _write_json(path, results), arm=arm)
+                add_budgets(cfg, rec, seed, todo, label, save=save, arm=arm, policy=policy)
                 rec["eval_s"] += time.perf_counter() - t_sweep
                 results["elapsed_s"] = before + time.perf_counter() - t0
                 _write_json(path, results)
-                release_memory()
+            del policy  # not held through the next arm's training
+            release_memory()
             head = next(e for e in rec["evals"] if e["n"] == 0)["metrics"]
             _say(
                 f"{label}: success {rate_with_ci(head)}, tool F1 "
