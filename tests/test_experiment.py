@@ -57,6 +57,7 @@ from envace.evaluation.report import (
     success_changes,
     success_curve,
     success_curve_table,
+    tts_paired_table,
     tts_table,
     tts_tokens_table,
     write_report,
@@ -673,6 +674,32 @@ def test_a_sweep_on_fewer_seeds_and_tasks_is_paired_with_the_n0_outcomes_of_the_
     )  # 4 tasks of seed 0
 
 
+def test_each_budget_is_paired_with_its_arm_at_n0_and_rehearsal_with_the_plan_baseline_at_the_same_n():
+    head, rows = tts_paired_table(_claims_results())
+    by = {(r[0], r[1]): r for r in rows}
+    assert head[3] == "- N=0" and head[7] == "- plan"
+    # envace: every task lost at N=2 parallel (exact McNemar 2 / 2^8), half of them at the plan baseline
+    assert by["envace", "N=2 par"][2:] == [
+        "0.000 [0.000, 0.324]",
+        "-1.000",
+        "[-1.000, -1.000]",
+        "0.00781",
+        "0 / 8",
+        "-0.500",
+        "[-0.875, -0.125]",
+        "0.125",
+    ]
+    assert by["envace", "N=2 plan"][3:] == ["-0.500", "[-0.875, -0.125]", "0.125", "0 / 4", "–", "–", "–"]
+    assert by["base", "N=2 par"][3:7] == ["+0.000", "[+0.000, +0.000]", "1", "0 / 0"]
+    assert {r[0] for r in rows} == {"base", "envace"}  # only the swept arms
+    res = _claims_results()  # the sweep kept only the first 4 tasks: N=0 is paired on those 4 alone
+    for e in res["runs"]["envace"]["0"]["evals"][1:]:
+        e["per_task"] = e["per_task"][:4]
+    row = next(r for r in tts_paired_table(res)[1] if r[:2] == ["envace", "N=2 par"])
+    assert row[3:7] == ["-1.000", "[-1.000, -1.000]", "0.125", "0 / 4"]
+    assert row[7] == "+0.000"  # the plan baseline also solves none of the first four
+
+
 def test_fidelity_curve_is_drawn_from_each_seed_s_points_on_the_shadow_set():
     def point(step, leaf, n=4.0):
         return {
@@ -801,6 +828,7 @@ def test_memory_is_released_after_an_arms_training_before_its_evaluation_starts(
     events = []
     monkeypatch.setattr(SeedRun, "sft", lambda self: events.append("train") or ("warm-up", []))
     monkeypatch.setattr(experiment, "release_memory", lambda: events.append("release"))
+    monkeypatch.setattr(experiment, "arm_backend", lambda cfg, model: events.append("load engine") or object())
     monkeypatch.setattr(
         experiment,
         "evaluate_arm",
@@ -817,7 +845,8 @@ def test_memory_is_released_after_an_arms_training_before_its_evaluation_starts(
     monkeypatch.setattr("envace.evaluation.report.write_report", lambda results, out: {"html": "r.html"})
     cfg = ExperimentConfig(arms=("sft",), seeds=(0,), tts_budgets=(0,), out_dir=str(tmp_path / "out"))
     experiment.run_experiment(cfg)
-    assert events[events.index("evaluate") - 1] == "release" and events.index("train") < events.index("evaluate")
+    i = events.index("evaluate")
+    assert events[i - 2 : i] == ["release", "load engine"] and events.index("train") < i  # engine on the freed heap
 
 
 def test_release_memory_collects_what_only_a_reference_cycle_keeps():

@@ -182,6 +182,63 @@ def tts_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def tts_paired_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Each budget N > 0 of each swept arm, paired task by task on the sweep's seeds and tasks (:func:`sweep_scope`)
+    with the same arm at N=0 and, for a rehearsal mode, with the compute-matched ``plan`` baseline at the same N:
+    the difference with its paired bootstrap 95% interval and p-value (envace.evaluation.trials.compare_per_task),
+    and the (task, seed) outcomes won / lost against N=0."""
+    from .trials import compare_per_task
+
+    head = [
+        "arm",
+        "budget",
+        "success [95% CI]",
+        "- N=0",
+        "paired 95% CI",
+        "p",
+        "won / lost",
+        "- plan",
+        "paired 95% CI",
+        "p",
+    ]
+    rows: list[list[str]] = []
+    for arm in tts_arms_run(results):
+        scope = sweep_scope(results, arm)
+        if scope is None:
+            continue
+        seeds, ids = scope
+        at = lambda n, m: [r for r in per_task_outcomes(results, arm, n, m, seeds) if r["task_id"] in ids]  # noqa: E731
+        zero = at(0, "none")
+        for n, m in [k for k in budget_keys(results) if k[0] > 0]:
+            b = at(n, m)
+            if not b or not zero:
+                continue
+            c = compare_per_task(zero, b)["overall"]
+            won = lost = 0
+            for s in seeds:
+                e0, e = (eval_entry(results["runs"][arm][s], *k) for k in ((0, "none"), (n, m)))
+                if e0 is not None and e is not None:
+                    ch = task_changes([r for r in e0["per_task"] if r["task_id"] in ids], e["per_task"])
+                    won, lost = won + ch["won"], lost + ch["lost"]
+            row = [
+                arm,
+                budget_label(n, m),
+                fmt_rate(c["b"]["rate"], *c["b"]["ci95"]),
+                f"{c['diff']:+.3f}",
+                "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]),
+                fmt_p(c["p"]),
+                f"{won} / {lost}",
+            ]
+            plan = at(n, "plan") if m != "plan" else []
+            if plan:
+                cp = compare_per_task(plan, b)["overall"]
+                row += [f"{cp['diff']:+.3f}", "[{:+.3f}, {:+.3f}]".format(*cp["diff_ci95"]), fmt_p(cp["p"])]
+            else:
+                row += ["–", "–", "–"]
+            rows.append(row)
+    return head, rows
+
+
 def tts_arms_run(results: dict[str, Any]) -> list[str]:
     """The arms evaluated at some budget N > 0 (the test-time sweep), in arm order."""
     return [a for a in results["arms"] if any(e["n"] > 0 for rec in seed_runs(results, a) for e in rec["evals"])]
@@ -685,6 +742,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "paired": paired_table(results),
         "kinds": kind_table(results),
         "tts": tts_table(results),
+        "tts_paired": tts_paired_table(results),
         "tts_tokens": tts_tokens_table(results),
         "fidelity_curve": fidelity_curve_table(results),
         "success_curve": success_curve_table(results),
@@ -719,6 +777,10 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "seq = sequential, plan = the compute-matched baseline: N plans without tool "
         "results): rate [95% Wilson interval over tasks] pooled over the sweep's seeds and "
         "tasks (tts_seeds, tts_tasks; N=0 on the same ones), · sd = std of the per-seed rates.",
+        "tts_paired": "Each budget against the same arm at N=0 and, for rehearsal, against the compute-matched plan "
+        "baseline at the same N, paired task by task on the sweep's seeds and tasks: the difference with its paired "
+        "bootstrap 95% interval over tasks and p-value (exact McNemar for one binary outcome per task, else paired "
+        "sign-flip permutation); won / lost: the (task, seed) outcomes that rose / fell against N=0.",
         "tts_tokens": "Generated tokens per task before the real run, at each budget: attempts · all (attempts = Act "
         "+ Rehearse tokens of the rehearsed attempts, or the plans' tokens of the compute-matched "
         "baseline; all = + reflections and memory), mean over seeds; (plan ≤ T): the plan budget, the mean "
@@ -746,6 +808,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "paired": "Paired comparison with SFT",
         "kinds": "Success by task kind",
         "tts": "Test-time rehearsal",
+        "tts_paired": "Test-time rehearsal, paired",
         "fidelity": "Rehearsal fidelity",
         "fidelity_domain": "Fidelity by domain",
         "fidelity_tool": "Fidelity by tool",
@@ -782,7 +845,11 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
 
     # Markdown
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
-    for key in [k for k in ("claims", "main", "paired", "success_curve", "kinds", "tts", "tts_tokens") if tables[k][1]]:
+    for key in [
+        k
+        for k in ("claims", "main", "paired", "success_curve", "kinds", "tts", "tts_paired", "tts_tokens")
+        if tables[k][1]
+    ]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     for title, caption, table in split_sections:
         md.append(f"## {title}\n\n{caption}\n\n{md_table(*table)}\n")
@@ -815,7 +882,11 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "<h1>EnvACE experiment in miniature</h1><p>"
         f"{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"
     ]
-    for key in [k for k in ("claims", "main", "paired", "success_curve", "kinds", "tts", "tts_tokens") if tables[k][1]]:
+    for key in [
+        k
+        for k in ("claims", "main", "paired", "success_curve", "kinds", "tts", "tts_paired", "tts_tokens")
+        if tables[k][1]
+    ]:
         body.append(
             f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>"
             f"{html.escape(captions[key])}</p>{html_table(*tables[key])}"
@@ -891,6 +962,7 @@ __all__ = [  # Claim ... claims_table, per_task_outcomes ... curve, viewer_html 
     "success_cell",
     "seed_cell",
     "tts_table",
+    "tts_paired_table",
     "fidelity_table",
     "md_table",
     "html_table",
