@@ -2,7 +2,7 @@
 or cancelled) or only reads: on ``shop-world-decide`` the two halves of a template are the two branches of its
 decision, so a policy that learnt the decision gains on both and one that shifted its prior gains on one only.
 
-    python bench/by_template.py docs/results/decide-val/results.json [--split ood]
+    python bench/by_template.py docs/results/decide-val/results.json [--split ood] [--budgets]
     python bench/by_template.py docs/results/tts-val/decide-sft100-seed2/{0,parallel-2-agreed}.json
 
 Reads an experiment's per-task outcomes (its N=0 evaluations, pooled over seeds) or saved evaluation results (a
@@ -23,15 +23,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from envace.envs import load_tasks  # noqa: E402
 from envace.envs.builtin import task_from_id  # noqa: E402
+from envace.evaluation.results import MODE_SHORT  # noqa: E402
 
 
 def branch(task) -> str:
     return "reads only" if task.metadata.get("read_only") else "writes"
 
 
-def columns_of_experiment(results: dict, split: str | None = None) -> tuple[str, str, dict[str, list[dict]]]:
+def columns_of_experiment(
+    results: dict, split: str | None = None, budgets: bool = False
+) -> tuple[str, str, dict[str, list[dict]]]:
     """(suite, split, arm -> per-task rows of its N=0 evaluations on that split, every seed): the main evaluations
-    (``evals``) or those of another split (``splits[split]``, e.g. ``ood``)."""
+    (``evals``) or those of another split (``splits[split]``, e.g. ``ood``). ``budgets``: the test-time sweep
+    instead, a column per swept arm and budget (``arm N=2 par``), each on the tasks and seeds of the arm's sweep
+    (its N=0 column too), so that a template's columns count the same trials."""
     cfg = results["config"]
     split = split or cfg["eval_split"]
     n = cfg["eval_tasks"] if split == cfg["eval_split"] else cfg["ood_tasks"]
@@ -39,9 +44,18 @@ def columns_of_experiment(results: dict, split: str | None = None) -> tuple[str,
     cols: dict[str, list[dict]] = {}
     for arm in results["arms"]:
         for run in (results["runs"].get(arm) or {}).values():
-            for ev in run["evals"] + run.get("splits", {}).get(split, []):
-                if ev["n"] == 0 and all(p["task_id"] in ids for p in ev["per_task"]):
-                    cols.setdefault(arm, []).extend(ev["per_task"])
+            evals = run["evals"] + run.get("splits", {}).get(split, [])
+            evals = [ev for ev in evals if all(p["task_id"] in ids for p in ev["per_task"])]
+            if not budgets:
+                for ev in evals:
+                    if ev["n"] == 0:
+                        cols.setdefault(arm, []).extend(ev["per_task"])
+                continue
+            swept = {p["task_id"] for ev in evals if ev["n"] > 0 for p in ev["per_task"]}
+            for ev in sorted(evals, key=lambda e: (e["n"], e["mode"])):
+                if swept:
+                    name = arm + (" N=0" if ev["n"] == 0 else f" N={ev['n']} {MODE_SHORT.get(ev['mode'], ev['mode'])}")
+                    cols.setdefault(name, []).extend(p for p in ev["per_task"] if p["task_id"] in swept)
     return cfg["suite"], split, cols
 
 
@@ -94,14 +108,19 @@ def main() -> None:
         "results", nargs="+", help="an experiment's results.json, or saved evaluation results (a column each)"
     )
     ap.add_argument("--split", default=None, help="of an experiment: the evaluation split (default) or the ood split")
+    ap.add_argument(
+        "--budgets",
+        action="store_true",
+        help="of an experiment: a column per swept arm and budget N (its sweep's tasks)",
+    )
     args = ap.parse_args()
     first = json.loads(Path(args.results[0]).read_text())
     if "runs" in first:
-        md = table(*columns_of_experiment(first, args.split))
+        md = table(*columns_of_experiment(first, args.split, args.budgets))
     else:
         md = table(*columns_of_results(args.results))
     print(md)
-    name = "by_template.md" if args.split is None else f"by_template_{args.split}.md"
+    name = "by_template" + (f"_{args.split}" if args.split else "") + ("_budgets" if args.budgets else "") + ".md"
     Path(os.path.dirname(os.path.abspath(args.results[0])), name).write_text(md)
 
 

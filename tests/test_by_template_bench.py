@@ -57,3 +57,25 @@ def test_saved_results_are_a_column_each(tmp_path):
     (twin / "0.json").write_text((tmp_path / "0.json").read_text())
     _, _, cols = columns_of_results(paths + [str(twin / "0.json")])  # the same cell of another model: its own column
     assert list(cols) == [f"{tmp_path.name}/0", "parallel-2-agreed", "other/0"]
+
+
+def test_budgets_give_a_column_per_swept_arm_and_budget_on_the_sweep_s_tasks_alone():
+    tasks = load_tasks("shop-world-decide", "val", n=6, seed=0)
+
+    def ev(n, mode, ok, upto=6):
+        return {"n": n, "mode": mode, "per_task": [{"task_id": t.id, "successes": [ok]} for t in tasks[:upto]]}
+
+    results = {
+        "config": {"suite": "shop-world-decide", "eval_split": "val", "eval_tasks": 6, "ood_tasks": 3},
+        "arms": ["sft", "envace"],
+        "runs": {
+            "sft": {"0": {"evals": [ev(0, "none", True)]}},  # not swept: no column
+            "envace": {"0": {"evals": [ev(0, "none", True), ev(2, "parallel", False, 4), ev(2, "plan", True, 4)]}},
+        },
+    }
+    _, _, cols = columns_of_experiment(results, budgets=True)
+    assert list(cols) == ["envace N=0", "envace N=2 par", "envace N=2 plan"]
+    assert all(len(rows) == 4 for rows in cols.values())  # N=0 on the 4 swept tasks, not all 6
+    assert [p["successes"] for p in cols["envace N=2 par"]] == [[False]] * 4
+    _, _, cols = columns_of_experiment(results)
+    assert list(cols) == ["sft", "envace"] and len(cols["envace"]) == 6  # without: N=0 of every arm, every task
