@@ -12,7 +12,8 @@ stay importable from here for one version (issue 30).
   the main table (every arm at N=0: success with its 95% Wilson interval over
   tasks and its spread over seeds), the paired comparison of every RL arm with SFT (difference, paired bootstrap
   interval, p-value; envace.math.stats), success by task kind (when tasks carry one), the test-time rehearsal table
-  (success at every budget N and mode, the compute-matched ``plan`` baseline included) and its generated tokens
+  (success at every budget N and mode, the compute-matched ``plan`` baseline included), each budget paired with
+  the same arm at N=0 and with the plan baseline at the same N (:func:`tts_paired_table`), and its generated tokens
   per task, rehearsal fidelity over training (each RL arm on the fixed shadow set), the rehearsal-fidelity tables
   (overall; read vs write, state fields changed, real success vs error, position; per domain, per tool) and the
   figures. The HTML page embeds its figures (base64) and needs nothing from the network.
