@@ -8,7 +8,7 @@ import pytest
 
 from envace.backends.scripted import ScriptedBackend
 from envace.chat.parsing import TOOL_FORMATS
-from envace.core.types import Step, ToolCall, Trajectory, dumps, error_obs
+from envace.core.types import Message, Step, ToolCall, Trajectory, dumps, error_obs
 from envace.envs import load_tasks, make_env
 from envace.evaluation.budget import run_tts
 from envace.evaluation.tts import MEMORY_FORMATS, load_records, rehearse, save_records
@@ -380,6 +380,63 @@ def test_live_reads_are_listed_in_order_without_their_imagined_result_and_writes
     assert HERMES.render([erred]) not in agreed and "1 call(s) that only some attempts made" in agreed
     assert distill(attempts, HERMES, read_only=reads) == distill(attempts, HERMES)  # only live_reads changes it
     assert distill(attempts, HERMES, live_reads=True).count("returned") == 3  # no tool known read-only
+
+
+def _cancel_attempt(listed: list[str], k: int = 0, user: str = "Cancel all my pending orders.") -> Trajectory:
+    """A rehearsal of 'cancel my pending orders': the imagined list, then a cancel of each imagined id."""
+    lst = ToolCall("list_orders", {"status": "pending"})
+    steps = [call_step(lst, {"orders": [{"order_id": o, "status": "pending"} for o in listed]})]
+    steps += [
+        call_step(ToolCall("cancel_order", {"order_id": o}), {"order_id": o, "status": "cancelled"}) for o in listed
+    ]
+    t = traj(steps + [reply_step()], k=k)
+    t.messages = [Message("user", user)]
+    return t
+
+
+def test_real_values_say_a_call_built_on_an_imagined_result_in_words_without_the_invented_value():
+    """The final Act copied the write of the memory, order id invented by the rehearsal, after the real read had
+    listed another id (shop-world-decide test, issue 29): such a call is said without the value and without markup."""
+    reads = {"list_orders"}
+    one = [_cancel_attempt(["O-2789"])]
+    notes = distill(one, HERMES, read_only=reads, live_reads=True, agreed=True, real_values=True)
+    assert notes == "\n".join(
+        [
+            LESSONS_HEADER,
+            "Your rehearsals made these calls, in this order:",
+            f"- {HERMES.render([ToolCall('list_orders', {'status': 'pending'})])}: a read; make it in the real run "
+            "and use its real result",
+            "- cancel_order with its order_id from the real result of list_orders (the rehearsal's values were "
+            "imagined)",
+        ]
+    )
+    assert "O-2789" not in notes
+    live = distill(one, HERMES, read_only=reads, live_reads=True, agreed=True)
+    assert "O-2789" in live  # agreed-live quotes the invented id
+    # two attempts that cancelled different invented orders agree on the cancel (not left out as a disagreement)
+    two = [_cancel_attempt(["O-2789"]), _cancel_attempt(["O-5"], k=1)]
+    both = distill(two, HERMES, read_only=reads, live_reads=True, agreed=True, real_values=True)
+    assert "cancel_order with its order_id from the real result of list_orders" in both and "left out" not in both
+    assert "left out" in distill(two, HERMES, read_only=reads, live_reads=True, agreed=True)
+    # a value the user gave is no imagined value, even when an observation repeats it
+    told = [_cancel_attempt(["O-2789"], user="Please cancel order O-2789.")]
+    kept = distill(told, HERMES, read_only=reads, live_reads=True, real_values=True)
+    assert HERMES.render([ToolCall("cancel_order", {"order_id": "O-2789"})]) in kept
+    # a value of an imagined error is never taken as found
+    err = traj(
+        [
+            call_step(BAL, error_obs("tool_error", "no account garden")),
+            call_step(ToolCall("get_balance", {"account": "garden"}), {"balance": "5"}),
+        ]
+    )
+    assert HERMES.render([ToolCall("get_balance", {"account": "garden"})]) in distill([err], HERMES, real_values=True)
+
+
+def test_the_agreed_real_format_is_a_memory_and_a_training_notes_format():
+    from envace.training.sft import SFTConfig
+
+    assert "agreed-real" in MEMORY_FORMATS.names()
+    assert SFTConfig(memory_attempts=2, memory_format="agreed-real").memory_format == "agreed-real"
 
 
 def test_the_agreed_live_format_leaves_the_real_run_the_reads_of_a_built_in_task(tokenizer, bank):

@@ -223,7 +223,7 @@ class ExperimentConfig:
     AVX-512-BF16 (docs/benchmarks.md); SFT is unchanged."""
     tts_memory: str = "lessons"
     """The rehearsal memory format (envace.evaluation.tts.MEMORY_FORMATS): lessons | calls | agreed | agreed-live |
-    model | concat."""
+    agreed-real | model | concat."""
     tts_max_new_tokens: int = 160
     """Token limit of each reflection and memory generation."""
     tts_tasks_in_flight: int | None = None

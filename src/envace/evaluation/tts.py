@@ -18,11 +18,13 @@ runs the task **once** for real:
    transcripts and stopped calling tools (issue 29); ``calls`` is the lessons without reflections, ``agreed`` only
    the calls every attempt made (two attempts that ordered different things became two real orders),
    ``agreed-live`` the same with each read (a tool whose ToolSpec is ``read_only``) listed without its imagined
-   result, to be made in the real run (the final Act took a quoted read's imagined order ids as done). ``model``
+   result, to be made in the real run (the final Act took a quoted read's imagined order ids as done), and
+   ``agreed-real`` the same with each call whose argument came from an imagined result said in words, without
+   the invented value (the final Act copied an invented order id after the real read listed others). ``model``
    distills all attempts and reflections in one Memory-role generation (:data:`MEMORY_SYSTEM`); ``concat``
    concatenates the reflections (an equal share of the budget each). An empty model memory falls back to
    ``concat`` and is counted. m_x is capped at ``memory_max_tokens`` tokens. The format also says what a sequential
-   attempt sees of the earlier ones: their lessons (``lessons``, ``calls``, ``agreed``, ``agreed-live``) or their
+   attempt sees of the earlier ones: their lessons (the rule-based formats) or their
    transcripts and reflections (``model``, ``concat``: as before).
 4. **The real execution**: :class:`Rehearsing`, the policy that :func:`envace.evaluation.trials.evaluate` runs
    at N > 0, acts as :class:`envace.evaluation.policy.Plain` does (real mode, memory={task.id: m_x}): each task
@@ -150,8 +152,9 @@ class TTSConfig:
     """The memory format (MEMORY_FORMATS): what m_x and a sequential attempt's notes are. lessons (rule-based,
     envace.rollout.memory.distill: the calls made, written in Act's tool format, their rehearsed values, the
     errors, the reflections cut to a line; never a transcript) | calls (lessons without reflections) | agreed (the
-    calls every attempt made) | agreed-live (agreed; reads without their imagined results) | model (a Memory-role
-    generation) | concat."""
+    calls every attempt made) | agreed-live (agreed; reads without their imagined results) | agreed-real
+    (agreed-live; values taken from imagined results said in words, not quoted) | model (a Memory-role generation)
+    | concat."""
     memory_max_tokens: int = 256
     """Token cap of m_x as Act sees it; what is cut is recorded. Longer memory = longer real-run context."""
     transcript_max_tokens: int = 768
@@ -633,6 +636,15 @@ MEMORY_FORMATS.add(
         "agreed, but a call to a read-only tool (ToolSpec.read_only) is listed without its imagined result, as a "
         "read to make in the real run; the other calls keep their rehearsed results (a quoted read's imagined "
         "result was taken as done: invented order ids, shop-world-decide val)",
+    ),
+)
+MEMORY_FORMATS.add(
+    "agreed-real",
+    _rule_format(
+        "agreed-real",
+        "agreed-live, and a call whose argument the attempt took from an imagined result is said in words, naming "
+        "the tool whose real result holds the value, without the invented value or call markup (the final Act "
+        "cancelled an order id a rehearsal had invented after the real read listed others, shop-world-decide test)",
     ),
 )
 MEMORY_FORMATS.add(

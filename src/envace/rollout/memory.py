@@ -111,6 +111,45 @@ def _seen(entry: dict[str, Any], k: int) -> None:
         entry["attempts"].append(k)
 
 
+def _leaves(obj: Any) -> Iterator[str]:
+    """The scalar values of a JSON value, as text (booleans and nulls left out: they name no entity)."""
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _leaves(v)
+    elif obj is not None and not isinstance(obj, bool):
+        yield str(obj)
+
+
+def imagined_args(call: ToolCall, seen: dict[str, str], user_text: str) -> dict[str, str]:
+    """Argument name -> the tool whose earlier *imagined* observation held the argument's value, for each argument
+    the attempt took from an imagined result: its value is among ``seen`` (value -> the tool that returned it) and
+    the user's text does not hold it. Only scalar arguments are checked."""
+    out = {}
+    for name, v in call.arguments.items():
+        if isinstance(v, (dict, list, bool)) or v is None:
+            continue
+        if (src := seen.get(str(v))) is not None and str(v) not in user_text:
+            out[name] = src
+    return out
+
+
+def _masked(call: ToolCall, masked: dict[str, str]) -> ToolCall:
+    """``call`` with its imagined argument values replaced by one placeholder (two attempts that cancelled different
+    invented orders made the same call)."""
+    return ToolCall(call.name, {k: ("<real>" if k in masked else v) for k, v in call.arguments.items()})
+
+
+def _in_words(call: ToolCall, masked: dict[str, str]) -> str:
+    """A call whose values came from imagined results, said without them and without call markup (the final Act
+    copied a quoted call's invented order id after the real read had listed other ids; shop-world-decide test)."""
+    taken = ", ".join(f"{k} from the real result of {src}" for k, src in masked.items())
+    rest = ", ".join(f"{k} {dumps(v)}" for k, v in call.arguments.items() if k not in masked)
+    return f"{call.name} with its {taken}" + (f", {rest}" if rest else "") + " (the rehearsal's values were imagined)"
+
+
 def distill(
     attempts: Sequence[Trajectory],
     tools: ToolFormat,
@@ -125,6 +164,7 @@ def distill(
     agreed: bool = False,
     read_only: Collection[str] = (),
     live_reads: bool = False,
+    real_values: bool = False,
 ) -> str:
     """Short notes from self-rehearsed ``attempts`` (and their ``reflections``, or ``plans`` of a plan-only budget).
 
@@ -141,24 +181,35 @@ def distill(
     its imagined result (or imagined error), as a read to make in the real run (on shop-world-decide val the final
     Act took a quoted read's imagined result as done and acted on invented order ids; issue 29). The other calls
     keep their rehearsed results.
+    ``real_values``: a call with an argument whose value the attempt took from an earlier imagined observation
+    (:func:`imagined_args`) is said in words, naming the tool whose real result holds the value, without the
+    imagined value, without call markup and without its own imagined result; attempts that made it with different
+    invented values agree on it.
     Raises ValueError on an observation from the real environment (:data:`REAL_SOURCES`).
     """
     found: dict[str, dict[str, Any]] = {}  # call key -> {call, ok, err, attempts}, in first-made order
     malformed, silent = 0, []
     for k, traj in enumerate(attempts):
+        seen: dict[str, str] = {}  # value -> the tool whose imagined observation held it, in this attempt
+        user_text = "\n".join(m.content for m in traj.messages if m.role == "user")
         for step in traj.steps:
             malformed += step.parse_error is not None
             for call, obs, src in zip(step.calls, step.observations, step.sources):
                 if src in REAL_SOURCES:
                     raise ValueError(f"attempt {k + 1} of {traj.task_id}: a real observation cannot go into notes")
-                e = found.setdefault(call.key(), {"call": call, "ok": None, "err": None, "attempts": []})
+                masked = imagined_args(call, seen, user_text) if real_values else {}
+                key = _masked(call, masked).key()
+                e = found.setdefault(key, {"call": call, "ok": None, "err": None, "attempts": [], "masked": masked})
                 _seen(e, k)
                 if rehearse_failed(obs):  # the imagined world did not answer: nothing learnt about the call
                     continue
                 if is_error_obs(obs):
                     e["err"] = e["err"] or obs["error"]
-                elif e["ok"] is None:
+                    continue
+                if e["ok"] is None:
                     e["ok"] = obs
+                for v in _leaves(obs):
+                    seen.setdefault(v, call.name)
         if not traj.calls():
             silent.append(k + 1)
     many = len(attempts) > 1
@@ -170,6 +221,7 @@ def distill(
     worked = [e for k, e in found.items() if k in live or e["ok"] is not None]
     failed = [e for k, e in found.items() if k not in live and e["ok"] is None and e["err"] is not None]
     unknown = [e for k, e in found.items() if k not in live and e["ok"] is None and e["err"] is None]
+    said = lambda e: _in_words(e["call"], e["masked"]) if e["masked"] else tools.render([e["call"]])  # noqa: E731
     lines = [header]
     if worked:
         lines.append(
@@ -177,20 +229,20 @@ def distill(
         )
         for e in worked[:max_calls]:
             times = f" ({len(e['attempts'])} of {len(attempts)} attempts)" if many else ""
-            if e["call"].key() in live:
-                lines.append(
-                    f"- {tools.render([e['call']])}: a read; make it in the real run and use its real result{times}"
-                )
+            if _masked(e["call"], e["masked"]).key() in live:
+                lines.append(f"- {said(e)}: a read; make it in the real run and use its real result{times}")
+            elif e["masked"]:  # its imagined result would hold the imagined values too
+                lines.append(f"- {said(e)}{times}")
             else:
-                lines.append(f"- {tools.render([e['call']])} returned {clip(dumps(e['ok']), value_chars)}{times}")
+                lines.append(f"- {said(e)} returned {clip(dumps(e['ok']), value_chars)}{times}")
     if failed:
         lines.append("Calls to avoid (they returned an error):")
         for e in failed[:max_errors]:
             err = f"{e['err'].get('kind', 'error')}: {e['err'].get('message', '')}"
-            lines.append(f"- {tools.render([e['call']])} -> {clip(err, value_chars)}")
+            lines.append(f"- {said(e)} -> {clip(err, value_chars)}")
     if unknown:
         lines.append("Calls whose result the rehearsal did not imagine (check them in the real run):")
-        lines += [f"- {tools.render([e['call']])}" for e in unknown[:max_calls]]
+        lines += [f"- {said(e)}" for e in unknown[:max_calls]]
     if left_out:
         lines.append(f"- {left_out} call(s) that only some attempts made are left out: the attempts disagreed.")
     if malformed:
@@ -234,6 +286,7 @@ RULE_FORMATS: dict[str, dict[str, bool]] = {
     "calls": {},
     "agreed": {"agreed": True},
     "agreed-live": {"agreed": True, "live_reads": True},
+    "agreed-real": {"agreed": True, "live_reads": True, "real_values": True},
 }
 """The rule-based memory formats without reflections (as envace.evaluation.tts.MEMORY_FORMATS names them): the
 :func:`distill` options of each, for test-time memories (``lessons`` is ``calls`` with the reflections) and for
