@@ -93,9 +93,12 @@ def main() -> int:
     tasks = load_tasks(a.suite, a.split, n=a.tasks, seed=a.seed)
     policy = None
     times: dict[str, float] = {}
+    config = {"model": a.model, "suite": a.suite, "split": a.split, "tasks": a.tasks, "seed": a.seed}
     for cell in cells:
         path = os.path.join(out, f"{cell}.json")
         if os.path.isfile(path):
+            if why := reuse_mismatch(load_result(path).get("config") or {}, config):
+                ap.error(f"{path} was made with another {why}: choose another --name or --out")
             print(f"[tts-val] {a.name} {cell}: reusing {path}", flush=True)
             continue
         policy = policy or open_backend(a.model, a.backend, bf16="auto")
@@ -103,13 +106,18 @@ def main() -> int:
         t0 = time.perf_counter()
         res = run_cell(policy, tasks, cell, a.seed)
         times[cell] = round(time.perf_counter() - t0, 1)
-        config = {"model": a.model, "suite": a.suite, "split": a.split, "tasks": a.tasks, "seed": a.seed}
         save_result(res, path, config={**config, "cell": cell, "seconds": times[cell]})
         if res.records:
             save_records(os.path.join(out, f"{cell}.records.jsonl"), res.records, with_rows=False)
         print(f"[tts-val] {a.name} {cell}: success {rate_with_ci(res.metrics)} ({times[cell]:.0f} s)", flush=True)
     write_summary(out, a.name, cells)
     return 0
+
+
+def reuse_mismatch(saved: dict, wanted: dict) -> str:
+    """Why a finished cell cannot be reused for this run (empty: it can): the settings it was made with that differ
+    from this run's, e.g. ``seed 0, not 1`` (a cell of another task draw would be paired with the wrong N = 0)."""
+    return ", ".join(f"{k} {saved.get(k)!r}, not {v!r}" for k, v in wanted.items() if saved.get(k) != v)
 
 
 def write_summary(out: str, name: str, cells: list[str]) -> None:

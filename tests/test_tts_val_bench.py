@@ -58,3 +58,16 @@ def test_smoke_run_writes_results_records_and_a_paired_summary(tmp_path):
     assert "| parallel-1-lessons |" in (out / "summary.md").read_text()
     again = _run(tmp_path, "--cells", "0", "parallel-1-lessons", "plan-1")  # every cell reused: no model loads
     assert again.returncode == 0 and again.stdout.count("reusing") == 3
+    other = _run(tmp_path, "--cells", "0", "--seed", "0")  # another task draw: its N=0 is not this folder's
+    assert other.returncode != 0 and "seed 1, not 0" in other.stderr and "choose another --name" in other.stderr
+
+
+def test_a_cell_is_reused_only_when_made_with_the_same_settings():
+    from tts_val import reuse_mismatch
+
+    made = {"model": "m", "suite": "s", "split": "val", "tasks": 100, "seed": 0, "cell": "0", "seconds": 3.0}
+    assert reuse_mismatch(made, {"model": "m", "suite": "s", "split": "val", "tasks": 100, "seed": 0}) == ""
+    assert (
+        reuse_mismatch(made, {"model": "m", "suite": "s", "split": "val", "tasks": 100, "seed": 1}) == "seed 0, not 1"
+    )
+    assert "model 'm', not 'n'" in reuse_mismatch(made, {"model": "n", "seed": 0})
