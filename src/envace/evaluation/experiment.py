@@ -763,7 +763,8 @@ def evaluate_arm(
     fidelity. The sweep at N > 0 is added to the written record afterwards (:func:`add_budgets`, saved after each
     evaluation), so that a run cut short during a long sweep keeps the evaluations it finished. ``policy``: the
     backend of ``models.policy`` if the caller holds one (loaded here otherwise)."""
-    policy = policy or arm_backend(cfg, models.policy)
+    if policy is None:
+        policy = arm_backend(cfg, models.policy)
     evals = evaluate_budgets(cfg, policy, seed, [(0, "none")], [], label, arm=arm or "policy")
     out: dict[str, Any] = {"evals": evals, "fidelity": None, "examples": []}
     if cfg.ood_split:
@@ -824,7 +825,8 @@ def add_budgets(
         if save is not None:
             save()
 
-    policy = policy or arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))
+    if policy is None:
+        policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))
     keep(evaluate_budgets(cfg, policy, seed, todo, rec["evals"], label, keep, arm=arm))
 
 

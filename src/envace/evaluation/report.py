@@ -183,6 +183,12 @@ def tts_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _diff_cells(c: dict[str, Any]) -> list[str]:
+    """A paired comparison (envace.evaluation.trials.compare_per_task's ``overall``) as three cells: the difference,
+    its 95% interval and the p-value."""
+    return [f"{c['diff']:+.3f}", "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]), fmt_p(c["p"])]
+
+
 def tts_paired_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Each budget N > 0 of each swept arm, paired task by task on the sweep's seeds and tasks (:func:`sweep_scope`)
     with the same arm at N=0 and, for a rehearsal mode, with the compute-matched ``plan`` baseline at the same N:
@@ -215,27 +221,11 @@ def tts_paired_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
             if not b or not zero:
                 continue
             c = compare_per_task(zero, b)["overall"]
-            won = lost = 0
-            for s in seeds:
-                e0, e = (eval_entry(results["runs"][arm][s], *k) for k in ((0, "none"), (n, m)))
-                if e0 is not None and e is not None:
-                    ch = task_changes([r for r in e0["per_task"] if r["task_id"] in ids], e["per_task"])
-                    won, lost = won + ch["won"], lost + ch["lost"]
-            row = [
-                arm,
-                budget_label(n, m),
-                fmt_rate(c["b"]["rate"], *c["b"]["ci95"]),
-                f"{c['diff']:+.3f}",
-                "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]),
-                fmt_p(c["p"]),
-                f"{won} / {lost}",
-            ]
+            ch = outcome_changes(results, arm, arm, n, m, baseline_at=(0, "none"), tasks=ids)
+            row = [arm, budget_label(n, m), fmt_rate(c["b"]["rate"], *c["b"]["ci95"]), *_diff_cells(c)]
+            row.append(f"{ch['won']} / {ch['lost']}" if ch else "–")
             plan = at(n, "plan") if m != "plan" else []
-            if plan:
-                cp = compare_per_task(plan, b)["overall"]
-                row += [f"{cp['diff']:+.3f}", "[{:+.3f}, {:+.3f}]".format(*cp["diff_ci95"]), fmt_p(cp["p"])]
-            else:
-                row += ["–", "–", "–"]
+            row += _diff_cells(compare_per_task(plan, b)["overall"]) if plan else ["–", "–", "–"]
             rows.append(row)
     return head, rows
 
@@ -327,9 +317,7 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
                 arm,
                 fmt_rate(c["a"]["rate"], *c["a"]["ci95"]),
                 fmt_rate(c["b"]["rate"], *c["b"]["ci95"]),
-                f"{c['diff']:+.3f}",
-                "[{:+.3f}, {:+.3f}]".format(*c["diff_ci95"]),
-                fmt_p(c["p"]),
+                *_diff_cells(c),
                 c["p_method"].replace("_", " "),
                 f"{ch['won']} / {ch['lost']}" if ch else "–",
                 str(c["n_tasks"]),

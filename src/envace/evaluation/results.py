@@ -5,7 +5,7 @@ the report's tables (envace.evaluation.report) and the paper's claims (envace.ev
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
@@ -163,18 +163,27 @@ def split_view(results: dict[str, Any], split: str) -> dict[str, Any]:
 
 
 def outcome_changes(
-    results: dict[str, Any], arm: str, baseline: str, n: int = 0, mode: str = "none"
+    results: dict[str, Any],
+    arm: str,
+    baseline: str,
+    n: int = 0,
+    mode: str = "none",
+    baseline_at: tuple[int, str] | None = None,
+    tasks: Collection[str] | None = None,
 ) -> dict[str, int] | None:
     """How many outcomes ``arm`` changed against ``baseline`` at budget (n, mode), paired task by task within each
     seed both ran: ``won`` (the arm's mean success on the task above the baseline's), ``lost`` (below), ``same``,
-    ``seeds``. None without per-task outcomes to pair."""
+    ``seeds``. None without per-task outcomes to pair. ``baseline_at``: the baseline's budget, if not (n, mode)
+    (an arm against itself at N=0); ``tasks``: only these task ids."""
     out = {"won": 0, "lost": 0, "same": 0, "seeds": 0}
     for s in sorted(set(results["runs"].get(arm, {})) & set(results["runs"].get(baseline, {})), key=int):
-        ea, eb = (eval_entry(results["runs"][a][s], n, mode) for a in (baseline, arm))
+        ea = eval_entry(results["runs"][baseline][s], *(baseline_at or (n, mode)))
+        eb = eval_entry(results["runs"][arm][s], n, mode)
         if ea is None or eb is None or "per_task" not in ea or "per_task" not in eb:
             continue
         out["seeds"] += 1
-        for k, v in task_changes(ea["per_task"], eb["per_task"]).items():
+        base = [r for r in ea["per_task"] if tasks is None or r["task_id"] in tasks]
+        for k, v in task_changes(base, eb["per_task"]).items():
             out[k] += v
     return out if out["seeds"] else None
 

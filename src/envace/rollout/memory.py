@@ -218,7 +218,7 @@ def distill(
         kept = {k: e for k, e in found.items() if len(e["attempts"]) == len(attempts)}
         left_out, found = len(found) - len(kept), kept
     live = {k for k, e in found.items() if live_reads and e["call"].name in read_only}
-    worked = [e for k, e in found.items() if k in live or e["ok"] is not None]
+    worked = [(k, e) for k, e in found.items() if k in live or e["ok"] is not None]
     failed = [e for k, e in found.items() if k not in live and e["ok"] is None and e["err"] is not None]
     unknown = [e for k, e in found.items() if k not in live and e["ok"] is None and e["err"] is None]
     said = lambda e: _in_words(e["call"], e["masked"]) if e["masked"] else tools.render([e["call"]])  # noqa: E731
@@ -227,9 +227,9 @@ def distill(
         lines.append(
             "Your rehearsals made these calls, in this order:" if live else "Calls that worked, in the order made:"
         )
-        for e in worked[:max_calls]:
+        for k, e in worked[:max_calls]:
             times = f" ({len(e['attempts'])} of {len(attempts)} attempts)" if many else ""
-            if _masked(e["call"], e["masked"]).key() in live:
+            if k in live:
                 lines.append(f"- {said(e)}: a read; make it in the real run and use its real result{times}")
             elif e["masked"]:  # its imagined result would hold the imagined values too
                 lines.append(f"- {said(e)}{times}")
