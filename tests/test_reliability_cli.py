@@ -250,7 +250,12 @@ def test_ctrl_c_in_eval_ends_with_one_line_and_exit_code_130(capsys, tmp_path, m
 @pytest.mark.parametrize(
     "cmd, module, fn, words",
     [
-        ("sft", "envace.training.sft", "sft", ["envace sft: interrupted; a warm-up does not resume", "starts it over"]),
+        (
+            "sft",
+            "envace.training.sft",
+            "sft",
+            ["envace sft: interrupted; no checkpoint in", "(one every save_every=25 steps)", "starts the run over"],
+        ),
         (
             "experiment",
             "envace.evaluation.experiment",

@@ -342,24 +342,29 @@ def check_listen(host: str, port: int) -> None:
             raise ValueError(f"cannot listen on {host}:{port}: {e}") from None
 
 
-def _train_interrupted(cfg: Any) -> str:
-    """Where an interrupted ``envace train`` resumes: its latest checkpoint, if it saved one."""
-    from .core.checkpoint import latest_checkpoint, load_state
+def _resumes_from(unit: str) -> Any:
+    """Where an interrupted ``envace train`` or ``sft`` resumes: its latest checkpoint, if it saved one (one every
+    ``save_every`` ``unit``)."""
 
-    ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "checkpoints"))
-    if ckpt is None:
-        return (
-            f"no checkpoint in {cfg.out_dir} yet (one every save_every={cfg.save_every} iterations); "
-            "the same command starts the run over"
-        )
-    return f"the same command resumes it from step {load_state(ckpt)['step']} ({ckpt})"
+    def line(cfg: Any) -> str:
+        from .core.checkpoint import latest_checkpoint, load_state
+
+        ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "checkpoints"))
+        if ckpt is None:
+            return (
+                f"no checkpoint in {cfg.out_dir} yet (one every save_every={cfg.save_every} {unit}); "
+                "the same command starts the run over"
+            )
+        return f"the same command resumes it from step {load_state(ckpt)['step']} ({ckpt})"
+
+    return line
 
 
 # command -> fn(its config or parsed arguments) -> what the one line after Ctrl-C says besides "interrupted"
 INTERRUPTED: dict[str, Any] = {
-    "train": _train_interrupted,
+    "train": _resumes_from("iterations"),
     "eval": lambda cfg: "no result was written (an evaluation does not resume); run it again",
-    "sft": lambda cfg: f"a warm-up does not resume; the same command starts it over in {cfg.out_dir}",
+    "sft": _resumes_from("steps"),
     "experiment": lambda cfg: (
         f"the same command resumes it in {cfg.out_dir}: finished evaluations are kept, training resumes from its "
         "checkpoints"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -73,6 +74,47 @@ RESUMABLE_FIELDS = frozenset(
 extend a run, or end it earlier), how often and how many checkpoints are kept, logging and progress display,
 where ``out_dir`` is spelled, and the device (a run resumes on any device and process count). Every other field
 changes what the remaining iterations compute, so ``resume: auto`` refuses a difference in it."""
+
+SFT_RESUMABLE_FIELDS = frozenset(
+    {"steps", "save_every", "tensorboard", "report_to", "progress", "rollout.progress", "out_dir", "resume"}
+)
+"""SFTConfig fields that may differ between a warm-up's checkpoint and the run that resumes it: ``steps`` (a
+warm-up has no learning-rate schedule, and its data order does not depend on ``steps``), how often it saves,
+logging and progress display, where ``out_dir`` is spelled. Any other difference is refused by ``resume: auto``."""
+
+
+def resume_policy_setting(value: str, where: str) -> str:
+    """``value`` if one of :data:`RESUME_POLICIES`, else an error naming ``where`` (e.g. ``TrainConfig.resume``)."""
+    if value not in RESUME_POLICIES:
+        raise ValueError(f"{where}: bad value {value!r}: expected one of {', '.join(RESUME_POLICIES)}")
+    return value
+
+
+def check_resume(cfg: Any, state: dict[str, Any], resumable: frozenset[str], command: str, ckpt: str) -> None:
+    """Refuse to resume checkpoint ``ckpt`` (its ``state.json`` is ``state``) of a run configured otherwise than
+    ``cfg`` (``cfg.resume`` "auto"; the fields of ``resumable`` may differ) or at all ("never"); "force" resumes and
+    prints the differences. A field the saved config lacks (a run of an older version) counts as its default.
+    ``command``: the command's name in the messages (``train``, ``sft``)."""
+    if cfg.resume == "never":
+        raise ValueError(
+            f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; "
+            f"use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh"
+        )
+    saved = saved_config_dict(type(cfg), state.get("config"))
+    diff = config_diff(saved, to_dict(cfg), ignore=resumable)
+    if not diff:
+        return
+    if cfg.resume == "force":
+        print(
+            f"[{command}] resume=force: resuming step {state['step']} of {cfg.out_dir} despite: {describe_diff(diff)}",
+            flush=True,
+        )
+        return
+    raise ValueError(
+        f"{cfg.out_dir} holds a checkpoint (step {state['step']}) of a run with another "
+        f"config ({describe_diff(diff)}); to start fresh use another out_dir or delete "
+        f"{os.path.dirname(ckpt)}; to resume it anyway set resume=force (--set resume=force)"
+    )
 
 
 @dataclass
@@ -240,10 +282,7 @@ class TrainConfig:
             )
         if self.tis_cap is not None and not self.tis_cap >= 1.0:
             raise ValueError(f"TrainConfig.tis_cap: must be None or >= 1, got {self.tis_cap}")
-        if self.resume not in RESUME_POLICIES:
-            raise ValueError(
-                f"TrainConfig.resume: bad value {self.resume!r}: expected one of {', '.join(RESUME_POLICIES)}"
-            )
+        resume_policy_setting(self.resume, "TrainConfig.resume")
         real_share_setting(self.real_share, self.variant, self.group_size)
 
     @property
@@ -404,9 +443,20 @@ class SFTConfig:
     ``tensorboard``, ``wandb``, ``trackio`` (the last two when installed), e.g. ``--set report_to=tensorboard,wandb``;
     ``[]`` or ``jsonl``: nowhere else. A sink that cannot start says so in one line on stderr and the run goes on."""
     progress: bool = True
+    save_every: int = 25
+    """A resumable checkpoint (weights, optimizer, data position, the notes) every this many steps; 0: only the
+    last step's (the finished warm-up, which keeps no optimizer state). A rerun of the same command resumes the
+    latest one; the one of the last step replaces them."""
+    resume: str = "auto"
+    """As ``TrainConfig.resume``: a checkpoint in ``out_dir`` is resumed when its saved config equals this one but
+    for :data:`SFT_RESUMABLE_FIELDS` ("auto"), whatever differs ("force"), or never. A finished warm-up of as many
+    steps is returned as it is; one of fewer steps cannot be extended (no optimizer state kept)."""
 
     def __post_init__(self) -> None:
         self.roles = tuple(self.roles)
+        resume_policy_setting(self.resume, "SFTConfig.resume")
+        if self.save_every < 0:
+            raise ValueError(f"SFTConfig.save_every: bad value {self.save_every}: at least 0 (0: only the last step)")
         self.bf16 = bf16_setting(self.bf16, "SFTConfig.bf16")
         self.report_to = report_to_setting(self.report_to, "SFTConfig.report_to")
         self.task_kinds = task_kinds_setting(self.task_kinds, "SFTConfig.task_kinds")

@@ -263,6 +263,25 @@ def load_trainable(
     return model, tok
 
 
+def load_resumed(
+    model: str | os.PathLike,
+    saved: str | None,
+    lora_r: int = 0,
+    lora_alpha: int = 32,
+    gradient_checkpointing: bool = False,
+) -> tuple[Any, Any]:
+    """:func:`load_trainable` of a model to train, or of its state saved at ``saved`` (a checkpoint's model folder):
+    full fine-tuning loads ``saved`` itself; LoRA loads ``model`` with the adapter saved there."""
+    lora = lora_r > 0
+    return load_trainable(
+        saved if saved and not lora else model,
+        lora_r,
+        lora_alpha,
+        adapter=saved if saved and lora else None,
+        gradient_checkpointing=gradient_checkpointing,
+    )
+
+
 def load_frozen(name: str | os.PathLike) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a model that is never trained (a KL reference, a simulator, a judge): loaded fresh,
     in eval mode, without gradients."""

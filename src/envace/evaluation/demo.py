@@ -146,7 +146,9 @@ def finished_warmup(cfg: Any) -> str | None:
     ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "checkpoints"))
     if ckpt is None:
         return None
-    same = same_config(load_state(ckpt).get("config"), cfg)
+    state = load_state(ckpt)
+    finished = "data" not in state  # not a resumable mid-run checkpoint (envace.training.sft resumes those)
+    same = finished and same_config(state.get("config"), cfg)
     return os.path.join(ckpt, "policy") if same and os.path.isdir(os.path.join(ckpt, "policy")) else None
 
 

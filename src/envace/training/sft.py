@@ -26,11 +26,11 @@ from tqdm.auto import tqdm
 
 from ..math import algos
 from ..backends.base import Backend, SamplingParams
-from ..core.checkpoint import save_checkpoint
-from ..config import SFTConfig, to_dict
+from ..core.checkpoint import latest_checkpoint, load_optimizers, load_rng, load_state, save_checkpoint
+from ..config import SFT_RESUMABLE_FIELDS, SFTConfig, check_resume, to_dict
 from ..envs import load_tasks_of_kinds, make_env
 from ..core.logging import MetricsLogger
-from ..backends.models import load_trainable, make_optimizer
+from ..backends.models import load_resumed, make_optimizer
 from ..chat.parsing import ToolFormat, format_observation, tool_format_for
 from ..core.precision import use_bf16
 from ..chat.prompts import ChatFormat
@@ -38,7 +38,7 @@ from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..rollout.memory import rehearsal_lessons
 from ..backends.hf import HFBackend
 from ..core.seeding import seed_everything
-from ..core.types import Generation, Row, Task, Trajectory
+from ..core.types import Generation, Row, Task, Trajectory, read_jsonl
 
 
 class GoldTeacher(Backend):
@@ -259,34 +259,58 @@ class SFTResult:
 
 
 def sft(cfg: SFTConfig) -> SFTResult:
-    """Supervised warm-up; writes a checkpoint folder usable as ``TrainConfig.model``."""
+    """Supervised warm-up; writes a checkpoint folder usable as ``TrainConfig.model``. Every ``cfg.save_every`` steps
+    it saves a resumable checkpoint (weights, optimizer, the data order's position and generator, the notes), and a
+    rerun in the same ``out_dir`` resumes the latest one (:func:`envace.config.check_resume` decides whether it may):
+    the resumed run trains on the same rows in the same order as one that was never stopped."""
     from .update import optimizer_step
 
+    ckpt_root = os.path.join(cfg.out_dir, "checkpoints")
+    ckpt = latest_checkpoint(ckpt_root)
+    state = load_state(ckpt) if ckpt else {}
+    if ckpt:
+        check_resume(cfg, state, SFT_RESUMABLE_FIELDS, "sft", ckpt)
+        if "data" not in state:  # the last step's checkpoint: a finished warm-up
+            return _finished(cfg, ckpt, int(state["step"]))
     seed_everything(cfg.seed)
-    model, tok = load_trainable(
-        cfg.model, cfg.lora_r, cfg.lora_alpha, gradient_checkpointing=cfg.gradient_checkpointing
+    model, tok = load_resumed(
+        cfg.model,
+        os.path.join(ckpt, "policy") if ckpt else None,
+        cfg.lora_r,
+        cfg.lora_alpha,
+        gradient_checkpointing=cfg.gradient_checkpointing,
     )
     opt = make_optimizer(model, cfg.lr, cfg.weight_decay)
     bf16 = use_bf16(cfg.bf16, next(model.parameters()).device)  # "auto": only where bf16 is faster than float32
     tasks = load_tasks_of_kinds(cfg.suite, "train", cfg.n_tasks, cfg.seed, cfg.task_kinds, "SFTConfig.task_kinds")
     io = chat_io(cfg.rollout)
     trajs = gold_trajectories(tok, tasks, **io)
-    if cfg.memory_attempts:  # the starting model's own rehearsals, distilled; then the same gold, with the notes
-        policy = HFBackend(model, tok, bf16=bf16)  # the attempts sample in the update's precision
-        notes = rehearsal_lessons(
-            policy, tasks, lesson_rollout(cfg), cfg.memory_attempts, seed=cfg.seed, memory=cfg.memory_format
-        )
+    notes: dict[str, str] | None = None
+    if cfg.memory_attempts:  # the starting model's own rehearsals, distilled (kept: a resumed model is not it)
+        notes = state.get("notes")
+        if notes is None:
+            policy = HFBackend(model, tok, bf16=bf16)  # the attempts sample in the update's precision
+            notes = rehearsal_lessons(
+                policy, tasks, lesson_rollout(cfg), cfg.memory_attempts, seed=cfg.seed, memory=cfg.memory_format
+            )
         trajs += gold_trajectories(tok, tasks, **io, memory=notes)
     rows_by_traj = [[r for r in t.rows if r.role in cfg.roles] for t in trajs]
-    logger = MetricsLogger(cfg.out_dir, cfg.sinks, config=to_dict(cfg))
     rng = np.random.default_rng(cfg.seed)
-    result = SFTResult(cfg.out_dir, None)
+    order: list[int] = []
+    start = int(state.get("step", 0))
+    if ckpt:
+        load_optimizers(ckpt, {"policy": opt})
+        load_rng(ckpt)
+        rng.bit_generator.state, order = state["data"]["generator"], list(state["data"]["order"])
+        print(f"[sft] resuming {cfg.out_dir} from step {start} ({ckpt})", flush=True)
+    logger = MetricsLogger(cfg.out_dir, cfg.sinks, resume_step=start if ckpt else None, config=to_dict(cfg))
+    result = SFTResult(cfg.out_dir, None, _logged_metrics(cfg.out_dir) if ckpt else [])
 
     def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
         return algos.sft_loss(logp, mask, "token_mean", normalizer)
 
-    order: list[int] = []
-    for step in tqdm(range(1, cfg.steps + 1), desc="sft", disable=not cfg.progress):
+    bar = tqdm(range(start + 1, cfg.steps + 1), desc="sft", initial=start, total=cfg.steps, disable=not cfg.progress)
+    for step in bar:
         t0 = time.perf_counter()
         if len(order) < cfg.batch_tasks:
             order += rng.permutation(len(trajs)).tolist()
@@ -306,11 +330,22 @@ def sft(cfg: SFTConfig) -> SFTResult:
         m = {f"sft/{k}": v for k, v in m.items()} | {"perf/step_s": time.perf_counter() - t0}
         logger.log(step, m)
         result.metrics.append({"step": step, **m})
+        if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
+            data = {"generator": rng.bit_generator.state, "order": order}
+            save_checkpoint(
+                ckpt_root,
+                step,
+                {"policy": model},
+                {"policy": opt},
+                {"config": to_dict(cfg), "data": data} | ({"notes": notes} if notes is not None else {}),
+                tokenizer=tok,
+                keep=1,
+            )
     logger.close()
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()  # the warm-up checkpoint is a plain model, ready for RL or LoRA
     result.checkpoint = save_checkpoint(
-        os.path.join(cfg.out_dir, "checkpoints"),
+        ckpt_root,
         cfg.steps,
         {"policy": model},
         {},
@@ -320,3 +355,19 @@ def sft(cfg: SFTConfig) -> SFTResult:
     )
     result.checkpoint = os.path.join(result.checkpoint, "policy")
     return result
+
+
+def _finished(cfg: SFTConfig, ckpt: str, step: int) -> SFTResult:
+    """The warm-up in ``cfg.out_dir`` that finished at ``step``: returned as it is when it has ``cfg.steps`` steps."""
+    if step != cfg.steps:
+        raise ValueError(
+            f"{cfg.out_dir} holds a finished warm-up of {step} steps, not {cfg.steps}: its last checkpoint keeps no "
+            f"optimizer state to go on from; use another out_dir, or delete {os.path.dirname(ckpt)} to start over"
+        )
+    return SFTResult(cfg.out_dir, os.path.join(ckpt, "policy"), _logged_metrics(cfg.out_dir))
+
+
+def _logged_metrics(out_dir: str) -> list[dict[str, Any]]:
+    """The steps' metrics as the run logged them (``metrics.jsonl``), as :class:`SFTResult` holds them."""
+    path = os.path.join(out_dir, "metrics.jsonl")
+    return read_jsonl(path) if os.path.exists(path) else []

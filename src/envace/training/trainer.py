@@ -50,20 +50,13 @@ from ..backends.hf import HFBackend
 from ..backends.loaders import frozen_backend, open_backend
 from ..backends.vllm import VllmProbe, engine_for
 from ..core.checkpoint import latest_checkpoint, load_rng, load_state
-from ..config import (
-    RESUMABLE_FIELDS,
-    TrainConfig,
-    config_diff,
-    describe_diff,
-    real_share_setting,
-    saved_config_dict,
-    to_dict,
-)
+from ..config import RESUMABLE_FIELDS, TrainConfig, real_share_setting, to_dict
+from ..config import check_resume as check_config_resume
 from .distributed import Dist, SilentLogger, init_distributed
 from ..envs import load_tasks_of_kinds
 from ..core.logging import MetricsLogger, truncate_jsonl
 from ..core.paths import check_writable_dir
-from ..backends.models import context_length, head_size, load_frozen, load_trainable, make_optimizer, model_path
+from ..backends.models import context_length, head_size, load_frozen, load_resumed, make_optimizer, model_path
 from ..core.precision import use_bf16
 from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories, unanchored_note
 from ..rollout.engine import RolloutEngine
@@ -393,14 +386,8 @@ def setup(cfg: TrainConfig) -> Run:
 def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, Any]:
     """Trained model ``name`` of the variant (policy, rehearser) and its tokenizer: ``cfg.model``, or its state at
     checkpoint ``ckpt`` (full fine-tuning: the saved ``<ckpt>/<name>``; LoRA: ``cfg.model`` with that saved adapter)."""
-    saved = os.path.join(ckpt, name) if ckpt else None
-    lora = cfg.lora_r > 0
-    return load_trainable(
-        saved if saved and not lora else cfg.model,
-        cfg.lora_r,
-        cfg.lora_alpha,
-        adapter=saved if lora else None,
-        gradient_checkpointing=cfg.gradient_checkpointing,
+    return load_resumed(
+        cfg.model, os.path.join(ckpt, name) if ckpt else None, cfg.lora_r, cfg.lora_alpha, cfg.gradient_checkpointing
     )
 
 
@@ -709,30 +696,8 @@ def rollout_backend(
 
 
 def check_resume(cfg: TrainConfig, ckpt: str) -> None:
-    """Refuse to resume checkpoint ``ckpt`` of a run configured otherwise (``resume: auto``) -- fields of
-    RESUMABLE_FIELDS may differ -- or at all (``resume: never``); ``resume: force`` resumes and prints the
-    differences. A field the saved config lacks (a run of an older version) counts as its default."""
-    state = load_state(ckpt)
-    if cfg.resume == "never":
-        raise ValueError(
-            f"{cfg.out_dir} holds a checkpoint (step {state['step']}) and resume=never; "
-            f"use another out_dir, or delete {os.path.dirname(ckpt)} to start fresh"
-        )
-    saved = saved_config_dict(TrainConfig, state.get("config"))
-    diff = config_diff(saved, to_dict(cfg), ignore=RESUMABLE_FIELDS)
-    if not diff:
-        return
-    if cfg.resume == "force":
-        print(
-            f"[train] resume=force: resuming step {state['step']} of {cfg.out_dir} despite: {describe_diff(diff)}",
-            flush=True,
-        )
-        return
-    raise ValueError(
-        f"{cfg.out_dir} holds a checkpoint (step {state['step']}) of a run with another "
-        f"config ({describe_diff(diff)}); to start fresh use another out_dir or delete "
-        f"{os.path.dirname(ckpt)}; to resume it anyway set resume=force (--set resume=force)"
-    )
+    """:func:`envace.config.check_resume` of a training run (fields of RESUMABLE_FIELDS may differ)."""
+    check_config_resume(cfg, load_state(ckpt), RESUMABLE_FIELDS, "train", ckpt)
 
 
 class Reference:
