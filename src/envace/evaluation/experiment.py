@@ -984,9 +984,80 @@ def release_memory() -> None:
         trim(0)
 
 
+def complete_arm(
+    cfg: ExperimentConfig, rec: dict[str, Any], arm: str, seed: int, label: str, save: Callable[[], None]
+) -> bool:
+    """Add to the finished record ``rec`` of (``arm``, ``seed``) the sweep evaluations and the ``ood_split``
+    evaluation the config asks for and it lacks (:func:`missing_budgets`, :func:`missing_split`), on one engine;
+    whether there was any."""
+    todo, add_split = missing_budgets(cfg, arm, seed, rec), missing_split(cfg, rec)
+    if not todo and not add_split:
+        _say(f"{label}: done before, skipped")
+        return False
+    t_add = time.perf_counter()
+    policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))  # one engine for both
+    if todo:
+        _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
+        add_budgets(cfg, rec, seed, todo, label, save=save, arm=arm, policy=policy)
+    if add_split:
+        _say(f"{label}: done before; adding its evaluation on the {cfg.ood_split} split")
+        rec.setdefault("splits", {})[cfg.ood_split] = evaluate_split(cfg, policy, seed, label)
+    del policy  # not held through the next arm
+    rec["eval_s"] = rec.get("eval_s", 0.0) + time.perf_counter() - t_add
+    return True
+
+
+def run_arm(
+    cfg: ExperimentConfig,
+    run: SeedRun,
+    arm: str,
+    label: str,
+    results: dict[str, Any],
+    save: Callable[[], None],
+    elapsed: Callable[[], float],
+) -> None:
+    """Train ``arm`` for ``run``'s seed (:data:`ARMS`), evaluate it (N=0, the ``ood`` split, fidelity) and put its
+    record (models, curves, evaluations, times) into ``results``; then its sweep on the same engine, each evaluation
+    saved (``save``) as it finishes. ``elapsed``: the experiment's time so far, all runs into its out_dir together."""
+    from .trials import rate_with_ci
+
+    _say(f"{label}: {ARMS.get(arm).doc}")
+    t_arm = time.perf_counter()
+    models = ARMS.get(arm).build(run)
+    t_train = time.perf_counter() - t_arm
+    release_memory()  # the trainer's freed heap back to the OS before the evaluation engine starts
+    policy = arm_backend(cfg, models.policy)  # one engine for the evaluation and the sweep after it
+    rec = evaluate_arm(cfg, models, run.seed, label, arm=arm, policy=policy)
+    rec |= {
+        "models": {"policy": models.policy, "rehearser": models.rehearser, "simulator": models.simulator},
+        "curve": models.curve,
+        "train_s": t_train,
+        "eval_s": time.perf_counter() - t_arm - t_train,
+    }
+    if models.fidelity_curve is not None:  # the start, every fidelity_every iterations, and the final fidelity
+        rec["fidelity_curve"] = models.fidelity_curve + (
+            [{"step": cfg.iterations, "summary": rec["fidelity"]}] if rec["fidelity"] else []
+        )
+    if models.success_curve is not None:  # the warm-up, every success_every iterations, the final evaluation
+        final = next(e for e in rec["evals"] if e["n"] == 0)
+        rec["success_curve"] = models.success_curve + [success_point(cfg.iterations, final)]
+    results["runs"].setdefault(arm, {})[str(run.seed)] = rec
+    if arm == "sft" and cfg.success_every > 0:
+        run.success_start(rec)  # the success curves' start is this very evaluation
+    results["elapsed_s"] = elapsed()
+    save()  # the arm's N=0 evaluation is kept whatever happens to its sweep
+    release_memory()
+    if todo := missing_budgets(cfg, arm, run.seed, rec):  # the sweep, each evaluation saved as it finishes
+        t_sweep = time.perf_counter()
+        add_budgets(cfg, rec, run.seed, todo, label, save=save, arm=arm, policy=policy)
+        rec["eval_s"] += time.perf_counter() - t_sweep
+    del policy  # not held through the next arm's training
+    head = next(e for e in rec["evals"] if e["n"] == 0)["metrics"]
+    _say(f"{label}: success {rate_with_ci(head)}, tool F1 {head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)")
+
+
 def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
     """Run every arm for every seed, evaluate, and write results.json and the report into ``cfg.out_dir``."""
-    from .trials import rate_with_ci
     from .report import write_report
 
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -1016,6 +1087,10 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             results["elapsed_s"] = old["elapsed_s"]
     t0, before = time.perf_counter(), results.get("elapsed_s", 0.0)
     save = functools.partial(_write_json, path, results)  # after each evaluation of a sweep
+
+    def elapsed() -> float:  # this run's time and the runs' before it
+        return before + time.perf_counter() - t0
+
     total = len(cfg.seeds) * len(cfg.arms)
     done = 0
     for seed in cfg.seeds:
@@ -1026,64 +1101,13 @@ def run_experiment(cfg: ExperimentConfig) -> ExperimentResult:
             done += 1
             label = f"[{done}/{total}] seed {seed} arm {arm}"
             if str(seed) in results["runs"].get(arm, {}):
-                rec = results["runs"][arm][str(seed)]
-                todo = missing_budgets(cfg, arm, seed, rec)
-                add_split = missing_split(cfg, rec)
-                if not todo and not add_split:
-                    _say(f"{label}: done before, skipped")
-                    continue
-                t_add = time.perf_counter()
-                policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))  # one engine for both
-                if todo:
-                    _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
-                    add_budgets(cfg, rec, seed, todo, label, save=save, arm=arm, policy=policy)
-                if add_split:
-                    _say(f"{label}: done before; adding its evaluation on the {cfg.ood_split} split")
-                    rec.setdefault("splits", {})[cfg.ood_split] = evaluate_split(cfg, policy, seed, label)
-                del policy  # not held through the next arm
-                rec["eval_s"] = rec.get("eval_s", 0.0) + time.perf_counter() - t_add
-                _write_json(path, results)
-                release_memory()
-                continue
-            _say(f"{label}: {ARMS.get(arm).doc}")
-            t_arm = time.perf_counter()
-            models = ARMS.get(arm).build(run)
-            t_train = time.perf_counter() - t_arm
-            release_memory()  # the trainer's freed heap back to the OS before the evaluation engine starts
-            policy = arm_backend(cfg, models.policy)  # one engine for the evaluation and the sweep after it
-            rec = evaluate_arm(cfg, models, seed, label, arm=arm, policy=policy)
-            rec |= {
-                "models": {"policy": models.policy, "rehearser": models.rehearser, "simulator": models.simulator},
-                "curve": models.curve,
-                "train_s": t_train,
-                "eval_s": time.perf_counter() - t_arm - t_train,
-            }
-            if models.fidelity_curve is not None:  # the start, every fidelity_every iterations, and the final fidelity
-                rec["fidelity_curve"] = models.fidelity_curve + (
-                    [{"step": cfg.iterations, "summary": rec["fidelity"]}] if rec["fidelity"] else []
-                )
-            if models.success_curve is not None:  # the warm-up, every success_every iterations, the final evaluation
-                final = next(e for e in rec["evals"] if e["n"] == 0)
-                rec["success_curve"] = models.success_curve + [success_point(cfg.iterations, final)]
-            results["runs"].setdefault(arm, {})[str(seed)] = rec
-            if arm == "sft" and cfg.success_every > 0:
-                run.success_start(rec)  # the success curves' start is this very evaluation
-            results["elapsed_s"] = before + time.perf_counter() - t0
-            _write_json(path, results)
+                if not complete_arm(cfg, results["runs"][arm][str(seed)], arm, seed, label, save):
+                    continue  # nothing to add
+            else:
+                run_arm(cfg, run, arm, label, results, save, elapsed)
+            results["elapsed_s"] = elapsed()
+            save()
             release_memory()
-            if todo := missing_budgets(cfg, arm, seed, rec):  # the sweep, each evaluation saved as it finishes
-                t_sweep = time.perf_counter()
-                add_budgets(cfg, rec, seed, todo, label, save=save, arm=arm, policy=policy)
-                rec["eval_s"] += time.perf_counter() - t_sweep
-                results["elapsed_s"] = before + time.perf_counter() - t0
-                _write_json(path, results)
-            del policy  # not held through the next arm's training
-            release_memory()
-            head = next(e for e in rec["evals"] if e["n"] == 0)["metrics"]
-            _say(
-                f"{label}: success {rate_with_ci(head)}, tool F1 "
-                f"{head['tool_f1']:.3f} ({time.perf_counter() - t_arm:.0f}s)"
-            )
     _write_json(path, results)  # every seed ever run here; the report shows the config's seeds
     shown = {
         **results,
@@ -1125,6 +1149,8 @@ __all__ = [
     "ood_n_tasks",
     "add_budgets",
     "ExperimentResult",
+    "complete_arm",
+    "run_arm",
     "run_experiment",
     "release_memory",
     "load_experiment_config",
