@@ -4,6 +4,7 @@ Chromium (no script errors, screenshots).
 
 Chromium is Debian's ``chromium`` package (``apt-get install -y chromium``); without it the browser tests skip."""
 
+import html
 import json
 import os
 import re
@@ -1415,3 +1416,27 @@ def test_the_notes_stage_trains_on_notes_in_the_test_time_format_from_the_warm_u
     ExperimentConfig(notes_steps=4, notes_attempts=0, tts_memory="lessons")  # the control writes no notes
     with pytest.raises(ValueError, match="notes_steps"):
         ExperimentConfig(notes_steps=-1)
+
+
+def test_the_report_opens_with_the_claims_in_a_sentence_naming_those_that_hold_or_do_not(synthetic):
+    from envace.evaluation.report import verdict_summary
+
+    head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
+    row = lambda text, d, ci, v: [text, "", "", d, ci, "", "", "", v]  # noqa: E731
+    rows = [
+        row("A > B", "+0.125", "[+0.040, +0.210]", "holds"),
+        row("A > C", "-0.055", "[-0.105, -0.005]", "does not hold"),
+        row("A > D", "+0.010", "[-0.050, +0.070]", "cannot tell at this scale"),
+        row("A > E", "-0.010", "[-0.080, +0.060]", "cannot tell at this scale"),
+        row("A at N=2", "–", "–", "not measured"),
+    ]
+    assert verdict_summary((head, rows)) == (
+        "In short, holds: A > B (+0.125 [+0.040, +0.210]); does not hold: A > C (-0.055 [-0.105, -0.005]); "
+        "cannot tell at this scale: 2 claims; not measured: 1 claim."
+    )
+    assert verdict_summary((head, [])) == ""
+    results, files = synthetic
+    summary = verdict_summary(claims_table(results))
+    md = open(files["md"], encoding="utf-8").read()
+    assert summary.startswith("In short, ") and f"**{summary}**" in md.split("## The paper's claims")[0]
+    assert html.escape(summary) in open(files["html"], encoding="utf-8").read()

@@ -697,6 +697,24 @@ def _config_summary(c: dict[str, Any]) -> str:
     )
 
 
+def verdict_summary(claims: tuple[list[str], list[list[str]]]) -> str:
+    """The claims table in a sentence, verdict by verdict (:data:`VERDICTS` order): the claims that hold or do not
+    hold by name with their measured difference and interval, the others counted."""
+    head, rows = claims
+    col = {h: i for i, h in enumerate(head)}
+    parts = []
+    for verdict in VERDICTS:
+        mine = [r for r in rows if r[col["verdict"]] == verdict]
+        if not mine:
+            continue
+        if verdict in ("holds", "does not hold"):
+            named = "; ".join(f"{r[col['claim']]} ({r[col['measured']]} {r[col['paired 95% CI']]})" for r in mine)
+            parts.append(f"{verdict}: {named}")
+        else:
+            parts.append(f"{verdict}: {len(mine)} claim{'s' if len(mine) > 1 else ''}")
+    return "In short, " + "; ".join(parts) + "." if parts else ""
+
+
 def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     """Write every report file into ``out_dir``; returns kind -> path."""
     os.makedirs(out_dir, exist_ok=True)
@@ -833,7 +851,10 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     arms_md = "\n".join(f"- **{a}**: {docs.get(a, '')}" for a in results["arms"])
 
     # Markdown
+    summary = verdict_summary(tables["claims"])
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
+    if summary:
+        md.append(f"**{summary}**\n")
     for key in [
         k
         for k in ("claims", "main", "paired", "success_curve", "kinds", "tts", "tts_paired", "tts_tokens")
@@ -871,6 +892,8 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "<h1>EnvACE experiment in miniature</h1><p>"
         f"{html.escape(_config_summary(c).replace('`', ''))}</p><ul>{arms_html}</ul>"
     ]
+    if summary:
+        body.append(f"<p><b>{html.escape(summary)}</b></p>")
     for key in [
         k
         for k in ("claims", "main", "paired", "success_curve", "kinds", "tts", "tts_paired", "tts_tokens")
@@ -944,6 +967,7 @@ __all__ = [  # Claim ... claims_table, per_task_outcomes ... curve, viewer_html 
     "sweep_scope",
     "sweep_rate",
     "write_report",
+    "verdict_summary",
     "main_table",
     "paired_table",
     "kind_table",
