@@ -346,6 +346,7 @@ def test_each_option_is_an_arm_of_its_own_beside_an_unchanged_envace_arm(tmp_pat
     base = to_dict(seen["envace"])
     plain = seen["envace"]
     assert (plain.clip_eps_high, plain.dynamic_sampling, plain.obs_loss_alpha, plain.real_share) == (None, 0, 0.0, 0.0)
+    assert plain.notes_attempts == 0 and seen["envace+notes"].notes_format == "agreed-live"
     for arm, o in OPTION_ARMS.items():
         diff = {k for k, v in to_dict(seen[arm]).items() if v != base[k]}
         assert diff == {"out_dir", *o.options} and seen[arm].variant == o.variant == "envace"

@@ -179,6 +179,19 @@ class TrainConfig:
     obs_loss_alpha: float = 0.0
     """Weight of a cross-entropy on *real* observations under the Rehearse prompt (ECHO, prime-rl's ``echo``; 0 = off):
     the batch tasks' gold episodes, real_env / real_share / shadow observations (``loss/obs_ce``, docs/training.md)."""
+    notes_attempts: int = 0
+    """Rehearsal notes in RL's Act prompts (beyond the paper, issue 29; 0 = off). N > 0: before the first iteration the
+    initial policy rehearses each task that ``notes_share`` picks from the training pool N times (no environment),
+    and envace.rollout.memory.rehearsal_lessons distills the attempts (format ``notes_format``); every rollout of
+    those tasks then carries the notes in Act's system prompt, as test-time scaling's final run does, so the reward
+    (anchored to the real outcome) teaches Act to use notes whose imagined values may be wrong. Saved in
+    ``<out_dir>/notes.json`` (a resumed run reads them: the notes are the initial policy's)."""
+    notes_share: float = 0.5
+    """Share of the training pool whose rollouts carry notes (``notes_attempts`` > 0): round(share x pool) tasks, a
+    seeded choice (envace.training.trainer.noted_tasks); the others are rolled out without, as before."""
+    notes_format: str = "agreed-live"
+    """The notes' format (envace.rollout.memory.RULE_FORMATS, as ``SFTConfig.memory_format``); train with the format
+    the model will see at test time (``TTSConfig.memory``)."""
     micro_batch_tokens: int = 4096
     """Padded tokens per micro-batch in the update (gradient accumulation over micro-batches)."""
     gradient_checkpointing: bool = False
@@ -284,6 +297,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.tis_cap: must be None or >= 1, got {self.tis_cap}")
         resume_policy_setting(self.resume, "TrainConfig.resume")
         real_share_setting(self.real_share, self.variant, self.group_size)
+        notes_setting(self.notes_attempts, self.notes_share, self.notes_format, "TrainConfig")
 
     @property
     def train_roles(self) -> tuple[str, ...]:
@@ -814,6 +828,19 @@ def report_to_setting(value: Any, where: str) -> tuple[str, ...]:
     except KeyError as e:
         raise ValueError(f"{where}: {e}") from None
     return names
+
+
+def notes_setting(attempts: int, share: float, fmt: str, where: str) -> None:
+    """Check ``notes_attempts`` (>= 0), ``notes_share`` (in [0, 1]) and ``notes_format`` (a rule format) of ``where``
+    (a config class name, for the messages)."""
+    from .rollout.memory import RULE_FORMATS
+
+    if not (isinstance(attempts, int) and attempts >= 0):
+        raise ValueError(f"{where}.notes_attempts: bad value {attempts!r}: expected an integer >= 0 (0: off)")
+    if not (isinstance(share, (int, float)) and 0.0 <= share <= 1.0):
+        raise ValueError(f"{where}.notes_share: bad value {share!r}: expected a number in [0, 1]")
+    if fmt not in RULE_FORMATS:
+        raise ValueError(f"{where}.notes_format: bad value {fmt!r}: expected one of {', '.join(RULE_FORMATS)}")
 
 
 def real_share_setting(share: float, variant: str, group_size: int) -> int:

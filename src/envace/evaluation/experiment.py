@@ -670,6 +670,12 @@ OPTION_ARMS: dict[str, OptionArm] = {
         "EnvACE at a quarter of the claims runs' RL learning rate (2.5e-6 instead of 1e-5): smaller steps for a larger "
         "budget",
     ),
+    "envace+notes": OptionArm(
+        "envace",
+        {"notes_attempts": 2},
+        "EnvACE whose rollouts of half the training tasks show Act the notes (agreed-live) of 2 rehearsals of a task "
+        "by the warm-up, as test-time rehearsal's final run sees them: the reward teaches using notes that err",
+    ),
     "envace+real_share": OptionArm(
         "envace",
         {"real_share": 0.25},

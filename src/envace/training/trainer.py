@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import json
 import os
 import sys
 import time
@@ -60,6 +61,7 @@ from ..backends.models import context_length, head_size, load_frozen, load_resum
 from ..core.precision import use_bf16
 from ..rewards.functions import RewardContext, make_reward, reward_names, score_trajectories, unanchored_note
 from ..rollout.engine import RolloutEngine
+from ..rollout.memory import rehearsal_lessons
 from ..core.seeding import derive_seed, seed_everything
 from ..core.types import Row, Task, Trajectory, write_jsonl
 from .sft import chat_io, gold_trajectories, real_observations, replayed_trajectories
@@ -78,6 +80,9 @@ REFILL_SALT = 2
 OBS_SALT = 3
 """With ``obs_loss_alpha``, iteration ``i`` splits its observation rows over the optimizer steps with
 ``derive_seed(seed, i, OBS_SALT)``."""
+NOTES_SALT = 4
+"""With ``notes_attempts``, the tasks that carry notes are chosen, and their attempts sampled, with
+``derive_seed(seed, NOTES_SALT)``."""
 OBS_ROLE = "observation"
 """The role of a row whose completion is a *real* observation under the Rehearse prompt (``obs_loss_alpha``): no
 advantage, no policy loss (not in :data:`ROLE_INDEX`), only the observation cross-entropy."""
@@ -227,6 +232,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             }
             if cfg.real_share > 0:  # the grounded share of the groups
                 metrics |= _real_share_metrics(everyone)
+            if run.notes:  # the rollouts whose Act prompt carried rehearsal notes
+                metrics |= _notes_metrics(everyone, run.notes)
             if cfg.dynamic_sampling:
                 metrics |= sampling_m
             # real observations under the Rehearse prompt, for the observation cross-entropy (obs_loss_alpha)
@@ -284,6 +291,8 @@ class Run:
     logger: Any
     ckpt_root: str
     temps: dict[str, float]
+    notes: dict[str, str] = field(default_factory=dict)
+    """Task id -> the rehearsal notes its rollouts show Act (``notes_attempts``; empty: none)."""
 
     @property
     def tasks_by_id(self) -> dict[str, Task]:
@@ -350,6 +359,7 @@ def setup(cfg: TrainConfig) -> Run:
         lambda helper, role: (engines | frozen)[helper]
     )  # a trained helper's engine, or the frozen one
     reward_fn, ctx = make_reward(cfg.reward), reward_context(cfg, engines["policy"], dist)
+    notes = rl_notes(cfg, tasks, engines["policy"], dist, resumed=ckpt is not None)  # the initial policy's
     start = 0
     if ckpt:
         start = int(load_state(ckpt)["step"])
@@ -380,7 +390,62 @@ def setup(cfg: TrainConfig) -> Run:
         logger,
         ckpt_root,
         temps,
+        notes,
     )
+
+
+def noted_tasks(task_ids: list[str], share: float, seed: int) -> set[str]:
+    """The round(``share`` x pool) task ids of the training pool whose rollouts carry notes: a permutation seeded
+    ``derive_seed(seed, NOTES_SALT)``, its first ones (a pure function of the pool, the share and the seed)."""
+    k = round(share * len(task_ids))
+    order = np.random.default_rng(derive_seed(seed, NOTES_SALT)).permutation(len(task_ids))
+    return {task_ids[i] for i in order[:k]}
+
+
+def rl_notes(cfg: TrainConfig, tasks: list[Task], policy: Backend, dist: Dist, resumed: bool) -> dict[str, str]:
+    """Task id -> the notes its rollouts show Act (``cfg.notes_attempts`` > 0; else {}): ``notes_attempts``
+    rehearsals of each task of :func:`noted_tasks` by ``policy`` (the initial model), distilled in ``notes_format``
+    (envace.rollout.memory.rehearsal_lessons; each process rehearses its share of the tasks), written to
+    ``<out_dir>/notes.json``; a ``resumed`` run reads that file (its policy is no longer the initial one)."""
+    if not cfg.notes_attempts:
+        return {}
+    path = os.path.join(cfg.out_dir, "notes.json")
+    if resumed:
+        if not os.path.exists(path):
+            raise ValueError(
+                f"{cfg.out_dir} holds a checkpoint but not notes.json, the initial policy's rehearsal notes "
+                "(notes_attempts > 0), which a resumed policy cannot make again; delete its checkpoints to start over"
+            )
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    chosen = noted_tasks([t.id for t in tasks], cfg.notes_share, cfg.seed)
+    mine = dist.shard([t for t in tasks if t.id in chosen])
+    seed = dist.rank_seed(derive_seed(cfg.seed, NOTES_SALT))
+    part = (
+        rehearsal_lessons(policy, mine, cfg.rollout, cfg.notes_attempts, seed=seed, memory=cfg.notes_format)
+        if mine
+        else {}
+    )
+    notes = {k: v for p in dist.all_gather(part) for k, v in p.items()}
+    if dist.is_main:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(notes, f, indent=1)
+        os.replace(tmp, path)
+    return notes
+
+
+def _notes_metrics(trajs: list[Trajectory], notes: dict[str, str]) -> dict[str, float]:
+    """With ``notes_attempts``: how many trajectories of the batch carried notes, and the mean reward of those with
+    and without (scored trajectories only; 0 where there is none)."""
+    with_notes = [t.reward for t in trajs if t.task_id in notes and t.reward is not None]
+    without = [t.reward for t in trajs if t.task_id not in notes and t.reward is not None]
+    return {
+        "notes/trajectories": float(sum(t.task_id in notes for t in trajs)),
+        "notes/reward_with": float(np.mean(with_notes)) if with_notes else 0.0,
+        "notes/reward_without": float(np.mean(without)) if without else 0.0,
+    }
 
 
 def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, Any]:
@@ -405,7 +470,8 @@ def rollout_batch(run: Run, it: int, refill: int = 0, tasks: list[Task] | None =
     prefix = run.dist.group_prefix(f"i{it}-" if not refill else f"i{it}r{refill}-")
     if cfg.real_share > 0:
         return grounded_rollouts(run, mine, prefix, it_seed, seed)
-    engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode=VARIANTS.get(cfg.variant).mode, **run.helpers)
+    mode = VARIANTS.get(cfg.variant).mode
+    engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode=mode, memory=run.notes, **run.helpers)
     return engine.run(mine, group_prefix=prefix, group_size=cfg.group_size, seed=seed)
 
 
@@ -499,9 +565,9 @@ def grounded_rollouts(run: Run, tasks: list[Task], prefix: str, it_seed: int, se
     mode = VARIANTS.get(cfg.variant).mode
     trajs: list[Trajectory] = []
     if m < k:
-        engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode=mode, **run.helpers)
+        engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode=mode, memory=run.notes, **run.helpers)
         trajs += engine.run(tasks, group_prefix=prefix, group_size=k - m, seed=seed)
-    engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode="real")
+    engine = RolloutEngine(run.engines["policy"], cfg.rollout, mode="real", memory=run.notes)
     trajs += engine.run(tasks, group_prefix=prefix, first=k - m, group_size=m, seed=real_seed)
     groups: dict[str, list[Trajectory]] = {}
     for t in trajs:  # task by task (the order of the groups' first trajectories), rehearsed before real
