@@ -152,7 +152,7 @@ def write_summary(out: str, name: str, cells: list[str]) -> None:
         "",
         f"Hardware: {hw['cpu']} ({hw['cores']} cores; bf16: {hw['bf16_decision']}). Command: "
         f"`python bench/tts_val.py --model {cfg.get('model')} --name {name} --suite {cfg.get('suite')} "
-        f"--split {cfg.get('split')} --tasks {cfg.get('tasks')} --cells {' '.join(cells)}`",
+        f"--split {cfg.get('split')} --tasks {cfg.get('tasks')} --seed {cfg.get('seed')} --cells {' '.join(cells)}`",
     ]
     with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(text) + "\n")
