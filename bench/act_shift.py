@@ -78,6 +78,33 @@ def shift(base: list[np.ndarray], arm: list[np.ndarray], rows: list[Row]) -> dic
     return out
 
 
+def _kl_cell(values: list[float]) -> str:
+    """``mean (seed a / seed b / ...)``."""
+    each = " / ".join(f"{v:.4f}" for v in values)
+    return f"{np.mean(values):.4f} ({each})"
+
+
+def markdown(table: dict[str, dict[str, Any]], tasks: int, split: str, seeds: list[int], cmd: str) -> list[str]:
+    """The table of :func:`main`: per arm, each role's KL (mean over seeds, then each seed's) and mean change of
+    log-probability (mean over seeds), and the tokens scored."""
+    lines = [
+        f"KL(warm-up || arm) per token on the warm-up's own rehearsed tokens (first {tasks} `{split}` tasks, T=1, k3 "
+        f"estimate): mean over seeds (seeds {' / '.join(map(str, seeds))}); Δ log p: mean change of those tokens' "
+        f"log-probability, mean over seeds. `{cmd}`",
+        "",
+        "| arm | Act KL | Rehearse KL | Act Δ log p | Rehearse Δ log p | Act / Rehearse tokens |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm, by_seed in table.items():
+        per = {r: [by_seed[str(s)][r] for s in seeds if str(s) in by_seed] for r in ROLES}
+        kl = {r: _kl_cell([x["kl_k3"] for x in per[r]]) for r in ROLES}
+        dl = {r: f"{np.mean([x['mean_dlogp'] for x in per[r]]):+.4f}" for r in ROLES}
+        n = {r: sum(x["tokens"] for x in per[r]) for r in ROLES}
+        cells = [arm, kl["act"], kl["rehearse"], dl["act"], dl["rehearse"], f"{n['act']} / {n['rehearse']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", help="an experiment's results.json")
@@ -109,23 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             table.setdefault(arm, {})[str(seed)] = shift(base, token_logprobs(m, rows), rows)
             print(f"[act-shift] seed {seed} {arm}: {table[arm][str(seed)]}", flush=True)
             del m
-    lines = [
-        f"KL(warm-up || arm) per token on the warm-up's own rehearsed tokens (first {a.tasks} `{c.get('eval_split')}` "
-        f"tasks, T=1, k3 estimate), mean over seeds {', '.join(map(str, seeds))}; Δ log p: mean change of those "
-        "tokens' log-probability. `python bench/act_shift.py " + " ".join(sys.argv[1:] if argv is None else argv) + "`",
-        "",
-        "| arm | Act KL | Rehearse KL | Act Δ log p | Rehearse Δ log p | Act / Rehearse tokens |",
-        "|---|---|---|---|---|---|",
-    ]
-    for arm, by_seed in table.items():
-        v = {
-            (r, k): float(np.mean([s[r][k] for s in by_seed.values()])) for r in ROLES for k in ("kl_k3", "mean_dlogp")
-        }
-        n = {r: sum(s[r]["tokens"] for s in by_seed.values()) for r in ROLES}
-        lines.append(
-            f"| {arm} | {v['act', 'kl_k3']:.4f} | {v['rehearse', 'kl_k3']:.4f} | {v['act', 'mean_dlogp']:+.4f} "
-            f"| {v['rehearse', 'mean_dlogp']:+.4f} | {n['act']} / {n['rehearse']} |"
-        )
+    cmd = "python bench/act_shift.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = markdown(table, a.tasks, c.get("eval_split", "test"), seeds, cmd)
     out = os.path.dirname(os.path.abspath(a.results))
     with open(os.path.join(out, "act_shift.md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
