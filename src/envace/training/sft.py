@@ -29,7 +29,7 @@ from ..backends.base import Backend, SamplingParams
 from ..core.checkpoint import latest_checkpoint, load_optimizers, load_rng, load_state, save_checkpoint
 from ..config import SFT_RESUMABLE_FIELDS, SFTConfig, check_resume, to_dict
 from ..envs import load_tasks_of_kinds, make_env
-from ..core.logging import MetricsLogger
+from ..core.logging import MetricsLogger, read_metrics
 from ..backends.models import load_resumed, make_optimizer
 from ..chat.parsing import ToolFormat, format_observation, tool_format_for
 from ..core.precision import use_bf16
@@ -38,7 +38,7 @@ from ..rollout.engine import RolloutConfig, RolloutEngine
 from ..rollout.memory import rehearsal_lessons
 from ..backends.hf import HFBackend
 from ..core.seeding import seed_everything
-from ..core.types import Generation, Row, Task, Trajectory, read_jsonl
+from ..core.types import Generation, Row, Task, Trajectory
 
 
 class GoldTeacher(Backend):
@@ -304,7 +304,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
         rng.bit_generator.state, order = state["data"]["generator"], list(state["data"]["order"])
         print(f"[sft] resuming {cfg.out_dir} from step {start} ({ckpt})", flush=True)
     logger = MetricsLogger(cfg.out_dir, cfg.sinks, resume_step=start if ckpt else None, config=to_dict(cfg))
-    result = SFTResult(cfg.out_dir, None, _logged_metrics(cfg.out_dir) if ckpt else [])
+    result = SFTResult(cfg.out_dir, None, read_metrics(cfg.out_dir) if ckpt else [])
 
     def loss_fn(logp: torch.Tensor, mask: torch.Tensor, idxs: list[int], normalizer: float):
         return algos.sft_loss(logp, mask, "token_mean", normalizer)
@@ -364,10 +364,4 @@ def _finished(cfg: SFTConfig, ckpt: str, step: int) -> SFTResult:
             f"{cfg.out_dir} holds a finished warm-up of {step} steps, not {cfg.steps}: its last checkpoint keeps no "
             f"optimizer state to go on from; use another out_dir, or delete {os.path.dirname(ckpt)} to start over"
         )
-    return SFTResult(cfg.out_dir, os.path.join(ckpt, "policy"), _logged_metrics(cfg.out_dir))
-
-
-def _logged_metrics(out_dir: str) -> list[dict[str, Any]]:
-    """The steps' metrics as the run logged them (``metrics.jsonl``), as :class:`SFTResult` holds them."""
-    path = os.path.join(out_dir, "metrics.jsonl")
-    return read_jsonl(path) if os.path.exists(path) else []
+    return SFTResult(cfg.out_dir, os.path.join(ckpt, "policy"), read_metrics(cfg.out_dir))
