@@ -7,6 +7,7 @@ import pytest
 
 import envace.training.trainer as trainer
 from envace.config import TrainConfig
+from envace.core.types import Trajectory
 from envace.rollout.memory import LESSONS_HEADER
 from tests.tiny import tiny_train_config
 
@@ -30,6 +31,20 @@ def test_the_noted_tasks_are_a_seeded_share_of_the_pool():
     assert half != trainer.noted_tasks(ids, 0.5, seed=1)
     assert trainer.noted_tasks(ids, 0.0, 0) == set() and trainer.noted_tasks(ids, 1.0, 0) == set(ids)
     assert len(trainer.noted_tasks(ids, 0.25, 0)) == 5
+
+
+def test_notes_metrics_count_the_noted_trajectories_and_average_the_scored_ones_on_each_side():
+    trajs = [
+        Trajectory(id=str(i), task_id=task, group_id=task, mode="rehearsal", reward=r)
+        for i, (task, r) in enumerate([("a", 1.0), ("a", 0.0), ("a", None), ("b", 0.5), ("c", None)])
+    ]
+    m = trainer._notes_metrics(trajs, {"a": "notes"})
+    assert m == {"notes/trajectories": 3.0, "notes/reward_with": 0.5, "notes/reward_without": 0.5}
+    assert trainer._notes_metrics(trajs[-1:], {"a": "notes"}) == {
+        "notes/trajectories": 0.0,
+        "notes/reward_with": 0.0,  # no scored trajectory on either side: 0, not NaN
+        "notes/reward_without": 0.0,
+    }
 
 
 def test_rollouts_of_the_noted_tasks_carry_the_notes_in_act_s_prompt_and_the_others_none(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Protocol
 
+from .atomic import write_lines
 from .registry import Registry
 
 
@@ -213,10 +214,5 @@ def truncate_jsonl(path: str, keep: Callable[[dict[str, Any]], bool]) -> int:
                 kept.append(line if line.endswith("\n") else line + "\n")
             elif line.strip():
                 dropped += 1
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_lines(path, kept)
     return dropped

@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+from ..core.atomic import write_json
 from ..rewards.functions import DEFAULT_REWARD
 
 
@@ -251,9 +252,7 @@ def run_demo(args: Any) -> int:
             if n_fid and name != "untrained":
                 fid = stage(f"fidelity_{name}_s", lambda: demo_fidelity(model, args.suite, n_fid))
             done[name] = {"key": key, "fidelity": fid}
-            os.makedirs(out, exist_ok=True)
-            with open(stages_path, "w", encoding="utf-8") as f:
-                json.dump(done, f, indent=1)
+            write_json(stages_path, done)
         results[name] = load_result(path)
         if done[name]["fidelity"] is not None:
             fidelity[name] = done[name]["fidelity"]

@@ -73,6 +73,7 @@ from ..config import (
     saved_config_dict,
     to_dict,
 )
+from ..core.atomic import write_json
 from ..core.precision import bf16_setting
 from ..core.registry import Registry
 from ..rollout.engine import RolloutConfig, rehearse_sampling
@@ -938,13 +939,7 @@ class ExperimentResult:
 
 
 def _write_json(path: str, obj: Any) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json(path, obj, default=str)
 
 
 RESUMABLE = (

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..chat.records import CONTENT, DEFAULT_TARGET, SYSTEM, TARGETS, TOOLS_HEADER, Target, task_system
+from ..core.atomic import write_lines
 from ..core.types import ToolSpec, Trajectory
 from ..rollout.modes import MODES
 
@@ -288,14 +289,7 @@ def export_records(
 
 def write_records(path: str, records: list[dict[str, Any]]) -> None:
     """Write records as JSON lines, replacing ``path`` atomically."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_lines(path, [json.dumps(r, ensure_ascii=False) for r in records])
 
 
 __all__ = [  # CONTENT, DEFAULT_TARGET, SYSTEM, TARGETS, Target, task_system: defined in envace.chat.records

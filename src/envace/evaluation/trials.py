@@ -54,7 +54,6 @@ import dataclasses
 import json
 from collections import Counter
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -62,6 +61,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..backends.base import Backend
+from ..core.atomic import write_json
 from ..envs import FAULT_KINDS, Play, prepare_tasks
 from ..rewards.functions import call_prf, tool_name_prf
 from ..rollout.engine import RolloutConfig, RolloutEngine
@@ -332,9 +332,7 @@ def save_result(
     d = res.to_dict(with_trajectories)
     if config is not None:
         d = {"config": config, **d}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(d, f, indent=1, default=str)
+    write_json(path, d, default=str)
 
 
 # --------------------------------------------------------------------------------------------------------

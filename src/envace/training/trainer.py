@@ -56,6 +56,7 @@ from ..config import check_resume as check_config_resume
 from .distributed import Dist, SilentLogger, init_distributed
 from ..envs import load_tasks_of_kinds
 from ..core.logging import MetricsLogger, truncate_jsonl
+from ..core.atomic import write_json
 from ..core.paths import check_writable_dir
 from ..backends.models import context_length, head_size, load_frozen, load_resumed, make_optimizer, model_path
 from ..core.precision import use_bf16
@@ -184,16 +185,27 @@ def _summarise(trajs: list[Trajectory], n_unscored: int) -> dict[str, float]:
     return m
 
 
+def _reward_split(
+    trajs: list[Trajectory], inside: Callable[[Trajectory], bool], names: tuple[str, str, str]
+) -> dict[str, float]:
+    """Metrics ``names`` = (count, mean_in, mean_out): how many trajectories of the batch are ``inside``, and the
+    mean reward of those inside and of the others (scored trajectories only; 0 where there is none)."""
+    count, mean_in, mean_out = names
+    scored = [t for t in trajs if t.reward is not None]
+    rin = [t.reward for t in scored if inside(t)]
+    rout = [t.reward for t in scored if not inside(t)]
+    return {
+        count: float(sum(map(inside, trajs))),
+        mean_in: float(np.mean(rin)) if rin else 0.0,
+        mean_out: float(np.mean(rout)) if rout else 0.0,
+    }
+
+
 def _real_share_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """With ``real_share``: how many trajectories of the batch the real environment answered, and the mean reward
-    of the real and of the rehearsed ones (scored trajectories only; 0 where there is none)."""
-    real = [t.reward for t in trajs if t.mode == "real" and t.reward is not None]
-    rehearsed = [t.reward for t in trajs if t.mode != "real" and t.reward is not None]
-    return {
-        "rollout/real_trajectories": float(sum(t.mode == "real" for t in trajs)),
-        "reward/real_mean": float(np.mean(real)) if real else 0.0,
-        "reward/rehearsed_mean": float(np.mean(rehearsed)) if rehearsed else 0.0,
-    }
+    of the real and of the rehearsed ones."""
+    names = ("rollout/real_trajectories", "reward/real_mean", "reward/rehearsed_mean")
+    return _reward_split(trajs, lambda t: t.mode == "real", names)
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -428,24 +440,15 @@ def rl_notes(cfg: TrainConfig, tasks: list[Task], policy: Backend, dist: Dist, r
     )
     notes = {k: v for p in dist.all_gather(part) for k, v in p.items()}
     if dist.is_main:
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(notes, f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, notes)
     return notes
 
 
 def _notes_metrics(trajs: list[Trajectory], notes: dict[str, str]) -> dict[str, float]:
     """With ``notes_attempts``: how many trajectories of the batch carried notes, and the mean reward of those with
-    and without (scored trajectories only; 0 where there is none)."""
-    with_notes = [t.reward for t in trajs if t.task_id in notes and t.reward is not None]
-    without = [t.reward for t in trajs if t.task_id not in notes and t.reward is not None]
-    return {
-        "notes/trajectories": float(sum(t.task_id in notes for t in trajs)),
-        "notes/reward_with": float(np.mean(with_notes)) if with_notes else 0.0,
-        "notes/reward_without": float(np.mean(without)) if without else 0.0,
-    }
+    and without."""
+    names = ("notes/trajectories", "notes/reward_with", "notes/reward_without")
+    return _reward_split(trajs, lambda t: t.task_id in notes, names)
 
 
 def trained_model(cfg: TrainConfig, ckpt: str | None, name: str) -> tuple[Any, Any]:
