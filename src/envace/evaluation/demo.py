@@ -143,13 +143,13 @@ def finished_warmup(cfg: Any) -> str | None:
     """The policy of a warm-up that ``cfg`` already trained (its final checkpoint under ``cfg.out_dir``, saved with
     this very config), so that a rerun of the demo into the same folder goes on from there; else None."""
     from ..core.checkpoint import latest_checkpoint, load_state
+    from ..training.sft import finished as finished_sft
 
     ckpt = latest_checkpoint(os.path.join(cfg.out_dir, "checkpoints"))
     if ckpt is None:
         return None
     state = load_state(ckpt)
-    finished = "data" not in state  # not a resumable mid-run checkpoint (envace.training.sft resumes those)
-    same = finished and same_config(state.get("config"), cfg)
+    same = finished_sft(state) and same_config(state.get("config"), cfg)
     return os.path.join(ckpt, "policy") if same and os.path.isdir(os.path.join(ckpt, "policy")) else None
 
 

@@ -258,6 +258,12 @@ class SFTResult:
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
 
+def finished(state: dict[str, Any]) -> bool:
+    """Whether a warm-up checkpoint's ``state`` is its last step's: a mid-run checkpoint holds the data order's
+    position to resume from (``"data"``), the final one does not."""
+    return "data" not in state
+
+
 def sft(cfg: SFTConfig) -> SFTResult:
     """Supervised warm-up; writes a checkpoint folder usable as ``TrainConfig.model``. Every ``cfg.save_every`` steps
     it saves a resumable checkpoint (weights, optimizer, the data order's position and generator, the notes), and a
@@ -270,7 +276,7 @@ def sft(cfg: SFTConfig) -> SFTResult:
     state = load_state(ckpt) if ckpt else {}
     if ckpt:
         check_resume(cfg, state, SFT_RESUMABLE_FIELDS, "sft", ckpt)
-        if "data" not in state:  # the last step's checkpoint: a finished warm-up
+        if finished(state):
             return _finished(cfg, ckpt, int(state["step"]))
     seed_everything(cfg.seed)
     model, tok = load_resumed(
