@@ -1133,6 +1133,39 @@ def test_a_rerun_adds_the_ood_split_to_finished_arms_with_its_own_tables_and_red
     assert capsys.readouterr().out.count("done before, skipped") == len(ALL_ARMS)
 
 
+def test_a_finished_arm_whose_model_is_gone_is_said_and_passed_over_while_the_others_get_the_ood_split(
+    tiny_experiment, tmp_path, capsys
+):
+    """results.json copied without an arm's seed folder (a new checkout, a deleted run): a rerun that asks for a new
+    split says which arm it cannot add it to and why, and adds it to every other arm instead of failing on a model
+    path that no longer exists."""
+    cfg_path, out, _ = tiny_experiment
+    work = tmp_path / "out"
+    shutil.copytree(out, work)
+    res = json.loads((work / "results.json").read_text())
+    for arm in ALL_ARMS:  # as a run started from another directory recorded them: found again under work/
+        rec = res["runs"][arm]["0"]["models"]
+        rec["policy"] = re.sub(r"^.*[/\\](seed0[/\\])", r"runs/elsewhere/\1", rec["policy"])
+    (work / "results.json").write_text(json.dumps(res))
+    shutil.rmtree(work / "seed0" / "envace")
+    got = run_experiment(load_experiment_config(str(cfg_path), [f"out_dir={work}", "ood_split=ood", "ood_tasks=1"]))
+    said = capsys.readouterr().out
+    assert "arm envace: done before, but its model" in said and "cannot add its evaluation on the ood split" in said
+    assert said.count("adding its evaluation on the ood split") == len(ALL_ARMS) - 1
+    runs = got.results["runs"]
+    assert "splits" not in runs["envace"]["0"] or "ood" not in runs["envace"]["0"]["splits"]
+    assert all(runs[a]["0"]["splits"]["ood"][0]["per_task"] for a in ALL_ARMS if a != "envace")
+    assert os.path.exists(got.report["html"])
+
+
+def test_a_model_name_is_never_gone_a_missing_run_folder_is(tmp_path):
+    from envace.evaluation.experiment import model_gone
+
+    assert not model_gone("SmolLM2-135M-Instruct") and not model_gone(str(tmp_path))
+    assert model_gone(str(tmp_path / "seed1" / "envace" / "checkpoints" / "step-000008" / "policy"))
+    assert model_gone("runs/x/seed0/sft/policy") and not model_gone("runs/x/sft/policy")
+
+
 def test_a_sweep_cut_short_keeps_the_evaluations_it_finished_and_the_rerun_adds_only_the_rest(
     tiny_experiment, tmp_path, capsys, monkeypatch
 ):

@@ -849,6 +849,12 @@ def recorded_model(cfg: ExperimentConfig, path: str) -> str:
     return path
 
 
+def model_gone(path: str) -> bool:
+    """Whether a model path that results.json records (:func:`recorded_model`) was a run's folder that no longer
+    exists (deleted, or the out_dir copied without its seed folders): a model name is never gone."""
+    return not os.path.exists(path) and re.search(r"(?:^|[/\\])seed\d+[/\\]", path) is not None
+
+
 def evaluate_budgets(
     cfg: ExperimentConfig,
     policy: Any,
@@ -995,8 +1001,19 @@ def complete_arm(
     if not todo and not add_split:
         _say(f"{label}: done before, skipped")
         return False
+    model = recorded_model(cfg, rec["models"]["policy"])
+    if model_gone(model):
+        what = " and ".join(
+            ([f"{len(todo)} evaluations of the sweep"] if todo else [])
+            + ([f"its evaluation on the {cfg.ood_split} split"] if add_split else [])
+        )
+        _say(
+            f"{label}: done before, but its model {model} is gone: cannot add {what} (to get them, delete the "
+            f"arm's seed {seed} record from results.json and rerun: it trains again); going on without"
+        )
+        return False
     t_add = time.perf_counter()
-    policy = arm_backend(cfg, recorded_model(cfg, rec["models"]["policy"]))  # one engine for both
+    policy = arm_backend(cfg, model)  # one engine for both
     if todo:
         _say(f"{label}: done before; adding {len(todo)} evaluations of the sweep")
         add_budgets(cfg, rec, seed, todo, label, save=save, arm=arm, policy=policy)
