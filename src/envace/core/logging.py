@@ -211,7 +211,7 @@ def truncate_jsonl(path: str, keep: Callable[[dict[str, Any]], bool]) -> int:
             except ValueError:
                 rec = None
             if isinstance(rec, dict) and keep(rec):
-                kept.append(line if line.endswith("\n") else line + "\n")
+                kept.append(line)  # write_lines ends the last one with a newline if it lacks one
             elif line.strip():
                 dropped += 1
     write_lines(path, kept)

@@ -837,13 +837,17 @@ def add_budgets(
     keep(evaluate_budgets(cfg, policy, seed, todo, rec["evals"], label, keep, arm=arm))
 
 
+RUN_FOLDER = re.compile(r"(?:^|[/\\])(seed\d+[/\\].+)$")
+"""A model path under an experiment's out_dir: the part from its ``seed<N>/`` folder on (group 1)."""
+
+
 def recorded_model(cfg: ExperimentConfig, path: str) -> str:
     """A model path that results.json records, found again under ``cfg.out_dir``: a record holds the path as the
     run saw it (relative to its working directory, under its out_dir), so a rerun from another directory, or of a
     moved out_dir, finds ``<out_dir>/seed<N>/...`` instead. A name, a URL or a path that exists is kept."""
     if os.path.exists(path):
         return path
-    m = re.search(r"(?:^|[/\\])(seed\d+[/\\].+)$", path)
+    m = RUN_FOLDER.search(path)
     if m and os.path.exists(moved := os.path.join(cfg.out_dir, m.group(1))):
         return moved
     return path
@@ -852,7 +856,7 @@ def recorded_model(cfg: ExperimentConfig, path: str) -> str:
 def model_gone(path: str) -> bool:
     """Whether a model path that results.json records (:func:`recorded_model`) was a run's folder that no longer
     exists (deleted, or the out_dir copied without its seed folders): a model name is never gone."""
-    return not os.path.exists(path) and re.search(r"(?:^|[/\\])seed\d+[/\\]", path) is not None
+    return not os.path.exists(path) and RUN_FOLDER.search(path) is not None
 
 
 def evaluate_budgets(
