@@ -73,6 +73,19 @@ def test_sft_then_eval(tmp_path):
     assert "success_rate" in out and json.loads(res.read_text())["metrics"]["format_valid_rate"] >= 0
 
 
+def test_fidelity_and_rehearse_write_a_readable_out_file_and_no_temporary(tmp_path):
+    tiny = ("--model", "tiny-random", "--suite", "shop", "--max-steps", "2", "--max-new-tokens", "8")
+    fid = tmp_path / "new" / "fidelity.json"
+    run("fidelity", *tiny, "-n", "1", "-k", "1", "--out", str(fid))
+    saved = json.loads(fid.read_text())
+    assert {"summary", "pairs"} <= set(saved) and len(saved["trajectories"]) == 1
+    reh = tmp_path / "rehearse.json"
+    run("rehearse", *tiny, "-N", "1", "--memory-max-tokens", "16", "--out", str(reh))
+    rec = json.loads(reh.read_text())
+    assert rec["task_id"] and rec["n"] == 1 and len(rec["attempts"]) == 1 and rec["final"]["task_id"] == rec["task_id"]
+    assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*"))  # written through a renamed temporary
+
+
 def test_demo_quick_runs_end_to_end_and_prints_the_table(tmp_path):
     from envace.evaluation.demo import DEMO_SUITE, demo_sft_config, finished_warmup
 

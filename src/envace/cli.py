@@ -39,6 +39,7 @@ import yaml
 
 from . import __version__
 from .backends.loaders import LOADERS
+from .core.atomic import write_json
 from .evaluation.demo import DEMO_FIDELITY_TASKS, DEMO_REWARD, DEMO_SUITE, HEADROOM_KINDS, run_demo
 from .evaluation.agreement import spec_label
 
@@ -166,9 +167,7 @@ def cmd_fidelity(cfg: Any) -> int:
     print(f"rehearsal fidelity of {cfg.model} ({cfg.mode}) on {len(tasks)} {cfg.suite}/{cfg.split} tasks x {cfg.k}:")
     print(res.table())
     if cfg.out:
-        os.makedirs(os.path.dirname(os.path.abspath(cfg.out)), exist_ok=True)
-        with open(cfg.out, "w", encoding="utf-8") as f:
-            json.dump(res.to_dict(with_trajectories=True), f, indent=1, default=str)
+        write_json(cfg.out, res.to_dict(with_trajectories=True), default=str)  # its folder made if needed
         print(f"wrote {cfg.out}")
     return 0
 
@@ -276,8 +275,7 @@ def cmd_rehearse(cfg: Any) -> int:
     rec = run_tts(policy, [task], tts)[0]
     print(format_record(rec))
     if cfg.out:
-        with open(cfg.out, "w", encoding="utf-8") as f:
-            json.dump(rec.to_dict(), f, ensure_ascii=False)
+        write_json(cfg.out, rec.to_dict(), ensure_ascii=False, indent=None)
         print(f"wrote {cfg.out}")
     return 0
 

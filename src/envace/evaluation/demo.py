@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from ..core.atomic import write_json
+from ..core.atomic import write_json, write_text
 from ..rewards.functions import DEFAULT_REWARD
 
 
@@ -357,22 +357,19 @@ def run_demo(args: Any) -> int:
     print()
     print("\n".join(lines))
     print(f"\n[demo] total time {times['total_s']:.0f}s")
-    with open(os.path.join(out, "demo_results.json"), "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                **{name: m for name, m in rows},
-                "comparison": comparisons["sft_vs_envace"],
-                "comparisons": comparisons,
-                "fidelity": {labels[name]: s for name, s in fidelity.items()},
-                "times": times,
-                "hardware": hardware,
-                "seed": args.seed,
-                "args": {k: v for k, v in vars(args).items() if k != "fn"},
-            },
-            f,
-            indent=1,
-            default=str,
-        )
-    with open(os.path.join(out, "results.md"), "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
+    write_json(
+        os.path.join(out, "demo_results.json"),
+        {
+            **{name: m for name, m in rows},
+            "comparison": comparisons["sft_vs_envace"],
+            "comparisons": comparisons,
+            "fidelity": {labels[name]: s for name, s in fidelity.items()},
+            "times": times,
+            "hardware": hardware,
+            "seed": args.seed,
+            "args": {k: v for k, v in vars(args).items() if k != "fn"},
+        },
+        default=str,
+    )
+    write_text(os.path.join(out, "results.md"), "\n".join(lines) + "\n")
     return 0
