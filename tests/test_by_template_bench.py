@@ -2,12 +2,14 @@
 counted from the tasks the results name (other splits' evaluations left out)."""
 
 import sys
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from by_template import columns_of_experiment, columns_of_results, table  # noqa: E402
+from by_template import balanced_contrast, columns_of_experiment, columns_of_results, table  # noqa: E402
 
 from envace.envs import load_tasks  # noqa: E402
 
@@ -25,6 +27,7 @@ def test_outcomes_are_counted_by_template_and_branch_and_other_splits_are_left_o
     }
     md = table(*columns_of_experiment(results))
     rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| template")]
+    rows, balanced = rows[:-1], rows[-1]
     want: dict[tuple[str, str], list[int]] = {}
     for t in tasks:
         key = (t.metadata["template"], "reads only" if t.metadata["read_only"] else "writes")
@@ -32,6 +35,8 @@ def test_outcomes_are_counted_by_template_and_branch_and_other_splits_are_left_o
         c[0] += wins[t.id]
         c[1] += 1
     assert rows == [f"| {k[0]} | {k[1]} | {c[0]} / {c[1]} |" for k, c in sorted(want.items())]
+    mean_of_cells = sum(c[0] / c[1] for c in want.values()) / len(want)
+    assert balanced == f"| every cell weighted equally | mean of the cells' rates | {mean_of_cells:.3f} |"
     assert "| template | gold episode | sft |" in md  # an arm without runs has no column
     results["runs"]["sft"]["0"] = {"evals": [ev], "splits": {"ood": [ev_ood]}}  # where an experiment keeps them
     suite, split, cols = columns_of_experiment(results, "ood")
@@ -49,7 +54,7 @@ def test_saved_results_are_a_column_each(tmp_path):
     suite, split, cols = columns_of_results(paths)
     md = table(suite, split, cols)
     assert (suite, split, list(cols)) == ("shop-world-decide", "val", ["0", "parallel-2-agreed"])
-    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| template")]
+    rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| template")][:-1]
     assert sum(int(r.split(" | ")[2].split(" / ")[1]) for r in rows) == 6
     assert all(r.split(" | ")[3].startswith("0 / ") for r in rows)  # the failing column
     twin = tmp_path / "other"
@@ -79,3 +84,21 @@ def test_budgets_give_a_column_per_swept_arm_and_budget_on_the_sweep_s_tasks_alo
     assert [p["successes"] for p in cols["envace N=2 par"]] == [[False]] * 4
     _, _, cols = columns_of_experiment(results)
     assert list(cols) == ["sft", "envace"] and len(cols["envace"]) == 6  # without: N=0 of every arm, every task
+
+
+def test_the_balanced_contrast_pairs_by_seed_and_task_and_weights_each_cell_equally():
+    tasks = load_tasks("shop-world-decide", "val", n=40, seed=0)
+    cells = {t.id: (t.metadata["template"], "reads only" if t.metadata["read_only"] else "writes") for t in tasks}
+    small = min(set(cells.values()), key=lambda c: sum(v == c for v in cells.values()))
+    # B wins exactly the tasks of the smallest cell, on seed "1" only; A and B agree everywhere else
+    a = [{"task_id": t.id, "successes": [False], "seed": s} for s in ("0", "1") for t in tasks]
+    b = [p | {"successes": [p["seed"] == "1" and cells[p["task_id"]] == small]} for p in a]
+    b.append({"task_id": tasks[0].id, "successes": [True], "seed": "2"})  # a seed A lacks: not paired
+    c = balanced_contrast({"a": a, "b": b}, "a", "b")
+    n_cells = len(set(cells.values()))
+    assert c["n_tasks"] == 80 and c["n_strata"] == n_cells
+    assert c["diff"] == pytest.approx(0.5 / n_cells)  # half the pairs of one cell of n_cells
+    n_small = sum(v == small for v in cells.values())
+    assert c["plain_diff"] == pytest.approx(n_small / 80)
+    with pytest.raises(SystemExit, match="no column 'c'"):
+        balanced_contrast({"a": a, "b": b}, "a", "c")

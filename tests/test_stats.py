@@ -12,6 +12,7 @@ from envace.math.stats import (
     fmt_rate,
     mcnemar_exact,
     paired_bootstrap,
+    stratified_paired_bootstrap,
     paired_comparison,
     rate_interval,
     seed_spread,
@@ -114,6 +115,27 @@ def test_paired_bootstrap_covers_the_true_difference_about_95_percent_of_the_tim
         lo, hi = paired_bootstrap(a, b, resamples=2_000, seed=r)
         covered += lo <= 0.2 <= hi
     assert 0.88 <= covered / reps <= 0.99
+
+
+def test_stratified_bootstrap_weights_every_stratum_equally_whatever_its_size():
+    # B gains 1 on each of 2 tasks of stratum "r" and nothing on 18 tasks of stratum "w"
+    strata = ["r"] * 2 + ["w"] * 18
+    a, b = np.zeros(20), np.r_[np.ones(2), np.zeros(18)]
+    out = stratified_paired_bootstrap(strata, a, b)
+    assert out["diff"] == 0.5 and out["diff_ci"] == (0.5, 0.5)  # the plain mean would say 0.1
+    assert (out["a"], out["b"], out["n_strata"], out["n_tasks"]) == (0.0, 0.5, 2, 20)
+    more = stratified_paired_bootstrap(["r"] * 2 + ["w"] * 36, np.zeros(38), np.r_[np.ones(2), np.zeros(36)])
+    assert more["diff"] == out["diff"]  # doubling one stratum's tasks changes nothing
+    # one stratum: the plain paired mean, and an interval as wide as paired_bootstrap's
+    rng = np.random.default_rng(3)
+    x, y = rng.random(80) < 0.4, rng.random(80) < 0.6
+    one = stratified_paired_bootstrap(["s"] * 80, x, y, seed=1)
+    lo, hi = paired_bootstrap(x, y, seed=1)
+    assert one["diff"] == pytest.approx(y.mean() - x.mean())
+    assert one["diff_ci"][1] - one["diff_ci"][0] == pytest.approx(hi - lo, abs=0.03)
+    assert stratified_paired_bootstrap([], [], [])["n_tasks"] == 0
+    with pytest.raises(ValueError, match="one stratum each"):
+        stratified_paired_bootstrap(["s"], [0.0, 1.0], [1.0, 0.0])
 
 
 def test_paired_comparison_uses_mcnemar_for_one_binary_sample_and_sign_flip_otherwise():

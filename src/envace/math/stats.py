@@ -16,6 +16,8 @@ environment), so they are averaged into one per-task value first.
   test of the per-task mean differences (signs flipped at random; exact enumeration when at most
   :data:`EXACT_FLIPS` differences are non-zero). :func:`paired_comparison` picks between them by that rule and
   says which in ``p_method``.
+- :func:`stratified_paired_bootstrap`: the same contrast with every stratum (e.g. a template's branch) weighted
+  equally, tasks resampled within their stratum: a difference that a changed mix of strata cannot make.
 """
 
 from __future__ import annotations
@@ -101,6 +103,47 @@ def paired_bootstrap(
     ms = np.concatenate(means)
     alpha = (1 - level) / 2
     return float(np.quantile(ms, alpha)), float(np.quantile(ms, 1 - alpha))
+
+
+def stratified_paired_bootstrap(
+    strata: Sequence[Any],
+    a: Sequence[float],
+    b: Sequence[float],
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """``b - a`` with every stratum weighted equally: ``diff`` = the mean over strata of each stratum's mean of the
+    per-task differences, with the percentile interval of resampling tasks with replacement *within* their stratum
+    (paired, as :func:`paired_bootstrap`), and ``a`` / ``b``: each side's stratum-balanced mean. ``strata[i]`` names
+    task i's stratum. The plain mean weights a stratum by its number of tasks, so a split with more tasks of one
+    stratum favours whatever does well there; this one does not. Returns ``{"diff", "diff_ci", "a", "b",
+    "n_strata", "n_tasks"}`` (nan where there are no tasks)."""
+    if not len(a) == len(b) == len(strata):
+        raise ValueError(f"paired values need one stratum each, got {len(strata)}, {len(a)} and {len(b)}")
+    nan = float("nan")
+    if not len(a):
+        return {"diff": nan, "diff_ci": (nan, nan), "a": nan, "b": nan, "n_strata": 0, "n_tasks": 0}
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    groups: dict[Any, list[int]] = {}
+    for i, s in enumerate(strata):
+        groups.setdefault(s, []).append(i)
+    idx = [np.asarray(g) for g in groups.values()]
+    d = y - x
+    rng = np.random.default_rng(seed)
+    boot = np.zeros(resamples)
+    for g in idx:  # each stratum's resampled mean difference, averaged over strata with equal weight
+        draws = rng.integers(0, len(g), size=(resamples, len(g)))  # (r, n_stratum)
+        boot += d[g][draws].mean(axis=1) / len(idx)
+    alpha = (1 - level) / 2
+    return {
+        "diff": float(np.mean([d[g].mean() for g in idx])),
+        "diff_ci": (float(np.quantile(boot, alpha)), float(np.quantile(boot, 1 - alpha))),
+        "a": float(np.mean([x[g].mean() for g in idx])),
+        "b": float(np.mean([y[g].mean() for g in idx])),
+        "n_strata": len(idx),
+        "n_tasks": len(d),
+    }
 
 
 PERMUTATION_CELLS = 4_000_000
@@ -225,6 +268,7 @@ __all__ = [
     "rate_interval",
     "seed_spread",
     "paired_bootstrap",
+    "stratified_paired_bootstrap",
     "mcnemar_exact",
     "sign_flip_p",
     "paired_comparison",
