@@ -117,7 +117,10 @@ def stratified_paired_bootstrap(
     per-task differences, with the percentile interval of resampling tasks with replacement *within* their stratum
     (paired, as :func:`paired_bootstrap`), and ``a`` / ``b``: each side's stratum-balanced mean. ``strata[i]`` names
     task i's stratum. The plain mean weights a stratum by its number of tasks, so a split with more tasks of one
-    stratum favours whatever does well there; this one does not. Returns ``{"diff", "diff_ci", "a", "b",
+    stratum favours whatever does well there; this one does not. Like every interval here it treats the tasks of a
+    stratum as independent: where a model's outcomes within a stratum move together (a policy that acts by
+    template), the interval is narrow (zero where every difference within each stratum is the same) and says
+    nothing of another draw of tasks or of another training seed. Returns ``{"diff", "diff_ci", "a", "b",
     "n_strata", "n_tasks"}`` (nan where there are no tasks)."""
     if not len(a) == len(b) == len(strata):
         raise ValueError(f"paired values need one stratum each, got {len(strata)}, {len(a)} and {len(b)}")
