@@ -16,6 +16,7 @@ column each), and the tasks' metadata (rebuilt from their ids); prints a markdow
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -83,6 +84,10 @@ def columns_of_results(paths: list[str]) -> tuple[str, str, dict[str, list[dict]
     return suite, split, cols
 
 
+built = functools.cache(task_from_id)
+"""The task of an id, built once however many columns and seeds name it."""
+
+
 def cell(task: Any) -> tuple[str, str]:
     """A task's (template, branch): the strata of the table and of the balanced contrast."""
     return task.metadata["template"], branch(task)
@@ -114,16 +119,6 @@ def table(suite: str, split: str, columns: dict[str, list[dict]]) -> str:
         balanced.append(f"{sum(rates) / len(rates):.3f}" if rates else "–")
     lines.append("| every cell weighted equally | mean of the cells' rates | " + " | ".join(balanced) + " |")
     return "\n".join(lines) + "\n"
-
-
-_TASKS: dict[str, Any] = {}
-
-
-def built(task_id: str) -> Any:
-    """The task of an id, built once however many columns and seeds name it."""
-    if task_id not in _TASKS:
-        _TASKS[task_id] = task_from_id(task_id)
-    return _TASKS[task_id]
 
 
 def balanced_contrast(columns: dict[str, list[dict]], a: str, b: str, seed: int = 0) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 counted from the tasks the results name (other splits' evaluations left out)."""
 
 import sys
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))

@@ -12,11 +12,11 @@ from envace.math.stats import (
     fmt_rate,
     mcnemar_exact,
     paired_bootstrap,
-    stratified_paired_bootstrap,
     paired_comparison,
     rate_interval,
     seed_spread,
     sign_flip_p,
+    stratified_paired_bootstrap,
     wilson_interval,
 )
 
