@@ -143,6 +143,21 @@ def test_summarize_aggregates_success_pass_k_format_and_domains_by_hand():
     )
 
 
+def test_tasks_cluster_by_template_from_their_rows_or_their_built_in_ids_else_each_alone():
+    from envace.envs.builtin import task_from_id
+    from envace.evaluation.results import task_clusters
+
+    ids = [f"shop-world-decide-test-{i:06d}" for i in range(6)]
+    kind, names = task_clusters([{"task_id": t} for t in ids])  # results written before rows kept the template
+    assert kind == "templates" and names == [task_from_id(t).metadata["template"] for t in ids]
+    assert len(set(names)) >= 2
+    rows = [{"task_id": "a", "template": "t1"}, {"task_id": "b", "template": "t2"}, {"task_id": "c", "template": "t1"}]
+    assert task_clusters(rows) == ("templates", ["t1", "t2", "t1"])
+    # one template only, or a task of another environment without one: every task its own cluster
+    assert task_clusters(rows[:1] + rows[2:]) == ("tasks", ["a", "c"])
+    assert task_clusters([{"task_id": "bfcl-multi_turn_base-3"}, rows[0]]) == ("tasks", ["bfcl-multi_turn_base-3", "a"])
+
+
 def test_results_are_broken_down_by_task_kind_when_tasks_carry_one():
     task = Task(
         id="x",
@@ -154,6 +169,8 @@ def test_results_are_broken_down_by_task_kind_when_tasks_carry_one():
         metadata={"kind": "lookup"},
     )
     assert task_scores(task, [_traj([], reward=1.0)])["kind"] == "lookup"
+    task.metadata["template"] = "balance_question"
+    assert task_scores(task, [_traj([])])["template"] == "balance_question"  # the claims' clusters
     assert "kind" not in task_scores(
         Task(id="y", env="bank", system_prompt="", user_turns=["u"], tools=[]), [_traj([])]
     )

@@ -574,16 +574,29 @@ def _claims_results():
 
 def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
     head, rows = claims_table(_claims_results())
-    assert head == ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
+    assert head == [
+        "claim",
+        "paper",
+        "contrast",
+        "measured",
+        "paired 95% CI",
+        "p",
+        "95% CI, seeds × templates",
+        "tasks",
+        "seeds",
+        "verdict",
+    ]
     by = {r[0]: r for r in rows}
     assert len(rows) == 12
     assert by["Rehearse fidelity rises with EnvACE training (final > start)"][-1] == "not measured"  # no curve here
-    # every task +1: a point interval above 0; exact McNemar with 8 discordant pairs, 2 / 2^8
+    # every task +1: a point interval above 0; exact McNemar with 8 discordant pairs, 2 / 2^8. The 8 bank tasks
+    # are of 8 templates (rebuilt from their ids), one seed
     assert by["EnvACE > SFT"][2:] == [
         "envace@N=0 − sft@N=0",
         "+1.000",
         "[+1.000, +1.000]",
         "0.00781",
+        "[+1.000, +1.000] (1 × 8 templates)",
         "8",
         "1",
         "holds",
@@ -592,6 +605,7 @@ def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
         "+0.000",
         "[+0.000, +0.000]",
         "1",
+        "[+0.000, +0.000] (1 × 8 templates)",
         "8",
         "1",
         "cannot tell at this scale",
@@ -602,7 +616,15 @@ def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():
     assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:5] == ["-1.000", "[-1.000, -1.000]"]
     gain = by["TTS gain EnvACE > base (N=2 parallel)"]
     assert gain[2] == "envace@N=2 par − envace@N=0 − base@N=2 par + base@N=0"
-    assert gain[3:] == ["-1.000", "[-1.000, -1.000]", "0.00781", "8", "1", "does not hold"]  # exact sign flip: 2 of 2^8
+    assert gain[3:] == [  # exact sign flip: 2 of 2^8
+        "-1.000",
+        "[-1.000, -1.000]",
+        "0.00781",
+        "[-1.000, -1.000] (1 × 8 templates)",
+        "8",
+        "1",
+        "does not hold",
+    ]
     assert by["TTS gain EnvACE > base (N=2 sequential)"][-1] == "not measured"
     plan = by["rehearsal > compute-matched plans (EnvACE, N=2 parallel vs plan)"]
     assert plan[3] == "-0.500" and plan[-1] == "does not hold"
@@ -635,9 +657,9 @@ def test_fidelity_claims_pool_the_observations_of_the_seeds_that_measured_both_p
     rise = by["Rehearse fidelity rises with EnvACE training (final > start)"]
     # both seeds: envace final (1, 1, 1, .5) -> 0.875, start (0, 0, .5) twice -> 1/6
     assert rise[2] == "envace@final − envace@start (fidelity leaf acc)" and rise[3] == f"{0.875 - 1 / 6:+.3f}"
-    assert rise[6:] == ["6 / 4 obs", "2", "holds"] and rise[4].endswith("(unpaired)")
+    assert rise[6:] == ["–", "6 / 4 obs", "2", "holds"] and rise[4].endswith("(unpaired)")
     vs = by["training Rehearse raises fidelity: EnvACE > caller-only (final)"]
-    assert vs[3] == "+0.750" and vs[6:8] == ["4 / 2 obs", "1"]  # seed 0 only: caller_only's seed 1 has no fidelity
+    assert vs[3] == "+0.750" and vs[7:9] == ["4 / 2 obs", "1"]  # seed 0 only: caller_only's seed 1 has no fidelity
     assert measure_fidelity_claim(results, FIDELITY_CLAIMS[0])["seeds"] == ["0", "1"]
 
 
@@ -653,18 +675,21 @@ def test_a_sweep_on_fewer_seeds_and_tasks_is_paired_with_the_n0_outcomes_of_the_
         for e in res["runs"][arm]["0"]["evals"][1:]:
             e["per_task"] = e["per_task"][:4]
     by = {r[0]: r for r in claims_table(res)[1]}
-    assert by["EnvACE > SFT"][3:8] == [
+    assert by["EnvACE > SFT"][3:9] == [
         "+0.500",
         "[+0.500, +0.500]",
         "0.00781",
+        "[+0.000, +1.000] (2 × 8 templates)",  # seed 1 alone (a draw in four) gains 0, seed 0 alone 1
         "8",
         "2",
     ]  # N=0 claims: both seeds (two outcomes a task: exact sign flip, 2 / 2^8)
+    assert by["EnvACE > SFT"][-1] == "cannot tell at this scale"  # over tasks it would hold
     # N=2 - N=0 on seed 0 only (where envace solved all at N=0) and on the 4 swept tasks (exact McNemar: 2 / 2^4)
-    assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:8] == [
+    assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:9] == [
         "-1.000",
         "[-1.000, -1.000]",
         "0.125",
+        "[-1.000, -1.000] (1 × 4 templates)",
         "4",
         "1",
     ]
@@ -1454,17 +1479,19 @@ def test_the_notes_stage_trains_on_notes_in_the_test_time_format_from_the_warm_u
 def test_the_report_opens_with_the_claims_in_a_sentence_naming_those_that_hold_or_do_not(synthetic):
     from envace.evaluation.report import verdict_summary
 
-    head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
-    row = lambda text, d, ci, v: [text, "", "", d, ci, "", "", "", v]  # noqa: E731
+    head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "95% CI, seeds × templates"]
+    head += ["tasks", "seeds", "verdict"]
+    row = lambda text, d, ci, v, wide="–": [text, "", "", d, ci, "", wide, "", "", v]  # noqa: E731
     rows = [
         row("A > B", "+0.125", "[+0.040, +0.210]", "holds"),
-        row("A > C", "-0.055", "[-0.105, -0.005]", "does not hold"),
+        row("A > C", "-0.055", "[-0.085, -0.025]", "does not hold", "[-0.105, -0.005] (3 × 4 templates)"),
         row("A > D", "+0.010", "[-0.050, +0.070]", "cannot tell at this scale"),
         row("A > E", "-0.010", "[-0.080, +0.060]", "cannot tell at this scale"),
         row("A at N=2", "–", "–", "not measured"),
     ]
     assert verdict_summary((head, rows)) == (
-        "In short, holds: A > B (+0.125 [+0.040, +0.210]); does not hold: A > C (-0.055 [-0.105, -0.005]); "
+        "In short, holds: A > B (+0.125 [+0.040, +0.210]); does not hold: A > C (-0.055 [-0.105, -0.005] "
+        "(3 × 4 templates)); "
         "cannot tell at this scale: 2 claims; not measured: 1 claim."
     )
     assert verdict_summary((head, [])) == ""

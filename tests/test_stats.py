@@ -16,6 +16,7 @@ from envace.math.stats import (
     rate_interval,
     seed_spread,
     sign_flip_p,
+    seed_cluster_bootstrap,
     stratified_paired_bootstrap,
     wilson_interval,
 )
@@ -115,6 +116,44 @@ def test_paired_bootstrap_covers_the_true_difference_about_95_percent_of_the_tim
         lo, hi = paired_bootstrap(a, b, resamples=2_000, seed=r)
         covered += lo <= 0.2 <= hi
     assert 0.88 <= covered / reps <= 0.99
+
+
+def test_seed_cluster_bootstrap_sees_outcomes_that_move_together_by_template():
+    # a policy that acts by template: B gains 1 on every task of three templates and loses 1 on every task of the
+    # fourth. Over tasks the gain looks sure; over templates (another draw could hold two losing ones) it is not.
+    clusters = [t for t in "abcd" for _ in range(25)]
+    d = np.array([-1.0 if t == "d" else 1.0 for t in clusters])
+    lo, hi = paired_bootstrap(np.zeros(100), d)
+    assert lo > 0.3
+    out = seed_cluster_bootstrap(["0"] * 100, clusters, d)
+    assert out["mean"] == pytest.approx(0.5) and (out["n_seeds"], out["n_clusters"], out["n"]) == (1, 4, 100)
+    assert out["ci"][0] <= 0.0 < 0.5 < out["ci"][1]  # P(two or more of four draws are "d") = 0.26
+    # a task on its own per cluster, one seed: the bootstrap over tasks, as wide
+    rng = np.random.default_rng(5)
+    x = (rng.random(80) < 0.6).astype(float) - (rng.random(80) < 0.4)
+    one = seed_cluster_bootstrap([0] * 80, range(80), x, seed=2)
+    lo, hi = paired_bootstrap(np.zeros(80), x, seed=2)
+    assert one["mean"] == pytest.approx(x.mean())
+    assert one["ci"][1] - one["ci"][0] == pytest.approx(hi - lo, abs=0.03)
+
+
+def test_seed_cluster_bootstrap_resamples_training_seeds_and_weights_clusters_by_size():
+    # seed 1's models gain 0.4 on every task, seed 2's nothing: over (seed, task) pairs a sure +0.2, over seeds
+    # one draw in four has only seed 2 (the interval reaches 0) and one in four only seed 1 (0.4)
+    seeds = ["1"] * 40 + ["2"] * 40
+    clusters = [i % 8 for i in range(80)]
+    v = np.r_[np.full(40, 0.4), np.zeros(40)]
+    out = seed_cluster_bootstrap(seeds, clusters, v)
+    assert out["mean"] == pytest.approx(0.2) and out["n_seeds"] == 2
+    assert out["ci"] == pytest.approx((0.0, 0.4))
+    # the point estimate is the plain mean (a cluster of 9 tasks weighs 9 times one of 1)
+    sized = seed_cluster_bootstrap([0] * 10, ["a"] * 9 + ["b"], np.r_[np.ones(9), 0.0])
+    assert sized["mean"] == pytest.approx(0.9)
+    lone = seed_cluster_bootstrap(["0", "1"], ["a", "a"], [1.0, 0.0])  # one cluster: no spread to resample
+    assert lone["mean"] == 0.5 and all(c != c for c in lone["ci"])
+    assert seed_cluster_bootstrap([], [], [])["n"] == 0
+    with pytest.raises(ValueError, match="a seed and a cluster"):
+        seed_cluster_bootstrap(["0"], ["a", "b"], [1.0, 0.0])
 
 
 def test_stratified_bootstrap_weights_every_stratum_equally_whatever_its_size():

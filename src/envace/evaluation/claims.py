@@ -1,5 +1,6 @@
 """The paper's claims as contrasts of an experiment's evaluations, each with its paired difference, 95% interval
-over tasks and verdict: the first table of the experiment's report (envace.evaluation.report).
+over tasks, 95% interval over training seeds and task templates (the one the verdict reads) and verdict: the first
+table of the experiment's report (envace.evaluation.report).
 
 :func:`paper_claims` lists them (the test-time ones at a budget N, :func:`claim_n`), :func:`measure_claim` measures
 one on the per-task outcomes of ``results.json`` (envace.evaluation.results), :func:`claim_verdict` reads its
@@ -13,13 +14,23 @@ from typing import Any
 
 import numpy as np
 
-from ..math.stats import fmt_p, paired_bootstrap, paired_comparison, sign_flip_p, unpaired_comparison
-from .results import budget_keys, budget_label, eval_entry, per_task_outcomes
+from ..math.stats import (
+    fmt_p,
+    paired_bootstrap,
+    paired_comparison,
+    seed_cluster_bootstrap,
+    sign_flip_p,
+    unpaired_comparison,
+)
+from .results import budget_keys, budget_label, eval_entry, per_task_outcomes, task_clusters
 
 Term = tuple[int, str, int, str]
 """(coefficient, arm, N, mode) of a claim's per-task contrast: the task's mean success in that evaluation."""
 
 VERDICTS = ("holds", "does not hold", "cannot tell at this scale", "not measured")
+
+SEEDS_CLUSTERS_CI = "95% CI, seeds × templates"
+"""The claims table's column of :func:`seeds_clusters_interval`, the interval its verdicts read."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,39 @@ def measure_claim(
         "p_method": method,
         "n_tasks": len(ids),
         "seeds": seeds,
+    } | seeds_clusters_interval(results, claim, seeds, ids, resamples, seed)
+
+
+def seeds_clusters_interval(
+    results: dict[str, Any], claim: Claim, seeds: list[str], ids: list[str], resamples: int = 10_000, seed: int = 0
+) -> dict[str, Any]:
+    """The claim's interval for a claim about a *method*: its contrast per (seed, task), resampled by seed and by
+    task cluster at once (:func:`envace.math.stats.seed_cluster_bootstrap`; clusters: the tasks' templates where
+    they have two or more, else the tasks, :func:`envace.evaluation.results.task_clusters`). The bootstrap over
+    tasks holds the trained models fixed and takes tasks as independent; where a policy acts by template and a
+    seed's models differ from another's, it is far narrower than what another seed and another draw of tasks
+    would show (docs/results/decide-val: "holds" on val, the opposite sign on test). ``ci95_seeds_clusters``,
+    ``cluster`` ("templates" / "tasks"), ``n_clusters``."""
+    coefs = [c for c, _, _, _ in claim.terms]
+    rows = {
+        s: [{r["task_id"]: r for r in per_task_outcomes(results, a, n, m, [s])} for _, a, n, m in claim.terms]
+        for s in seeds
+    }
+    any_row = {t: r for s in seeds for d in rows[s] for t, r in d.items()}
+    kind, names = task_clusters([any_row[t] for t in ids])
+    cluster_of = dict(zip(ids, names))
+    labels, clusters, values = [], [], []
+    for s in seeds:
+        for t in ids:
+            if all(t in d for d in rows[s]):  # evaluated on this task by every term at this seed
+                labels.append(s)
+                clusters.append(cluster_of[t])
+                values.append(sum(k * float(np.mean(d[t]["successes"])) for k, d in zip(coefs, rows[s])))
+    b = seed_cluster_bootstrap(labels, clusters, values, resamples, seed)
+    return {
+        "ci95_seeds_clusters": [float(b["ci"][0]), float(b["ci"][1])],
+        "cluster": kind,
+        "n_clusters": b["n_clusters"],
     }
 
 
@@ -233,10 +277,14 @@ def claim_row(
 ) -> list[str]:
     """One row of the claims table: the claim, the paper's number, the contrast, then (``m`` from
     :func:`measure_claim` or :func:`measure_fidelity_claim`; None: not measured) the difference, its 95% interval
-    (with ``ci_note``), p-value, ``count``, seeds and the verdict (:func:`claim_verdict`)."""
+    over tasks (with ``ci_note``), p-value, its interval over seeds and clusters (``–`` where there is none),
+    ``count``, seeds and the verdict (:func:`claim_verdict`) of the interval over seeds and clusters where there is
+    one, else of the interval over tasks."""
     if m is None:
-        return [text, paper, contrast, "–", "–", "–", "0", "0", "not measured"]
+        return [text, paper, contrast, "–", "–", "–", "–", "0", "0", "not measured"]
     lo, hi = m["ci95"]
+    slo, shi = m.get("ci95_seeds_clusters") or (float("nan"), float("nan"))
+    wide = slo == slo and shi == shi
     return [
         text,
         paper,
@@ -244,17 +292,30 @@ def claim_row(
         f"{m['diff']:+.3f}",
         f"[{lo:+.3f}, {hi:+.3f}]{ci_note}",
         fmt_p(m["p"]),
+        f"[{slo:+.3f}, {shi:+.3f}] ({len(m['seeds'])} × {m['n_clusters']} {m['cluster']})" if wide else "–",
         count,
         str(len(m["seeds"])),
-        claim_verdict(lo, hi, direction),
+        claim_verdict(slo, shi, direction) if wide else claim_verdict(lo, hi, direction),
     ]
 
 
 def claims_table(results: dict[str, Any], fidelity: bool = True) -> tuple[list[str], list[list[str]]]:
     """One row per claim of :func:`paper_claims`, then (``fidelity``) one per :data:`FIDELITY_CLAIMS` (its interval
     unpaired, its "tasks" the observations of each side): the contrast, the paper's number, the measured difference
-    with its paired 95% interval and p-value, tasks, seeds and the verdict (:func:`claim_row`)."""
-    head = ["claim", "paper", "contrast", "measured", "paired 95% CI", "p", "tasks", "seeds", "verdict"]
+    with its paired 95% interval over tasks and p-value, its interval over seeds and task clusters
+    (:func:`seeds_clusters_interval`), tasks, seeds and the verdict (:func:`claim_row`)."""
+    head = [
+        "claim",
+        "paper",
+        "contrast",
+        "measured",
+        "paired 95% CI",
+        "p",
+        SEEDS_CLUSTERS_CI,
+        "tasks",
+        "seeds",
+        "verdict",
+    ]
     rows = []
     for claim in paper_claims(claim_n(results)):
         contrast = " ".join(
@@ -281,6 +342,8 @@ __all__ = [
     "paper_claims",
     "claim_verdict",
     "measure_claim",
+    "seeds_clusters_interval",
+    "SEEDS_CLUSTERS_CI",
     "claim_n",
     "claim_row",
     "claims_table",

@@ -41,7 +41,16 @@ import numpy as np
 from .fidelity import BREAKDOWNS as FID_BREAKDOWNS
 from .fidelity import METRICS as FID_METRICS
 from ..math.stats import fmt_p, fmt_rate, rate_interval
-from .claims import VERDICTS, Claim, claim_n, claim_verdict, claims_table, measure_claim, paper_claims
+from .claims import (
+    SEEDS_CLUSTERS_CI,
+    VERDICTS,
+    Claim,
+    claim_n,
+    claim_verdict,
+    claims_table,
+    measure_claim,
+    paper_claims,
+)
 from .results import (
     budget_keys,
     budget_label,
@@ -697,6 +706,12 @@ def _config_summary(c: dict[str, Any]) -> str:
     )
 
 
+def read_interval(row: list[str], col: dict[str, int]) -> str:
+    """The interval a claims row's verdict read: over seeds and templates where there is one, else over tasks."""
+    wide = row[col[SEEDS_CLUSTERS_CI]] if SEEDS_CLUSTERS_CI in col else "–"
+    return wide if wide != "–" else row[col["paired 95% CI"]]
+
+
 def verdict_summary(claims: tuple[list[str], list[list[str]]]) -> str:
     """The claims table in a sentence, verdict by verdict (:data:`VERDICTS` order): the claims that hold or do not
     hold by name with their measured difference and interval, the others counted."""
@@ -708,7 +723,7 @@ def verdict_summary(claims: tuple[list[str], list[list[str]]]) -> str:
         if not mine:
             continue
         if verdict in ("holds", "does not hold"):
-            named = "; ".join(f"{r[col['claim']]} ({r[col['measured']]} {r[col['paired 95% CI']]})" for r in mine)
+            named = "; ".join(f"{r[col['claim']]} ({r[col['measured']]} {read_interval(r, col)})" for r in mine)
             parts.append(f"{verdict}: {named}")
         else:
             parts.append(f"{verdict}: {len(mine)} claim{'s' if len(mine) > 1 else ''}")
@@ -762,12 +777,17 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "claims": "Each claim as a per-task contrast of evaluations on the same held-out tasks (outcomes pooled over "
         "the seeds every arm of the claim ran): the measured difference, its paired bootstrap 95% interval over "
         "tasks and p-value (two evaluations: envace.math.stats.paired_comparison, exact McNemar for one binary "
-        "outcome per task; a difference of gains: sign-flip permutation of the per-task contrast). Verdict: "
-        "holds = the interval excludes 0 in the claimed direction; does not hold = it excludes 0 in the other "
-        "direction; cannot tell at this scale = it contains 0 (a ≥ claim has no margin here: it needs the same "
-        "evidence as >). The fidelity claims compare the leaf accuracy of rehearsed observations on the fixed shadow "
-        "set; each side is its own model's rollouts, so their interval is unpaired (bootstrap of each side) with a "
-        "permutation p-value, and the count is of observations. "
+        "outcome per task; a difference of gains: sign-flip permutation of the per-task contrast). That interval "
+        "holds the trained models fixed and takes tasks as independent. The claims are about methods, so the "
+        "verdict reads the next one: the pigeonhole bootstrap over training seeds and task templates at once "
+        "(envace.math.stats.seed_cluster_bootstrap; templates where the tasks have two or more, else tasks; "
+        "seeds × clusters in brackets): a policy acts by template, so the tasks of one template succeed or fail "
+        "together, and another seed trains other models. With few seeds or templates it is rough and wide. "
+        "Verdict: holds = that interval excludes 0 in the claimed direction; does not hold = it excludes 0 in the "
+        "other direction; cannot tell at this scale = it contains 0 (a ≥ claim has no margin here: it needs the "
+        "same evidence as >). The fidelity claims compare the leaf accuracy of rehearsed observations on the fixed "
+        "shadow set; each side is its own model's rollouts, so their interval is unpaired (bootstrap of each side) "
+        "with a permutation p-value, and the count is of observations. "
         "The paper's numbers are Qwen3-8B on tau2-Bench / BFCL; this is a small model on CPU.",
         "main": "Held-out tasks in the real environment, no test-time rehearsal (N=0). Success: the per-task outcomes "
         f"of all {n_seeds} seed(s) pooled, with the 95% Wilson interval over tasks "

@@ -5,10 +5,12 @@ the report's tables (envace.evaluation.report) and the paper's claims (envace.ev
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Collection, Sequence
 
 import numpy as np
 
+from ..envs.builtin import task_from_id
 from .fidelity import METRICS as FID_METRICS
 from ..math.stats import fmt_rate, rate_interval, seed_spread
 
@@ -70,10 +72,31 @@ def per_task_outcomes(
             return []
         for r in e["per_task"]:
             row = rows.setdefault(
-                r["task_id"], {k: v for k, v in r.items() if k in ("task_id", "domain", "kind")} | {"successes": []}
+                r["task_id"],
+                {k: v for k, v in r.items() if k in ("task_id", "domain", "kind", "template")} | {"successes": []},
             )
             row["successes"] = row["successes"] + list(r["successes"])
     return list(rows.values())
+
+
+@functools.cache
+def builtin_template(task_id: str) -> str | None:
+    """The template of a built-in suite's task, rebuilt from its id (results written before per-task rows kept
+    ``template``); None for a task of any other environment."""
+    try:
+        return task_from_id(task_id).metadata.get("template")
+    except (KeyError, ValueError, IndexError):  # not "<suite>-<split>-<index>" of a built-in suite
+        return None
+
+
+def task_clusters(rows: Sequence[dict[str, Any]]) -> tuple[str, list[str]]:
+    """The unit that outcomes move together in, for each per-task row: ``("templates", [template, ...])`` where
+    every row has a template (its ``template``, else :func:`builtin_template` of its id) and there are at least
+    two, else ``("tasks", [task_id, ...])``: each task its own cluster."""
+    names = [r.get("template") or builtin_template(r["task_id"]) for r in rows]
+    if all(names) and len(set(names)) >= 2:
+        return "templates", [str(n) for n in names]
+    return "tasks", [r["task_id"] for r in rows]
 
 
 def success_cell(results: dict[str, Any], arm: str, n: int, mode: str, spread: bool = False) -> str:
@@ -215,6 +238,8 @@ __all__ = [
     "eval_values",
     "eval_entry",
     "per_task_outcomes",
+    "builtin_template",
+    "task_clusters",
     "success_cell",
     "seed_cell",
     "budget_keys",

@@ -186,8 +186,9 @@ def task_scores(task: Task, trajs: Sequence[Trajectory]) -> dict[str, Any]:
     tool = [tool_name_prf(t.calls(), gold) for t in trajs]
     call = [call_prf(t.calls(), gold) for t in trajs]
     out: dict[str, Any] = {"task_id": task.id, "domain": task.env, "successes": [bool(t.reward) for t in trajs]}
-    if "kind" in task.metadata:
-        out["kind"] = task.metadata["kind"]
+    for key in ("kind", "template"):  # what the report groups tasks by (envace.evaluation.claims: clusters)
+        if key in task.metadata:
+            out[key] = task.metadata[key]
     for name, prf in (("tool", tool), ("call", call)):
         for i, part in enumerate(("precision", "recall", "f1")):
             out[f"{name}_{part}"] = _mean([x[i] for x in prf])

@@ -18,6 +18,10 @@ environment), so they are averaged into one per-task value first.
   says which in ``p_method``.
 - :func:`stratified_paired_bootstrap`: the same contrast with every stratum (e.g. a template's branch) weighted
   equally, tasks resampled within their stratum: a difference that a changed mix of strata cannot make.
+- :func:`seed_cluster_bootstrap`: where the task is *not* the right unit. Outcomes of tasks of one template move
+  together (a policy acts by template), and a trained model is one draw of its training seed: the pigeonhole
+  bootstrap resamples seeds and task clusters (templates) at once, for a claim about a method rather than about
+  the trained models at hand.
 """
 
 from __future__ import annotations
@@ -149,6 +153,56 @@ def stratified_paired_bootstrap(
     }
 
 
+def seed_cluster_bootstrap(
+    seeds: Sequence[Any],
+    clusters: Sequence[Any],
+    values: Sequence[float],
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """The mean of per-(seed, task) ``values`` (e.g. a paired contrast B - A of one training seed's models on one
+    task) with the percentile interval of the *pigeonhole bootstrap* (Owen 2007, "The pigeonhole bootstrap", Ann.
+    Appl. Stat.): training seeds and task clusters are two crossed random factors, and each replicate draws seeds
+    with replacement and clusters with replacement, independently; a (seed, cluster) block drawn ``k`` times by
+    the one and ``l`` times by the other counts ``k * l`` times, and the replicate is the mean of the values so
+    weighted (a ratio estimate: clusters of unequal size keep their size). ``values[i]`` is of seed ``seeds[i]``
+    and cluster ``clusters[i]`` (a task's template; a task on its own where there are none).
+
+    Unlike the bootstrap over tasks it sees what a claim about a *method* must survive: another training seed, and
+    another draw of templates, whose tasks succeed or fail together. The interval is conservative for crossed
+    random effects (Owen), and rough with few units: with ``m`` clusters a replicate is one of at most
+    ``C(2m - 1, m)`` multisets, and the bootstrap's variance carries a factor ``(m - 1) / m`` per factor.
+    One seed resamples clusters only. Fewer than 2 clusters: the interval is nan (no spread between clusters to
+    resample). Returns ``{"mean", "ci", "n_seeds", "n_clusters", "n"}``."""
+    if not len(seeds) == len(clusters) == len(values):
+        raise ValueError(f"every value needs a seed and a cluster, got {len(seeds)}, {len(clusters)}, {len(values)}")
+    nan = float("nan")
+    s_of = {s: i for i, s in enumerate(dict.fromkeys(seeds))}
+    c_of = {c: j for j, c in enumerate(dict.fromkeys(clusters))}
+    out = {"mean": nan, "ci": (nan, nan), "n_seeds": len(s_of), "n_clusters": len(c_of), "n": len(values)}
+    if not len(values):
+        return out
+    total = np.zeros((len(s_of), len(c_of)))  # (seeds, clusters): sum of the block's values
+    count = np.zeros_like(total)  # its number of values
+    for s, c, v in zip(seeds, clusters, values):
+        total[s_of[s], c_of[c]] += float(v)
+        count[s_of[s], c_of[c]] += 1
+    out["mean"] = float(total.sum() / count.sum())
+    if len(c_of) < 2:
+        return out
+    rng = np.random.default_rng(seed)
+    ns, nc = total.shape
+    w = rng.multinomial(ns, np.full(ns, 1 / ns), size=resamples).astype(float)  # (r, seeds): times each is drawn
+    u = rng.multinomial(nc, np.full(nc, 1 / nc), size=resamples).astype(float)  # (r, clusters)
+    num = ((w @ total) * u).sum(axis=1)  # (r,)
+    den = ((w @ count) * u).sum(axis=1)
+    reps = num[den > 0] / den[den > 0]  # a replicate of empty blocks only has no mean
+    alpha = (1 - level) / 2
+    out["ci"] = (float(np.quantile(reps, alpha)), float(np.quantile(reps, 1 - alpha)))
+    return out
+
+
 PERMUTATION_CELLS = 4_000_000
 """Values shuffled at once by :func:`unpaired_comparison` (resamples x observations per chunk, ~32 MB)."""
 
@@ -272,6 +326,7 @@ __all__ = [
     "seed_spread",
     "paired_bootstrap",
     "stratified_paired_bootstrap",
+    "seed_cluster_bootstrap",
     "mcnemar_exact",
     "sign_flip_p",
     "paired_comparison",
