@@ -14,6 +14,7 @@ from envace.evaluation.budget import evaluate_at_budget
 from envace.evaluation.tts import TTSConfig
 from envace.envs import load_tasks
 from envace.evaluation.trials import (
+    compare_per_task,
     compare_results,
     evaluate,
     format_metrics,
@@ -333,6 +334,7 @@ def test_compare_cli_prints_the_paired_table_and_its_json(tmp_path):
     assert cells[:2] == ["overall", "12"] and "0.250" in overall and "0.667" in overall and "+0.417" in overall
     assert f"{mcnemar_exact(a, b):.3g}" in overall  # 2 / 2^5
     assert "kind/lookup" in p.stdout and "kind/recovery" in p.stdout and "exact McNemar" in p.stdout
+    text = p.stdout
     p = _compare_cli(tmp_path / "a.json", tmp_path / "b.json", "--json")
     c = json.loads(p.stdout)
     assert (
@@ -348,6 +350,23 @@ def test_compare_cli_prints_the_paired_table_and_its_json(tmp_path):
         0 < lo < 5 / 12 < hi and set(c["by_kind"]) == {"lookup", "recovery"} and c["by_kind"]["lookup"]["n_tasks"] == 6
     )
     assert c == json.loads(_compare_cli(tmp_path / "a.json", tmp_path / "b.json", "--json").stdout)  # seeded
+    # the bank tasks' templates, rebuilt from their ids: the interval for another draw of templates too
+    n = c["overall"]["n_templates"]
+    assert n >= 2 and f"whole templates resampled ({n} templates" in text
+    tlo, thi = c["overall"]["diff_ci95_templates"]
+    assert tlo <= 5 / 12 <= thi
+
+
+def test_compare_resamples_whole_templates_where_outcomes_move_together_by_template():
+    # B solves every task of templates t0-t2 and none of t3, A none: over tasks a sure gain, over templates not
+    rows = lambda succ: [  # noqa: E731
+        {"task_id": f"x{i}", "template": f"t{i % 4}", "successes": [succ(i)]} for i in range(40)
+    ]
+    c = compare_per_task(rows(lambda i: False), rows(lambda i: i % 4 != 3))["overall"]
+    assert c["diff"] == pytest.approx(0.75) and c["diff_ci95"][0] > 0.5
+    assert c["n_templates"] == 4 and c["diff_ci95_templates"][0] <= 0.5 <= c["diff_ci95"][0]
+    plain = [{"task_id": f"x{i}", "successes": [i % 2 == 0]} for i in range(10)]  # no template: tasks only
+    assert "diff_ci95_templates" not in compare_per_task(plain, plain)["overall"]
 
 
 def test_compare_with_several_samples_pairs_the_per_task_means():

@@ -65,9 +65,10 @@ from ..core.atomic import write_json
 from ..envs import FAULT_KINDS, Play, prepare_tasks
 from ..rewards.functions import call_prf, tool_name_prf
 from ..rollout.engine import RolloutConfig, RolloutEngine
-from ..math.stats import fmt_p, fmt_rate, paired_comparison, rate_interval
+from ..math.stats import fmt_p, fmt_rate, paired_comparison, rate_interval, seed_cluster_bootstrap
 from ..core.types import Task, Trajectory
 from .policy import Policy, add_token_counts, as_policy
+from .results import task_clusters
 
 # Metrics shown by :meth:`EvalResult.table` first, in this order (others follow alphabetically).
 HEADLINE = (
@@ -402,7 +403,11 @@ def compare_per_task(
 ) -> dict[str, Any]:
     """Paired comparison (:func:`envace.math.stats.paired_comparison`) of two per-task lists over the tasks they share,
     aligned by task id: ``overall``, ``by_kind`` (tasks with ``kind``) and ``by_domain`` (with several domains),
-    each ``{"n_tasks", "a": {"rate", "ci95"}, "b": {...}, "diff", "diff_ci95", "p", "p_method"}``."""
+    each ``{"n_tasks", "a": {"rate", "ci95"}, "b": {...}, "diff", "diff_ci95", "p", "p_method"}``. Where the tasks
+    have two or more templates, ``overall`` also has ``diff_ci95_templates`` and ``n_templates``: the interval with
+    whole templates resampled (:func:`envace.math.stats.seed_cluster_bootstrap`; a policy acts by template, so its
+    tasks of one template succeed or fail together and the interval over tasks is too narrow for another draw of
+    templates)."""
     by_b = {r["task_id"]: r for r in rows_b}
     pairs = [(r, by_b[r["task_id"]]) for r in rows_a if r["task_id"] in by_b]
 
@@ -420,6 +425,11 @@ def compare_per_task(
         }
 
     out: dict[str, Any] = {"overall": cmp(pairs)}
+    kind, clusters = task_clusters([x for x, _ in pairs])
+    if kind == "templates":
+        d = [float(np.mean(y["successes"]) - np.mean(x["successes"])) for x, y in pairs]
+        b = seed_cluster_bootstrap([0] * len(d), clusters, d, resamples, seed)
+        out["overall"] |= {"diff_ci95_templates": list(b["ci"]), "n_templates": b["n_clusters"]}
     for group in ("kind", "domain"):
         names = sorted({str(x[group]) for x, _ in pairs if group in x})
         if group == "domain" and len(names) < 2:
@@ -492,4 +502,10 @@ def format_comparison(c: dict[str, Any]) -> str:
         "intervals: Wilson over tasks (per-task mean success); B - A: paired bootstrap over tasks "
         f"({c['resamples']} resamples, seed {c['seed']}); p: {', '.join(P_METHODS.get(m, m) for m in methods)}"
     )
+    if "diff_ci95_templates" in c["overall"]:
+        lo, hi = c["overall"]["diff_ci95_templates"]
+        lines.append(
+            f"overall B - A with whole templates resampled ({c['overall']['n_templates']} templates; a policy acts by "
+            f"template, so this is the interval for another draw of templates): [{lo:+.3f}, {hi:+.3f}]"
+        )
     return "\n".join(lines)
