@@ -34,7 +34,7 @@ from envace.evaluation.experiment import (
 )
 from envace.evaluation.fidelity import measure_fidelity
 from envace.chat.parsing import format_observation, render_act
-from envace.evaluation.claims import FIDELITY_CLAIMS, measure_fidelity_claim
+from envace.evaluation.claims import FIDELITY_CLAIMS, claims_by_seed_table, measure_fidelity_claim
 from envace.evaluation.results import extra_splits, outcome_changes, split_view
 from envace.evaluation.report import (
     LOADED_SUFFIX,
@@ -684,6 +684,13 @@ def test_a_sweep_on_fewer_seeds_and_tasks_is_paired_with_the_n0_outcomes_of_the_
         "2",
     ]  # N=0 claims: both seeds (two outcomes a task: exact sign flip, 2 / 2^8)
     assert by["EnvACE > SFT"][-1] == "cannot tell at this scale"  # over tasks it would hold
+    # what that interval is made of: seed 0's models gain 1 on every task, seed 1's nothing; every template gains
+    head, rows = claims_by_seed_table(res)
+    assert head == ["claim", "seed 0", "seed 1", "clusters + / − / 0"]
+    seeds = {r[0]: r[1:] for r in rows}
+    assert seeds["EnvACE > SFT"] == ["+1.000", "+0.000", "8 / 0 / 0 templates"]
+    assert seeds["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"] == ["-1.000", "–", "0 / 4 / 0 templates"]
+    assert "shared weights ≥ per-role" not in seeds  # not measured: no row
     # N=2 - N=0 on seed 0 only (where envace solved all at N=0) and on the 4 swept tasks (exact McNemar: 2 / 2^4)
     assert by["test-time rehearsal helps EnvACE (N=2 parallel > N=0)"][3:9] == [
         "-1.000",

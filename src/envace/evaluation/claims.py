@@ -166,7 +166,9 @@ def seeds_clusters_interval(
     tasks holds the trained models fixed and takes tasks as independent; where a policy acts by template and a
     seed's models differ from another's, it is far narrower than what another seed and another draw of tasks
     would show (docs/results/decide-val: "holds" on val, the opposite sign on test). ``ci95_seeds_clusters``,
-    ``cluster`` ("templates" / "tasks"), ``n_clusters``."""
+    ``cluster`` ("templates" / "tasks"), ``n_clusters``, and what the interval is made of: ``per_seed`` (seed ->
+    the mean contrast of that seed's models) and ``cluster_signs`` (clusters whose mean contrast over the seeds is
+    above, below and at 0)."""
     coefs = [c for c, _, _, _ in claim.terms]
     rows = {
         s: [{r["task_id"]: r for r in per_task_outcomes(results, a, n, m, [s])} for _, a, n, m in claim.terms]
@@ -183,10 +185,16 @@ def seeds_clusters_interval(
                 clusters.append(cluster_of[t])
                 values.append(sum(k * float(np.mean(d[t]["successes"])) for k, d in zip(coefs, rows[s])))
     b = seed_cluster_bootstrap(labels, clusters, values, resamples, seed)
+    by_cluster: dict[str, list[float]] = {}
+    for c, v in zip(clusters, values):
+        by_cluster.setdefault(c, []).append(v)
+    means = [float(np.mean(v)) for v in by_cluster.values()]
     return {
         "ci95_seeds_clusters": [float(b["ci"][0]), float(b["ci"][1])],
         "cluster": kind,
         "n_clusters": b["n_clusters"],
+        "per_seed": {s: float(np.mean([v for x, v in zip(labels, values) if x == s])) for s in dict.fromkeys(labels)},
+        "cluster_signs": [sum(m > 0 for m in means), sum(m < 0 for m in means), sum(m == 0 for m in means)],
     }
 
 
@@ -331,7 +339,27 @@ def claims_table(results: dict[str, Any], fidelity: bool = True) -> tuple[list[s
     return head, rows
 
 
+def claims_by_seed_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """What each measured claim's interval over seeds and templates is made of: the contrast of each seed's models
+    (a column per seed, ``–`` where that seed did not run every term) and the number of clusters (templates, or
+    tasks) whose contrast, over the seeds, is above / below / at 0. A claim whose seeds disagree in sign, or whose
+    difference comes from a few templates, cannot hold over seeds and templates however narrow its interval over
+    tasks."""
+    ms = [(c, measure_claim(results, c)) for c in paper_claims(claim_n(results))]
+    ms = [(c, m) for c, m in ms if m is not None]
+    seeds = sorted({s for _, m in ms for s in m["per_seed"]}, key=int)
+    head = ["claim", *(f"seed {s}" for s in seeds), "clusters + / − / 0"]
+    rows = [
+        [c.text]
+        + [f"{m['per_seed'][s]:+.3f}" if s in m["per_seed"] else "–" for s in seeds]
+        + ["{} / {} / {} ".format(*m["cluster_signs"]) + m["cluster"]]
+        for c, m in ms
+    ]
+    return head, rows
+
+
 __all__ = [
+    "claims_by_seed_table",
     "FidelityClaim",
     "FIDELITY_CLAIMS",
     "fidelity_summary",
