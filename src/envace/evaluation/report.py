@@ -731,6 +731,20 @@ def verdict_summary(claims: tuple[list[str], list[list[str]]]) -> str:
     return "In short, " + "; ".join(parts) + "." if parts else ""
 
 
+LEAD_TABLES = (
+    "claims",
+    "claims_by_seed",
+    "main",
+    "paired",
+    "success_curve",
+    "kinds",
+    "tts",
+    "tts_paired",
+    "tts_tokens",
+)
+"""The report's tables before its figures, in order (those with rows)."""
+
+
 def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     """Write every report file into ``out_dir``; returns kind -> path."""
     os.makedirs(out_dir, exist_ok=True)
@@ -881,21 +895,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     md = [f"# EnvACE experiment in miniature\n\n{_config_summary(c)}\n\nArms:\n{arms_md}\n"]
     if summary:
         md.append(f"**{summary}**\n")
-    for key in [
-        k
-        for k in (
-            "claims",
-            "claims_by_seed",
-            "main",
-            "paired",
-            "success_curve",
-            "kinds",
-            "tts",
-            "tts_paired",
-            "tts_tokens",
-        )
-        if tables[k][1]
-    ]:
+    for key in [k for k in LEAD_TABLES if tables[k][1]]:
         md.append(f"## {titles[key]}\n\n{captions[key]}\n\n{md_table(*tables[key])}\n")
     for title, caption, table in split_sections:
         md.append(f"## {title}\n\n{caption}\n\n{md_table(*table)}\n")
@@ -930,21 +930,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
     ]
     if summary:
         body.append(f"<p><b>{html.escape(summary)}</b></p>")
-    for key in [
-        k
-        for k in (
-            "claims",
-            "claims_by_seed",
-            "main",
-            "paired",
-            "success_curve",
-            "kinds",
-            "tts",
-            "tts_paired",
-            "tts_tokens",
-        )
-        if tables[k][1]
-    ]:
+    for key in [k for k in LEAD_TABLES if tables[k][1]]:
         body.append(
             f"<h2 id='{key}'>{titles[key]}</h2><p class='meta'>"
             f"{html.escape(captions[key])}</p>{html_table(*tables[key])}"
