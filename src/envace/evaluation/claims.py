@@ -307,11 +307,22 @@ def claim_row(
     ]
 
 
-def claims_table(results: dict[str, Any], fidelity: bool = True) -> tuple[list[str], list[list[str]]]:
+def measure_claims(results: dict[str, Any]) -> list[tuple[Claim, dict[str, Any] | None]]:
+    """Each claim of :func:`paper_claims` with its :func:`measure_claim` (None: not measured): what the claims
+    table and the table by seed both read, measured once."""
+    return [(claim, measure_claim(results, claim)) for claim in paper_claims(claim_n(results))]
+
+
+def claims_table(
+    results: dict[str, Any],
+    fidelity: bool = True,
+    measured: list[tuple[Claim, dict[str, Any] | None]] | None = None,
+) -> tuple[list[str], list[list[str]]]:
     """One row per claim of :func:`paper_claims`, then (``fidelity``) one per :data:`FIDELITY_CLAIMS` (its interval
     unpaired, its "tasks" the observations of each side): the contrast, the paper's number, the measured difference
     with its paired 95% interval over tasks and p-value, its interval over seeds and task clusters
-    (:func:`seeds_clusters_interval`), tasks, seeds and the verdict (:func:`claim_row`)."""
+    (:func:`seeds_clusters_interval`), tasks, seeds and the verdict (:func:`claim_row`). ``measured``: the claims'
+    :func:`measure_claims` where the caller has them."""
     head = [
         "claim",
         "paper",
@@ -325,11 +336,10 @@ def claims_table(results: dict[str, Any], fidelity: bool = True) -> tuple[list[s
         "verdict",
     ]
     rows = []
-    for claim in paper_claims(claim_n(results)):
+    for claim, m in measure_claims(results) if measured is None else measured:
         contrast = " ".join(
-            ("+ " if c > 0 else "− ") + f"{a}@{budget_label(n, m)}" for c, a, n, m in claim.terms
+            ("+ " if c > 0 else "− ") + f"{a}@{budget_label(n, mode)}" for c, a, n, mode in claim.terms
         ).lstrip("+ ")
-        m = measure_claim(results, claim)
         rows.append(claim_row(claim.text, claim.paper, contrast, claim.direction, m, str(m["n_tasks"]) if m else ""))
     for fc in FIDELITY_CLAIMS if fidelity else ():
         contrast = f"{fc.b[0]}@{fc.b[1]} − {fc.a[0]}@{fc.a[1]} (fidelity {fc.metric.replace('_', ' ')})"
@@ -339,14 +349,15 @@ def claims_table(results: dict[str, Any], fidelity: bool = True) -> tuple[list[s
     return head, rows
 
 
-def claims_by_seed_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def claims_by_seed_table(
+    results: dict[str, Any], measured: list[tuple[Claim, dict[str, Any] | None]] | None = None
+) -> tuple[list[str], list[list[str]]]:
     """What each measured claim's interval over seeds and templates is made of: the contrast of each seed's models
     (a column per seed, ``–`` where that seed did not run every term) and the number of clusters (templates, or
     tasks) whose contrast, over the seeds, is above / below / at 0. A claim whose seeds disagree in sign, or whose
     difference comes from a few templates, cannot hold over seeds and templates however narrow its interval over
-    tasks."""
-    ms = [(c, measure_claim(results, c)) for c in paper_claims(claim_n(results))]
-    ms = [(c, m) for c, m in ms if m is not None]
+    tasks. ``measured``: the claims' :func:`measure_claims` where the caller has them."""
+    ms = [(c, m) for c, m in (measure_claims(results) if measured is None else measured) if m is not None]
     seeds = sorted({s for _, m in ms for s in m["per_seed"]}, key=int)
     head = ["claim", *(f"seed {s}" for s in seeds), "clusters + / − / 0"]
     rows = [
@@ -370,6 +381,7 @@ __all__ = [
     "paper_claims",
     "claim_verdict",
     "measure_claim",
+    "measure_claims",
     "seeds_clusters_interval",
     "SEEDS_CLUSTERS_CI",
     "claim_n",

@@ -50,6 +50,7 @@ from .claims import (
     claims_by_seed_table,
     claims_table,
     measure_claim,
+    measure_claims,
     paper_claims,
 )
 from .results import (
@@ -773,9 +774,10 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         figs["success_curve"] = plot_success_curve(results, p("success_curve.png"))
     c = results["config"]
     n_seeds = max((len(results["runs"].get(a, {})) for a in results["arms"]), default=0)
+    measured = measure_claims(results)  # both claims tables read them
     tables = {
-        "claims": claims_table(results),
-        "claims_by_seed": claims_by_seed_table(results),
+        "claims": claims_table(results, measured=measured),
+        "claims_by_seed": claims_by_seed_table(results, measured),
         "main": main_table(results),
         "paired": paired_table(results),
         "kinds": kind_table(results),
