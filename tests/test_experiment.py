@@ -54,6 +54,7 @@ from envace.evaluation.report import (
     mean_std,
     paired_table,
     plot_success,
+    plot_tts,
     plot_success_curve,
     success_changes,
     success_curve,
@@ -721,8 +722,9 @@ def test_each_budget_is_paired_with_its_arm_at_n0_and_rehearsal_with_the_plan_ba
         "-0.500",
         "[-0.875, -0.125]",
         "0.125",
+        "0",
     ]
-    assert by["envace", "N=2 plan"][3:] == ["-0.500", "[-0.875, -0.125]", "0.125", "0 / 4", "–", "–", "–"]
+    assert by["envace", "N=2 plan"][3:] == ["-0.500", "[-0.875, -0.125]", "0.125", "0 / 4", "–", "–", "–", "0"]
     assert by["base", "N=2 par"][3:7] == ["+0.000", "[+0.000, +0.000]", "1", "0 / 0"]
     assert {r[0] for r in rows} == {"base", "envace"}  # only the swept arms
     res = _claims_results()  # the sweep kept only the first 4 tasks: N=0 is paired on those 4 alone
@@ -731,6 +733,29 @@ def test_each_budget_is_paired_with_its_arm_at_n0_and_rehearsal_with_the_plan_ba
     row = next(r for r in tts_paired_table(res)[1] if r[:2] == ["envace", "N=2 par"])
     assert row[3:7] == ["-1.000", "[-1.000, -1.000]", "0.125", "0 / 4"]
     assert row[7] == "+0.000"  # the plan baseline also solves none of the first four
+
+
+def test_a_budget_that_only_some_seeds_ran_is_paired_with_n0_on_those_seeds_alone(tmp_path):
+    res = _claims_results()
+    one = lambda ok: [{"task_id": f"bank-test-{i}", "domain": "bank", "successes": [ok]} for i in range(8)]  # noqa: E731
+    ev = lambda n, mode, ok: {"n": n, "mode": mode, "metrics": {"success_rate": float(ok)}, "per_task": one(ok)}  # noqa: E731
+    # seed 1 ran N=0, N=2 and N=3; seed 0 (envace solves all at N=0, none at N=2) stopped at N=2. Seed 1 solves no
+    # task at N=0 nor at N=3: no change, where N=0 pooled over both seeds (half of each task) would read -0.5
+    res["runs"]["envace"]["1"] = {
+        "evals": [ev(0, "none", False), ev(2, "parallel", False), ev(3, "parallel", False), ev(3, "plan", True)]
+    }
+    res["config"]["tts_budgets"] = [0, 2, 3]
+    by = {(r[0], r[1]): r for r in tts_paired_table(res)[1]}
+    assert by["envace", "N=3 par"][3:7] == ["+0.000", "[+0.000, +0.000]", "1", "0 / 0"]
+    assert by["envace", "N=3 par"][7] == "-1.000" and by["envace", "N=3 par"][-1] == "1"
+    # N=2 parallel ran on both seeds: seed 0 loses every task, seed 1 none (pooled -0.5); its plan on seed 0 only
+    assert by["envace", "N=2 par"][3] == "-0.500" and by["envace", "N=2 par"][-1] == "0, 1 (plan: 0)"
+    head, rows = tts_table(res)
+    envace = dict(zip(head, next(r for r in rows if r[0] == "envace")))
+    assert envace["N=0"].startswith("0.500 [") and "(seed" not in envace["N=0"]
+    assert envace["N=3 par"].startswith("0.000 [") and envace["N=3 par"].endswith(" (seed 1)")
+    assert envace["N=2 plan"].endswith(" (seed 0)")
+    assert os.path.exists(plot_tts(res, str(tmp_path / "tts.png")))
 
 
 def test_fidelity_curve_is_drawn_from_each_seed_s_points_on_the_shadow_set():

@@ -154,42 +154,65 @@ def sweep_scope(results: dict[str, Any], arm: str) -> tuple[list[str], set[str]]
     return (seeds, ids) if seeds else None
 
 
+def budget_seeds(results: dict[str, Any], arm: str, n: int, mode: str, seeds: Sequence[str]) -> list[str]:
+    """The seeds among ``seeds`` in which ``arm`` was evaluated at (n, mode) with per-task outcomes: a sweep whose
+    seeds ran different budgets (one seed to N=3, another to N=2) pairs each budget with N=0 on these alone."""
+    return [
+        s
+        for s in seeds
+        if (e := eval_entry(results["runs"].get(arm, {}).get(s, {"evals": []}), n, mode)) is not None
+        and "per_task" in e
+    ]
+
+
 def sweep_rate(
     results: dict[str, Any], arm: str, n: int, mode: str
-) -> tuple[tuple[float, float, float], list[float]] | None:
-    """((rate, low, high) pooled over the sweep's seeds and tasks, [rate of each seed]) at (n, mode), N=0
-    included, so every budget of the N curve is measured on the same tasks and seeds; None without a scope."""
+) -> tuple[tuple[float, float, float], dict[str, float]] | None:
+    """((rate, low, high) pooled over the sweep's tasks and the seeds evaluated at (n, mode), {seed: that seed's
+    rate}) at (n, mode), N=0 included, so every budget of the N curve is measured on the same tasks; a budget that
+    only some of the sweep's seeds ran is pooled over those (:func:`budget_seeds`; the caller says so). None
+    without a scope or without outcomes at (n, mode)."""
     scope = sweep_scope(results, arm)
     if scope is None:
         return None
     seeds, ids = scope
+    seeds = budget_seeds(results, arm, n, mode, seeds)
     rows = [r for r in per_task_outcomes(results, arm, n, mode, seeds) if r["task_id"] in ids]
     if not rows:
         return None
-    per_seed = []
+    per_seed = {}
     for s in seeds:
         mine = [r["successes"] for r in per_task_outcomes(results, arm, n, mode, [s]) if r["task_id"] in ids]
         if mine:
-            per_seed.append(rate_interval(mine)[0])
+            per_seed[s] = rate_interval(mine)[0]
     return rate_interval([r["successes"] for r in rows]), per_seed
+
+
+def seeds_note(used: Sequence[str], scope: Sequence[str]) -> str:
+    """`` (seed 1)`` / `` (seeds 0, 1)`` where a cell pools fewer seeds than its sweep, else empty."""
+    if list(used) == list(scope):
+        return ""
+    return f" (seed{'s' if len(used) != 1 else ''} {', '.join(used)})"
 
 
 def tts_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Success at every budget: ``rate [95% CI]`` pooled over the sweep's seeds and tasks (:func:`sweep_rate`, N=0
-    on the same ones), and ``· sd`` over seeds when several. Results without per-task outcomes at N > 0 show
-    :func:`success_cell` instead."""
+    on the same ones), ``· sd`` over seeds when several, and the seeds in brackets where a budget ran on fewer of
+    them than the sweep. Results without per-task outcomes at N > 0 show :func:`success_cell` instead."""
     keys = budget_keys(results)
     head = ["arm", *[budget_label(n, m) for n, m in keys]]
     rows = []
     for arm in tts_arms_run(results):
         cells = []
+        scope = sweep_scope(results, arm) or ([], set())
         for n, m in keys:
             sr = sweep_rate(results, arm, n, m)
             if sr is None:
                 cells.append(success_cell(results, arm, n, m, spread=True))
                 continue
             (rate, lo, hi), per_seed = sr
-            cells.append(fmt_rate(rate, lo, hi) + (f" · sd {mean_std(per_seed)[1]:.3f}" if len(per_seed) > 1 else ""))
+            sd = f" · sd {mean_std(list(per_seed.values()))[1]:.3f}" if len(per_seed) > 1 else ""
+            cells.append(fmt_rate(rate, lo, hi) + sd + seeds_note(list(per_seed), scope[0]))
         rows.append([arm, *cells])
     return head, rows
 
@@ -201,10 +224,11 @@ def _diff_cells(c: dict[str, Any]) -> list[str]:
 
 
 def tts_paired_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Each budget N > 0 of each swept arm, paired task by task on the sweep's seeds and tasks (:func:`sweep_scope`)
-    with the same arm at N=0 and, for a rehearsal mode, with the compute-matched ``plan`` baseline at the same N:
-    the difference with its paired bootstrap 95% interval and p-value (envace.evaluation.trials.compare_per_task),
-    and the (task, seed) outcomes won / lost against N=0."""
+    """Each budget N > 0 of each swept arm, paired task by task on the sweep's tasks (:func:`sweep_scope`) and the
+    seeds that ran that budget (:func:`budget_seeds`) with the same arm at N=0 and, for a rehearsal mode, with the
+    compute-matched ``plan`` baseline at the same N (on the seeds that ran both): the difference with its paired
+    bootstrap 95% interval and p-value (envace.evaluation.trials.compare_per_task), the (task, seed) outcomes won /
+    lost against N=0, and the seeds."""
     from .trials import compare_per_task
 
     head = [
@@ -218,6 +242,7 @@ def tts_paired_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
         "- plan",
         "paired 95% CI",
         "p",
+        "seeds",
     ]
     rows: list[list[str]] = []
     for arm in tts_arms_run(results):
@@ -225,18 +250,20 @@ def tts_paired_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
         if scope is None:
             continue
         seeds, ids = scope
-        at = lambda n, m: [r for r in per_task_outcomes(results, arm, n, m, seeds) if r["task_id"] in ids]  # noqa: E731
-        zero = at(0, "none")
+        at = lambda n, m, ss: [r for r in per_task_outcomes(results, arm, n, m, ss) if r["task_id"] in ids]  # noqa: E731
         for n, m in [k for k in budget_keys(results) if k[0] > 0]:
-            b = at(n, m)
-            if not b or not zero:
+            ran = budget_seeds(results, arm, n, m, budget_seeds(results, arm, 0, "none", seeds))
+            b, zero = at(n, m, ran), at(0, "none", ran)
+            if not ran or not b or not zero:
                 continue
             c = compare_per_task(zero, b)["overall"]
             ch = outcome_changes(results, arm, arm, n, m, baseline_at=(0, "none"), tasks=ids)
             row = [arm, budget_label(n, m), fmt_rate(c["b"]["rate"], *c["b"]["ci95"]), *_diff_cells(c)]
             row.append(f"{ch['won']} / {ch['lost']}" if ch else "–")
-            plan = at(n, "plan") if m != "plan" else []
-            row += _diff_cells(compare_per_task(plan, b)["overall"]) if plan else ["–", "–", "–"]
+            both = budget_seeds(results, arm, n, "plan", ran) if m != "plan" else []
+            plan = at(n, "plan", both) if both else []
+            row += _diff_cells(compare_per_task(plan, at(n, m, both))["overall"]) if plan else ["–", "–", "–"]
+            row.append(", ".join(ran) + ("" if both in ([], ran) else f" (plan: {', '.join(both)})"))
             rows.append(row)
     return head, rows
 
@@ -496,23 +523,25 @@ def plot_curves(
 
 def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -> str:
     """Success vs rehearsal budget N per swept arm: parallel solid, sequential dashed, plan dotted (all from the N=0
-    point), on the sweep's tasks and seeds with 95% Wilson bars (:func:`sweep_rate`; else mean ± std over seeds)."""
+    point), on the sweep's tasks and seeds with 95% Wilson bars (:func:`sweep_rate`; else mean ± std over seeds); a
+    budget that ran on fewer of the sweep's seeds has an open marker."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=100)
     keys = budget_keys(results)
     modes = sorted({m for n, m in keys if n > 0}) or ["none"]
     styles = {"parallel": "-", "sequential": "--", "plan": ":"}
 
-    def point(
-        arm: str, n: int, mode: str
-    ) -> tuple[float, float, float]:  # (y, below, above): Wilson on the sweep, else ± std over seeds
+    def point(arm: str, n: int, mode: str) -> tuple[float, float, float, bool]:
+        """(y, below, above, fewer seeds): Wilson on the sweep, else ± std over seeds; the flag where the budget
+        ran on fewer of the sweep's seeds than it has (an open marker)."""
         sr = sweep_rate(results, arm, n, mode) if metric == "success_rate" else None
         if sr is not None:
-            (rate, lo, hi), _ = sr
-            return rate, rate - lo, hi - rate
+            (rate, lo, hi), per_seed = sr
+            return rate, rate - lo, hi - rate, len(per_seed) < len((sweep_scope(results, arm) or ([], set()))[0])
         m, sd = mean_std(eval_values(results, arm, n, mode, metric))
-        return m, sd, sd
+        return m, sd, sd, False
 
+    partial = False
     for i, arm in enumerate(tts_arms_run(results) or results["arms"]):
         color = f"C{i % 10}"
         for mode in modes:
@@ -531,6 +560,12 @@ def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -
                     capsize=2,
                     label=label,
                 )
+                few = [(n, v[0]) for n, v in pts if v[3]]
+                if few:
+                    ax.plot([n for n, _ in few], [y for _, y in few], "o", color=color, mfc="white", ms=6)
+                    partial = True
+    if partial:
+        ax.text(0.01, 0.01, "open marker: fewer seeds than N=0", transform=ax.transAxes, fontsize=7)
     ax.set_xlabel("rehearsal budget N")
     ax.set_ylabel(metric)
     ax.set_title("Test-time rehearsal budget")
@@ -1000,6 +1035,8 @@ __all__ = [  # Claim ... claims_table, per_task_outcomes ... curve, viewer_html 
     "tts_arms_run",
     "sweep_scope",
     "sweep_rate",
+    "budget_seeds",
+    "seeds_note",
     "write_report",
     "verdict_summary",
     "main_table",
