@@ -254,7 +254,7 @@ def tts_paired_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
         for n, m in [k for k in budget_keys(results) if k[0] > 0]:
             ran = budget_seeds(results, arm, n, m, budget_seeds(results, arm, 0, "none", seeds))
             b, zero = at(n, m, ran), at(0, "none", ran)
-            if not ran or not b or not zero:
+            if not b or not zero:  # (no seed ran both: both empty)
                 continue
             c = compare_per_task(zero, b)["overall"]
             ch = outcome_changes(results, arm, arm, n, m, baseline_at=(0, "none"), tasks=ids)
@@ -531,21 +531,23 @@ def plot_tts(results: dict[str, Any], path: str, metric: str = "success_rate") -
     modes = sorted({m for n, m in keys if n > 0}) or ["none"]
     styles = {"parallel": "-", "sequential": "--", "plan": ":"}
 
-    def point(arm: str, n: int, mode: str) -> tuple[float, float, float, bool]:
+    def point(arm: str, n: int, mode: str, scope: list[str]) -> tuple[float, float, float, bool]:
         """(y, below, above, fewer seeds): Wilson on the sweep, else ± std over seeds; the flag where the budget
-        ran on fewer of the sweep's seeds than it has (an open marker)."""
+        ran on fewer of the sweep's seeds (``scope``) than it has (an open marker; as :func:`seeds_note`)."""
         sr = sweep_rate(results, arm, n, mode) if metric == "success_rate" else None
         if sr is not None:
             (rate, lo, hi), per_seed = sr
-            return rate, rate - lo, hi - rate, len(per_seed) < len((sweep_scope(results, arm) or ([], set()))[0])
+            return rate, rate - lo, hi - rate, bool(seeds_note(list(per_seed), scope))
         m, sd = mean_std(eval_values(results, arm, n, mode, metric))
         return m, sd, sd, False
 
     partial = False
     for i, arm in enumerate(tts_arms_run(results) or results["arms"]):
         color = f"C{i % 10}"
+        scope = (sweep_scope(results, arm) or ([], set()))[0]
         for mode in modes:
-            pts = [(0, point(arm, 0, "none"))] + [(n, point(arm, n, mode)) for n, m in keys if n > 0 and m == mode]
+            pts = [(0, point(arm, 0, "none", scope))]
+            pts += [(n, point(arm, n, mode, scope)) for n, m in keys if n > 0 and m == mode]
             pts = [(n, v) for n, v in pts if v[0] == v[0]]  # drop budgets without values (nan)
             if pts:
                 label = arm if mode == "none" else f"{arm} ({mode})"
