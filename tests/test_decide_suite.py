@@ -87,3 +87,29 @@ def test_a_request_without_entities_is_split_by_customer():
     train, test = keys("train"), keys("test")
     assert train and test and not train & test
     assert {u.split(". ", 1)[1] for _, u in train} & {u.split(". ", 1)[1] for _, u in test}
+
+
+def _nothing_to_cancel() -> list:
+    return [t for t in _tasks("cancel_pending") if not t.expected_outputs and len(t.flat_gold()) == 1]
+
+
+def test_a_reply_without_looking_fails_a_request_that_needs_no_action():
+    """A customer with no pending order: the right end state is the start state and the reply quotes no fact, so
+    only the read tells an agent that looked from one that guessed; the guess fails, and the score says why."""
+    tasks = _nothing_to_cancel()
+    assert len(tasks) >= 5
+    for t in tasks:
+        guessed = real_trajectory(t, [([], task_reply := t.gold_replies[0])]).env_outcome
+        assert not guessed["success"] and guessed["details"]["state_match"]
+        assert guessed["details"]["unlooked_tools"] == ["list_orders"]
+        looked = real_trajectory(t, [([ToolCall("list_orders", {})], task_reply)]).env_outcome
+        assert looked["success"] and looked["details"]["unlooked_tools"] == []
+
+
+def test_a_request_with_something_to_do_is_judged_by_its_outcome_alone():
+    """Where the gold run changes the world, the end state is the evidence: cancelling the right orders without
+    the listing read (ids known some other way) still succeeds, and nothing is reported unlooked."""
+    t = next(t for t in _tasks("cancel_pending") if t.expected_outputs)
+    cancels = [c for c in t.flat_gold() if c.name == "cancel_order"]
+    out = real_trajectory(t, [(cancels, t.gold_replies[0])]).env_outcome
+    assert out["success"] and out["details"]["unlooked_tools"] == []

@@ -163,23 +163,40 @@ class ToolEnv(Environment):
         this domain, and the text replies state every expected output (case-insensitively, as a whole value:
         :func:`~envace.core.types.states_fact`). That reference run
         is part of the check, not an execution of the task: it uses the domain class itself, never the registry's
-        factory for ``task.env`` (which may wrap the environment, e.g. to count or forward its calls)."""
+        factory for ``task.env`` (which may wrap the environment, e.g. to count or forward its calls).
+
+        A task whose gold run changes nothing and expects no fact in the reply (a request that turns out to need
+        no action, e.g. cancelling the pending orders of a customer who has none) is passed by an agent that never
+        looked; there, success also requires the trajectory to have called every tool the gold run called
+        (:func:`unlooked_tools`), so that "nothing to do" is a decision read from the world, not a guess."""
         gold_env = type(self)(self.task)
-        for call in self.task.flat_gold():
+        start = gold_env.outcome_state()
+        gold = self.task.flat_gold()
+        for call in gold:
             gold_env.call(call)
         want, got = gold_env.outcome_state(), self.outcome_state()
         gold_env.close()
         diffs = json_diff(want, got)
         text = "\n".join(traj.replies()).lower()
         missing = [o for o in self.task.expected_outputs if not states_fact(text, o)]
-        success = not diffs and not missing
+        nothing_to_do = not self.task.expected_outputs and not json_diff(start, want)
+        unlooked = unlooked_tools(gold, traj.calls()) if nothing_to_do else []
+        success = not diffs and not missing and not unlooked
         details = {
             "state_match": not diffs,
             "state_diff": diffs[:10],
             "n_state_diff": len(diffs),
             "missing_outputs": missing,
+            "unlooked_tools": unlooked,
         }
         return Score(success=success, reward=1.0 if success else 0.0, details=details)
+
+
+def unlooked_tools(gold: list[ToolCall], calls: list[ToolCall]) -> list[str]:
+    """The tools the gold run called that ``calls`` never did (by name, in gold order): on a task with nothing to
+    do, what the agent skipped reading before it concluded so."""
+    called = {c.name for c in calls}
+    return list(dict.fromkeys(c.name for c in gold if c.name not in called))
 
 
 def json_diff(want: Any, got: Any, path: str = "$") -> list[str]:
