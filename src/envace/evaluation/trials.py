@@ -206,12 +206,7 @@ def summarize(
     parse_err = sum(t.counters.get("act/parse_errors", 0) for t in trajs)
     act_rows = [r for t in trajs for r in t.rows if r.role == "act"]
     last_act = [next((r for r in reversed(t.rows) if r.role == "act"), None) for t in trajs]
-    m: dict[str, float] = {"success_rate": _mean([s for p in per_task for s in p["successes"]])}
-    _with_ci(m, "success_rate", [p["successes"] for p in per_task])
-    for k in range(1, samples + 1):
-        m[f"pass^{k}"] = _mean([pass_hat_k(p["successes"], k) for p in per_task])
-        _with_ci(m, f"pass^{k}", [[pass_hat_k(p["successes"], k)] for p in per_task])
-    m["n_tasks"] = float(len(per_task))
+    m = success_metrics(per_task, samples)
     for key in ("tool_precision", "tool_recall", "tool_f1", "call_precision", "call_recall", "call_f1"):
         m[key] = _mean([p[key] for p in per_task])
     m |= {
@@ -225,6 +220,19 @@ def summarize(
         "wall_s": float(wall_s),
     }
     m |= fault_counts(trajs)
+    return m
+
+
+def success_metrics(per_task: Sequence[dict[str, Any]], samples: int) -> dict[str, float]:
+    """The metrics that read only the per-task successes: ``success_rate``, ``pass^k`` (k = 1..samples), each with
+    its interval, ``n_tasks``, and ``domain/<env>/success_rate`` / ``kind/<kind>/success_rate`` with theirs (part
+    of :func:`summarize`; a stored evaluation whose successes were rescored gets its rates again from it)."""
+    m: dict[str, float] = {"success_rate": _mean([s for p in per_task for s in p["successes"]])}
+    _with_ci(m, "success_rate", [p["successes"] for p in per_task])
+    for k in range(1, samples + 1):
+        m[f"pass^{k}"] = _mean([pass_hat_k(p["successes"], k) for p in per_task])
+        _with_ci(m, f"pass^{k}", [[pass_hat_k(p["successes"], k)] for p in per_task])
+    m["n_tasks"] = float(len(per_task))
     for group in ("domain", "kind"):
         for name in sorted({str(p[group]) for p in per_task if group in p}):
             rows = [p["successes"] for p in per_task if str(p.get(group)) == name]

@@ -158,29 +158,34 @@ class ToolEnv(Environment):
         and counters so that the same effects in another order (two transfers swapped) still count."""
         return self.state()
 
+    def gold_run(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The outcome state of a fresh instance of this domain before and after the task's gold calls. A reference
+        run, part of the check, not an execution of the task: it uses the domain class itself, never the registry's
+        factory for ``task.env`` (which may wrap the environment, e.g. to count or forward its calls)."""
+        gold_env = type(self)(self.task)
+        start = gold_env.outcome_state()
+        for call in self.task.flat_gold():
+            gold_env.call(call)
+        want = gold_env.outcome_state()
+        gold_env.close()
+        return start, want
+
     def score(self, traj: Trajectory) -> Score:
         """Success = this env's outcome state equals the one after running the gold actions in a fresh instance of
         this domain, and the text replies state every expected output (case-insensitively, as a whole value:
-        :func:`~envace.core.types.states_fact`). That reference run
-        is part of the check, not an execution of the task: it uses the domain class itself, never the registry's
-        factory for ``task.env`` (which may wrap the environment, e.g. to count or forward its calls).
+        :func:`~envace.core.types.states_fact`); the gold run is :meth:`gold_run`.
 
         A task whose gold run changes nothing and expects no fact in the reply (a request that turns out to need
         no action, e.g. cancelling the pending orders of a customer who has none) is passed by an agent that never
         looked; there, success also requires the trajectory to have called every tool the gold run called
         (:func:`unlooked_tools`), so that "nothing to do" is a decision read from the world, not a guess."""
-        gold_env = type(self)(self.task)
-        start = gold_env.outcome_state()
-        gold = self.task.flat_gold()
-        for call in gold:
-            gold_env.call(call)
-        want, got = gold_env.outcome_state(), self.outcome_state()
-        gold_env.close()
+        start, want = self.gold_run()
+        got = self.outcome_state()
         diffs = json_diff(want, got)
         text = "\n".join(traj.replies()).lower()
         missing = [o for o in self.task.expected_outputs if not states_fact(text, o)]
-        nothing_to_do = not self.task.expected_outputs and not json_diff(start, want)
-        unlooked = unlooked_tools(gold, traj.calls()) if nothing_to_do else []
+        nothing = nothing_to_do(self.task, start, want)
+        unlooked = unlooked_tools(self.task.flat_gold(), traj.calls()) if nothing else []
         success = not diffs and not missing and not unlooked
         details = {
             "state_match": not diffs,
@@ -190,6 +195,12 @@ class ToolEnv(Environment):
             "unlooked_tools": unlooked,
         }
         return Score(success=success, reward=1.0 if success else 0.0, details=details)
+
+
+def nothing_to_do(task: Task, start: dict[str, Any], want: dict[str, Any]) -> bool:
+    """Whether the task needs no action: its gold run leaves the outcome state as it found it (``start`` ->
+    ``want``, :meth:`ToolEnv.gold_run`) and its replies need state no fact."""
+    return not task.expected_outputs and not json_diff(start, want)
 
 
 def unlooked_tools(gold: list[ToolCall], calls: list[ToolCall]) -> list[str]:
