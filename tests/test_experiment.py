@@ -52,6 +52,7 @@ from envace.evaluation.report import (
     kind_table,
     main_table,
     mean_std,
+    option_arm_table,
     paired_table,
     plot_success,
     plot_tts,
@@ -571,6 +572,24 @@ def _claims_results():
         tts_modes=("parallel", "plan"),
     )
     return {"config": to_dict(cfg), "arms": list(cfg.arms), "runs": {a: {"0": {"evals": e}} for a, e in evals.items()}}
+
+
+def test_each_option_arm_is_compared_with_its_own_variant_not_with_sft(tmp_path):
+    """envace+obs_loss against envace (the arm it adds an option to), paired task by task: the option loses the
+    first three of 8 tasks that plain EnvACE solves; an option arm whose variant did not run has no row."""
+    results = _claims_results()
+    ev = results["runs"]["envace"]["0"]["evals"][0]
+    option = {**ev, "per_task": [{**p, "successes": [i >= 3]} for i, p in enumerate(ev["per_task"])]}
+    results["arms"] += ["envace+obs_loss", "caller_only+dynamic"]
+    results["runs"]["envace+obs_loss"] = results["runs"]["caller_only+dynamic"] = {"0": {"evals": [option]}}
+    head, rows = option_arm_table(results)
+    assert head[:5] == ["option arm", "variant", "variant [95% CI]", "arm [95% CI]", "arm - variant"]
+    assert [r[:2] for r in rows] == [["envace+obs_loss", "envace"]]
+    assert rows[0][4:6] == ["-0.375", "[-0.750, +0.000]"]  # the seeded bootstrap over tasks
+    assert rows[0][-3:] == ["0 / 3", "8", "1"]
+    assert option_arm_table(_claims_results())[1] == []  # no option arm: no table
+    md = open(write_report(results, str(tmp_path))["md"]).read()
+    assert "## Each option arm against its variant" in md and "| envace+obs_loss | envace |" in md
 
 
 def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():

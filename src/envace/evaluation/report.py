@@ -314,54 +314,57 @@ def kind_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return ["arm", *kinds], rows
 
 
+PAIRED_HEAD = ["arm [95% CI]", "paired 95% CI", "p", "test", "won / lost", "tasks", "seeds"]
+
+
+def _paired_row(results: dict[str, Any], arm: str, baseline: str, width: int) -> list[str]:
+    """``arm`` against ``baseline`` at N=0 on the seeds in which both were evaluated (a split view may lack an arm's
+    evaluation in some): both rates, the difference and its interval, p, the test, won / lost, tasks, seeds."""
+    from .trials import compare_per_task
+
+    seeds = [
+        s
+        for s in sorted(set(results["runs"].get(arm, {})) & set(results["runs"].get(baseline, {})), key=int)
+        if all(eval_entry(results["runs"][x][s], 0, "none") is not None for x in (arm, baseline))
+    ]
+    a, b = per_task_outcomes(results, baseline, 0, "none", seeds), per_task_outcomes(results, arm, 0, "none", seeds)
+    if not a or not b:
+        return ["–"] * width
+    c = compare_per_task(a, b)["overall"]
+    ch = outcome_changes(results, arm, baseline)
+    return [
+        fmt_rate(c["a"]["rate"], *c["a"]["ci95"]),
+        fmt_rate(c["b"]["rate"], *c["b"]["ci95"]),
+        *_diff_cells(c),
+        c["p_method"].replace("_", " "),
+        f"{ch['won']} / {ch['lost']}" if ch else "–",
+        str(c["n_tasks"]),
+        str(len(seeds)),
+    ]
+
+
 def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[str], list[list[str]]]:
     """Each RL arm against ``baseline`` at N=0, paired over the same held-out tasks (per-task outcomes pooled over
     the seeds both ran): both rates with 95% Wilson intervals, the difference (arm - baseline) with its paired
     bootstrap 95% interval, and the p-value (exact McNemar with one binary outcome per task, else paired
     sign-flip permutation); see envace.math.stats."""
-    from .trials import compare_per_task
-
-    head = [
-        "arm",
-        f"{baseline} [95% CI]",
-        "arm [95% CI]",
-        f"arm - {baseline}",
-        "paired 95% CI",
-        "p",
-        "test",
-        "won / lost",
-        "tasks",
-        "seeds",
-    ]
-    rows: list[list[str]] = []
+    head = ["arm", f"{baseline} [95% CI]", PAIRED_HEAD[0], f"arm - {baseline}", *PAIRED_HEAD[1:]]
     if baseline not in results["arms"]:
-        return head, rows
+        return head, []
+    arms = [a for a in results["arms"] if a not in ("base", baseline)]
+    return head, [[arm, *_paired_row(results, arm, baseline, len(head) - 1)] for arm in arms]
+
+
+def option_arm_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Each option arm (``<variant>+<option>``, envace.evaluation.experiment.OPTION_ARMS) against its plain variant
+    at N=0, as :func:`paired_table` does against SFT: what the option adds to the arm it is an option of. No rows
+    when no option arm ran beside its variant."""
+    head = ["option arm", "variant", "variant [95% CI]", PAIRED_HEAD[0], "arm - variant", *PAIRED_HEAD[1:]]
+    rows = []
     for arm in results["arms"]:
-        if arm in ("base", baseline):
-            continue
-        seeds = [  # the seeds in which both were evaluated (a split view may lack an arm's evaluation in some)
-            s
-            for s in sorted(set(results["runs"].get(arm, {})) & set(results["runs"].get(baseline, {})), key=int)
-            if all(eval_entry(results["runs"][x][s], 0, "none") is not None for x in (arm, baseline))
-        ]
-        a, b = per_task_outcomes(results, baseline, 0, "none", seeds), per_task_outcomes(results, arm, 0, "none", seeds)
-        if not a or not b:
-            rows.append([arm] + ["–"] * (len(head) - 1))
-            continue
-        c = compare_per_task(a, b)["overall"]
-        ch = outcome_changes(results, arm, baseline)
-        rows.append(
-            [
-                arm,
-                fmt_rate(c["a"]["rate"], *c["a"]["ci95"]),
-                fmt_rate(c["b"]["rate"], *c["b"]["ci95"]),
-                *_diff_cells(c),
-                c["p_method"].replace("_", " "),
-                f"{ch['won']} / {ch['lost']}" if ch else "–",
-                str(c["n_tasks"]),
-                str(len(seeds)),
-            ]
-        )
+        variant = arm.split("+", 1)[0]
+        if "+" in arm and variant in results["arms"]:
+            rows.append([arm, variant, *_paired_row(results, arm, variant, len(head) - 2)])
     return head, rows
 
 
@@ -774,6 +777,7 @@ LEAD_TABLES = (
     "claims_by_seed",
     "main",
     "paired",
+    "options",
     "success_curve",
     "kinds",
     "tts",
@@ -817,6 +821,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "claims_by_seed": claims_by_seed_table(results, measured),
         "main": main_table(results),
         "paired": paired_table(results),
+        "options": option_arm_table(results),
         "kinds": kind_table(results),
         "tts": tts_table(results),
         "tts_paired": tts_paired_table(results),
@@ -857,6 +862,9 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "task, else a paired sign-flip permutation test of per-task mean success). Won / lost: the (task, seed) "
         "pairs on which the arm succeeds more / less often than SFT of the same seed (how many outcomes training "
         "changed).",
+        "options": "Each option arm beyond the paper (one training option added to a variant, never folded into it) "
+        "against that variant, trained from the same warm-up with the same budget: columns as in the paired "
+        "comparison with SFT; won / lost: the (task, seed) pairs on which the option arm succeeds more / less often.",
         "kinds": "Success at N=0 by task kind (rate [95% Wilson interval] (tasks), pooled over seeds).",
         "tts": "Success rate with private test-time rehearsal of budget N before the single real run (par = parallel, "
         "seq = sequential, plan = the compute-matched baseline: N plans without tool "
@@ -892,6 +900,7 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
         "success_curve": "Held-out success over training",
         "main": "Main results",
         "paired": "Paired comparison with SFT",
+        "options": "Each option arm against its variant",
         "kinds": "Success by task kind",
         "tts": "Test-time rehearsal",
         "tts_paired": "Test-time rehearsal, paired",
