@@ -590,6 +590,10 @@ def test_each_option_arm_is_compared_with_its_own_variant_not_with_sft(tmp_path)
     assert option_arm_table(_claims_results())[1] == []  # no option arm: no table
     md = open(write_report(results, str(tmp_path))["md"]).read()
     assert "## Each option arm against its variant" in md and "| envace+obs_loss | envace |" in md
+    for arm in ("envace", "envace+obs_loss"):  # the same outcomes on a further held-out split
+        results["runs"][arm]["0"]["splits"] = {"ood": [results["runs"][arm]["0"]["evals"][0]]}
+    md = open(write_report(results, str(tmp_path))["md"]).read()
+    assert "## Held-out split `ood`: each option arm against its variant" in md
 
 
 def test_claims_table_measures_each_claim_paired_over_tasks_with_a_verdict():

@@ -929,6 +929,15 @@ def write_report(results: dict[str, Any], out_dir: str) -> dict[str, str]:
                 paired_table(view),
             )
         )
+        head, rows = option_arm_table(view)
+        if rows:
+            split_sections.append(
+                (
+                    f"Held-out split `{sp}`: each option arm against its variant",
+                    f"The option arms and their variants on the `{sp}` split (N=0).",
+                    (head, rows),
+                )
+            )
         head, rows = claims_table(view, fidelity=False)  # fidelity is of the shadow set, not of a split
         rows = [r for r in rows if r[-1] != "not measured"]
         if rows:
