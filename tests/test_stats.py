@@ -34,6 +34,17 @@ def test_wilson_interval_matches_known_values():
         wilson_interval(3, 2)
 
 
+def test_a_wilson_interval_always_contains_its_rate_even_at_0_and_1():
+    """Rounding put the lower bound at 3e-18 for 0 of 100: an error bar drawn from it (rate - low) was negative, and
+    matplotlib refused the whole report."""
+    for n in (1, 7, 8, 100, 200, 300, 1000):
+        for k in (0, n):
+            lo, hi = wilson_interval(k, n)
+            assert lo <= k / n <= hi, (k, n, lo, hi)
+            rate, lo, hi = rate_interval([[bool(k)]] * n)
+            assert lo <= rate <= hi, (k, n, lo, hi)
+
+
 def test_rate_interval_is_wilson_over_tasks_of_the_per_task_means():
     assert rate_interval([[True], [False], [True], [True]]) == pytest.approx((0.75, *wilson_interval(3, 4)))
     # two samples per task: the tasks are the units (n = 4 tasks, not 8 trials), so the interval is wider

@@ -53,7 +53,8 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
     denom = 1 + z2 / n
     center = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
+    # it contains p; rounding alone can put a bound a hair past it at p = 0 or 1 (3e-18 at 0 of 100)
+    return min(p, max(0.0, center - half)), max(p, min(1.0, center + half))
 
 
 def task_means(per_task: Sequence[Sequence[bool]]) -> np.ndarray:
