@@ -86,9 +86,7 @@ def indent_of(text: str) -> int | None:
 
 
 def rate(ev: dict[str, Any]) -> float:
-    return sum(s for p in ev["per_task"] for s in p["successes"]) / max(
-        1, sum(len(p["successes"]) for p in ev["per_task"])
-    )
+    return success_metrics(ev["per_task"], 1)["success_rate"]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -315,9 +315,10 @@ def kind_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
 
 
 PAIRED_HEAD = ["arm [95% CI]", "paired 95% CI", "p", "test", "won / lost", "tasks", "seeds"]
+PAIRED_CELLS = len(PAIRED_HEAD) + 2  # a row of _paired_row: PAIRED_HEAD's cells, the baseline's rate and the difference
 
 
-def _paired_row(results: dict[str, Any], arm: str, baseline: str, width: int) -> list[str]:
+def _paired_row(results: dict[str, Any], arm: str, baseline: str) -> list[str]:
     """``arm`` against ``baseline`` at N=0 on the seeds in which both were evaluated (a split view may lack an arm's
     evaluation in some): both rates, the difference and its interval, p, the test, won / lost, tasks, seeds."""
     from .trials import compare_per_task
@@ -329,7 +330,7 @@ def _paired_row(results: dict[str, Any], arm: str, baseline: str, width: int) ->
     ]
     a, b = per_task_outcomes(results, baseline, 0, "none", seeds), per_task_outcomes(results, arm, 0, "none", seeds)
     if not a or not b:
-        return ["–"] * width
+        return ["–"] * PAIRED_CELLS
     c = compare_per_task(a, b)["overall"]
     ch = outcome_changes(results, arm, baseline)
     return [
@@ -352,7 +353,7 @@ def paired_table(results: dict[str, Any], baseline: str = "sft") -> tuple[list[s
     if baseline not in results["arms"]:
         return head, []
     arms = [a for a in results["arms"] if a not in ("base", baseline)]
-    return head, [[arm, *_paired_row(results, arm, baseline, len(head) - 1)] for arm in arms]
+    return head, [[arm, *_paired_row(results, arm, baseline)] for arm in arms]
 
 
 def option_arm_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -364,7 +365,7 @@ def option_arm_table(results: dict[str, Any]) -> tuple[list[str], list[list[str]
     for arm in results["arms"]:
         variant = arm.split("+", 1)[0]
         if "+" in arm and variant in results["arms"]:
-            rows.append([arm, variant, *_paired_row(results, arm, variant, len(head) - 2)])
+            rows.append([arm, variant, *_paired_row(results, arm, variant)])
     return head, rows
 
 
